@@ -1,0 +1,159 @@
+"""`verifybench`: thin command line over the engine and the component modules.
+
+Each component subcommand loops over the same `cases(preset)` the pytest-benchmark module parametrizes over.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+
+from tabulate import tabulate
+
+from harness import fingerprint, results
+from harness.timing import MODE_HELP, cuda_available
+
+# subcommand -> (module, help). A component module has COMPONENT (results file prefix), cases(preset, tp) ->
+# list[CaseSpec] and tables(records) -> [(title, rows)] over the stored case records. Components register here.
+COMPONENTS: dict[str, tuple[str, str]] = {
+    "harness": ("harness.baseline", "copy-bandwidth ceiling and the sync-distortion exhibit"),
+}
+EXIT_OK, EXIT_SLOW, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def cpu_banner() -> str:
+    return ("NOTE: no CUDA device: CPU smoke profile (tiny shapes, torch CPU code, perf_counter timing). "
+            "These are CPU numbers, not GPU numbers.")
+
+
+def progress(items, description: str):
+    """A rich progress bar over `items` (plain iteration when stdout is not a terminal is handled by rich)."""
+    from rich.progress import track
+
+    return track(items, description=description, transient=False)
+
+
+def run_component(subcommand: str, preset: str, tp: int, out_dir: Path | None, quiet: bool = False) -> dict:
+    """Run every case of one component, save the results file, print its table; returns the run record."""
+    module = importlib.import_module(COMPONENTS[subcommand][0])
+    specs = module.cases(preset=preset, tp=tp)
+    fp = fingerprint.collect()
+    cases = [spec.run() for spec in progress(specs, f"{subcommand} ({len(specs)} cases)")]
+    run = results.make_run(module.COMPONENT, cases, fp, extra={"preset": preset, "tp": tp})
+    path = results.save_run(run, out_dir)
+    if not quiet:
+        for title, rows in module.tables(run["cases"]):
+            print(f"\n{title}\n" + tabulate(rows, headers="keys", floatfmt=".4g"))
+        failed = [c.name for c in cases if not c.check_ok]
+        if failed:
+            print(f"FAILED checks (no time reported): {', '.join(failed)}")
+        if any(c.measurement and c.measurement.throttled for c in cases):
+            print("WARNING: the GPU reported throttling during this run (see clocks_* in the JSON)")
+        print(f"saved {path}")
+    return run
+
+
+def _cmd_env(args) -> int:
+    fp = fingerprint.collect()
+    if args.json:
+        print(json.dumps(fp, indent=1))
+        return EXIT_OK
+    rows = [("gpu model", fp["gpu_model"]), ("results folder", f"results/{fp['slug']}"),
+            ("driver", fp["driver"]), ("versions", ", ".join(f"{k} {v}" for k, v in fp["versions"].items() if v)),
+            ("git", f"{fp['git']['commit']} dirty={fp['git']['dirty']}")]
+    for g in fp["gpus"]:
+        now = g.get("now") or {}
+        rows.append((f"gpu {g['index']}", f"{g['name']} {g['uuid']} SM {now.get('sm_clock_mhz')}/"
+                     f"{g['sm_clock_max_mhz']} MHz mem {now.get('mem_clock_mhz')}/{g['mem_clock_max_mhz']} MHz "
+                     f"{now.get('temperature_c')} C {now.get('power_w')} W throttle={now.get('throttle_reasons')} "
+                     f"PCIe gen{g['pcie_gen']} x{g['pcie_width']} NVLink {g['nvlink_active']}/{g['nvlink_links']}"))
+    rows += [(k, v) for k, v in fp["env"].items()]
+    print(tabulate(rows, tablefmt="plain"))
+    if not fp["cuda_available"]:
+        print(cpu_banner())
+    return EXIT_OK
+
+
+def _cmd_component(args) -> int:
+    if not cuda_available():
+        print(cpu_banner())
+    run = run_component(args.command, args.preset, args.tp, args.out)
+    return EXIT_OK if all(c["check"]["ok"] for c in run["cases"]) else EXIT_SLOW
+
+
+def _cmd_compare(args) -> int:
+    from harness import compare
+
+    return compare.main(args)
+
+
+def _cmd_run(args) -> int:
+    """The main job: every registered component for a preset, then the summary report."""
+    if not cuda_available():
+        print(cpu_banner())
+        if args.preset != "tiny":
+            print(f"(preset {args.preset} needs a GPU: running the tiny preset instead)")
+            args.preset, args.tp = "tiny", 1
+    ok = True
+    for sub in COMPONENTS:
+        print(f"\n== {sub}: {COMPONENTS[sub][1]}")
+        run = run_component(sub, args.preset, args.tp, args.out)
+        ok &= all(c["check"]["ok"] for c in run["cases"])
+    return EXIT_OK if ok else EXIT_SLOW
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="verifybench",
+        description="Device-timed microbenchmarks of the speculative-decoding verify forward. Timing modes: "
+        + "; ".join(f"{k}: {v}" for k, v in MODE_HELP.items()),
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def add_preset_args(q, default_preset="kimi-k2.5"):
+        q.add_argument("--preset", default=default_preset, help="model preset (kimi-k2.5, deepseek-v3, tiny)")
+        q.add_argument("--tp", type=int, default=8, help="tensor-parallel degree for per-rank shapes (default 8)")
+        q.add_argument("--out", type=Path, default=None, help="results folder (default results/<machine-slug>/)")
+
+    q = sub.add_parser("run", help="the main job: all components for a preset, results + report")
+    add_preset_args(q)
+    q.set_defaults(func=_cmd_run)
+
+    q = sub.add_parser("env", help="print the run fingerprint (GPU, clocks, throttle reasons, versions, env)")
+    q.add_argument("--json", action="store_true", help="the whole fingerprint as JSON")
+    q.set_defaults(func=_cmd_env)
+
+    q = sub.add_parser("compare", help="noise-aware comparison of two result files (suite or pytest-benchmark JSON)",
+                       description="Per case: SAME / FAST / SLOW / AMBG from a Mann-Whitney U test on the samples "
+                       "(or from non-overlapping intervals when only summaries exist) plus a minimum effect. "
+                       "Exit 0: no case SLOW; 1: a case SLOW (or its check FAILED in NEW); 2: bad input.")
+    q.add_argument("base", type=Path, help="baseline: a results/ JSON or a pytest-benchmark JSON")
+    q.add_argument("new", type=Path, help="the run to judge, same formats")
+    q.add_argument("--min-effect", type=float, default=0.03, help="smallest relative change that counts (0.03 = 3%%)")
+    q.add_argument("--alpha", type=float, default=0.01, help="significance level of the test (default 0.01)")
+    q.add_argument("--allow-different-hardware", action="store_true", help="compare across GPU models anyway")
+    q.set_defaults(func=_cmd_compare)
+
+    for name, (_, help_text) in COMPONENTS.items():
+        q = sub.add_parser(name, help=help_text)
+        add_preset_args(q)
+        q.set_defaults(func=_cmd_component)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except results.ResultsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

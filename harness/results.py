@@ -1,0 +1,144 @@
+"""Results store: one versioned JSON schema for every component, atomic writes, validated loads.
+
+A file holds a run of one component: its fingerprint and a list of case records (parameters, mode, samples and
+summary, derived figures, correctness outcome). A case whose check failed carries no time.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from harness.timing import Measurement
+
+SCHEMA = "verifybench.result"
+SCHEMA_VERSION = 1
+RESULTS_DIR = Path(__file__).resolve().parent.parent / "results"
+
+
+class ResultsError(ValueError):
+    """A results file that is missing, corrupt, foreign or of an unsupported version."""
+
+
+@dataclass
+class Case:
+    """One benchmark case. `measurement` is None when `check_ok` is False: a failed check reports no time."""
+
+    name: str
+    params: dict
+    check_ok: bool
+    check_detail: str = ""
+    measurement: Measurement | None = None
+    derived: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        if self.check_ok and self.measurement is None:
+            raise ValueError(f"case {self.name}: a passing case needs a measurement")
+        d = {
+            "name": self.name,
+            "params": self.params,
+            "check": {"ok": self.check_ok, "detail": self.check_detail},
+            "derived": self.derived,
+        }
+        if self.measurement is not None and self.check_ok:
+            d.update(self.measurement.as_dict())
+        return d
+
+
+def make_run(component: str, cases: list[Case], fingerprint: dict, extra: dict | None = None) -> dict:
+    return {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "component": component,
+        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "fingerprint": fingerprint,
+        "extra": extra or {},
+        "cases": [c.as_dict() for c in cases],
+    }
+
+
+def _finite(obj):
+    """JSON has no NaN/inf: store them as null so files stay loadable by any JSON reader."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def write_json_atomic(path: Path, data: dict) -> Path:
+    """Write via a temp file in the same folder, fsync, then rename: a reader never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(_finite(data), f, indent=1, allow_nan=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def save_run(run: dict, directory: Path | None = None, name: str | None = None) -> Path:
+    """Store under results/<machine-slug>/<component>-<UTC time>.json (or `directory`/`name`)."""
+    validate_run(run, "run to save")
+    directory = Path(directory) if directory else RESULTS_DIR / run["fingerprint"].get("slug", "unknown")
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return write_json_atomic(directory / (name or f"{run['component']}-{stamp}.json"), run)
+
+
+def read_json(path: Path) -> dict:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ResultsError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ResultsError(f"{path}: cannot read: {e}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ResultsError(f"{path}: not valid JSON (corrupt or truncated?): {e}") from None
+    if not isinstance(data, dict):
+        raise ResultsError(f"{path}: expected a JSON object at the top level")
+    return data
+
+
+def validate_run(data: dict, where: str) -> dict:
+    if data.get("schema") != SCHEMA:
+        raise ResultsError(f"{where}: not a verifybench result file (schema={data.get('schema')!r})")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ResultsError(f"{where}: schema version {version!r}; this verifybench reads version {SCHEMA_VERSION}")
+    for key, kind in (("component", str), ("fingerprint", dict), ("cases", list)):
+        if not isinstance(data.get(key), kind):
+            raise ResultsError(f"{where}: field {key!r} missing or not a {kind.__name__}")
+    for i, case in enumerate(data["cases"]):
+        if not isinstance(case, dict) or not isinstance(case.get("name"), str):
+            raise ResultsError(f"{where}: case {i} has no name")
+        check = case.get("check")
+        if not isinstance(check, dict) or not isinstance(check.get("ok"), bool):
+            raise ResultsError(f"{where}: case {case['name']!r} has no check outcome")
+        if check["ok"]:
+            samples = case.get("samples_us")
+            if not isinstance(samples, list) or not samples or not isinstance(case.get("summary"), dict):
+                raise ResultsError(f"{where}: case {case['name']!r} passed its check but has no samples")
+            if not isinstance(case.get("mode"), str):
+                raise ResultsError(f"{where}: case {case['name']!r} has no mode")
+    return data
+
+
+def load_run(path: Path) -> dict:
+    """Load and validate one suite result file; raises ResultsError with the reason, never returns bad data."""
+    return validate_run(read_json(path), str(path))

@@ -1,0 +1,291 @@
+"""The one timing engine: device-timed samples of a callable in a named mode, with warm-up and adaptive stopping.
+
+Every number the suite reports comes from `measure`. Samples are per-call microseconds.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from harness import fingerprint
+from harness.stats import Summary, summarize
+
+MODES = ("cold", "hot", "graph", "isolated", "host_sync")
+MODE_HELP = {
+    "cold": "L2 flushed before each sample (a 2x-L2 buffer written, enqueued before the start event); CUDA events",
+    "hot": "calls back to back, CUDA events around each call (includes host launch gaps when the host is slower)",
+    "graph": "K calls captured in one CUDA graph; per-call time = replay time / K; CUDA events",
+    "isolated": "one call per sample after a barrier, GPU kept busy while it is enqueued; CUDA events",
+    "host_sync": "host clock around call + torch.cuda.synchronize() (the distortion the suite exposes)",
+}
+CPU_L2_FLUSH_BYTES = 64 << 20  # no portable LLC query; 64 MiB exceeds the LLC of the CPUs we run on
+GRAPH_TARGET_US = 500.0  # auto K aims for replays this long, so event resolution (~0.5 us) is < 0.1%
+MAX_GRAPH_CALLS = 1024
+ISOLATED_PAD_US = 20.0  # device spin before the start event, so launch latency stays outside the sample
+
+
+@dataclass
+class Measurement:
+    """Samples of one callable in one mode. `timer` says what clock produced them."""
+
+    mode: str
+    device: str
+    timer: str
+    samples_us: list[float]
+    calls_per_sample: int
+    warmup_calls: int
+    stop_reason: str
+    wall_s: float
+    clocks_before: dict | None = None
+    clocks_after: dict | None = None
+    summary: Summary = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.summary = summarize(self.samples_us)
+
+    @property
+    def median_us(self) -> float:
+        return self.summary.median_us
+
+    @property
+    def throttled(self) -> bool:
+        return any(c and c.get("throttled") for c in (self.clocks_before, self.clocks_after))
+
+    def as_dict(self) -> dict:
+        return {
+            "mode": self.mode,
+            "device": self.device,
+            "timer": self.timer,
+            "calls_per_sample": self.calls_per_sample,
+            "warmup_calls": self.warmup_calls,
+            "stop_reason": self.stop_reason,
+            "wall_s": self.wall_s,
+            "clocks_before": self.clocks_before,
+            "clocks_after": self.clocks_after,
+            "throttled": self.throttled,
+            "summary": self.summary.as_dict(),
+            "samples_us": list(self.samples_us),
+        }
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def l2_bytes(device: int | None = None) -> int:
+    """L2 size of the current CUDA device in bytes."""
+    props = torch.cuda.get_device_properties(torch.cuda.current_device() if device is None else device)
+    size = getattr(props, "L2_cache_size", 0)
+    if not size:
+        raise RuntimeError("this torch build does not report the L2 size; cannot size the cold-mode flush")
+    return int(size)
+
+
+class _Sampler:
+    """Produces batches of per-call samples for one mode. CUDA and CPU variants below."""
+
+    timer = ""
+
+    def batch(self, count: int) -> list[float]:
+        raise NotImplementedError
+
+
+class _CudaSampler(_Sampler):
+    timer = "cuda_event"
+
+    def __init__(self, fns, mode, graph_calls, barrier, flush_bytes):
+        self.fns, self.mode, self.barrier = fns, mode, barrier
+        self.calls = 1
+        self.i = 0
+        if mode == "host_sync":
+            self.timer = "perf_counter+synchronize"
+        if mode == "cold":
+            self.flush = torch.empty(flush_bytes or 2 * l2_bytes(), dtype=torch.uint8, device="cuda")
+        if mode == "isolated":
+            # cycles of the SM clock for ISOLATED_PAD_US; torch reports clock_rate in kHz
+            khz = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "clock_rate", 1_980_000)
+            self.pad_cycles = int(ISOLATED_PAD_US * khz / 1e3)
+        if mode == "graph":
+            self.calls = graph_calls
+            self.graph = torch.cuda.CUDAGraph()
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                fns[0]()  # cuBLAS/cuDNN lazily create handles on a new stream: keep that out of the capture
+            torch.cuda.current_stream().wait_stream(stream)
+            torch.cuda.synchronize()
+            with torch.cuda.graph(self.graph):
+                for k in range(graph_calls):
+                    fns[k % len(fns)]()
+            self.graph.replay()
+            torch.cuda.synchronize()
+
+    def _next_fn(self):
+        fn = self.fns[self.i % len(self.fns)]
+        self.i += 1
+        return fn
+
+    def batch(self, count: int) -> list[float]:
+        if self.mode == "host_sync":
+            out = []
+            for _ in range(count):
+                fn = self._next_fn()
+                t0 = time.perf_counter()
+                fn()
+                torch.cuda.synchronize()
+                out.append((time.perf_counter() - t0) * 1e6)
+            return out
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(count)]
+        for start, end in events:
+            if self.mode == "cold":
+                self.flush.zero_()
+            elif self.mode == "isolated":
+                (self.barrier or torch.cuda.synchronize)()
+                torch.cuda._sleep(self.pad_cycles)
+            start.record()
+            if self.mode == "graph":
+                self.graph.replay()
+            else:
+                self._next_fn()()
+            end.record()
+            if self.mode == "isolated":
+                end.synchronize()
+        torch.cuda.synchronize()
+        return [s.elapsed_time(e) * 1e3 / self.calls for s, e in events]
+
+
+class _CpuSampler(_Sampler):
+    """perf_counter fallback: same modes, CPU meaning (graph = K calls in a loop; cold = 64 MiB written first)."""
+
+    timer = "perf_counter"
+
+    def __init__(self, fns, mode, graph_calls, barrier, flush_bytes):
+        self.fns, self.mode, self.barrier = fns, mode, barrier
+        self.calls = graph_calls if mode == "graph" else 1
+        self.i = 0
+        if mode == "cold":
+            self.flush = torch.empty(flush_bytes or CPU_L2_FLUSH_BYTES, dtype=torch.uint8)
+
+    def batch(self, count: int) -> list[float]:
+        out = []
+        for _ in range(count):
+            if self.mode == "cold":
+                self.flush.zero_()
+            elif self.mode == "isolated" and self.barrier:
+                self.barrier()
+            t0 = time.perf_counter()
+            for _ in range(self.calls):
+                self.fns[self.i % len(self.fns)]()
+                self.i += 1
+            out.append((time.perf_counter() - t0) * 1e6 / self.calls)
+        return out
+
+
+def measure(
+    fn: Callable[[], object] | Sequence[Callable[[], object]],
+    *,
+    mode: str = "hot",
+    device: str | None = None,
+    graph_calls: int | None = None,
+    barrier: Callable[[], object] | None = None,
+    min_samples: int = 10,
+    max_samples: int = 2000,
+    rel_ci_target: float = 0.01,
+    max_time_s: float = 2.0,
+    warmup_s: float = 0.05,
+    warmup_calls: int | None = None,
+    samples: int | None = None,
+    flush_bytes: int | None = None,
+) -> Measurement:
+    """Time `fn` (or rotate over a list of callables, one per input set) and return per-call samples in us.
+
+    mode: one of MODES (MODE_HELP says what each means). device: "cuda" or "cpu" (default: cuda when available;
+    on CPU the timer is perf_counter and the result says so).
+    Warm-up: at least 3 calls and one pass over every input set, until `warmup_s` of wall time has passed (this
+    absorbs compile, autotune, lazy init and first touch); a fixed `warmup_calls` replaces that rule.
+    Stopping: after `min_samples`, stop when the 95% CI of the median is within `rel_ci_target` of it, or at
+    `max_samples`, or when `max_time_s` of wall time is spent. A fixed `samples` replaces the rule (collectives:
+    every rank must run the same count). graph mode: K = `graph_calls` calls per replay, by default enough calls
+    for a ~GRAPH_TARGET_US replay; each sample is one replay / K.
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+    fns = list(fn) if isinstance(fn, (list, tuple)) else [fn]
+    if not fns or not all(callable(f) for f in fns):
+        raise TypeError("fn must be a callable or a non-empty sequence of callables")
+    device = device or ("cuda" if cuda_available() else "cpu")
+    if device == "cuda" and not cuda_available():
+        raise RuntimeError("device='cuda' asked for, but torch sees no CUDA device")
+    if device == "cpu" and mode == "host_sync":
+        mode_used = "hot"  # without a device there is nothing to synchronize; identical to hot
+    else:
+        mode_used = mode
+    if min_samples < 2 or max_samples < min_samples:
+        raise ValueError("need 2 <= min_samples <= max_samples")
+    if graph_calls is not None and not 1 <= graph_calls <= 1 << 16:
+        raise ValueError("graph_calls must be in 1..65536")
+
+    t_start = time.perf_counter()
+    # Warm-up, eager, on the default stream.
+    n_warm = 0
+    while True:
+        fns[n_warm % len(fns)]()
+        n_warm += 1
+        if warmup_calls is not None:
+            if n_warm >= warmup_calls:
+                break
+        elif n_warm >= max(3, len(fns)) and time.perf_counter() - t_start >= warmup_s:
+            break
+    if device == "cuda":
+        torch.cuda.synchronize()
+    if mode_used == "graph" and graph_calls is None:
+        graph_calls = _auto_graph_calls(fns, device)
+
+    sampler_cls = _CudaSampler if device == "cuda" else _CpuSampler
+    sampler = sampler_cls(fns, mode_used, graph_calls or 1, barrier, flush_bytes)
+    clocks_before = fingerprint.clock_snapshot() if device == "cuda" else None
+
+    out: list[float] = []
+    stop_reason = "fixed_samples" if samples is not None else "max_samples"
+    t_sampling = time.perf_counter()
+    target = samples if samples is not None else max_samples
+    while len(out) < target:
+        want = min_samples if not out else max(min_samples, len(out) // 2)
+        if samples is None and out:
+            # size the batch so it stays inside the time cap
+            per_sample_s = (time.perf_counter() - t_sampling) / len(out)
+            left_s = max_time_s - (time.perf_counter() - t_start)
+            want = max(1, min(want, int(left_s / max(per_sample_s, 1e-9))))
+        out.extend(sampler.batch(min(want, target - len(out))))
+        if samples is not None:
+            continue
+        if len(out) >= min_samples and summarize(out).rel_ci_halfwidth <= rel_ci_target:
+            stop_reason = "ci_target"
+            break
+        if time.perf_counter() - t_start >= max_time_s:
+            stop_reason = "time_cap"
+            break
+    clocks_after = fingerprint.clock_snapshot() if device == "cuda" else None
+    return Measurement(
+        mode=mode_used,
+        device=device,
+        timer=sampler.timer,
+        samples_us=out,
+        calls_per_sample=sampler.calls,
+        warmup_calls=n_warm,
+        stop_reason=stop_reason,
+        wall_s=time.perf_counter() - t_start,
+        clocks_before=clocks_before,
+        clocks_after=clocks_after,
+    )
+
+
+def _auto_graph_calls(fns, device: str) -> int:
+    """K for graph mode: enough calls that one replay lasts about GRAPH_TARGET_US."""
+    probe = (_CudaSampler if device == "cuda" else _CpuSampler)(fns, "hot", 1, None, None)
+    per_call_us = sorted(probe.batch(5))[2]
+    return max(1, min(MAX_GRAPH_CALLS, math.ceil(GRAPH_TARGET_US / max(per_call_us, 1e-3))))
