@@ -210,7 +210,8 @@ def measure(
     Stopping: after `min_samples`, stop when the 95% CI of the median is within `rel_ci_target` of it, or at
     `max_samples`, or when `max_time_s` of wall time is spent. A fixed `samples` replaces the rule (collectives:
     every rank must run the same count). graph mode: K = `graph_calls` calls per replay, by default enough calls
-    for a ~GRAPH_TARGET_US replay; each sample is one replay / K.
+    for a ~GRAPH_TARGET_US replay, rounded up to a multiple of the number of input sets; each sample is one
+    replay / K.
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
@@ -288,4 +289,5 @@ def _auto_graph_calls(fns, device: str) -> int:
     """K for graph mode: enough calls that one replay lasts about GRAPH_TARGET_US."""
     probe = (_CudaSampler if device == "cuda" else _CpuSampler)(fns, "hot", 1, None, None)
     per_call_us = sorted(probe.batch(5))[2]
-    return max(1, min(MAX_GRAPH_CALLS, math.ceil(GRAPH_TARGET_US / max(per_call_us, 1e-3))))
+    k = max(1, min(MAX_GRAPH_CALLS, math.ceil(GRAPH_TARGET_US / max(per_call_us, 1e-3))))
+    return math.ceil(k / len(fns)) * len(fns)  # every input set equally often
