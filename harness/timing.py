@@ -5,6 +5,7 @@ Every number the suite reports comes from `measure`. Samples are per-call micros
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -25,6 +26,7 @@ MODE_HELP = {
 CPU_L2_FLUSH_BYTES = 64 << 20  # no portable LLC query; 64 MiB exceeds the LLC of the CPUs we run on
 GRAPH_TARGET_US = 500.0  # auto K aims for replays this long, so event resolution (~0.5 us) is < 0.1%
 MAX_GRAPH_CALLS = 1024
+DEFAULT_MAX_TIME_S = 2.0  # per case; VERIFYBENCH_MAX_TIME_S overrides (quick CPU runs)
 ISOLATED_PAD_US = 20.0  # device spin before the start event, so launch latency stays outside the sample
 
 
@@ -195,7 +197,7 @@ def measure(
     min_samples: int = 10,
     max_samples: int = 2000,
     rel_ci_target: float = 0.01,
-    max_time_s: float = 2.0,
+    max_time_s: float | None = None,
     warmup_s: float = 0.05,
     warmup_calls: int | None = None,
     samples: int | None = None,
@@ -208,11 +210,14 @@ def measure(
     Warm-up: at least 3 calls and one pass over every input set, until `warmup_s` of wall time has passed (this
     absorbs compile, autotune, lazy init and first touch); a fixed `warmup_calls` replaces that rule.
     Stopping: after `min_samples`, stop when the 95% CI of the median is within `rel_ci_target` of it, or at
-    `max_samples`, or when `max_time_s` of wall time is spent. A fixed `samples` replaces the rule (collectives:
+    `max_samples`, or when `max_time_s` of wall time is spent (default DEFAULT_MAX_TIME_S, or the
+    VERIFYBENCH_MAX_TIME_S environment variable). A fixed `samples` replaces the rule (collectives:
     every rank must run the same count). graph mode: K = `graph_calls` calls per replay, by default enough calls
     for a ~GRAPH_TARGET_US replay, rounded up to a multiple of the number of input sets; each sample is one
     replay / K.
     """
+    if max_time_s is None:
+        max_time_s = float(os.environ.get("VERIFYBENCH_MAX_TIME_S", DEFAULT_MAX_TIME_S))
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     fns = list(fn) if isinstance(fn, (list, tuple)) else [fn]

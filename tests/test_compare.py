@@ -1,0 +1,127 @@
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from harness import compare, results
+from harness.cli import main as cli_main
+from harness.results import Case
+from harness.timing import Measurement
+
+FP = {"gpu_model": "NVIDIA H200", "slug": "nvidia-h200-x1", "env": {"NCCL_PROTO": "Simple"},
+      "gpus": [{"name": "NVIDIA H200", "uuid": "GPU-1"}]}
+
+
+def _write(path, cases: dict, fp=FP, ok=True):
+    recs = [Case(name, {}, ok, "", Measurement("graph", "cuda", "cuda_event", list(s), 1, 3, "ci_target", 1.0))
+            if ok else Case(name, {}, False, "bad") for name, s in cases.items()]
+    results.write_json_atomic(path, results.make_run("demo", recs, fp))
+    return path
+
+
+def _samples(seed, median=100.0, n=200, noise=0.005):
+    return np.random.default_rng(seed).normal(median, median * noise, n)
+
+
+def _cli(*args):
+    return cli_main(["compare", *map(str, args)])
+
+
+def test_identical_distributions_are_same_and_exit_0(tmp_path, capsys):
+    base = _write(tmp_path / "a.json", {"x": _samples(1), "y": _samples(2, 50)})
+    new = _write(tmp_path / "b.json", {"x": _samples(3), "y": _samples(4, 50)})
+    assert _cli(base, new) == 0
+    out = capsys.readouterr().out
+    assert out.count("SAME") >= 2 and "SLOW" not in out.split("summary")[0]
+
+
+def test_one_case_5pct_slower_is_slow_and_exit_1(tmp_path, capsys):
+    base = _write(tmp_path / "a.json", {"x": _samples(1), "y": _samples(2)})
+    new = _write(tmp_path / "b.json", {"x": _samples(3, 105), "y": _samples(4)})
+    assert _cli(base, new) == 1
+    rows = {line.split()[0]: line.split()[-1] for line in capsys.readouterr().out.splitlines() if line[:2] in ("x ", "y ")}
+    assert rows == {"x": "SLOW", "y": "SAME"}
+
+
+def test_5pct_faster_is_fast_and_exit_0(tmp_path):
+    base = _write(tmp_path / "a.json", {"x": _samples(1)})
+    new = _write(tmp_path / "b.json", {"x": _samples(3, 95)})
+    assert _cli(base, new) == 0
+    b, n = compare.load(base), compare.load(new)
+    assert compare.verdict(b.cases["x"], n.cases["x"])[0] == "FAST"
+
+
+def test_large_change_in_tiny_noisy_sample_is_ambiguous():
+    b = compare.CaseData("x", "hot", True, 100.0, _samples(1, 100, n=6, noise=0.3), (70, 130))
+    n = compare.CaseData("x", "hot", True, 106.0, _samples(2, 106, n=6, noise=0.3), (75, 140))
+    assert compare.verdict(b, n)[0] == "AMBG"
+
+
+def test_min_effect_flag_changes_the_verdict(tmp_path):
+    base = _write(tmp_path / "a.json", {"x": _samples(1)})
+    new = _write(tmp_path / "b.json", {"x": _samples(3, 105)})
+    assert _cli(base, new, "--min-effect", "0.10") == 0
+
+
+def test_summaries_only_use_interval_overlap(tmp_path):
+    def pb(path, median):
+        data = {"machine_info": {"verifybench": FP}, "benchmarks": [
+            {"name": "t", "fullname": "bench.py::t", "extra_info": {"mode": "graph"},
+             "stats": {"median": median, "q1": median * 0.99, "q3": median * 1.01}}]}
+        path.write_text(json.dumps(data))
+        return path
+
+    base = pb(tmp_path / "a.json", 10e-6)
+    assert _cli(base, pb(tmp_path / "b.json", 10.1e-6)) == 0
+    assert _cli(base, pb(tmp_path / "c.json", 11e-6)) == 1
+
+
+def test_different_gpu_models_refused_unless_allowed(tmp_path, capsys):
+    other = dict(FP, gpu_model="NVIDIA H100", gpus=[{"name": "NVIDIA H100", "uuid": "GPU-2"}])
+    base = _write(tmp_path / "a.json", {"x": _samples(1)})
+    new = _write(tmp_path / "b.json", {"x": _samples(2)}, fp=other)
+    assert _cli(base, new) == 2
+    assert "different GPU models" in capsys.readouterr().err
+    assert _cli(base, new, "--allow-different-hardware") == 0
+
+
+def test_changed_or_missing_nccl_variables_are_named(tmp_path, capsys):
+    base = _write(tmp_path / "a.json", {"x": _samples(1)}, fp=dict(FP, env={"NCCL_PROTO": "Simple", "CUDA_X": "1"}))
+    new = _write(tmp_path / "b.json", {"x": _samples(2)}, fp=dict(FP, env={"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"}))
+    assert _cli(base, new) == 0
+    out = capsys.readouterr().out
+    assert "NCCL_PROTO changed: Simple -> LL" in out
+    assert "CUDA_X is missing in NEW" in out
+    assert "NCCL_ALGO=Ring is set in NEW" in out
+
+
+def test_bad_input_exits_2(tmp_path, capsys):
+    good = _write(tmp_path / "a.json", {"x": _samples(1)})
+    corrupt = tmp_path / "c.json"
+    corrupt.write_text('{"schema": "verifybench.result", "cases": [')
+    foreign = tmp_path / "f.json"
+    foreign.write_text('{"hello": 1}')
+    assert _cli(good, corrupt) == 2
+    assert _cli(good, foreign) == 2
+    assert _cli(good, tmp_path / "missing.json") == 2
+    assert "not valid JSON" in capsys.readouterr().err
+
+
+def test_check_failure_in_new_fails_the_comparison(tmp_path):
+    base = _write(tmp_path / "a.json", {"x": _samples(1)})
+    new = _write(tmp_path / "b.json", {"x": _samples(1)}, ok=False)
+    assert _cli(base, new) == 1
+
+
+def test_fingerprint_diff_ignores_clock_readings_only():
+    a = {"gpus": [{"name": "H200", "now": {"sm_clock_mhz": 1980}}], "driver": "580.1", "created_utc": "t0"}
+    b = {"gpus": [{"name": "H200", "now": {"sm_clock_mhz": 1755}}], "driver": "580.2", "created_utc": "t1"}
+    assert compare.fingerprint_diff(a, b) == [("driver", "580.1", "580.2")]
+
+
+@pytest.mark.parametrize("effect, alpha", [(-0.1, 0.01), (0.03, 0)])
+def test_bad_thresholds_exit_2(tmp_path, effect, alpha):
+    base = _write(tmp_path / "a.json", {"x": _samples(1)})
+    args = SimpleNamespace(base=base, new=base, min_effect=effect, alpha=alpha, allow_different_hardware=False)
+    assert compare.main(args) == 2

@@ -1,0 +1,84 @@
+"""The pytest-benchmark adapter end to end: pytest -> saved JSON holding device samples -> compare.
+
+Runs pytest-benchmark in a subprocess, once with the installed release and once with every other supported
+release that .ci/install placed under .ci/pytest-benchmark-<version>/ (PYTHONPATH first, so it wins).
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main as cli_main
+
+REPO = Path(__file__).resolve().parent.parent
+ALT_RELEASES = sorted((REPO / ".ci").glob("pytest-benchmark-*"))
+
+
+def _pytest(tmp_path, *args, pythonpath=None):
+    env = dict(os.environ, VERIFYBENCH_MAX_TIME_S="0.3")
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), str(REPO)])
+    cmd = [sys.executable, "-m", "pytest", "--benchmark-only", "-q", "-p", "no:cacheprovider",
+           "microbench/bench_harness.py", "-k", "sync and add",
+           f"--benchmark-storage=file://{tmp_path / 'storage'}", *args]
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r
+
+
+@pytest.fixture(scope="module", params=["installed", *[p.name for p in ALT_RELEASES]])
+def saved(request, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pb")
+    alt = REPO / ".ci" / request.param if request.param != "installed" else None
+    r = _pytest(tmp, f"--benchmark-json={tmp / 'out.json'}", "--benchmark-save=first", pythonpath=alt)
+    return tmp, json.loads((tmp / "out.json").read_text()), alt, r
+
+
+def test_saved_stats_are_the_engines_device_samples(saved):
+    _, data, _, _ = saved
+    assert len(data["benchmarks"]) == 3
+    for b in data["benchmarks"]:
+        extra, st = b["extra_info"], b["stats"]
+        assert extra["mode"] in ("hot", "graph", "host_sync")
+        assert st["rounds"] == extra["summary"]["n"] and st["iterations"] == 1
+        assert st["median"] * 1e6 == pytest.approx(extra["summary"]["median_us"], rel=1e-9)
+        assert min(st["data"]) * 1e6 == pytest.approx(extra["summary"]["min_us"], rel=1e-9)
+
+
+def test_fingerprint_is_in_machine_info(saved):
+    _, data, _, _ = saved
+    fp = data["machine_info"]["verifybench"]
+    assert fp["gpu_model"] and "env" in fp and "versions" in fp
+
+
+def test_save_compare_and_histogram_work_on_device_samples(saved):
+    tmp, _, alt, _ = saved
+    r = _pytest(tmp, "--benchmark-compare=0001", f"--benchmark-histogram={tmp / 'hist'}", pythonpath=alt)
+    assert "0001_first" in r.stdout + r.stderr
+    assert list(tmp.glob("hist*.svg"))
+
+
+def test_saved_file_compares_same_against_itself(saved, capsys):
+    tmp, _, _, _ = saved
+    path = next((tmp / "storage").rglob("0001_first.json"))
+    assert cli_main(["compare", str(path), str(path)]) == 0
+    assert "SAME" in capsys.readouterr().out
+
+
+def test_saved_file_without_raw_data_compares_by_intervals(saved, capsys, tmp_path):
+    _, data, _, _ = saved
+    for b in data["benchmarks"]:
+        del b["stats"]["data"]
+    path = tmp_path / "nodata.json"
+    path.write_text(json.dumps(data))
+    assert cli_main(["compare", str(path), str(path)]) == 0
+    assert "intervals overlap" in capsys.readouterr().out
+
+
+def test_release_under_test_is_reported(saved):
+    _, data, alt, _ = saved
+    if alt is not None:
+        assert data["version"] == alt.name.removeprefix("pytest-benchmark-")

@@ -1,0 +1,103 @@
+import json
+
+import pytest
+
+from harness import results
+from harness.results import Case, ResultsError
+from harness.timing import Measurement
+
+
+def _measurement(samples):
+    return Measurement(mode="graph", device="cpu", timer="perf_counter", samples_us=list(samples), calls_per_sample=4,
+                       warmup_calls=3, stop_reason="ci_target", wall_s=0.1)
+
+
+def _run(samples=(10.0, 11.0, 12.0)):
+    cases = [Case("a", {"n": 1}, True, "rel_err=0", _measurement(samples), {"bytes_moved": 1000, "eta": 0.5}),
+             Case("b", {"n": 2}, False, "rel_err=0.3 > 1e-2")]
+    return results.make_run("demo", cases, {"gpu_model": "cpu", "slug": "cpu", "env": {}})
+
+
+def test_round_trip_keeps_samples_summary_and_check(tmp_path):
+    path = results.save_run(_run(), tmp_path)
+    loaded = results.load_run(path)
+    a, b = loaded["cases"]
+    assert loaded["schema_version"] == results.SCHEMA_VERSION
+    assert a["samples_us"] == [10.0, 11.0, 12.0] and a["summary"]["median_us"] == 11.0
+    assert a["derived"] == {"bytes_moved": 1000, "eta": 0.5} and a["mode"] == "graph"
+    assert b["check"] == {"ok": False, "detail": "rel_err=0.3 > 1e-2"} and "samples_us" not in b
+
+
+def test_failed_check_carries_no_time(tmp_path):
+    path = results.save_run(_run(), tmp_path)
+    failed = results.load_run(path)["cases"][1]
+    assert "summary" not in failed and "median_us" not in json.dumps(failed)
+
+
+def test_atomic_write_leaves_no_temp_files_and_replaces_whole_file(tmp_path):
+    path = results.save_run(_run(), tmp_path, name="r.json")
+    results.save_run(_run((20.0, 21.0, 22.0)), tmp_path, name="r.json")
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+    assert results.load_run(path)["cases"][0]["summary"]["median_us"] == 21.0
+
+
+def test_interrupted_write_keeps_the_old_file(tmp_path, monkeypatch):
+    path = results.save_run(_run(), tmp_path, name="r.json")
+    before = path.read_bytes()
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(results.os, "replace", boom)
+    with pytest.raises(OSError):
+        results.save_run(_run((1.0, 2.0, 3.0)), tmp_path, name="r.json")
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_corrupt_file_fails_clearly_and_is_left_unchanged(tmp_path):
+    path = results.save_run(_run(), tmp_path, name="r.json")
+    truncated = path.read_bytes()[:200]
+    path.write_bytes(truncated)
+    with pytest.raises(ResultsError, match="not valid JSON"):
+        results.load_run(path)
+    assert path.read_bytes() == truncated
+
+
+@pytest.mark.parametrize("content, message", [
+    ({"benchmarks": []}, "not a verifybench result"),
+    ({"schema": "verifybench.result", "schema_version": 99}, "schema version 99"),
+    ([1, 2], "JSON object"),
+])
+def test_foreign_or_future_files_are_refused(tmp_path, content, message):
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps(content))
+    with pytest.raises(ResultsError, match=message):
+        results.load_run(path)
+
+
+def test_passing_case_without_samples_is_refused(tmp_path):
+    run = _run()
+    del run["cases"][0]["samples_us"]
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps(run))
+    with pytest.raises(ResultsError, match="no samples"):
+        results.load_run(path)
+
+
+def test_missing_file_is_a_results_error(tmp_path):
+    with pytest.raises(ResultsError, match="no such file"):
+        results.load_run(tmp_path / "nope.json")
+
+
+def test_non_finite_numbers_are_stored_as_null(tmp_path):
+    run = _run()
+    run["cases"][0]["derived"]["eta"] = float("inf")
+    path = results.save_run(run, tmp_path)
+    assert results.load_run(path)["cases"][0]["derived"]["eta"] is None
+
+
+def test_default_folder_is_the_machine_slug(tmp_path, monkeypatch):
+    monkeypatch.setattr(results, "RESULTS_DIR", tmp_path)
+    path = results.save_run(_run())
+    assert path.parent == tmp_path / "cpu" and path.name.startswith("demo-")

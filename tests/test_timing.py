@@ -1,0 +1,90 @@
+import numpy as np
+import pytest
+
+from harness import timing
+from harness.timing import MODES, measure
+
+
+@pytest.fixture
+def fake_samples(monkeypatch):
+    """Replace the CPU clock path by a generator of synthetic per-call samples."""
+    def install(gen):
+        monkeypatch.setattr(timing._CpuSampler, "batch", lambda self, count: [gen() for _ in range(count)])
+    return install
+
+
+def test_stops_on_ci_target_when_samples_are_tight(fake_samples):
+    rng = np.random.default_rng(0)
+    fake_samples(lambda: 100 + rng.normal(0, 0.2))
+    m = measure(lambda: None, mode="hot", device="cpu", warmup_s=0, max_time_s=30)
+    assert m.stop_reason == "ci_target"
+    assert 10 <= m.summary.n < 100
+    assert m.summary.rel_ci_halfwidth <= 0.01
+    assert m.median_us == pytest.approx(100, rel=0.01)
+
+
+def test_stops_at_time_cap_when_noise_never_settles(fake_samples):
+    rng = np.random.default_rng(1)
+    fake_samples(lambda: float(rng.lognormal(4, 2)))
+    m = measure(lambda: None, mode="hot", device="cpu", warmup_s=0, max_time_s=0.3, max_samples=10**9)
+    assert m.stop_reason == "time_cap"
+    assert m.summary.rel_ci_halfwidth > 0.01
+
+
+def test_stops_at_max_samples(fake_samples):
+    rng = np.random.default_rng(2)
+    fake_samples(lambda: float(rng.lognormal(4, 2)))
+    m = measure(lambda: None, mode="hot", device="cpu", warmup_s=0, max_time_s=60, max_samples=40)
+    assert (m.stop_reason, m.summary.n) == ("max_samples", 40)
+
+
+def test_fixed_counts_are_exact_for_collectives():
+    calls = []
+    m = measure(lambda: calls.append(1), mode="hot", device="cpu", warmup_calls=4, samples=25)
+    assert (m.warmup_calls, m.summary.n, m.stop_reason) == (4, 25, "fixed_samples")
+    assert len(calls) == 4 + 25
+
+
+def test_every_mode_runs_on_cpu_and_records_its_timer():
+    for mode in MODES:
+        m = measure(lambda: sum(range(100)), mode=mode, device="cpu", max_time_s=0.2, warmup_s=0)
+        assert m.timer == "perf_counter" and m.device == "cpu"
+        assert m.summary.min_us > 0
+        assert m.mode == ("hot" if mode == "host_sync" else mode)
+
+
+def test_graph_mode_rotates_over_every_input_set_equally():
+    counts = [0, 0, 0]
+    fns = [lambda i=i: counts.__setitem__(i, counts[i] + 1) for i in range(3)]
+    m = measure(fns, mode="graph", device="cpu", warmup_calls=3, samples=10, graph_calls=6)
+    assert counts == [1 + 20] * 3  # 3 warm-up calls, then 10 samples x 6 calls, round robin
+    auto = measure(fns, mode="graph", device="cpu", warmup_calls=3, samples=10)
+    assert auto.calls_per_sample % 3 == 0
+
+
+def test_bad_arguments_raise_clear_errors():
+    with pytest.raises(ValueError, match="unknown mode"):
+        measure(lambda: None, mode="warm", device="cpu")
+    with pytest.raises(TypeError):
+        measure([], device="cpu")
+    with pytest.raises(ValueError):
+        measure(lambda: None, device="cpu", min_samples=1)
+
+
+def test_max_time_comes_from_environment_when_not_given(monkeypatch, fake_samples):
+    rng = np.random.default_rng(3)
+    fake_samples(lambda: float(rng.lognormal(4, 2)))
+    monkeypatch.setenv("VERIFYBENCH_MAX_TIME_S", "0.2")
+    m = measure(lambda: None, device="cpu", warmup_s=0, max_samples=10**9)
+    assert m.stop_reason == "time_cap" and m.wall_s < 2
+
+
+@pytest.mark.gpu
+def test_graph_and_event_timing_agree_on_a_large_copy():
+    import torch
+
+    src = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    hot = measure(lambda: dst.copy_(src), mode="hot")
+    graph = measure(lambda: dst.copy_(src), mode="graph")
+    assert graph.median_us == pytest.approx(hot.median_us, rel=0.05)
