@@ -19,6 +19,8 @@ from harness.timing import MODE_HELP, cuda_available
 # list[CaseSpec] and tables(records) -> [(title, rows)] over the stored case records. Components register here.
 COMPONENTS: dict[str, tuple[str, str]] = {
     "harness": ("harness.baseline", "copy-bandwidth ceiling and the sync-distortion exhibit"),
+    "graph": ("microbench.bench_graph_replay", "CUDA-graph replay: fixed + per-node cost, host replay(), eager vs "
+              "graph, model-shaped graph at 1..8 tokens"),
 }
 EXIT_OK, EXIT_SLOW, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -90,18 +92,45 @@ def _cmd_compare(args) -> int:
 
 
 def _cmd_run(args) -> int:
-    """The main job: every registered component for a preset, then the summary report."""
-    if not cuda_available():
+    """The main job: every registered component for a preset, then one markdown summary beside the JSON."""
+    cpu = not cuda_available()
+    if cpu:
         print(cpu_banner())
         if args.preset != "tiny":
-            print(f"(preset {args.preset} needs a GPU: running the tiny preset instead)")
+            print(f"(preset {args.preset} needs a GPU: running the tiny preset at TP 1 instead)")
             args.preset, args.tp = "tiny", 1
-    ok = True
-    for sub in COMPONENTS:
-        print(f"\n== {sub}: {COMPONENTS[sub][1]}")
-        run = run_component(sub, args.preset, args.tp, args.out)
-        ok &= all(c["check"]["ok"] for c in run["cases"])
-    return EXIT_OK if ok else EXIT_SLOW
+    runs = {}
+    for sub, (_, help_text) in COMPONENTS.items():
+        print(f"\n== {sub}: {help_text}")
+        runs[sub] = run_component(sub, args.preset, args.tp, args.out)
+    path = write_summary(runs, args, cpu)
+    print(f"\nsummary: {path}")
+    return EXIT_OK if all(c["check"]["ok"] for r in runs.values() for c in r["cases"]) else EXIT_SLOW
+
+
+def write_summary(runs: dict, args, cpu: bool) -> Path:
+    """Markdown with every component's tables and the fingerprint headline, stored next to the result files."""
+    fp = next(iter(runs.values()))["fingerprint"]
+    lines = [f"# verifybench run: {args.preset} TP{args.tp} on {fp['gpu_model']}", ""]
+    if cpu:
+        lines += [f"**{cpu_banner()}**", ""]
+    lines += [f"git {fp['git']['commit']} (dirty={fp['git']['dirty']}), torch {fp['versions']['torch']}, "
+              f"driver {fp['driver']}", "", "Each figure: median of device-timed samples in the mode shown; the "
+              "results JSON beside this file holds samples, CI and fingerprint.", ""]
+    for sub, run in runs.items():
+        module = importlib.import_module(COMPONENTS[sub][0])
+        lines += [f"## {sub}: {COMPONENTS[sub][1]}", ""]
+        for title, rows in module.tables(run["cases"]):
+            lines += [f"**{title}**", "", tabulate(rows, headers="keys", tablefmt="github", floatfmt=".4g"), ""]
+        failed = [c["name"] for c in run["cases"] if not c["check"]["ok"]]
+        if failed:
+            lines += [f"Checks FAILED (no time reported): {', '.join(failed)}", ""]
+    lines += ["The decomposition of the verify forward (issue 7) is not part of this run yet.", ""]
+    directory = args.out or results.RESULTS_DIR / fp["slug"]
+    path = Path(directory) / f"run-{args.preset}-tp{args.tp}-{run['created_utc'].replace(':', '')}.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines))
+    return path
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -63,7 +63,8 @@ def _from_pytest_benchmark(path: Path, data: dict) -> RunData:
     for b in data["benchmarks"]:
         try:
             st = b["stats"]
-            name = b.get("fullname") or b["name"]
+            # the suite's case name when our adapter ran it: pytest and CLI results of a case then line up
+            name = (b.get("extra_info") or {}).get("case") or b.get("fullname") or b["name"]
             raw = st.get("data")
             samples = np.asarray(raw, dtype=float) * 1e6 if raw else None
             extra = b.get("extra_info") or {}

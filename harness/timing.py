@@ -15,13 +15,14 @@ import torch
 from harness import fingerprint
 from harness.stats import Summary, summarize
 
-MODES = ("cold", "hot", "graph", "isolated", "host_sync")
+MODES = ("cold", "hot", "graph", "isolated", "host_sync", "host_call")
 MODE_HELP = {
     "cold": "L2 flushed before each sample (a 2x-L2 buffer written, enqueued before the start event); CUDA events",
     "hot": "calls back to back, CUDA events around each call (includes host launch gaps when the host is slower)",
     "graph": "K calls captured in one CUDA graph; per-call time = replay time / K; CUDA events",
     "isolated": "one call per sample after a barrier, GPU kept busy while it is enqueued; CUDA events",
     "host_sync": "host clock around call + torch.cuda.synchronize() (the distortion the suite exposes)",
+    "host_call": "host clock around the call alone, device drained first: the CPU cost of enqueueing it",
 }
 CPU_L2_FLUSH_BYTES = 64 << 20  # no portable LLC query; 64 MiB exceeds the LLC of the CPUs we run on
 GRAPH_TARGET_US = 500.0  # auto K aims for replays this long, so event resolution (~0.5 us) is < 0.1%
@@ -105,6 +106,8 @@ class _CudaSampler(_Sampler):
         self.i = 0
         if mode == "host_sync":
             self.timer = "perf_counter+synchronize"
+        elif mode == "host_call":
+            self.timer = "perf_counter"
         if mode == "cold":
             self.flush = torch.empty(flush_bytes or 2 * l2_bytes(), dtype=torch.uint8, device="cuda")
         if mode == "isolated":
@@ -132,13 +135,15 @@ class _CudaSampler(_Sampler):
         return fn
 
     def batch(self, count: int) -> list[float]:
-        if self.mode == "host_sync":
+        if self.mode in ("host_sync", "host_call"):
             out = []
             for _ in range(count):
                 fn = self._next_fn()
+                torch.cuda.synchronize()  # an empty queue: the call never waits for a full launch queue
                 t0 = time.perf_counter()
                 fn()
-                torch.cuda.synchronize()
+                if self.mode == "host_sync":
+                    torch.cuda.synchronize()
                 out.append((time.perf_counter() - t0) * 1e6)
             return out
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(count)]
@@ -226,8 +231,8 @@ def measure(
     device = device or ("cuda" if cuda_available() else "cpu")
     if device == "cuda" and not cuda_available():
         raise RuntimeError("device='cuda' asked for, but torch sees no CUDA device")
-    if device == "cpu" and mode == "host_sync":
-        mode_used = "hot"  # without a device there is nothing to synchronize; identical to hot
+    if device == "cpu" and mode in ("host_sync", "host_call"):
+        mode_used = "hot"  # without a device there is nothing to synchronize or enqueue; identical to hot
     else:
         mode_used = mode
     if min_samples < 2 or max_samples < min_samples:

@@ -82,3 +82,18 @@ def test_release_under_test_is_reported(saved):
     _, data, alt, _ = saved
     if alt is not None:
         assert data["version"] == alt.name.removeprefix("pytest-benchmark-")
+
+
+def test_pytest_and_cli_results_of_a_case_line_up_in_compare(saved, tmp_path, capsys):
+    _, data, _, _ = saved
+    names = {b["extra_info"]["case"] for b in data["benchmarks"]}
+    from harness import baseline, results
+
+    specs = [s for s in baseline.cases() if s.name in names]
+    run = results.make_run("baseline", [s.run(max_time_s=0.3) for s in specs], {"gpu_model": "cpu", "env": {}})
+    suite = results.save_run(run, tmp_path)
+    pb = tmp_path / "pb.json"
+    pb.write_text(json.dumps(data))
+    cli_main(["compare", str(suite), str(pb), "--allow-different-hardware"])
+    out = capsys.readouterr().out
+    assert all(name in out for name in names) and "only in" not in out
