@@ -136,9 +136,13 @@ def _git() -> dict:
         return r.stdout.strip() if r.returncode == 0 else None
 
     try:
-        return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+        commit = git("rev-parse", "HEAD")
     except Exception:
-        return {"commit": None, "dirty": None}
+        commit = None
+    if commit is None:
+        # a copy of the tree without .git (the lent GPU machines): the launcher passes the commit it sent
+        return {"commit": os.environ.get("VERIFYBENCH_GIT_COMMIT"), "dirty": None, "source": "environment"}
+    return {"commit": commit, "dirty": bool(git("status", "--porcelain", "--untracked-files=no")), "source": "git"}
 
 
 def collect() -> dict:
@@ -150,6 +154,7 @@ def collect() -> dict:
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "cpu": platform.processor() or platform.machine(),
+        "cpu_affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "cuda_available": torch.cuda.is_available(),
         "driver": _try(nv.nvmlSystemGetDriverVersion) if nv else None,
         "cuda_driver": _try(nv.nvmlSystemGetCudaDriverVersion) if nv else None,

@@ -4,6 +4,7 @@ Every number the suite reports comes from `measure`. Samples are per-call micros
 """
 from __future__ import annotations
 
+import gc
 import math
 import os
 import time
@@ -18,15 +19,15 @@ from harness.stats import Summary, summarize
 MODES = ("cold", "hot", "graph", "isolated", "host_sync", "host_call")
 MODE_HELP = {
     "cold": "L2 flushed before each sample (a 2x-L2 buffer written, enqueued before the start event); CUDA events",
-    "hot": "calls back to back, CUDA events around each call (includes host launch gaps when the host is slower)",
+    "hot": "K calls back to back between two CUDA events, / K (host-bound ops show the host's launch rate)",
     "graph": "K calls captured in one CUDA graph; per-call time = replay time / K; CUDA events",
     "isolated": "one call per sample after a barrier, GPU kept busy while it is enqueued; CUDA events",
     "host_sync": "host clock around call + torch.cuda.synchronize() (the distortion the suite exposes)",
     "host_call": "host clock around the call alone, device drained first: the CPU cost of enqueueing it",
 }
 CPU_L2_FLUSH_BYTES = 64 << 20  # no portable LLC query; 64 MiB exceeds the LLC of the CPUs we run on
-GRAPH_TARGET_US = 500.0  # auto K aims for replays this long, so event resolution (~0.5 us) is < 0.1%
-MAX_GRAPH_CALLS = 1024
+TARGET_SAMPLE_US = 500.0  # auto K aims for samples this long, so event resolution (~0.5 us) is < 0.1%
+MAX_CALLS_PER_SAMPLE = 1024
 DEFAULT_MAX_TIME_S = 2.0  # per case; VERIFYBENCH_MAX_TIME_S overrides (quick CPU runs)
 ISOLATED_PAD_US = 20.0  # device spin before the start event, so launch latency stays outside the sample
 
@@ -100,9 +101,9 @@ class _Sampler:
 class _CudaSampler(_Sampler):
     timer = "cuda_event"
 
-    def __init__(self, fns, mode, graph_calls, barrier, flush_bytes):
+    def __init__(self, fns, mode, calls, barrier, flush_bytes):
         self.fns, self.mode, self.barrier = fns, mode, barrier
-        self.calls = 1
+        self.calls = calls if mode in ("graph", "hot") else 1
         self.i = 0
         if mode == "host_sync":
             self.timer = "perf_counter+synchronize"
@@ -110,12 +111,10 @@ class _CudaSampler(_Sampler):
             self.timer = "perf_counter"
         if mode == "cold":
             self.flush = torch.empty(flush_bytes or 2 * l2_bytes(), dtype=torch.uint8, device="cuda")
-        if mode == "isolated":
-            # cycles of the SM clock for ISOLATED_PAD_US; torch reports clock_rate in kHz
-            khz = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "clock_rate", 1_980_000)
-            self.pad_cycles = int(ISOLATED_PAD_US * khz / 1e3)
+        # cycles of the SM clock for ISOLATED_PAD_US; torch reports clock_rate in kHz
+        khz = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "clock_rate", 1_980_000)
+        self.pad_cycles = int(ISOLATED_PAD_US * khz / 1e3)
         if mode == "graph":
-            self.calls = graph_calls
             self.graph = torch.cuda.CUDAGraph()
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
@@ -124,24 +123,22 @@ class _CudaSampler(_Sampler):
             torch.cuda.current_stream().wait_stream(stream)
             torch.cuda.synchronize()
             with torch.cuda.graph(self.graph):
-                for k in range(graph_calls):
+                for k in range(calls):
                     fns[k % len(fns)]()
             self.graph.replay()
             torch.cuda.synchronize()
 
-    def _next_fn(self):
-        fn = self.fns[self.i % len(self.fns)]
+    def _call(self):
+        self.fns[self.i % len(self.fns)]()
         self.i += 1
-        return fn
 
     def batch(self, count: int) -> list[float]:
         if self.mode in ("host_sync", "host_call"):
             out = []
             for _ in range(count):
-                fn = self._next_fn()
                 torch.cuda.synchronize()  # an empty queue: the call never waits for a full launch queue
                 t0 = time.perf_counter()
-                fn()
+                self._call()
                 if self.mode == "host_sync":
                     torch.cuda.synchronize()
                 out.append((time.perf_counter() - t0) * 1e6)
@@ -149,15 +146,19 @@ class _CudaSampler(_Sampler):
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(count)]
         for start, end in events:
             if self.mode == "cold":
-                self.flush.zero_()
+                self.flush.zero_()  # also keeps the GPU busy while the timed call is enqueued
             elif self.mode == "isolated":
                 (self.barrier or torch.cuda.synchronize)()
+            if self.mode in ("isolated", "graph"):
+                # a short device spin: the sample then starts with the op already queued, so the host's
+                # launch latency stays outside it (hot mode keeps it: that is eager reality)
                 torch.cuda._sleep(self.pad_cycles)
             start.record()
             if self.mode == "graph":
                 self.graph.replay()
             else:
-                self._next_fn()()
+                for _ in range(self.calls):
+                    self._call()
             end.record()
             if self.mode == "isolated":
                 end.synchronize()
@@ -170,9 +171,9 @@ class _CpuSampler(_Sampler):
 
     timer = "perf_counter"
 
-    def __init__(self, fns, mode, graph_calls, barrier, flush_bytes):
+    def __init__(self, fns, mode, calls, barrier, flush_bytes):
         self.fns, self.mode, self.barrier = fns, mode, barrier
-        self.calls = graph_calls if mode == "graph" else 1
+        self.calls = calls if mode in ("graph", "hot") else 1
         self.i = 0
         if mode == "cold":
             self.flush = torch.empty(flush_bytes or CPU_L2_FLUSH_BYTES, dtype=torch.uint8)
@@ -197,7 +198,7 @@ def measure(
     *,
     mode: str = "hot",
     device: str | None = None,
-    graph_calls: int | None = None,
+    calls_per_sample: int | None = None,
     barrier: Callable[[], object] | None = None,
     min_samples: int = 10,
     max_samples: int = 2000,
@@ -217,9 +218,10 @@ def measure(
     Stopping: after `min_samples`, stop when the 95% CI of the median is within `rel_ci_target` of it, or at
     `max_samples`, or when `max_time_s` of wall time is spent (default DEFAULT_MAX_TIME_S, or the
     VERIFYBENCH_MAX_TIME_S environment variable). A fixed `samples` replaces the rule (collectives:
-    every rank must run the same count). graph mode: K = `graph_calls` calls per replay, by default enough calls
-    for a ~GRAPH_TARGET_US replay, rounded up to a multiple of the number of input sets; each sample is one
-    replay / K.
+    every rank must run the same count). graph and hot modes: a sample is K = `calls_per_sample` calls (one
+    replay of a graph of K calls, or K calls back to back between two events) / K; by default K gives a sample
+    of about TARGET_SAMPLE_US, rounded up to a multiple of the number of input sets. Other modes: K = 1.
+    The garbage collector is off while sampling.
     """
     if max_time_s is None:
         max_time_s = float(os.environ.get("VERIFYBENCH_MAX_TIME_S", DEFAULT_MAX_TIME_S))
@@ -237,49 +239,37 @@ def measure(
         mode_used = mode
     if min_samples < 2 or max_samples < min_samples:
         raise ValueError("need 2 <= min_samples <= max_samples")
-    if graph_calls is not None and not 1 <= graph_calls <= 1 << 16:
-        raise ValueError("graph_calls must be in 1..65536")
+    if calls_per_sample is not None and not 1 <= calls_per_sample <= 1 << 16:
+        raise ValueError("calls_per_sample must be in 1..65536")
+    if samples is not None and mode in ("graph", "hot") and calls_per_sample is None:
+        raise ValueError("a fixed sample count needs a fixed calls_per_sample too (every rank must run the same)")
 
     t_start = time.perf_counter()
-    # Warm-up, eager, on the default stream.
+    # Warm-up, eager; on CUDA synchronized per call so warmup_s is device time too and no queue builds up.
     n_warm = 0
     while True:
         fns[n_warm % len(fns)]()
+        if device == "cuda":
+            torch.cuda.synchronize()
         n_warm += 1
         if warmup_calls is not None:
             if n_warm >= warmup_calls:
                 break
         elif n_warm >= max(3, len(fns)) and time.perf_counter() - t_start >= warmup_s:
             break
-    if device == "cuda":
-        torch.cuda.synchronize()
-    if mode_used == "graph" and graph_calls is None:
-        graph_calls = _auto_graph_calls(fns, device)
+    if mode_used in ("graph", "hot") and calls_per_sample is None:
+        calls_per_sample = _auto_calls(fns, device)
 
     sampler_cls = _CudaSampler if device == "cuda" else _CpuSampler
-    sampler = sampler_cls(fns, mode_used, graph_calls or 1, barrier, flush_bytes)
+    sampler = sampler_cls(fns, mode_used, calls_per_sample or 1, barrier, flush_bytes)
     clocks_before = fingerprint.clock_snapshot() if device == "cuda" else None
-
-    out: list[float] = []
-    stop_reason = "fixed_samples" if samples is not None else "max_samples"
-    t_sampling = time.perf_counter()
-    target = samples if samples is not None else max_samples
-    while len(out) < target:
-        want = min_samples if not out else max(min_samples, len(out) // 2)
-        if samples is None and out:
-            # size the batch so it stays inside the time cap
-            per_sample_s = (time.perf_counter() - t_sampling) / len(out)
-            left_s = max_time_s - (time.perf_counter() - t_start)
-            want = max(1, min(want, int(left_s / max(per_sample_s, 1e-9))))
-        out.extend(sampler.batch(min(want, target - len(out))))
-        if samples is not None:
-            continue
-        if len(out) >= min_samples and summarize(out).rel_ci_halfwidth <= rel_ci_target:
-            stop_reason = "ci_target"
-            break
-        if time.perf_counter() - t_start >= max_time_s:
-            stop_reason = "time_cap"
-            break
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # a collection inside a sample is the host's noise, not the op's cost
+    try:
+        out, stop_reason = _sample(sampler, samples, min_samples, max_samples, rel_ci_target, max_time_s, t_start)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     clocks_after = fingerprint.clock_snapshot() if device == "cuda" else None
     return Measurement(
         mode=mode_used,
@@ -295,9 +285,31 @@ def measure(
     )
 
 
-def _auto_graph_calls(fns, device: str) -> int:
-    """K for graph mode: enough calls that one replay lasts about GRAPH_TARGET_US."""
+def _sample(sampler, samples, min_samples, max_samples, rel_ci_target, max_time_s, t_start):
+    """Batches of samples until the stopping rule holds; returns (samples, stop reason)."""
+    out: list[float] = []
+    target = samples if samples is not None else max_samples
+    t_sampling = time.perf_counter()
+    while len(out) < target:
+        want = min_samples if not out else max(min_samples, len(out) // 2)
+        if samples is None and out:
+            # size the batch so it stays inside the time cap
+            per_sample_s = (time.perf_counter() - t_sampling) / len(out)
+            left_s = max_time_s - (time.perf_counter() - t_start)
+            want = max(1, min(want, int(left_s / max(per_sample_s, 1e-9))))
+        out.extend(sampler.batch(min(want, target - len(out))))
+        if samples is not None:
+            continue
+        if len(out) >= min_samples and summarize(out).rel_ci_halfwidth <= rel_ci_target:
+            return out, "ci_target"
+        if time.perf_counter() - t_start >= max_time_s:
+            return out, "time_cap"
+    return out, ("fixed_samples" if samples is not None else "max_samples")
+
+
+def _auto_calls(fns, device: str) -> int:
+    """K for graph and hot modes: enough calls that one sample lasts about TARGET_SAMPLE_US."""
     probe = (_CudaSampler if device == "cuda" else _CpuSampler)(fns, "hot", 1, None, None)
     per_call_us = sorted(probe.batch(5))[2]
-    k = max(1, min(MAX_GRAPH_CALLS, math.ceil(GRAPH_TARGET_US / max(per_call_us, 1e-3))))
+    k = max(1, min(MAX_CALLS_PER_SAMPLE, math.ceil(TARGET_SAMPLE_US / max(per_call_us, 1e-3))))
     return math.ceil(k / len(fns)) * len(fns)  # every input set equally often

@@ -54,7 +54,8 @@ class ModelStack:
 
     def __init__(self, shapes: LayerShapes, layers: int, device: str, dtype: torch.dtype = torch.bfloat16):
         self.shapes, self.device, self.dtype = shapes, device, dtype
-        self.weights = [[torch.randn(k, n, device=device, dtype=dtype) / k**0.5 for _, k, n in shapes.projections]
+        # [out, in] as nn.Linear stores them, so the GEMMs are the ones a real engine runs
+        self.weights = [[torch.randn(n, k, device=device, dtype=dtype) / k**0.5 for _, k, n in shapes.projections]
                         for _ in range(layers)]
 
     def inputs(self, tokens: int) -> list[torch.Tensor]:
@@ -63,11 +64,11 @@ class ModelStack:
     def forward(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:
         """All layers' projections in order; returns the last layer's outputs."""
         for layer in self.weights:
-            outs = [x @ w for x, w in zip(xs, layer)]
+            outs = [torch.nn.functional.linear(x, w) for x, w in zip(xs, layer)]
         return outs
 
     def reference_last_layer(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [x.double() @ w.double() for x, w in zip(xs, self.weights[-1])]
+        return [x.double() @ w.double().T for x, w in zip(xs, self.weights[-1])]
 
     @property
     def kernels_per_forward(self) -> int:

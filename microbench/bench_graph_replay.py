@@ -59,7 +59,7 @@ def _straight_case(kernels: int, device: str) -> CaseSpec:
 
     # graph mode with K = N captures exactly the straight-line graph of N nodes; samples are replay / N
     return CaseSpec(f"graph/straight/N{kernels}", {"kernels": kernels, "device": device}, "graph", setup,
-                    {"graph_calls": kernels, "max_time_s": STRAIGHT_MAX_TIME_S, "device": device})
+                    {"calls_per_sample": kernels, "max_time_s": STRAIGHT_MAX_TIME_S, "device": device})
 
 
 def _host_replay_case(kernels: int) -> CaseSpec:
@@ -114,7 +114,7 @@ def _model_case(stack_factory, tokens: int, mode: str, device: str, label: str) 
         return (lambda: stack.forward(xs)), check, derive
 
     return CaseSpec(f"graph/model/{label}/n{tokens}/{mode}", {"tokens": tokens, "device": device, "model": label},
-                    mode, setup, {"graph_calls": 1, "device": device} if mode == "graph" else {"device": device})
+                    mode, setup, {"calls_per_sample": 1, "device": device} if mode == "graph" else {"device": device})
 
 
 def cases(preset: str = "kimi-k2.5", tp: int = 8, layers: int | None = None) -> list[CaseSpec]:

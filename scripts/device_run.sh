@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine: fingerprint; the given microbench modules twice through pytest-benchmark (saved
 # JSON, histogram) and compared; then `verifybench run`; everything packed into $OUT/run.tgz, a short table last.
-# Usage: scripts/device_run.sh "microbench/bench_a.py microbench/bench_b.py" [verifybench run args...]
+# Usage: VERIFYBENCH_GIT_COMMIT=<sha> scripts/device_run.sh "microbench/bench_a.py ..." [verifybench run args...]
+# (the tree sent to the device has no .git: the commit is passed in and lands in every fingerprint)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1

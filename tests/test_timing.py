@@ -40,7 +40,7 @@ def test_stops_at_max_samples(fake_samples):
 
 def test_fixed_counts_are_exact_for_collectives():
     calls = []
-    m = measure(lambda: calls.append(1), mode="hot", device="cpu", warmup_calls=4, samples=25)
+    m = measure(lambda: calls.append(1), mode="hot", device="cpu", warmup_calls=4, samples=25, calls_per_sample=1)
     assert (m.warmup_calls, m.summary.n, m.stop_reason) == (4, 25, "fixed_samples")
     assert len(calls) == 4 + 25
 
@@ -56,10 +56,15 @@ def test_every_mode_runs_on_cpu_and_records_its_timer():
 def test_graph_mode_rotates_over_every_input_set_equally():
     counts = [0, 0, 0]
     fns = [lambda i=i: counts.__setitem__(i, counts[i] + 1) for i in range(3)]
-    m = measure(fns, mode="graph", device="cpu", warmup_calls=3, samples=10, graph_calls=6)
+    m = measure(fns, mode="graph", device="cpu", warmup_calls=3, samples=10, calls_per_sample=6)
     assert counts == [1 + 20] * 3  # 3 warm-up calls, then 10 samples x 6 calls, round robin
-    auto = measure(fns, mode="graph", device="cpu", warmup_calls=3, samples=10)
+    auto = measure(fns, mode="graph", device="cpu", warmup_calls=3, max_time_s=0.2)
     assert auto.calls_per_sample % 3 == 0
+
+
+def test_fixed_samples_without_fixed_calls_per_sample_is_refused():
+    with pytest.raises(ValueError, match="every rank"):
+        measure(lambda: None, mode="hot", device="cpu", samples=10)
 
 
 def test_bad_arguments_raise_clear_errors():
