@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ COMPONENTS: dict[str, tuple[str, str]] = {
     "harness": ("harness.baseline", "copy-bandwidth ceiling and the sync-distortion exhibit"),
     "graph": ("microbench.bench_graph_replay", "CUDA-graph replay: fixed + per-node cost, host replay(), eager vs "
               "graph, model-shaped graph at 1..8 tokens"),
+    "verify": ("microbench.bench_verify", "synthetic one-rank verify forward at 1..8 tokens and its decomposition"),
 }
 EXIT_OK, EXIT_SLOW, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -37,10 +39,12 @@ def progress(items, description: str):
     return track(items, description=description, transient=False)
 
 
-def run_component(subcommand: str, preset: str, tp: int, out_dir: Path | None, quiet: bool = False) -> dict:
+def run_component(subcommand: str, preset: str, tp: int, out_dir: Path | None, context: int | None = None,
+                  quiet: bool = False) -> dict:
     """Run every case of one component, save the results file, print its table; returns the run record."""
     module = importlib.import_module(COMPONENTS[subcommand][0])
-    specs = module.cases(preset=preset, tp=tp)
+    takes_context = "context" in inspect.signature(module.cases).parameters
+    specs = module.cases(preset=preset, tp=tp, **({"context": context} if context and takes_context else {}))
     fp = fingerprint.collect()
     cases = [spec.run() for spec in progress(specs, f"{subcommand} ({len(specs)} cases)")]
     run = results.make_run(module.COMPONENT, cases, fp, extra={"preset": preset, "tp": tp})
@@ -81,7 +85,7 @@ def _cmd_env(args) -> int:
 def _cmd_component(args) -> int:
     if not cuda_available():
         print(cpu_banner())
-    run = run_component(args.command, args.preset, args.tp, args.out)
+    run = run_component(args.command, args.preset, args.tp, args.out, args.context)
     return EXIT_OK if all(c["check"]["ok"] for c in run["cases"]) else EXIT_SLOW
 
 
@@ -91,18 +95,29 @@ def _cmd_compare(args) -> int:
     return compare.main(args)
 
 
+def _cmd_breakeven(args) -> int:
+    from harness.decompose import break_even
+
+    be = break_even(args.accept_len, args.decode_ms, args.verify_ms, args.draft_ms, args.overhead_ms)
+    print(tabulate([{"accept_len": args.accept_len, "decode_ms": args.decode_ms, "draft_ms": args.draft_ms,
+                     "verify_ms": args.verify_ms, "overhead_ms": args.overhead_ms, "cycle_ms": be.cycle_ms,
+                     "speedup": be.speedup, "break-even accept len": be.tau_star}], headers="keys", floatfmt=".4g"))
+    print("speculation pays off" if be.speedup > 1 else "speculation does NOT pay off at this accept length")
+    return EXIT_OK
+
+
 def _cmd_run(args) -> int:
     """The main job: every registered component for a preset, then one markdown summary beside the JSON."""
     cpu = not cuda_available()
     if cpu:
         print(cpu_banner())
         if args.preset != "tiny":
-            print(f"(preset {args.preset} needs a GPU: running the tiny preset at TP 1 instead)")
-            args.preset, args.tp = "tiny", 1
+            print(f"(preset {args.preset} needs a GPU: running the tiny preset at TP 1, context 64 instead)")
+            args.preset, args.tp, args.context = "tiny", 1, 64
     runs = {}
     for sub, (_, help_text) in COMPONENTS.items():
         print(f"\n== {sub}: {help_text}")
-        runs[sub] = run_component(sub, args.preset, args.tp, args.out)
+        runs[sub] = run_component(sub, args.preset, args.tp, args.out, args.context)
     path = write_summary(runs, args, cpu)
     print(f"\nsummary: {path}")
     return EXIT_OK if all(c["check"]["ok"] for r in runs.values() for c in r["cases"]) else EXIT_SLOW
@@ -111,6 +126,7 @@ def _cmd_run(args) -> int:
 def write_summary(runs: dict, args, cpu: bool) -> Path:
     """Markdown with every component's tables and the fingerprint headline, stored next to the result files."""
     fp = next(iter(runs.values()))["fingerprint"]
+    directory = Path(args.out or results.RESULTS_DIR / fp["slug"])
     lines = [f"# verifybench run: {args.preset} TP{args.tp} on {fp['gpu_model']}", ""]
     if cpu:
         lines += [f"**{cpu_banner()}**", ""]
@@ -122,12 +138,12 @@ def write_summary(runs: dict, args, cpu: bool) -> Path:
         lines += [f"## {sub}: {COMPONENTS[sub][1]}", ""]
         for title, rows in module.tables(run["cases"]):
             lines += [f"**{title}**", "", tabulate(rows, headers="keys", tablefmt="github", floatfmt=".4g"), ""]
+        for png in getattr(module, "charts", lambda *a: [])(run["cases"], directory):
+            lines += [f"![{png.stem}]({png.name})", ""]
         failed = [c["name"] for c in run["cases"] if not c["check"]["ok"]]
         if failed:
             lines += [f"Checks FAILED (no time reported): {', '.join(failed)}", ""]
-    lines += ["The decomposition of the verify forward (issue 7) is not part of this run yet.", ""]
-    directory = args.out or results.RESULTS_DIR / fp["slug"]
-    path = Path(directory) / f"run-{args.preset}-tp{args.tp}-{run['created_utc'].replace(':', '')}.md"
+    path = directory / f"run-{args.preset}-tp{args.tp}-{run['created_utc'].replace(':', '')}.md"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
     return path
@@ -145,10 +161,23 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--preset", default=default_preset, help="model preset (kimi-k2.5, deepseek-v3, tiny)")
         q.add_argument("--tp", type=int, default=8, help="tensor-parallel degree for per-rank shapes (default 8)")
         q.add_argument("--out", type=Path, default=None, help="results folder (default results/<machine-slug>/)")
+        q.add_argument("--context", type=int, default=None,
+                       help="context length (tokens in the KV cache) of the verify forward (default 4096)")
 
     q = sub.add_parser("run", help="the main job: all components for a preset, results + report")
     add_preset_args(q)
     q.set_defaults(func=_cmd_run)
+
+    q = sub.add_parser("breakeven", help="speedup and break-even accept length of speculative decoding",
+                       description="speedup = tau * T_decode / (T_draft + T_verify + T_overhead); break-even "
+                       "tau* = (T_draft + T_verify + T_overhead) / T_decode. tau = mean tokens accepted per verify, "
+                       "bonus token included. Defaults: the Kimi-K2.5 8xH200 deployment (27 ms cycle, 11.1 ms decode).")
+    q.add_argument("--accept-len", type=float, required=True, help="tau: mean accepted tokens per verify, bonus included")
+    q.add_argument("--decode-ms", type=float, default=11.1, help="one plain decode step (ms)")
+    q.add_argument("--verify-ms", type=float, default=25.6, help="one verify forward (ms)")
+    q.add_argument("--draft-ms", type=float, default=1.0, help="drafting the tokens (ms)")
+    q.add_argument("--overhead-ms", type=float, default=0.4, help="tree build, sampling, bookkeeping (ms)")
+    q.set_defaults(func=_cmd_breakeven)
 
     q = sub.add_parser("env", help="print the run fingerprint (GPU, clocks, throttle reasons, versions, env)")
     q.add_argument("--json", action="store_true", help="the whole fingerprint as JSON")

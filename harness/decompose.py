@@ -1,0 +1,82 @@
+"""Decomposition arithmetic of the verify forward: parts vs whole, the fixed-vs-per-token fit, the roofline, the
+break-even accept length, and a labelled what-if projection onto another GPU.
+
+Pure functions over medians in microseconds; the measuring is done by microbench/bench_verify.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.fit import linear_fit
+
+
+def table(full_us: dict[int, float], isolated_us: dict[str, dict[int, float]],
+          without_us: dict[str, dict[int, float]], roofline_us: dict[int, float]) -> list[dict]:
+    """One row per n: measured forward, every component's isolated time and marginal time (forward minus forward
+    without it), the sum of the isolated parts and its error against the measured forward, and the roofline."""
+    rows = []
+    for n in sorted(full_us):
+        t = full_us[n]
+        row = {"n": n, "measured_us": t}
+        for comp in isolated_us:
+            row[f"{comp}_us"] = isolated_us[comp].get(n)
+            if comp in without_us and n in without_us[comp]:
+                row[f"{comp}_marginal_us"] = t - without_us[comp][n]
+        parts = [isolated_us[c][n] for c in isolated_us if n in isolated_us[c]]
+        row["sum_of_parts_us"] = sum(parts)
+        row["parts_error_%"] = 100 * (sum(parts) / t - 1)
+        row["roofline_us"] = roofline_us.get(n)
+        row["measured/roofline"] = t / roofline_us[n] if roofline_us.get(n) else None
+        rows.append(row)
+    return rows
+
+
+def token_fit(full_us: dict[int, float]) -> dict:
+    """T(n) = a + b n with 95% intervals; fixed share = a / T(max n)."""
+    ns = sorted(full_us)
+    f = linear_fit(ns, [full_us[n] for n in ns])
+    return {**f.as_dict(), "fixed_share": f.a / f.predict(ns[-1]), "n_max": ns[-1]}
+
+
+@dataclass(frozen=True)
+class BreakEven:
+    speedup: float
+    tau_star: float
+    cycle_ms: float
+
+
+def break_even(accept_len: float, decode_ms: float, verify_ms: float, draft_ms: float, overhead_ms: float) -> BreakEven:
+    """tau = mean tokens accepted per verify, bonus included. speedup = tau * T_decode / (T_draft + T_verify +
+    T_overhead); break-even tau* = (T_draft + T_verify + T_overhead) / T_decode."""
+    if accept_len <= 0 or decode_ms <= 0 or min(verify_ms, draft_ms, overhead_ms) < 0:
+        raise ValueError("accept length and decode time must be > 0, the other times >= 0")
+    cycle = draft_ms + verify_ms + overhead_ms
+    if cycle <= 0:
+        raise ValueError("a speculation cycle needs a positive time")
+    return BreakEven(speedup=accept_len * decode_ms / cycle, tau_star=cycle / decode_ms, cycle_ms=cycle)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """A GPU described by numbers, for a what-if projection."""
+
+    name: str
+    copy_gbps: float
+    allreduce_us: float
+    per_node_us: float
+
+
+def project(parts_us: dict[str, float], here: Gpu, there: Gpu, streaming: tuple[str, ...], kernels: int,
+            allreduces: int) -> dict[str, float]:
+    """Scale measured parts onto `there`: weight-streaming parts by the copy-bandwidth ratio, the allreduce part by
+    the latency ratio, the launch floor by the per-node cost. A PROJECTION, not a measurement."""
+    out = {}
+    for comp, t in parts_us.items():
+        if comp in streaming:
+            out[comp] = t * here.copy_gbps / there.copy_gbps
+        elif comp == "allreduce":
+            out[comp] = allreduces * there.allreduce_us
+        else:
+            out[comp] = t
+    out["launch_floor_delta"] = kernels * (there.per_node_us - here.per_node_us)
+    return out

@@ -1,0 +1,201 @@
+"""Synthetic verify forward of one tensor-parallel rank (DESIGN.md 4.5): random weights, the real kernels, shapes,
+bytes and order of a Kimi-K2.5-style MLA + MoE model, with every component switchable for the decomposition.
+
+Components: misc (norms, residuals, activations), attn_proj (MLA projections), attn_core (attention over the latent
+cache and the KV write), allreduce (2 per layer), router (router GEMM + top-k), moe (routed INT4 experts), dense
+(layer-0 dense MLP and the shared experts), head (final norm, lm_head, argmax, tree verification).
+A switched-off component's consumers read static buffers of the right shape, so the rest still does its real work.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+COMPONENTS = ("misc", "attn_proj", "attn_core", "allreduce", "router", "moe", "dense", "head")
+
+
+@dataclass(frozen=True)
+class RankShapes:
+    """Per-rank dimensions (already divided by TP where TP divides them)."""
+
+    hidden: int
+    heads: int
+    q_lora: int
+    kv_lora: int
+    qk_nope: int
+    qk_rope: int
+    v_head: int
+    experts: int
+    topk: int
+    expert_inter: int
+    dense_inter: int
+    vocab: int
+    layers: int
+    dense_layers: int
+    group_size: int = 32
+
+    @property
+    def latent(self) -> int:
+        return self.kv_lora + self.qk_rope  # values cached per token
+
+
+def _rand(*shape, device, dtype=torch.bfloat16, fan_in=None):
+    return torch.randn(*shape, device=device, dtype=dtype) / (fan_in or shape[-1]) ** 0.5
+
+
+def _rmsnorm(x, w, eps=1e-6):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+
+
+class VerifyForward:
+    """Weights of every layer, a latent KV cache of `context` tokens per layer, and forward(n, active) for
+    n = 1..max_tokens. `moe_fn(x, w13p, w13s, w2p, w2s, topk_w, topk_ids)` runs the routed experts;
+    `allreduce_fn(t)` reduces a tensor in place (a real collective, or a calibrated device wait on one GPU);
+    `verify_fn(candidates, target_predict)` walks the draft chain."""
+
+    def __init__(self, s: RankShapes, context: int, device: str, moe_fn: Callable, allreduce_fn: Callable,
+                 verify_fn: Callable, max_tokens: int = 8, seed: int = 0):
+        torch.manual_seed(seed)
+        self.s, self.context, self.device, self.max_tokens = s, context, device, max_tokens
+        self.moe_fn, self.allreduce_fn, self.verify_fn = moe_fn, allreduce_fn, verify_fn
+        d, h = device, s.hidden
+        qk_head = s.qk_nope + s.qk_rope
+        self.layers = []
+        for i in range(s.layers):
+            L = {"ln1": torch.ones(h, device=d, dtype=torch.bfloat16), "ln2": torch.ones(h, device=d, dtype=torch.bfloat16),
+                 "q_a_kv_a": _rand(s.q_lora + s.latent, h, device=d), "q_b": _rand(s.heads * qk_head, s.q_lora, device=d),
+                 "q_ln": torch.ones(s.q_lora, device=d, dtype=torch.bfloat16),
+                 "kv_ln": torch.ones(s.kv_lora, device=d, dtype=torch.bfloat16),
+                 "w_uk": _rand(s.heads, s.qk_nope, s.kv_lora, device=d),  # kv_b absorbed into the query side
+                 "w_uv": _rand(s.heads, s.kv_lora, s.v_head, device=d),  # ... and into the output side
+                 "o_proj": _rand(h, s.heads * s.v_head, device=d),
+                 "kv_cache": _rand(context + max_tokens, s.latent, device=d, fan_in=1)}
+            if i < s.dense_layers:
+                L["gate_up"], L["down"] = _rand(2 * s.dense_inter, h, device=d), _rand(h, s.dense_inter, device=d)
+            else:
+                e, inter, g = s.experts, s.expert_inter, s.group_size
+                L["router"] = _rand(e, h, device=d)
+                L["shared_gate_up"] = _rand(2 * inter, h, device=d)
+                L["shared_down"] = _rand(h, inter, device=d)
+                # random nibbles are random int4 weights; scales ~ 1/(8 sqrt(K)) keep activations O(1)
+                L["w13p"] = torch.randint(-2**31, 2**31 - 1, (e, 2 * inter, h // 8), device=d, dtype=torch.int32)
+                L["w13s"] = torch.full((e, 2 * inter, h // g), 1 / (8 * h**0.5), device=d, dtype=torch.bfloat16)
+                L["w2p"] = torch.randint(-2**31, 2**31 - 1, (e, h, inter // 8), device=d, dtype=torch.int32)
+                L["w2s"] = torch.full((e, h, inter // g), 1 / (8 * inter**0.5), device=d, dtype=torch.bfloat16)
+            self.layers.append(L)
+        self.final_ln = torch.ones(h, device=d, dtype=torch.bfloat16)
+        self.lm_head = _rand(s.vocab, h, device=d)
+        # per n: the residual stream, static stand-ins for switched-off producers, and the routing of every layer
+        self.buf = {n: self._buffers(n) for n in range(1, max_tokens + 1)}
+
+    def _buffers(self, n: int) -> dict:
+        s, d = self.s, self.device
+        gen = torch.Generator(device="cpu").manual_seed(n)
+        ids = torch.stack([torch.randperm(s.experts, generator=gen)[: s.topk] for _ in range(n)]).to(d)
+        return {"h0": torch.randn(n, s.hidden, device=d, dtype=torch.bfloat16),
+                "h": torch.empty(n, s.hidden, device=d, dtype=torch.bfloat16),
+                "x": torch.randn(n, s.hidden, device=d, dtype=torch.bfloat16),
+                "q_a": torch.randn(n, s.q_lora, device=d, dtype=torch.bfloat16),
+                "kv_a": torch.randn(n, s.latent, device=d, dtype=torch.bfloat16),
+                "q": torch.randn(s.heads, n, s.latent, device=d, dtype=torch.bfloat16),
+                "o_lat": torch.randn(s.heads, n, s.kv_lora, device=d, dtype=torch.bfloat16),
+                "attn_out": torch.randn(n, s.hidden, device=d, dtype=torch.bfloat16),
+                "mlp_act": torch.randn(n, max(s.dense_inter, s.expert_inter), device=d, dtype=torch.bfloat16),
+                "topk_w": torch.full((n, s.topk), 1 / s.topk, device=d, dtype=torch.float32),
+                "topk_ids": ids.to(torch.int32),
+                "ids_seen": torch.zeros(s.layers, n, s.topk, device=d, dtype=torch.int32),
+                "candidates": torch.randint(0, s.vocab, (1, n), device=d),
+                "predict": torch.zeros(n, device=d, dtype=torch.int64)}
+
+    def forward(self, n: int, active: frozenset = frozenset(COMPONENTS)):
+        """One verify forward of n tokens with the `active` components; graph-capturable (no host syncs)."""
+        s, b, on = self.s, self.buf[n], active.__contains__
+        h = b["h"]
+        h.copy_(b["h0"])
+        for i, L in enumerate(self.layers):
+            x = _rmsnorm(h, L["ln1"]) if on("misc") else b["x"]
+            # --- attention (MLA, weight-absorbed as engines run it at decode/verify sizes)
+            q_a, kv_a = b["q_a"], b["kv_a"]
+            if on("attn_proj"):
+                qkv = F.linear(x, L["q_a_kv_a"])
+                q_a, kv_a = qkv[:, : s.q_lora], qkv[:, s.q_lora:]
+            if on("misc"):
+                q_a = _rmsnorm(q_a, L["q_ln"])
+                kv_a = torch.cat([_rmsnorm(kv_a[:, : s.kv_lora], L["kv_ln"]), kv_a[:, s.kv_lora:]], dim=1)
+            q = b["q"]
+            if on("attn_proj"):
+                qh = F.linear(q_a, L["q_b"]).view(n, s.heads, s.qk_nope + s.qk_rope).transpose(0, 1)
+                q_lat = torch.bmm(qh[:, :, : s.qk_nope], L["w_uk"])  # [heads, n, kv_lora]
+                q = torch.cat([q_lat, qh[:, :, s.qk_nope:]], dim=-1)
+            o_lat = b["o_lat"]
+            if on("attn_core"):
+                cache = L["kv_cache"]
+                cache[self.context: self.context + n].copy_(kv_a)  # the verify tokens' KV slots
+                keys = cache[: self.context + n]
+                scores = torch.matmul(q, keys.t()).float() * (s.qk_nope + s.qk_rope) ** -0.5
+                o_lat = torch.matmul(torch.softmax(scores, -1).to(q.dtype), keys[:, : s.kv_lora])
+            attn_out = b["attn_out"]
+            if on("attn_proj"):
+                o = torch.bmm(o_lat, L["w_uv"]).transpose(0, 1).reshape(n, s.heads * s.v_head)
+                attn_out = F.linear(o, L["o_proj"])
+            if on("allreduce"):
+                self.allreduce_fn(attn_out)
+            if on("misc"):
+                h = h + attn_out
+                x = _rmsnorm(h, L["ln2"])
+            # --- MLP: dense for the first layers, routed INT4 experts + shared expert after
+            mlp_out = b["attn_out"]
+            if i < s.dense_layers:
+                if on("dense"):
+                    mlp_out = F.linear(self._act(F.linear(x, L["gate_up"]), b, on), L["down"])
+            else:
+                topk_w, topk_ids = b["topk_w"], b["topk_ids"]
+                if on("router"):
+                    logits = F.linear(x, L["router"]).float()
+                    topk_w, ids64 = torch.topk(torch.softmax(logits, -1), s.topk, dim=-1)
+                    topk_ids = ids64.to(torch.int32)
+                    b["ids_seen"][i].copy_(topk_ids)  # read after replay to count the distinct experts touched
+                if on("moe"):
+                    mlp_out = self.moe_fn(x, L["w13p"], L["w13s"], L["w2p"], L["w2s"], topk_w, topk_ids)
+                if on("dense"):
+                    shared = F.linear(self._act(F.linear(x, L["shared_gate_up"]), b, on), L["shared_down"])
+                    mlp_out = mlp_out + shared if on("misc") else shared
+            if on("allreduce"):
+                self.allreduce_fn(mlp_out)
+            if on("misc"):
+                h = h + mlp_out
+        if on("head"):
+            logits = F.linear(_rmsnorm(h, self.final_ln), self.lm_head)
+            b["predict"].copy_(torch.argmax(logits, dim=-1))
+            return self.verify_fn(b["candidates"], b["predict"])
+        return h
+
+    @staticmethod
+    def _act(gate_up, b, on):
+        if not on("misc"):
+            return b["mlp_act"][:, : gate_up.shape[1] // 2]
+        g, u = gate_up.chunk(2, dim=-1)
+        return F.silu(g) * u
+
+    def weight_bytes(self, n: int, distinct_experts_per_layer: list[int]) -> dict:
+        """Bytes one forward must read: bf16 weights, the routed experts actually touched, and the KV cache."""
+        s = self.s
+        attn = sum(self.layers[0][k].numel() for k in ("q_a_kv_a", "q_b", "w_uk", "w_uv", "o_proj")) * 2
+        dense = sum(self.layers[0][k].numel() for k in ("gate_up", "down")) * 2 if s.dense_layers else 0
+        moe_l = self.layers[-1]
+        per_moe_layer = sum(moe_l[k].numel() for k in ("router", "shared_gate_up", "shared_down")) * 2
+        expert = sum(moe_l[k][0].numel() * moe_l[k].element_size() for k in ("w13p", "w13s", "w2p", "w2s"))
+        routed = expert * sum(distinct_experts_per_layer)
+        kv = s.layers * (self.context + n) * s.latent * 2
+        total = (s.layers * attn + s.dense_layers * dense + (s.layers - s.dense_layers) * per_moe_layer + routed
+                 + self.lm_head.numel() * 2 + kv)
+        return {"total": total, "routed_experts": routed, "kv": kv, "expert_bytes": expert}
+
+    def distinct_experts(self, n: int) -> list[int]:
+        """Distinct experts each MoE layer's routing touched in the last forward of n tokens."""
+        seen = self.buf[n]["ids_seen"][self.s.dense_layers:]
+        return [int(torch.unique(layer).numel()) for layer in seen]

@@ -1,0 +1,216 @@
+"""Synthetic verify forward of one TP rank at n = 1..8 tokens, whole and per component (isolated: only that
+component; marginal: the forward without it), each captured as one CUDA graph per n.
+
+Run: pytest --benchmark-only microbench/bench_verify.py   or   verifybench run (the decomposition report)
+"""
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+import pytest
+import torch
+
+from harness import ceiling, decompose, presets
+from harness.runner import CaseSpec, rel_error
+from harness.timing import cuda_available, measure
+from kernels.moe_int4 import reference_moe_w4a16
+from kernels.verify_forward import COMPONENTS, RankShapes, VerifyForward
+
+COMPONENT = "verify"
+TOKENS = tuple(range(1, 9))
+TOKENS_CPU = (1, 2, 3)  # the CPU smoke run: the torch reference MoE is slow; three points still make a fit
+CONTEXT = 4096
+# Stand-in allreduce when no measured figure is on record: NCCL's all_reduce_perf, graph mode, 2xH200 (DESIGN.md 7)
+REFERENCE_ALLREDUCE_US = 7.7
+CASE_MAX_TIME_S = 0.6
+# deployment defaults for the break-even (Kimi-K2.5, 8xH200): 27 ms cycle at 3 draft tokens, 25.6 ms of it verify
+DEFAULT_DECODE_MS, DEFAULT_DRAFT_MS, DEFAULT_OVERHEAD_MS = 11.1, 1.0, 0.4
+
+
+def rank_shapes(preset: str, tp: int, layers: int | None) -> RankShapes:
+    p = presets.get(preset, tp)
+    return RankShapes(hidden=p.hidden, heads=p.heads, q_lora=p.q_lora, kv_lora=p.kv_lora, qk_nope=p.qk_nope,
+                      qk_rope=p.qk_rope, v_head=p.v_head, experts=p.experts, topk=p.topk,
+                      expert_inter=p.expert_intermediate, dense_inter=p.dense_intermediate, vocab=p.vocab,
+                      layers=layers or p.layers, dense_layers=p.dense_layers, group_size=p.expert_group_size)
+
+
+def device_wait(us: float):
+    """A device-side wait of `us` microseconds (torch.cuda._sleep, calibrated here in a graph): the one-GPU
+    stand-in for an allreduce of that latency."""
+    probe = 200_000
+    t = measure(lambda: torch.cuda._sleep(probe), mode="graph", calls_per_sample=8, max_time_s=0.3)
+    cycles = max(1, int(probe * us / t.median_us))
+    return lambda tensor: torch.cuda._sleep(cycles)
+
+
+def _chain_verify(device: str):
+    from kernels.tree import verify_tree_greedy
+
+    backend = "kernel" if device == "cuda" else "reference"
+    lists = {}
+
+    def verify(candidates, predict):
+        n = candidates.shape[1]
+        if n not in lists:
+            idx = torch.arange(n, device=device).view(1, n)
+            nxt = torch.cat([idx[:, 1:], torch.full((1, 1), -1, device=device)], dim=1)
+            lists[n] = (idx, nxt, torch.full_like(idx, -1))
+        idx, nxt, sib = lists[n]
+        return verify_tree_greedy(candidates, idx, nxt, sib, predict, n, backend=backend)
+
+    return verify
+
+
+def _moe_fn(device: str):
+    if device == "cuda":
+        from kernels.moe_int4_triton import fused_moe_w4a16
+
+        return lambda *a: fused_moe_w4a16(*a, check_ids=False)
+    return reference_moe_w4a16
+
+
+@lru_cache(maxsize=2)
+def _forward(preset: str, tp: int, layers: int | None, context: int, allreduce_us: float) -> VerifyForward:
+    device = "cuda" if cuda_available() else "cpu"
+    ar = device_wait(allreduce_us) if device == "cuda" else (lambda t: None)
+    return VerifyForward(rank_shapes(preset, tp, layers), context, device, _moe_fn(device), ar, _chain_verify(device))
+
+
+def allreduce_stand_in_us() -> tuple[float, str]:
+    """The latency the one-GPU stand-in waits, and where it comes from."""
+    if "VERIFYBENCH_ALLREDUCE_US" in os.environ:
+        return float(os.environ["VERIFYBENCH_ALLREDUCE_US"]), "VERIFYBENCH_ALLREDUCE_US"
+    return REFERENCE_ALLREDUCE_US, "reference figure (NCCL all_reduce_perf, graph mode, 2xH200; DESIGN.md 7)"
+
+
+def _case(preset, tp, layers, context, n, variant: str, comps: frozenset) -> CaseSpec:
+    ar_us, _ = allreduce_stand_in_us()
+
+    def setup():
+        fwd = _forward(preset, tp, layers, context, ar_us)
+
+        def check():
+            out = fwd.forward(n, comps)
+            if variant != "full":
+                return True, "runs"
+            predicts, accept_index, accepted = out
+            s, L = fwd.s, fwd.layers[-1]
+            x = torch.randn(n, s.hidden, device=fwd.device, dtype=torch.bfloat16)
+            b = fwd.buf[n]
+            got = fwd.moe_fn(x, L["w13p"], L["w13s"], L["w2p"], L["w2s"], b["topk_w"], b["topk_ids"])
+            ref = reference_moe_w4a16(x, L["w13p"], L["w13s"], L["w2p"], L["w2s"], b["topk_w"], b["topk_ids"])
+            err = rel_error(got, ref)
+            ok = err <= 1e-2 and 0 <= int(accepted[0]) < n and bool(torch.isfinite(fwd.buf[n]["predict"]).all())
+            return ok, f"moe rel_err {err:.2e}; accepted {int(accepted[0])} of {n - 1}"
+
+        def derive(m):
+            d = {"tokens": n, "variant": variant, "allreduce_stand_in_us": ar_us}
+            if variant == "full":
+                distinct = fwd.distinct_experts(n)
+                by = fwd.weight_bytes(n, distinct)
+                copy = ceiling.copy_gbps(fwd.device)
+                d.update(bytes=by["total"], routed_bytes=by["routed_experts"], kv_bytes=by["kv"],
+                         distinct_experts_mean=sum(distinct) / max(1, len(distinct)), copy_gbps=copy,
+                         roofline_us=by["total"] / (copy * 1e3), eta=ceiling.eta(by["total"], m.median_us, copy))
+            return d
+
+        return (lambda: fwd.forward(n, comps)), check, derive
+
+    return CaseSpec(f"verify/{preset}-tp{tp}/{variant}/n{n}", {"preset": preset, "tp": tp, "tokens": n,
+                    "context": context, "layers": layers, "variant": variant}, "graph", setup,
+                    {"calls_per_sample": 1, "max_time_s": CASE_MAX_TIME_S})
+
+
+def cases(preset: str = "kimi-k2.5", tp: int = 8, context: int = CONTEXT, layers: int | None = None) -> list[CaseSpec]:
+    """Per n: the full forward, each component alone (isolated) and the forward without it (marginal)."""
+    out = []
+    for n in TOKENS if cuda_available() else TOKENS_CPU:
+        out.append(_case(preset, tp, layers, context, n, "full", frozenset(COMPONENTS)))
+        for c in COMPONENTS:
+            out.append(_case(preset, tp, layers, context, n, f"only-{c}", frozenset({c})))
+            out.append(_case(preset, tp, layers, context, n, f"without-{c}", frozenset(COMPONENTS) - {c}))
+    return out
+
+
+def decomposition(records: list[dict]) -> dict:
+    """From stored case records: the per-n table, the token fit and the break-even at the measured verify times."""
+    med = {}
+    for r in records:
+        if r["check"]["ok"]:
+            med.setdefault(r["params"]["variant"], {})[r["params"]["tokens"]] = r["summary"]["median_us"]
+    full = med.get("full", {})
+    roof = {r["params"]["tokens"]: r["derived"]["roofline_us"] for r in records
+            if r["check"]["ok"] and r["params"]["variant"] == "full"}
+    iso = {c: med.get(f"only-{c}", {}) for c in COMPONENTS}
+    without = {c: med.get(f"without-{c}", {}) for c in COMPONENTS}
+    out = {"table": decompose.table(full, iso, without, roof)}
+    if len(full) >= 3:
+        out["fit"] = decompose.token_fit(full)
+    return out
+
+
+def charts(records: list[dict], directory) -> list:
+    """PNG charts beside the report: stacked isolated components vs n with the measured forward, and measured vs
+    predicted (sum of parts, fit)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from pathlib import Path
+
+    dec = decomposition(records)
+    rows = dec["table"]
+    if not rows:
+        return []
+    ns = [r["n"] for r in rows]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    bottom = [0.0] * len(ns)
+    for comp in COMPONENTS:
+        vals = [(r.get(f"{comp}_us") or 0) / 1e3 for r in rows]
+        ax.bar(ns, vals, bottom=bottom, label=comp)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.plot(ns, [r["measured_us"] / 1e3 for r in rows], "k-o", label="measured forward")
+    ax.set_xlabel("tokens verified (n)")
+    ax.set_ylabel("ms")
+    ax.set_title("verify forward: isolated components (stacked) vs measured")
+    ax.legend(fontsize=8, ncol=2)
+    paths = [Path(directory) / "verify_components.png"]
+    fig.savefig(paths[0], dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(ns, [r["measured_us"] / 1e3 for r in rows], "k-o", label="measured")
+    ax.plot(ns, [r["sum_of_parts_us"] / 1e3 for r in rows], "b--s", label="sum of isolated parts")
+    if rows[0].get("roofline_us"):
+        ax.plot(ns, [r["roofline_us"] / 1e3 for r in rows], "g:", label="weight+KV roofline")
+    if "fit" in dec:
+        f = dec["fit"]
+        ax.plot(ns, [(f["a"] + f["b"] * n) / 1e3 for n in ns], "r-", alpha=0.5, label="fit a + b n")
+    ax.set_xlabel("tokens verified (n)")
+    ax.set_ylabel("ms")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    paths.append(Path(directory) / "verify_measured_vs_predicted.png")
+    fig.savefig(paths[1], dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return paths
+
+
+def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
+    dec = decomposition(records)
+    short = [{k: v for k, v in row.items() if not k.endswith("_marginal_us")} for row in dec["table"]]
+    marginal = [{"n": row["n"], **{k: v for k, v in row.items() if k.endswith("_marginal_us")}} for row in dec["table"]]
+    out = [("verify forward, isolated components (us; each alone in its own graph)", short),
+           ("marginal cost of each component (us; forward minus forward without it)", marginal)]
+    if "fit" in dec:
+        f = dec["fit"]
+        out.append(("fit T(n) = a + b n (95% CI)", [{"a_us": f["a"], "a_ci_us": f["a_halfwidth"], "b_us": f["b"],
+                    "b_ci_us": f["b_halfwidth"], "r2": f["r2"], "fixed_share_a/T(8)": f["fixed_share"]}]))
+    return out
+
+
+@pytest.mark.parametrize("spec", [c for c in (cases() if cuda_available() else cases("tiny", 1, 64))
+                                  if c.params["variant"] == "full"], ids=lambda s: s.name)
+def test_verify_forward(device_benchmark, spec):
+    device_benchmark(spec)

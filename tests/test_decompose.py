@@ -1,0 +1,58 @@
+import pytest
+
+from harness import decompose
+from harness.cli import main as cli_main
+
+
+def _parts():
+    iso = {"moe": {1: 100.0, 2: 150.0, 3: 200.0}, "attn": {1: 300.0, 2: 300.0, 3: 300.0}}
+    full = {1: 410.0, 2: 440.0, 3: 520.0}
+    without = {"moe": {1: 305.0, 2: 300.0, 3: 310.0}}
+    return full, iso, without
+
+
+def test_parts_add_up_and_error_is_relative_to_measured():
+    full, iso, without = _parts()
+    rows = decompose.table(full, iso, without, {1: 200.0, 2: 200.0, 3: 250.0})
+    assert [r["sum_of_parts_us"] for r in rows] == [400.0, 450.0, 500.0]
+    assert rows[0]["parts_error_%"] == pytest.approx(100 * (400 / 410 - 1))
+    assert rows[1]["moe_marginal_us"] == pytest.approx(140.0)
+    assert "attn_marginal_us" not in rows[1]
+    assert rows[2]["measured/roofline"] == pytest.approx(520 / 250)
+
+
+def test_token_fit_matches_its_points_and_fixed_share():
+    full = {n: 20_000 + 700 * n for n in range(1, 9)}
+    f = decompose.token_fit(full)
+    assert (f["a"], f["b"]) == pytest.approx((20_000, 700))
+    assert f["fixed_share"] == pytest.approx(20_000 / (20_000 + 5600))
+
+
+def test_break_even_reproduces_the_kimi_deployment_figure():
+    be = decompose.break_even(accept_len=3.0, decode_ms=11.1, verify_ms=25.6, draft_ms=1.0, overhead_ms=0.4)
+    assert be.cycle_ms == pytest.approx(27.0)
+    assert be.tau_star == pytest.approx(27.0 / 11.1) and round(be.tau_star, 2) == 2.43
+    assert be.speedup == pytest.approx(3 * 11.1 / 27)
+
+
+def test_break_even_rejects_nonsense():
+    with pytest.raises(ValueError):
+        decompose.break_even(0, 11.1, 25.6, 1, 0.4)
+    with pytest.raises(ValueError):
+        decompose.break_even(2, 11.1, -1, 1, 0.4)
+
+
+def test_breakeven_cli_prints_tau_star(capsys):
+    assert cli_main(["breakeven", "--accept-len", "2.0"]) == 0
+    out = capsys.readouterr().out
+    assert "2.432" in out and "NOT pay off" in out
+    assert cli_main(["breakeven", "--accept-len", "-1"]) == 2
+
+
+def test_projection_scales_streaming_parts_by_bandwidth_and_labels_allreduce():
+    here = decompose.Gpu("H200", 4174, 7.7, 1.12)
+    there = decompose.Gpu("X", 8348, 4.0, 1.0)
+    p = decompose.project({"moe": 1000.0, "allreduce": 2000.0, "misc": 50.0}, here, there, ("moe",), kernels=1000,
+                          allreduces=122)
+    assert p["moe"] == pytest.approx(500.0) and p["allreduce"] == pytest.approx(488.0) and p["misc"] == 50.0
+    assert p["launch_floor_delta"] == pytest.approx(-120.0)
