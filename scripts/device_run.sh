@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine: fingerprint; the given microbench modules twice through pytest-benchmark (saved
 # JSON, histogram) and compared; then `verifybench run`; everything packed into $OUT/run.tgz, a short table last.
-# Usage: VERIFYBENCH_GIT_COMMIT=<sha> scripts/device_run.sh "microbench/bench_a.py ..." [verifybench run args...]
+# Usage: VERIFYBENCH_GIT_COMMIT=<sha> scripts/device_run.sh "microbench/bench_a.py ..." [verifybench subcommands...]
+# (no subcommands: `verifybench run`, every component)
 # (the tree sent to the device has no .git: the commit is passed in and lands in every fingerprint)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +25,9 @@ timeout 420 $B --benchmark-save=second --benchmark-json="$W/pb_second.json" > "$
 echo "pytest second: rc=$?"
 python3 -m harness compare "$W/pb_first.json" "$W/pb_second.json" > "$W/compare_first_second.txt" 2>&1
 echo "compare first vs second: rc=$?"
-timeout 420 python3 -m harness run "$@" > "$W/run.log" 2>&1; echo "verifybench run: rc=$?"
+for sub in "${@:-run}"; do
+  timeout 420 python3 -m harness "$sub" >> "$W/run.log" 2>&1; echo "verifybench $sub: rc=$?"
+done
 # the same cases timed by the CLI run and by pytest: medians must agree (graph-mode cases especially)
 for comp in $(ls results/*/*-2*.json | xargs -n1 basename | sed 's/-2.*//' | sort -u); do
   f=$(ls -t results/*/"$comp"-2*.json | head -1)
