@@ -8,6 +8,7 @@ import argparse
 import importlib
 import inspect
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -22,9 +23,15 @@ COMPONENTS: dict[str, tuple[str, str]] = {
     "harness": ("harness.baseline", "copy-bandwidth ceiling and the sync-distortion exhibit"),
     "graph": ("microbench.bench_graph_replay", "CUDA-graph replay: fixed + per-node cost, host replay(), eager vs "
               "graph, model-shaped graph at 1..8 tokens"),
+    "kv_tree": ("microbench.bench_kv_tree", "EAGLE draft tree: organize, build_tree, verify, KV slots, argmax; "
+                "kernel vs reference"),
+    "moe": ("microbench.bench_moe_int4", "INT4 W4A16 MoE layer at 1..8 tokens: Triton vs reference vs bf16 torch"),
+    "allreduce": ("microbench.bench_allreduce", "allreduce call floor in a 1-rank group (multi-GPU: torchrun -m "
+                  "harness.allreduce)"),
     "verify": ("microbench.bench_verify", "synthetic one-rank verify forward at 1..8 tokens and its decomposition"),
 }
 EXIT_OK, EXIT_SLOW, EXIT_BAD_INPUT = 0, 1, 2
+CPU_SMOKE_MAX_TIME_S = 0.2
 
 
 def cpu_banner() -> str:
@@ -111,6 +118,8 @@ def _cmd_run(args) -> int:
     cpu = not cuda_available()
     if cpu:
         print(cpu_banner())
+        # a smoke run: shorter sampling per case unless asked otherwise
+        os.environ.setdefault("VERIFYBENCH_MAX_TIME_S", str(CPU_SMOKE_MAX_TIME_S))
         if args.preset != "tiny":
             print(f"(preset {args.preset} needs a GPU: running the tiny preset at TP 1, context 64 instead)")
             args.preset, args.tp, args.context = "tiny", 1, 64

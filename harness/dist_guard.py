@@ -1,0 +1,299 @@
+"""Torchrun helpers: rank discovery, the rendezvous store, store-based agreement between ranks, and a watchdog
+that ends the whole job when a rank dies or hangs (non-zero exit, naming the rank, within a bounded time).
+
+The watchdog runs on its own store connection in a daemon thread, so it keeps working while the main thread is
+blocked in a collective, a CUDA synchronize or a graph replay (none of which a timeout in torch.distributed covers).
+Ranks never tear down their process groups: they flush and `os._exit`, because teardown is where jobs hang.
+"""
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch.distributed as dist
+
+# Multicast (NVLS, multimem) stays off on our H200s (DESIGN.md section 6); every rank and child process gets these.
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+EXIT_RANK_ERROR = 1  # this rank raised
+EXIT_PEER_FAILED = 3  # a peer reported an error, stopped beating, or the store went away
+EXIT_STUCK = 4  # this rank is the one that stopped making progress
+EXIT_WAITED = 5  # this rank gave up waiting for a stuck peer
+EXIT_FAULT = 7  # injected crash (--fault exit-early:RANK)
+STUCK_FIRST_GRACE_S = 2.0  # a waiting rank exits this long after the stuck one, so the launcher names the right rank
+PREFIX = "[allreduce]"
+
+
+def log_prefix() -> str:
+    """Message prefix with the wall-clock time, so a log shows when a failure happened and when the job ended."""
+    return f"{PREFIX} {time.strftime('%H:%M:%S')}"
+
+
+def force_safe_env(env: dict | None = None) -> dict:
+    """Set SAFE_ENV in `env` (default os.environ), overriding other values; returns the overridden {key: old}."""
+    env = os.environ if env is None else env
+    changed = {k: env[k] for k, v in SAFE_ENV.items() if k in env and env[k] != v}
+    env.update(SAFE_ENV)
+    return changed
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """Who this process is. `agent_store`: torchrun's agent hosts the store, so it outlives every rank."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+    agent_store: bool
+    run_id: str
+    host: str
+
+    @property
+    def nnodes(self) -> int:
+        return max(1, self.world_size // max(1, self.local_world_size))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_info() -> RankInfo:
+    """From torchrun's environment; without it (plain `python -m`), a single rank with a private store."""
+    env = os.environ
+    if "RANK" not in env:
+        return RankInfo(0, 1, 0, 1, "127.0.0.1", _free_port(), False, uuid.uuid4().hex[:12], socket.gethostname())
+    run_id = f"{env.get('TORCHELASTIC_RUN_ID', 'run')}.{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    return RankInfo(
+        rank=int(env["RANK"]),
+        world_size=int(env["WORLD_SIZE"]),
+        local_rank=int(env.get("LOCAL_RANK", 0)),
+        local_world_size=int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])),
+        master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+        master_port=int(env["MASTER_PORT"]),
+        agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+        run_id=run_id,
+        host=socket.gethostname(),
+    )
+
+
+def open_store(info: RankInfo, timeout_s: float, host_it: bool = False) -> dist.Store:
+    """A store connection namespaced by run. `host_it`: this process serves the store (rank 0 without an agent)."""
+    store = dist.TCPStore(info.master_addr, info.master_port, info.world_size if host_it else None, host_it,
+                          timedelta(seconds=timeout_s), wait_for_workers=False)
+    return dist.PrefixStore(f"verifybench/{info.run_id}/", store)
+
+
+class Agreement:
+    """All-gather / broadcast of JSON values through the store: backend-agnostic, and never a device collective.
+
+    Every rank must call the same methods in the same order (keys are numbered by call).
+    """
+
+    def __init__(self, store: dist.Store, info: RankInfo):
+        self.store, self.info, self.calls = store, info, 0
+
+    def _key(self, rank: int) -> str:
+        return f"agree/{self.calls}/{rank}"
+
+    def allgather(self, value) -> list:
+        self.calls += 1
+        self.store.set(self._key(self.info.rank), json.dumps(value))
+        return [json.loads(self.store.get(self._key(r))) for r in range(self.info.world_size)]
+
+    def gather(self, value, root: int = 0) -> list | None:
+        self.calls += 1
+        self.store.set(self._key(self.info.rank), json.dumps(value))
+        if self.info.rank != root:
+            return None
+        return [json.loads(self.store.get(self._key(r))) for r in range(self.info.world_size)]
+
+    def broadcast(self, value, root: int = 0):
+        self.calls += 1
+        if self.info.rank == root:
+            self.store.set(self._key(root), json.dumps(value))
+            return value
+        return json.loads(self.store.get(self._key(root)))
+
+
+class Watchdog:
+    """Heartbeat + progress per rank in the store; aborts this process when the job cannot finish.
+
+    - a peer that reports an error, or whose heartbeat stops for `dead_timeout_s`: exit EXIT_PEER_FAILED;
+    - no progress on this rank for `hang_timeout_s` (marks come from the main thread via `mark`): the ranks with
+      the oldest step are named as stuck; a stuck rank exits EXIT_STUCK at once (with its stack), the others
+      EXIT_WAITED after STUCK_FIRST_GRACE_S, so torchrun's "root cause" is the stuck rank when it can still exit.
+    Worst case from a failure to every rank gone: hang_timeout_s + STUCK_FIRST_GRACE_S + the launcher's teardown.
+    """
+
+    def __init__(self, info: RankInfo, hang_timeout_s: float, dead_timeout_s: float | None = None,
+                 period_s: float = 0.5):
+        self.info = info
+        self.hang_timeout_s = hang_timeout_s
+        self.dead_timeout_s = dead_timeout_s or max(5.0, hang_timeout_s / 2)
+        self.period_s = period_s
+        self.store = open_store(info, timeout_s=max(5.0, self.dead_timeout_s))
+        self.seq, self.label = 0, "start"
+        self.changed = time.monotonic()
+        self.stopped = False
+        self.peers = [r for r in range(info.world_size) if r != info.rank]
+        self._thread = threading.Thread(target=self._loop, name="allreduce-watchdog", daemon=True)
+
+    def start(self) -> "Watchdog":
+        self._publish_progress()
+        self._thread.start()
+        return self
+
+    def mark(self, label: str) -> None:
+        """The main thread reached a new step (same sequence on every rank)."""
+        self.seq += 1
+        self.label = label
+        self.changed = time.monotonic()
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def report(self, state: str, message: str = "") -> None:
+        """Tell peers this rank is done or failed (they stop watching it, or abort with its message)."""
+        try:
+            self.store.set(f"status/{self.info.rank}", json.dumps({"state": state, "message": message}))
+        except Exception:
+            pass
+
+    def _publish_progress(self) -> None:
+        self.store.set(f"progress/{self.info.rank}", json.dumps(
+            {"seq": self.seq, "label": self.label, "host": self.info.host, "pid": os.getpid()}))
+
+    def _get(self, key: str):
+        return json.loads(self.store.get(key)) if self.store.check([key]) else None
+
+    def _loop(self) -> None:
+        start = last_ok = last_read = time.monotonic()
+        beat, published_seq = 0, -1
+        seen_beat = {r: (None, start) for r in self.peers}  # rank -> (last value, when it changed)
+        read_every_s = max(1.0, len(self.peers) / 16)  # every rank reads every peer: keep the store load O(N) per s
+        while not self.stopped:
+            time.sleep(self.period_s)
+            if self.stopped:
+                return
+            now = time.monotonic()
+            try:
+                beat += 1
+                self.store.set(f"hb/{self.info.rank}", str(beat))
+                if self.seq != published_seq:
+                    published_seq = self.seq
+                    self._publish_progress()
+                if now - last_read < read_every_s:
+                    last_ok = now
+                    continue
+                last_read = now
+                peers = {r: (self._get(f"hb/{r}"), self._get(f"status/{r}")) for r in self.peers}
+                last_ok = now
+            except Exception as e:
+                if now - last_ok > self.dead_timeout_s:
+                    self._abort(f"lost the rendezvous store {self.info.master_addr}:{self.info.master_port} for "
+                                f"{now - last_ok:.0f} s ({type(e).__name__}); the launcher is gone", EXIT_PEER_FAILED)
+                continue
+            try:
+                self._judge(peers, seen_beat, now)
+            except Exception as e:  # never let a malformed value end the watchdog silently
+                sys.stderr.write(f"{log_prefix()} rank {self.info.rank}: watchdog: {type(e).__name__}: {e}\n")
+
+    def _judge(self, peers: dict, seen_beat: dict, now: float) -> None:
+        for r, (hb, status) in peers.items():
+            if status and status["state"] == "error":
+                self._abort(f"rank {r} failed: {status['message']}", EXIT_PEER_FAILED)
+            if status:  # done or aborted on its own: nothing more to watch
+                continue
+            if hb != seen_beat[r][0]:
+                seen_beat[r] = (hb, now)
+            elif now - seen_beat[r][1] > max(self.dead_timeout_s, self.hang_timeout_s if hb is None else 0):
+                what = "never started beating" if hb is None else "stopped responding"
+                self._abort(f"rank {r} {what}: no heartbeat for {now - seen_beat[r][1]:.0f} s "
+                            f"(last step: {self._step_of(r)})", EXIT_PEER_FAILED)
+        if now - self.changed > self.hang_timeout_s:
+            self._abort_stuck(now)
+
+    def _step_of(self, rank: int) -> str:
+        try:
+            p = self._get(f"progress/{rank}")
+        except Exception:
+            p = None
+        return f"#{p['seq']} '{p['label']}' on {p['host']} pid {p['pid']}" if p else "unknown"
+
+    def _abort_stuck(self, now: float) -> None:
+        progress = {self.info.rank: self.seq}
+        for r in self.peers:
+            try:
+                p = self._get(f"progress/{r}")
+            except Exception:
+                p = None
+            progress[r] = p["seq"] if p else -1
+        oldest = min(progress.values())
+        stuck = sorted(r for r, s in progress.items() if s == oldest)
+        waiting = sorted(set(progress) - set(stuck))
+        stalled_s = now - self.changed
+        if not waiting:
+            msg = (f"all {len(stuck)} ranks made no progress for {stalled_s:.0f} s (rank {self.info.rank} at "
+                   f"{self._step_of(self.info.rank)}): a collective that never completes")
+            self._abort(msg, EXIT_STUCK, dump_stack=True)
+        who = f"rank{'s' if len(stuck) > 1 else ''} {', '.join(map(str, stuck))}"
+        msg = (f"{who} stopped making progress (no new step for over {self.hang_timeout_s:.0f} s); last step: "
+               + "; ".join(f"rank {r} {self._step_of(r)}" for r in stuck)
+               + "; waiting: " + "; ".join(f"rank {r} at {self._step_of(r)}" for r in waiting))
+        if self.info.rank in stuck:
+            self._abort(msg, EXIT_STUCK, dump_stack=True)
+        time.sleep(STUCK_FIRST_GRACE_S)
+        self._abort(msg, EXIT_WAITED)
+
+    def _abort(self, message: str, code: int, dump_stack: bool = False) -> None:
+        sys.stderr.write(f"{log_prefix()} rank {self.info.rank}: ABORT (exit {code}): {message}\n")
+        if dump_stack:
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        self.report("aborted", message)
+        hard_exit(code)
+
+
+def hard_exit(code: int) -> None:
+    """Flush and leave without destructors: no process-group, NCCL or CUDA teardown that could hang."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code)
+
+
+def parse_fault(spec: str | None) -> tuple[str, int, int] | None:
+    """'exit-early:RANK[@CASE]' or 'hang:RANK[@CASE]' -> (kind, rank, case index); for the failure-path tests."""
+    if not spec:
+        return None
+    kind, _, where = spec.partition(":")
+    rank, _, case = where.partition("@")
+    if kind not in ("exit-early", "hang") or not rank.isdigit() or (case and not case.isdigit()):
+        raise ValueError(f"bad --fault {spec!r}: expected exit-early:RANK[@CASE] or hang:RANK[@CASE]")
+    return kind, int(rank), int(case or 0)
+
+
+def maybe_fault(fault: tuple[str, int, int] | None, rank: int, case_index: int) -> None:
+    if not fault or fault[1] != rank or fault[2] != case_index:
+        return
+    if fault[0] == "exit-early":
+        print(f"{log_prefix()} rank {rank}: injected fault: exiting with code {EXIT_FAULT} at case {case_index}",
+              file=sys.stderr, flush=True)
+        os._exit(EXIT_FAULT)  # like a crash: no status report, no cleanup
+    print(f"{log_prefix()} rank {rank}: injected fault: sleeping forever at case {case_index}", file=sys.stderr,
+          flush=True)
+    while True:
+        time.sleep(3600)

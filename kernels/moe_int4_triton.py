@@ -1,0 +1,392 @@
+"""Fused W4A16 MoE for few tokens (n <= 32) in Triton: two GEMV-style launches that stream each routed expert's
+int4 weights, with no sort/align step and no host work in the call (CUDA-graph capturable).
+
+Launch 1, one program per (token-expert pair, BLOCK_N gate + BLOCK_N up rows): all of H in chunks of 128 words
+  per warp, the next chunk's loads issued before this one is computed; SiLU(g) * u * topk_weight -> fp32
+  [pairs, 4, I] (the same vector pre-scaled for the 4 nibble positions kernel 2 uses).
+Launch 2, one program per (token, ROW_ITERS blocks of BLOCK_N rows of H): the columns of one tile are (expert slot,
+  word), so all topk experts of the token are loaded at once; the combine is a row sum -> y [M, H] in x's dtype
+  (no atomics, no memset, deterministic).
+Pairs of different tokens that share an expert run side by side (pair / token index varies fastest in the grid),
+so the second read of those weights hits L2: DRAM streams each distinct expert about once (the SM work is per pair).
+
+Dequantization without int->float conversions (1/8 of the FMA rate): "denormal" (default) reads a nibble masked
+in place as a denormal fp32, n * 16^p * 2^-149, one LOP3, and multiplies it by x * 2^(64 - 4p); the -8 offset is
+applied once per group as 8 * sum(x). "magic" ORs the nibble into 2^23 and subtracts (one FADD more per weight).
+Per weight about 1 LOP3 + 1 FFMA; the bf16 scale is applied per 4-word group slice.
+
+Register layout: every tile is 2-D [rows, words] with 4 consecutive words (one 32-value group, a 16-byte load) per
+thread and the rows wrapped inside each thread, and the activations are [1, words] tiles in that same layout
+(contiguity hints where the compiler cannot see it): triton 3.6 otherwise routes them through shared memory.
+
+Kernel layout ("planar", the default): a one-time repack, cached per weight tensor (`kernel_weights`), reorders the
+nibbles inside each group so that nibble i of the group's word w holds k = 32 g + 4 i + w (checkpoint: 32 g + 8 w +
+i); each of the 8 nibble planes then multiplies 4 consecutive activations, one vector load. Same shapes and bytes
+as the checkpoint; "checkpoint" layout (no repack, strided activation loads, ~5x slower) is kept as a config choice.
+"""
+from __future__ import annotations
+
+import json
+import os
+import weakref
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.moe_int4 import PACK, check_moe_inputs, pack_nibbles, unpack_nibbles
+
+CONFIG_PATH = Path(__file__).with_name("moe_int4_configs.json")
+LAYOUTS = ("planar", "checkpoint")
+# Used when the GPU is not in the table: a fair config for an H100/H200-class part at every n.
+DEFAULT_CONFIG = {"layout": "planar", "dequant": "denormal", "gate_up": {"BLOCK_N": 2, "num_warps": 1, "num_stages": 1},
+                  "down": {"BLOCK_N": 8, "ROW_ITERS": 1, "num_stages": 1}}
+MAGIC = 0x4B000000  # bits of 2^23 in fp32
+MAGIC_F = tl.constexpr(8388608.0)
+X_SCALE_DENORMAL = tl.constexpr(2.0**64)  # x * 2^(64-4p) times a nibble read as denormal: n * x * 2^-85
+DENORMAL_OFFSET = tl.constexpr(2.0**-82)  # 8 * 2^-85: the -8 of every nibble, applied to sum(x) per group
+UNDO_DENORMAL = tl.constexpr(2.0**85)
+
+
+# ---------------------------------------------------------------------------------------------------- kernels
+
+@triton.jit
+def _nib(words, magic, P: tl.constexpr, DENORMAL: tl.constexpr):
+    """The nibble at bits 4P..4P+3 of `words`, as an exact fp32 without an int->float conversion.
+    DENORMAL: the masked bits read as a denormal, n * 16^P * 2^-149 (one LOP3); the caller scales x by
+    2^(64 - 4P) so products are n * x * 2^-85, and subtracts 8 * sum(x) per group. Otherwise (magic): OR-ed into
+    2^23 and subtracted, (n - 8) * 16^P (LOP3 + FADD; `magic` is a run-time argument so it sits in a register)."""
+    if DENORMAL:
+        v = (words & (15 << (4 * P))).to(tl.float32, bitcast=True)
+    else:
+        v = ((words & (15 << (4 * P))) | magic).to(tl.float32, bitcast=True) - (MAGIC_F + 8.0 * (1 << (4 * P)))
+    return v
+
+
+@triton.jit
+def _x_scale(P: tl.constexpr, DENORMAL: tl.constexpr):
+    if DENORMAL:
+        c = X_SCALE_DENORMAL * (1.0 / (1 << (4 * P)))
+    else:
+        c = 1.0 / (1 << (4 * P))
+    return c
+
+
+@triton.jit
+def _k_of(g, w, i: tl.constexpr, WPG: tl.constexpr, PLANAR: tl.constexpr):
+    """k (within the row) held by nibble i of word w of group g."""
+    if PLANAR:
+        k = g * (8 * WPG) + i * WPG + w
+    else:
+        k = g * (8 * WPG) + w * 8 + i
+    return k
+
+
+@triton.jit
+def _bf16_bits(bits):
+    """bf16 scales loaded as int16 bits -> fp32 (exact: bf16 is the top half of an fp32)."""
+    return (bits.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _plane(ptr, base, word, i: tl.constexpr, mask, WPG: tl.constexpr, PLANAR: tl.constexpr,
+           STRIDE_P: tl.constexpr):
+    """Plane i of the activations, [1, W]: ptr + base + (i % 4) * STRIDE_P + k(word, i)."""
+    offs = base + (i % 4) * STRIDE_P + _k_of(word // WPG, word % WPG, i, WPG, PLANAR)
+    if PLANAR:  # runs of WPG consecutive k: say so, or triton 3.6 loads them in another register layout
+        offs = tl.max_contiguous(tl.multiple_of(offs, [1, WPG]), [1, WPG])
+    return tl.load(ptr + offs, mask=mask, other=0.0)
+
+
+@triton.jit
+def _load_planes(ptr, base, word, mask, WPG: tl.constexpr, PLANAR: tl.constexpr, STRIDE_P: tl.constexpr):
+    """The 8 activation planes of a chunk of words (shared by every row of the tile)."""
+    return (_plane(ptr, base, word, 0, mask, WPG, PLANAR, STRIDE_P),
+            _plane(ptr, base, word, 1, mask, WPG, PLANAR, STRIDE_P),
+            _plane(ptr, base, word, 2, mask, WPG, PLANAR, STRIDE_P),
+            _plane(ptr, base, word, 3, mask, WPG, PLANAR, STRIDE_P),
+            _plane(ptr, base, word, 4, mask, WPG, PLANAR, STRIDE_P),
+            _plane(ptr, base, word, 5, mask, WPG, PLANAR, STRIDE_P),
+            _plane(ptr, base, word, 6, mask, WPG, PLANAR, STRIDE_P),
+            _plane(ptr, base, word, 7, mask, WPG, PLANAR, STRIDE_P))
+
+
+@triton.jit
+def _pick(i: tl.constexpr, p0, p1, p2, p3, p4, p5, p6, p7):
+    if i == 0:
+        r = p0
+    elif i == 1:
+        r = p1
+    elif i == 2:
+        r = p2
+    elif i == 3:
+        r = p3
+    elif i == 4:
+        r = p4
+    elif i == 5:
+        r = p5
+    elif i == 6:
+        r = p6
+    else:
+        r = p7
+    return r
+
+
+@triton.jit
+def _gate_up_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, h_ptr, tw_ptr, num_pairs, num_experts, stride_xm, magic,
+                    inter: tl.constexpr, words_per_row: tl.constexpr, n_groups: tl.constexpr, TOPK: tl.constexpr,
+                    WPG: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
+                    PLANAR: tl.constexpr, DENORMAL: tl.constexpr):
+    pid = tl.program_id(0)
+    pair = pid % num_pairs
+    nb = pid // num_pairs
+    e = tl.load(ids_ptr + pair).to(tl.int32)
+    e = tl.minimum(tl.maximum(e, 0), num_experts - 1)  # the wrapper checks ids; never read out of bounds
+    tok = pair // TOPK
+    rows = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows[:, None] < inter
+    cols = tl.arange(0, BLOCK_W)[None, :]  # words of the row, 4 per thread (one group of 32 k)
+    gate_rows = (e.to(tl.int64) * (2 * inter) + rows)[:, None]
+    w_ptrs = w_ptr + gate_rows * words_per_row + cols
+    s_ptrs = s_ptr + gate_rows * n_groups + cols // WPG
+    x_row = x_ptr + tok * stride_xm
+    acc_g = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
+    # register double buffering: the next chunk's loads are in flight while this chunk is computed (Triton does
+    # not software-pipeline loads that feed no tl.dot, and one warp's latency is not hidden by the others alone)
+    m2 = rmask & (cols < words_per_row)
+    wg = tl.load(w_ptrs, mask=m2, other=0)
+    wu = tl.load(w_ptrs + inter * words_per_row, mask=m2, other=0)
+    sg = tl.load(s_ptrs, mask=m2, other=0)  # one scale per word (4 equal loads per group, L1 hits)
+    su = tl.load(s_ptrs + inter * n_groups, mask=m2, other=0)
+    x0, x1, x2, x3, x4, x5, x6, x7 = _load_planes(x_row, 0, cols, cols < words_per_row, WPG, PLANAR, 0)
+    for c0 in range(0, words_per_row, BLOCK_W):
+        nxt = c0 + BLOCK_W + cols
+        nmask = rmask & (nxt < words_per_row)
+        wg_n = tl.load(w_ptrs + c0 + BLOCK_W, mask=nmask, other=0)
+        wu_n = tl.load(w_ptrs + inter * words_per_row + c0 + BLOCK_W, mask=nmask, other=0)
+        sg_n = tl.load(s_ptrs + (c0 + BLOCK_W) // WPG, mask=nmask, other=0)
+        su_n = tl.load(s_ptrs + inter * n_groups + (c0 + BLOCK_W) // WPG, mask=nmask, other=0)
+        y0, y1, y2, y3, y4, y5, y6, y7 = _load_planes(x_row, 0, nxt, nxt < words_per_row, WPG, PLANAR, 0)
+        wg_hi = wg >> 16
+        wu_hi = wu >> 16
+        tg = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
+        tu = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
+        xsum = tl.zeros([1, BLOCK_W], dtype=tl.float32)
+        for i in tl.static_range(8):
+            x = _pick(i, x0, x1, x2, x3, x4, x5, x6, x7).to(tl.float32)
+            if DENORMAL:
+                xsum += x
+            xi = x * _x_scale(i % 4, DENORMAL)
+            if i < 4:
+                tg += _nib(wg, magic, i % 4, DENORMAL) * xi
+                tu += _nib(wu, magic, i % 4, DENORMAL) * xi
+            else:
+                tg += _nib(wg_hi, magic, i % 4, DENORMAL) * xi
+                tu += _nib(wu_hi, magic, i % 4, DENORMAL) * xi
+        if DENORMAL:  # sum((n - 8) x) * 2^-85 = sum(n x 2^-85) - 8 * 2^-85 * sum(x)
+            off = xsum * DENORMAL_OFFSET
+            tg -= off
+            tu -= off
+        acc_g += tg * _bf16_bits(sg)
+        acc_u += tu * _bf16_bits(su)
+        wg, wu, sg, su = wg_n, wu_n, sg_n, su_n
+        x0, x1, x2, x3, x4, x5, x6, x7 = y0, y1, y2, y3, y4, y5, y6, y7
+    gate = tl.sum(acc_g, axis=1)
+    up = tl.sum(acc_u, axis=1)
+    if DENORMAL:
+        gate = gate * UNDO_DENORMAL
+        up = up * UNDO_DENORMAL
+    act = gate / (1.0 + tl.exp(-gate)) * up * tl.load(tw_ptr + pair).to(tl.float32)
+    # kernel 2 reads act * topk_weight pre-multiplied by its 4 per-position scales: [pairs, 4, inter]
+    h_row = h_ptr + pair * (4 * inter) + rows
+    for p in tl.static_range(4):
+        tl.store(h_row + p * inter, act * _x_scale(p, DENORMAL), mask=rows < inter)
+
+
+@triton.jit
+def _down_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, out_ptr, num_experts, hidden, stride_om, M, magic,
+                 inter: tl.constexpr, words_per_row: tl.constexpr, n_groups: tl.constexpr, TOPK: tl.constexpr,
+                 BLOCK_TOPK: tl.constexpr, WPG: tl.constexpr, BLOCK_N: tl.constexpr, ROW_ITERS: tl.constexpr,
+                 WORDS: tl.constexpr, PLANAR: tl.constexpr, DENORMAL: tl.constexpr):
+    pid = tl.program_id(0)
+    tok = pid % M
+    hb = pid // M
+    # columns = (expert slot j of the token, word of its row): all topk experts in one tile, all loads in flight
+    cols = tl.arange(0, BLOCK_TOPK * WORDS)[None, :]
+    j = cols // WORDS
+    word = cols % WORDS
+    cmask = (j < TOPK) & (word < words_per_row)
+    pair = tok * TOPK + j
+    e = tl.load(ids_ptr + pair, mask=cmask, other=0).to(tl.int32)
+    e = tl.minimum(tl.maximum(e, 0), num_experts - 1)
+    r = tl.arange(0, BLOCK_N)[:, None]
+    row0 = hb * (BLOCK_N * ROW_ITERS)
+    base = e.to(tl.int64) * hidden + r
+    w_offs = tl.max_contiguous(tl.multiple_of(base * words_per_row + word, [1, WPG]), [1, WPG])
+    s_offs = base * n_groups + word // WPG
+    m2 = ((row0 + r) < hidden) & cmask
+    wt = tl.load(w_ptr + w_offs + row0 * words_per_row, mask=m2, other=0)
+    sc = tl.load(s_ptr + s_offs + row0 * n_groups, mask=m2, other=0)
+    # the activations (act * topk_weight, pre-scaled per nibble position) of the token's pairs, loaded once
+    a0, a1, a2, a3, a4, a5, a6, a7 = _load_planes(h_ptr, pair * (4 * inter), word, cmask, WPG, PLANAR, inter)
+    asum = tl.zeros([1, BLOCK_TOPK * WORDS], dtype=tl.float32)
+    if DENORMAL:  # the plain act * topk_weight, summed per word
+        for i in tl.static_range(8):
+            asum += _pick(i, a0, a1, a2, a3, a4, a5, a6, a7) * (1.0 / _x_scale(i % 4, DENORMAL))
+    off = asum * DENORMAL_OFFSET
+    for it in tl.static_range(ROW_ITERS):
+        rows = row0 + it * BLOCK_N
+        if it + 1 < ROW_ITERS:  # prefetch the next row block while this one is computed
+            m2n = ((rows + BLOCK_N + r) < hidden) & cmask
+            wt_n = tl.load(w_ptr + w_offs + (rows + BLOCK_N) * words_per_row, mask=m2n, other=0)
+            sc_n = tl.load(s_ptr + s_offs + (rows + BLOCK_N) * n_groups, mask=m2n, other=0)
+        wt_hi = wt >> 16
+        t = tl.zeros([BLOCK_N, BLOCK_TOPK * WORDS], dtype=tl.float32)
+        for i in tl.static_range(8):
+            if i < 4:
+                t += _nib(wt, magic, i % 4, DENORMAL) * _pick(i, a0, a1, a2, a3, a4, a5, a6, a7)
+            else:
+                t += _nib(wt_hi, magic, i % 4, DENORMAL) * _pick(i, a0, a1, a2, a3, a4, a5, a6, a7)
+        if DENORMAL:
+            t = t - off
+        y = tl.sum(t * _bf16_bits(sc), axis=1)
+        if DENORMAL:
+            y = y * UNDO_DENORMAL
+        out_rows = rows + tl.arange(0, BLOCK_N)
+        tl.store(out_ptr + tok * stride_om + out_rows, y.to(out_ptr.dtype.element_ty), mask=out_rows < hidden)
+        if it + 1 < ROW_ITERS:
+            wt, sc = wt_n, sc_n
+
+
+# ---------------------------------------------------------------------------------------------------- layout
+
+def repack_planar(packed: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Checkpoint nibble order -> planar: in each group, nibble i of word w holds k = group_size*g + (group/8)*i + w.
+    Same shape and dtype; done in chunks of the leading dimension to bound the temporary memory."""
+    wpg = group_size // PACK
+    out = torch.empty_like(packed)
+    flat_in, flat_out = packed.reshape(-1, packed.shape[-1]), out.view(-1, packed.shape[-1])
+    step = max(1, (64 << 20) // (packed.shape[-1] * PACK * 4))
+    for r in range(0, flat_in.shape[0], step):
+        q = unpack_nibbles(flat_in[r:r + step])  # [rows, K] in k order
+        rows, k = q.shape
+        q = q.reshape(rows, k // group_size, PACK, wpg).transpose(-1, -2)  # [.., g, w, i] = k of plane i, word w
+        flat_out[r:r + step] = pack_nibbles(q.reshape(rows, k))
+    return out
+
+
+def checkpoint_from_planar(packed: torch.Tensor, group_size: int) -> torch.Tensor:
+    """The inverse of repack_planar: planar nibble order -> checkpoint order (for checking prepacked weights)."""
+    wpg = group_size // PACK
+    q = unpack_nibbles(packed.reshape(-1, packed.shape[-1]))
+    rows, k = q.shape
+    q = q.reshape(rows, k // group_size, wpg, PACK).transpose(-1, -2)
+    return pack_nibbles(q.reshape(rows, k)).view(packed.shape)
+
+
+_CACHE: dict[tuple, tuple] = {}
+
+
+def kernel_weights(packed: torch.Tensor, scales: torch.Tensor, layout: str,
+                   prepacked: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tensors the kernels read: (packed in `layout`, scales as int16 bits), contiguous. The planar repack runs
+    once per (tensor, version) and is cached until the source tensor is freed (it doubles that tensor's memory
+    meanwhile); call it outside any timed region or graph capture (the bench's check and warm-up do)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    scale_bits = scales.contiguous().view(torch.int16)
+    if layout == "checkpoint" or prepacked:
+        return packed.contiguous(), scale_bits
+    key = (id(packed), packed._version)
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0]() is packed:
+        return hit[1], scale_bits
+    repacked = repack_planar(packed.contiguous(), packed.shape[-1] * PACK // scales.shape[-1])
+    _CACHE[key] = (weakref.ref(packed), repacked)
+    weakref.finalize(packed, _CACHE.pop, key, None)
+    return repacked, scale_bits
+
+
+# ---------------------------------------------------------------------------------------------------- configs
+
+_TABLES: dict[str, dict] = {}
+
+
+def load_configs(path: Path | str = CONFIG_PATH) -> dict:
+    """The tuning table {gpu name: {"layout", "dequant", "by_n": {n: {"gate_up", "down", ...}}}}; read once."""
+    key = str(path)
+    if key not in _TABLES:
+        _TABLES[key] = json.loads(Path(path).read_text()) if Path(path).is_file() else {}
+    return _TABLES[key]
+
+
+def save_configs(table: dict, path: Path | str = CONFIG_PATH) -> Path:
+    path = Path(path)
+    path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    _TABLES.pop(str(path), None)
+    return path
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def select_config(m: int, device: torch.device, table: dict | None = None) -> dict:
+    """The tuned config for m tokens on this GPU: the table entry for the GPU's name, at the largest tuned n <= m
+    (the smallest above, for m below every key); DEFAULT_CONFIG when the GPU is not in the table."""
+    table = load_configs() if table is None else table
+    entry = table.get(device_name(device))
+    if not entry or not entry.get("by_n"):
+        return DEFAULT_CONFIG
+    keys = sorted(int(k) for k in entry["by_n"])
+    n = max([k for k in keys if k <= m], default=keys[0])
+    tuned = {k: v for k, v in entry["by_n"][str(n)].items() if k in ("gate_up", "down")}
+    return {**DEFAULT_CONFIG, **{k: v for k, v in entry.items() if k in ("layout", "dequant")}, **tuned}
+
+
+# ---------------------------------------------------------------------------------------------------- wrapper
+
+def fused_moe_w4a16(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weights, topk_ids, *,
+                    config: dict | None = None, check_ids: bool = True, prepacked: bool = False) -> torch.Tensor:
+    """The reference's signature and result ([M, H] in x's dtype, fp16 or bf16 x), in two Triton launches.
+
+    config (default: select_config(M, device)): {"layout": "planar" | "checkpoint", "dequant": "denormal" |
+    "magic", "gate_up": {"BLOCK_N", "num_warps", "num_stages"}, "down": {"BLOCK_N", "ROW_ITERS", "num_stages"}};
+    kernel 1 takes 128 * num_warps words per step, kernel 2 gets topk * I/256 warps. "denormal" is exact for fp16
+    x, and for bf16 x with |x| in [2^-41, 2^64] (smaller values lose bits; larger overflow). check_ids=False
+    skips the host-side id range check (a device sync) for graph capture; ids are then clamped in the kernels.
+    prepacked=True: the packed weights are already in the config's layout (repack_planar once at load, drop the
+    checkpoint copy): nothing is repacked or cached, so a whole model's experts fit without a second copy.
+    """
+    s = check_moe_inputs(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weights, topk_ids,
+                         check_ids=check_ids)
+    if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("fused_moe_w4a16 needs a CUDA device (or TRITON_INTERPRET=1 for CPU tensors)")
+    wpg = s.group_size // PACK
+    if wpg & (wpg - 1):
+        raise ValueError(f"the kernel needs a power-of-two group size (8, 16, 32, ...), got {s.group_size}")
+    cfg = {**DEFAULT_CONFIG, **(config or select_config(s.tokens, x.device))}
+    w13, s13 = kernel_weights(w13_packed, w13_scales, cfg["layout"], prepacked)
+    w2, s2 = kernel_weights(w2_packed, w2_scales, cfg["layout"], prepacked)
+    planar, denormal = cfg["layout"] == "planar", cfg["dequant"] == "denormal"
+    x = x if x.stride(1) == 1 else x.contiguous()
+    ids = topk_ids.to(torch.int32).contiguous()
+    pairs = s.tokens * s.topk
+    h = torch.empty(pairs, 4, s.inter, dtype=torch.float32, device=x.device)
+    out = torch.empty(s.tokens, s.hidden, dtype=x.dtype, device=x.device)
+    c1, c2 = cfg["gate_up"], cfg["down"]
+    warps1 = c1["num_warps"]
+    _gate_up_kernel[(pairs * triton.cdiv(s.inter, c1["BLOCK_N"]),)](
+        x, w13, s13, ids, h, topk_weights.contiguous(), pairs, s.experts, x.stride(0), MAGIC, inter=s.inter,
+        words_per_row=s.hidden // PACK, n_groups=s.hidden // s.group_size, TOPK=s.topk, WPG=wpg, BLOCK_N=c1["BLOCK_N"],
+        BLOCK_W=min(128 * warps1, triton.next_power_of_2(s.hidden // PACK)), PLANAR=planar,
+        DENORMAL=denormal, num_warps=warps1, num_stages=c1.get("num_stages", 1))
+    block_topk, words2 = triton.next_power_of_2(s.topk), triton.next_power_of_2(s.inter // PACK)
+    _down_kernel[(s.tokens * triton.cdiv(s.hidden, c2["BLOCK_N"] * c2.get("ROW_ITERS", 1)),)](
+        h, w2, s2, ids, out, s.experts, s.hidden, out.stride(0), s.tokens, MAGIC, inter=s.inter,
+        words_per_row=s.inter // PACK, n_groups=s.inter // s.group_size, TOPK=s.topk, BLOCK_TOPK=block_topk,
+        WPG=wpg, BLOCK_N=c2["BLOCK_N"], ROW_ITERS=c2.get("ROW_ITERS", 1), WORDS=words2, PLANAR=planar,
+        DENORMAL=denormal, num_warps=max(1, min(8, block_topk * words2 // 128)), num_stages=c2.get("num_stages", 1))
+    return out

@@ -1,0 +1,44 @@
+"""`verifybench run` end to end on the CPU smoke profile: every component, the report and its arithmetic."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.fit import linear_fit
+from microbench import bench_verify
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    env = dict(os.environ, VERIFYBENCH_MAX_TIME_S="0.05")
+    r = subprocess.run([sys.executable, "-m", "harness", "run", "--out", str(out)], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "CPU smoke profile" in r.stdout
+    return out
+
+
+def test_run_writes_every_component_report_and_charts(run_dir):
+    names = {p.name.split("-2")[0] for p in run_dir.glob("*.json")}
+    assert names == {"baseline", "graph_replay", "kv_tree", "moe_int4", "allreduce_1rank", "verify"}
+    report = next(run_dir.glob("run-*.md")).read_text()
+    assert "CPU numbers" in report and "verify_components.png" in report
+    assert (run_dir / "verify_components.png").stat().st_size > 0
+
+
+def test_report_parts_add_up_and_fit_matches_its_points(run_dir):
+    records = json.loads(next(run_dir.glob("verify-*.json")).read_text())["cases"]
+    dec = bench_verify.decomposition(records)
+    for row in dec["table"]:
+        parts = [row[f"{c}_us"] for c in bench_verify.COMPONENTS]
+        assert row["sum_of_parts_us"] == pytest.approx(sum(parts))
+        assert row["parts_error_%"] == pytest.approx(100 * (sum(parts) / row["measured_us"] - 1))
+    ns = [row["n"] for row in dec["table"]]
+    direct = linear_fit(ns, [row["measured_us"] for row in dec["table"]])
+    assert (dec["fit"]["a"], dec["fit"]["b"]) == pytest.approx((direct.a, direct.b))

@@ -1,0 +1,344 @@
+"""INT4 W4A16 MoE: the checkpoint format round trip, the Triton kernel against the fp32 reference (interpreter on
+CPU, fp16: bf16 arithmetic is wrong in the interpreter), every error path, routing helpers, byte counts, the bench.
+"""
+import importlib
+import json
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels module is first imported (conftest too)
+
+from harness.runner import rel_error  # noqa: E402
+from kernels import moe_int4 as moe  # noqa: E402
+
+E, H, I, TOPK = 8, 64, 32, 2
+# few, large blocks: the interpreter's cost is per program
+SMALL_CFG = {"gate_up": {"BLOCK_N": 16, "num_warps": 1}, "down": {"BLOCK_N": 32, "ROW_ITERS": 2}}
+
+
+@pytest.fixture(scope="module")
+def mt():
+    """kernels.moe_int4_triton with its kernels interpreted on a CPU-only machine, even when another test module
+    imported it before TRITON_INTERPRET was set (triton.jit decides at decoration time)."""
+    module = importlib.import_module("kernels.moe_int4_triton")
+    if not torch.cuda.is_available():
+        from triton.runtime.interpreter import InterpretedFunction
+
+        if not isinstance(module._gate_up_kernel, InterpretedFunction):
+            os.environ["TRITON_INTERPRET"] = "1"
+            module = importlib.reload(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def weights():
+    torch.manual_seed(0)
+    w13, w2 = torch.randn(E, 2 * I, H) * 0.1, torch.randn(E, H, I) * 0.1
+    return (*moe.quantize_w4a16(w13), *moe.quantize_w4a16(w2))
+
+
+def _device():
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _on(dev, ws):
+    return tuple(w.to(dev) for w in ws)
+
+
+# ---------------------------------------------------------------------------------------------------- format
+
+def test_quantize_round_trip_is_exact_for_values_on_the_int4_grid():
+    torch.manual_seed(1)
+    n, k, gs = 6, 128, 32
+    q = torch.randint(-7, 8, (n, k // gs, gs))
+    q[:, :, 0] = torch.where(torch.rand(n, k // gs) < 0.5, 7, -7)  # max |q| = 7 in every group
+    s = (torch.rand(n, k // gs) + 0.1).to(torch.bfloat16)
+    w = (q.float() * s.float().unsqueeze(-1)).reshape(n, k)
+    packed, scales = moe.quantize_w4a16(w, gs)
+    assert packed.dtype == torch.int32 and packed.shape == (n, k // 8)
+    assert scales.dtype == torch.bfloat16 and scales.shape == (n, k // gs)
+    assert torch.equal(scales, s)
+    assert torch.equal(moe.dequantize_w4a16(packed, scales, gs), w)
+
+
+def test_nibble_i_of_word_w_holds_q_of_k_8w_plus_i_plus_8():
+    q = torch.tensor([[-8, -7, -1, 0, 1, 2, 6, 7, 3, -3, 5, -5, 0, 0, -8, 7]])
+    packed = moe.pack_nibbles(q + 8)
+    for w in range(2):
+        word = packed[0, w].item() & 0xFFFFFFFF
+        for i in range(8):
+            assert (word >> (4 * i)) & 0xF == q[0, 8 * w + i].item() + 8
+    assert torch.equal(moe.unpack_nibbles(packed), q + 8)
+    scales = torch.ones(1, 1, dtype=torch.bfloat16)
+    assert torch.equal(moe.dequantize_w4a16(packed, scales, 16), q.float())  # nibble 0 is -8, 15 is +7
+
+
+def test_quantize_random_weights_error_is_int4_sized_and_zero_groups_stay_zero():
+    w = torch.randn(16, 256)
+    w[0, :32] = 0
+    back = moe.dequantize_w4a16(*moe.quantize_w4a16(w))
+    assert rel_error(back, w) < 0.15
+    assert torch.equal(back[0, :32], torch.zeros(32))
+
+
+def test_repack_planar_permutes_nibbles_only_within_groups(mt):
+    torch.manual_seed(2)
+    packed, _ = moe.quantize_w4a16(torch.randn(3, 5, 64))
+    planar = mt.repack_planar(packed, 32)
+    q, qp = moe.unpack_nibbles(packed), moe.unpack_nibbles(planar)
+    for k in range(64):  # planar: nibble i of word w of a group holds k = 32 g + 4 i + w
+        g, r = divmod(k, 32)
+        w, i = r % 4, r // 4
+        assert torch.equal(qp[..., 32 * g + 8 * w + i], q[..., k])
+
+
+# ---------------------------------------------------------------------------------------------------- kernel
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5])
+def test_fused_matches_reference_fp16(mt, weights, m):
+    dev = _device()
+    ws = _on(dev, weights)
+    x = torch.randn(m, H, dtype=torch.float16, device=dev)
+    tw, ids = moe.route_uniform(m, E, TOPK, seed=m, device=dev)
+    ref = moe.reference_moe_w4a16(x.float(), *ws, tw, ids)
+    out = mt.fused_moe_w4a16(x, *ws, tw, ids, config=SMALL_CFG)
+    assert out.shape == (m, H) and out.dtype == torch.float16
+    assert rel_error(out.float(), ref) <= 1e-2
+
+
+@pytest.mark.parametrize("layout,dequant", [("planar", "magic"), ("checkpoint", "denormal")])
+def test_fused_layout_and_dequant_variants_match_reference(mt, weights, layout, dequant):
+    dev = _device()
+    ws = _on(dev, weights)
+    x = torch.randn(3, H, dtype=torch.float16, device=dev)
+    tw, ids = moe.route_skewed(3, E, TOPK, hot_experts=1, seed=7, device=dev)
+    tw = tw.half()  # any float dtype for the routing weights; int64 ids
+    out = mt.fused_moe_w4a16(x, *ws, tw, ids.long(), config={**SMALL_CFG, "layout": layout, "dequant": dequant})
+    assert rel_error(out.float(), moe.reference_moe_w4a16(x.float(), *ws, tw, ids)) <= 1e-2
+
+
+def test_fused_shares_an_expert_between_tokens(mt, weights):
+    dev = _device()
+    ws = _on(dev, weights)
+    x = torch.randn(4, H, dtype=torch.float16, device=dev)
+    ids = torch.tensor([[3, 5], [5, 3], [3, 0], [7, 3]], dtype=torch.int32, device=dev)
+    tw = torch.softmax(torch.randn(4, 2, device=dev), -1)
+    out = mt.fused_moe_w4a16(x, *ws, tw, ids, config=SMALL_CFG)
+    assert rel_error(out.float(), moe.reference_moe_w4a16(x.float(), *ws, tw, ids)) <= 1e-2
+
+
+def test_planar_repack_is_cached_per_tensor_and_version(mt, weights):
+    packed, scales = weights[0].clone(), weights[1]
+    first, _ = mt.kernel_weights(packed, scales, "planar")
+    again, _ = mt.kernel_weights(packed, scales, "planar")
+    assert again is first
+    packed.add_(0)  # an in-place update bumps the version: repacked again
+    assert mt.kernel_weights(packed, scales, "planar")[0] is not first
+
+
+def test_select_config_uses_default_off_table_and_largest_tuned_n_below_m(mt):
+    table = {"cpu": {"layout": "planar", "dequant": "magic",
+                     "by_n": {"1": {"gate_up": {"BLOCK_N": 2, "num_warps": 1}, "down": {"BLOCK_N": 4}},
+                              "4": {"gate_up": {"BLOCK_N": 8, "num_warps": 2}, "down": {"BLOCK_N": 16}}}}}
+    cpu = torch.device("cpu")
+    assert mt.select_config(3, cpu, {}) == mt.DEFAULT_CONFIG
+    assert mt.select_config(3, cpu, table)["gate_up"]["BLOCK_N"] == 2
+    assert mt.select_config(9, cpu, table)["down"]["BLOCK_N"] == 16
+    assert mt.select_config(3, cpu, table)["dequant"] == "magic"
+
+
+def test_shipped_config_table_names_gpus_and_every_n(mt):
+    table = mt.load_configs()
+    for gpu, entry in table.items():
+        assert entry["layout"] in mt.LAYOUTS and entry["dequant"] in ("denormal", "magic"), gpu
+        assert {int(n) for n in entry["by_n"]} >= set(range(1, 9)), gpu
+
+
+# ---------------------------------------------------------------------------------------------------- errors
+
+def _args(weights, m=2, dev="cpu"):
+    x = torch.randn(m, H, dtype=torch.float16, device=dev)
+    tw, ids = moe.route_uniform(max(m, 1), E, TOPK, seed=0, device=dev)
+    return [x, *weights, tw[:m], ids[:m]]
+
+
+def _bad(weights, index, value):
+    a = _args(weights)
+    a[index] = value(a[index]) if callable(value) else value
+    return a
+
+
+BAD_INPUTS = {
+    "x int": (0, lambda x: x.to(torch.int32), TypeError, "x must be"),
+    "x 1-D": (0, lambda x: x[0], ValueError, r"x must be \[M, H\]"),
+    "M = 0": (0, lambda x: x[:0], ValueError, "M = 0"),
+    "w13 not int32": (1, lambda w: w.float(), TypeError, "w13_packed must be int32"),
+    "w13 wrong H": (1, lambda w: w[..., :-1], ValueError, "w13_packed must be"),
+    "w13 scales fp16": (2, lambda s: s.half(), TypeError, "w13_scales must be bfloat16"),
+    "w13 scales not dividing H": (2, lambda s: torch.cat([s, s[..., :1]], -1), ValueError, "w13_scales must be"),
+    "w2 wrong shape": (3, lambda w: w[:, :-1], ValueError, "w2_packed must be"),
+    "w2 scales wrong shape": (4, lambda s: s[:, :-1], ValueError, "w2_scales must be"),
+    "ids float": (6, lambda i: i.float(), TypeError, "topk_ids must be int32 or int64"),
+    "ids not [M, topk]": (6, lambda i: i[:1], ValueError, "topk_ids must be"),
+    "weights shape": (5, lambda w: w[:, :1], ValueError, "topk_weights"),
+    "weights int": (5, lambda w: w.to(torch.int32), TypeError, "topk_weights must be floating"),
+    "id too large": (6, lambda i: torch.full_like(i, E), ValueError, "out of range"),
+    "id negative": (6, lambda i: torch.full_like(i, -1), ValueError, "out of range"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS), ids=list(BAD_INPUTS))
+@pytest.mark.parametrize("impl", ["reference", "fused"])
+def test_bad_input_raises_a_clear_error(mt, weights, case, impl):
+    index, value, exc, match = BAD_INPUTS[case]
+    fn = moe.reference_moe_w4a16 if impl == "reference" else mt.fused_moe_w4a16
+    with pytest.raises(exc, match=match):
+        fn(*_bad(weights, index, value))
+
+
+def test_fused_rejects_fp32_activations_and_reference_accepts_them(mt, weights):
+    a = _args(weights)
+    a[0] = a[0].float()
+    with pytest.raises(TypeError, match="x must be"):
+        mt.fused_moe_w4a16(*a)
+    assert moe.reference_moe_w4a16(*a).dtype == torch.float32
+
+
+@pytest.mark.parametrize("k,gs,match", [(48, 32, "does not divide"), (64, 12, "multiple of 8"),
+                                        (64, 0, "multiple of 8")])
+def test_quantize_rejects_group_sizes_that_do_not_fit(k, gs, match):
+    with pytest.raises(ValueError, match=match):
+        moe.quantize_w4a16(torch.randn(4, k), gs)
+
+
+def test_quantize_and_dequantize_reject_wrong_types_and_shapes():
+    with pytest.raises(TypeError):
+        moe.quantize_w4a16(torch.ones(4, 32, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"\[\.\.\., N, K\]"):
+        moe.quantize_w4a16(torch.randn(32))
+    packed, scales = moe.quantize_w4a16(torch.randn(4, 64))
+    with pytest.raises(ValueError, match="does not match"):
+        moe.dequantize_w4a16(packed, scales[:, :1])
+    with pytest.raises(TypeError, match="int32"):
+        moe.dequantize_w4a16(packed.float(), scales)
+    with pytest.raises(TypeError, match="bfloat16"):
+        moe.dequantize_w4a16(packed, scales.float())
+
+
+# ---------------------------------------------------------------------------------------------------- routing, bytes
+
+def test_uniform_routing_picks_distinct_in_range_experts_with_normalised_weights():
+    tw, ids = moe.route_uniform(50, 16, 4, seed=3)
+    assert ids.dtype == torch.int32 and ids.shape == (50, 4) and int(ids.min()) >= 0 and int(ids.max()) < 16
+    assert all(len(set(row.tolist())) == 4 for row in ids)
+    assert torch.allclose(tw.sum(-1), torch.ones(50))
+
+
+def test_skewed_routing_concentrates_on_hot_experts():
+    _, uniform = moe.route_uniform(8, 384, 8, seed=4)  # n = 8 tokens of K2.5: ~59 distinct experts
+    _, skewed = moe.route_skewed(8, 384, 8, seed=4)
+    assert torch.unique(skewed).numel() < 0.9 * torch.unique(uniform).numel()
+    assert all(len(set(row.tolist())) == 8 for row in skewed)
+
+
+@pytest.mark.parametrize("suffix", [".json", ".txt", ".pt", ".npy"])
+def test_routing_trace_loads_every_format_and_checks_it(tmp_path, suffix):
+    rows = [[0, 3], [2, 1], [3, 3], [1, 0]]
+    path = tmp_path / f"trace{suffix}"
+    if suffix == ".json":
+        path.write_text(json.dumps({"topk_ids": rows}))
+    elif suffix == ".txt":
+        path.write_text("# token routing\n" + "\n".join(" ".join(map(str, r)) for r in rows))
+    elif suffix == ".pt":
+        torch.save(torch.tensor(rows), path)
+    else:
+        import numpy as np
+
+        np.save(path, np.array(rows))
+    ids = moe.load_routing_trace(path, num_experts=4, topk=2)
+    assert ids.dtype == torch.int32 and ids.tolist() == rows
+    windows = moe.trace_windows(ids, 2, 3)
+    assert len(windows) == 3 and windows[-1][1].tolist() == rows[2:]
+    with pytest.raises(ValueError, match="outside"):
+        moe.load_routing_trace(path, num_experts=3)
+    with pytest.raises(ValueError, match="topk"):
+        moe.load_routing_trace(path, topk=3)
+
+
+def test_routing_trace_rejects_missing_and_ragged_files(tmp_path):
+    with pytest.raises(ValueError, match="no such file"):
+        moe.load_routing_trace(tmp_path / "missing.json")
+    ragged = tmp_path / "ragged.json"
+    ragged.write_text("[[1, 2], [3]]")
+    with pytest.raises(ValueError, match="rectangular"):
+        moe.load_routing_trace(ragged)
+
+
+def test_bytes_count_distinct_experts_and_match_design_figures():
+    assert moe.expert_bytes_int4(7168, 256) == 3_096_576  # DESIGN 4.3: 3.10 MB per K2.5 TP8 expert
+    assert [round(moe.expected_distinct_experts(n, 384, 8), 1) for n in range(1, 9)] == \
+        [8.0, 15.8, 23.5, 31.0, 38.4, 45.6, 52.6, 59.5]
+    ids = torch.tensor([[1, 2], [2, 1], [5, 1]])
+    b = moe.moe_bytes(ids, hidden=64, bytes_per_expert=1000, act_bytes=2)
+    assert b["distinct_experts"] == 3 and b["weight_bytes"] == 3000
+    assert b["bytes_moved"] == 3000 + 2 * 3 * 64 * 2 + 2 * 3 * 2 * 4
+    assert moe.expert_bytes_bf16(7168, 256) / moe.expert_bytes_int4(7168, 256) == pytest.approx(3.56, abs=0.01)
+
+
+def test_dense_torch_path_matches_reference_on_dequantized_weights(weights):
+    x = torch.randn(5, H)
+    tw, ids = moe.route_uniform(5, E, TOPK, seed=9)
+    dense = (moe.dequantize_w4a16(weights[0], weights[1]), moe.dequantize_w4a16(weights[2], weights[3]))
+    out = moe.moe_dense_torch(x, *dense, tw, ids)
+    assert rel_error(out, moe.reference_moe_w4a16(x, *weights, tw, ids)) < 1e-5
+
+
+# ---------------------------------------------------------------------------------------------------- bench
+
+def test_bench_cases_for_tiny_check_on_cpu_and_build_tables():
+    bench = importlib.import_module("microbench.bench_moe_int4")
+    specs = bench.cases("tiny", 1) if not torch.cuda.is_available() else []
+    records = []
+    for spec in specs:
+        fns, check, derive = spec.setup()
+        ok, detail = check()
+        assert ok, f"{spec.name}: {detail}"
+        assert isinstance(fns, list) and len(fns) >= bench.LAYERS
+        fns[0]()
+        records.append({"name": spec.name, "params": spec.params, "mode": spec.mode, "check": {"ok": True},
+                        "summary": {"median_us": 10.0}, "derived": {"distinct_experts": 3, "bytes_moved": 1e6,
+                                                                     "gbps": 100.0, "eta": 0.5, "floor_us": 2.0}})
+    titles = [t for t, _ in bench.tables(records)]
+    assert len(titles) == 2
+
+
+def test_bench_cases_refuse_a_gpu_preset_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("has CUDA")
+    bench = importlib.import_module("microbench.bench_moe_int4")
+    with pytest.raises(ValueError, match="needs a GPU"):
+        bench.cases("kimi-k2.5", 8)
+
+
+@pytest.mark.gpu
+def test_fused_bf16_on_gpu_matches_reference(mt):
+    torch.manual_seed(5)
+    ws = tuple(w.cuda() for w in (*moe.quantize_w4a16(torch.randn(16, 512, 1024) * 0.05),
+                                  *moe.quantize_w4a16(torch.randn(16, 1024, 256) * 0.05)))
+    for m in (1, 4, 8, 32):
+        x = torch.randn(m, 1024, dtype=torch.bfloat16, device="cuda")
+        tw, ids = moe.route_uniform(m, 16, 4, seed=m, device="cuda")
+        out = mt.fused_moe_w4a16(x, *ws, tw, ids)
+        assert rel_error(out.float(), moe.reference_moe_w4a16(x.float(), *ws, tw, ids)) <= 1e-2
+
+
+def test_checkpoint_from_planar_inverts_the_repack():
+    from kernels.moe_int4_triton import checkpoint_from_planar, repack_planar
+
+    packed = torch.randint(-2**31, 2**31 - 1, (3, 5, 64 // 8), dtype=torch.int32)
+    planar = repack_planar(packed, 32)
+    assert not torch.equal(planar, packed)
+    assert torch.equal(checkpoint_from_planar(planar, 32), packed)
