@@ -33,24 +33,24 @@ def _capture(x: torch.Tensor, kernels: int) -> torch.cuda.CUDAGraph:
     return g
 
 
+def _counts(x: torch.Tensor, run, want: int) -> tuple[bool, str]:
+    """The check of every case here: run from a zeroed counter; each tiny kernel adds one."""
+    x.zero_()
+    run()
+    got = int(x.item())  # .item() waits for the device
+    return got == want, f"counter {got} (want {want})"
+
+
 def _straight_case(kernels: int, device: str) -> CaseSpec:
     def setup():
         x = _counter(device)
 
         def check():
-            x.zero_()
-            straight_line(x, kernels)
-            if device == "cuda":  # the captured graph must run every node: two replays add 2N
+            ok, detail = _counts(x, lambda: straight_line(x, kernels), kernels)
+            if ok and device == "cuda":  # the captured graph must run every node: two replays add 2N
                 g = _capture(x, kernels)
-                x.zero_()
-                g.replay()
-                g.replay()
-                torch.cuda.synchronize()
-                want = 2 * kernels
-            else:
-                want = kernels
-            got = int(x.item())
-            return got == want, f"counter {got} (want {want})"
+                ok, detail = _counts(x, lambda: (g.replay(), g.replay()), 2 * kernels)
+            return ok, detail
 
         def derive(m):
             return {"kernels": kernels, "replay_us": m.median_us * m.calls_per_sample}
@@ -66,14 +66,7 @@ def _host_replay_case(kernels: int) -> CaseSpec:
     def setup():
         x = _counter("cuda")
         g = _capture(x, kernels)
-
-        def check():
-            x.zero_()
-            g.replay()
-            torch.cuda.synchronize()
-            return int(x.item()) == kernels, f"counter {int(x.item())} (want {kernels})"
-
-        return g.replay, check, lambda m: {"kernels": kernels}
+        return g.replay, (lambda: _counts(x, g.replay, kernels)), lambda m: {"kernels": kernels}
 
     return CaseSpec(f"graph/host_replay/N{kernels}", {"kernels": kernels}, "host_call", setup,
                     {"max_time_s": STRAIGHT_MAX_TIME_S})
@@ -83,13 +76,11 @@ def _eager_case(kernels: int, device: str) -> CaseSpec:
     def setup():
         x = _counter(device)
 
-        def check():
-            x.zero_()
+        def fn():
             straight_line(x, kernels)
-            return int(x.item()) == kernels, f"counter {int(x.item())} (want {kernels})"
 
-        return (lambda: straight_line(x, kernels)), check, lambda m: {"kernels": kernels,
-                                                                      "per_kernel_us": m.median_us / kernels}
+        return fn, (lambda: _counts(x, fn, kernels)), lambda m: {"kernels": kernels,
+                                                                 "per_kernel_us": m.median_us / kernels}
 
     return CaseSpec(f"graph/eager/N{kernels}", {"kernels": kernels, "device": device}, "hot", setup,
                     {"max_time_s": STRAIGHT_MAX_TIME_S, "device": device})
