@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from harness import fingerprint, results
+from harness import fingerprint, hostpin, results
 from harness.timing import MODE_HELP, cuda_available
 
 # subcommand -> (module, help). A component module has COMPONENT (results file prefix), cases(preset, tp) ->
@@ -92,6 +92,7 @@ def _cmd_env(args) -> int:
 def _cmd_component(args) -> int:
     if not cuda_available():
         print(cpu_banner())
+    hostpin.pin()
     run = run_component(args.command, args.preset, args.tp, args.out, args.context)
     return EXIT_OK if all(c["check"]["ok"] for c in run["cases"]) else EXIT_SLOW
 
@@ -116,6 +117,7 @@ def _cmd_breakeven(args) -> int:
 def _cmd_run(args) -> int:
     """The main job: every registered component for a preset, then one markdown summary beside the JSON."""
     cpu = not cuda_available()
+    hostpin.pin()
     if cpu:
         print(cpu_banner())
         # a smoke run: shorter sampling per case unless asked otherwise
@@ -123,9 +125,13 @@ def _cmd_run(args) -> int:
         if args.preset != "tiny":
             print(f"(preset {args.preset} needs a GPU: running the tiny preset at TP 1, context 64 instead)")
             args.preset, args.tp, args.context = "tiny", 1, 64
+    chosen = list(COMPONENTS) if args.components is None else args.components.split(",")
+    unknown = [c for c in chosen if c not in COMPONENTS]
+    if unknown or not chosen:
+        raise ValueError(f"unknown component(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(COMPONENTS)}")
     runs = {}
-    for sub, (_, help_text) in COMPONENTS.items():
-        print(f"\n== {sub}: {help_text}")
+    for sub in chosen:
+        print(f"\n== {sub}: {COMPONENTS[sub][1]}")
         runs[sub] = run_component(sub, args.preset, args.tp, args.out, args.context)
     path = write_summary(runs, args, cpu)
     print(f"\nsummary: {path}")
@@ -175,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     q = sub.add_parser("run", help="the main job: all components for a preset, results + report")
     add_preset_args(q)
+    q.add_argument("--components", default=None,
+                   help=f"comma-separated subset to run (default all: {','.join(COMPONENTS)})")
     q.set_defaults(func=_cmd_run)
 
     q = sub.add_parser("breakeven", help="speedup and break-even accept length of speculative decoding",

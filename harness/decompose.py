@@ -11,9 +11,10 @@ from harness.fit import linear_fit
 
 
 def table(full_us: dict[int, float], isolated_us: dict[str, dict[int, float]],
-          without_us: dict[str, dict[int, float]], roofline_us: dict[int, float]) -> list[dict]:
+          without_us: dict[str, dict[int, float]], roofline_us: dict[int, float], comm: str = "allreduce") -> list[dict]:
     """One row per n: measured forward, every component's isolated time and marginal time (forward minus forward
-    without it), the sum of the isolated parts and its error against the measured forward, and the roofline."""
+    without it), the sum of the isolated parts and its error against the measured forward, and the roofline. The
+    roofline has no term for communication, so it is held against the forward without `comm` (DESIGN.md 4.5)."""
     rows = []
     for n in sorted(full_us):
         t = full_us[n]
@@ -26,7 +27,9 @@ def table(full_us: dict[int, float], isolated_us: dict[str, dict[int, float]],
         row["sum_of_parts_us"] = sum(parts)
         row["parts_error_%"] = 100 * (sum(parts) / t - 1)
         row["roofline_us"] = roofline_us.get(n)
-        row["measured/roofline"] = t / roofline_us[n] if roofline_us.get(n) else None
+        no_comm = without_us.get(comm, {}).get(n)
+        row["no_comm_us"] = no_comm
+        row["no_comm/roofline"] = no_comm / roofline_us[n] if roofline_us.get(n) and no_comm else None
         rows.append(row)
     return rows
 

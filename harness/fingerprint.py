@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from harness import hostpin
+
 ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_")
 NVLINK_MAX_LINKS = 18
 # clock-event reasons that mean the GPU ran slower than asked (idle, app-clock and sync-boost are not throttling)
@@ -155,6 +157,8 @@ def collect() -> dict:
         "platform": platform.platform(),
         "cpu": platform.processor() or platform.machine(),
         "cpu_affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "host_pin": hostpin.state(),
+        "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "cuda_available": torch.cuda.is_available(),
         "driver": _try(nv.nvmlSystemGetDriverVersion) if nv else None,
         "cuda_driver": _try(nv.nvmlSystemGetCudaDriverVersion) if nv else None,

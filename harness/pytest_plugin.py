@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import pytest
 
-from harness import fingerprint
+from harness import fingerprint, hostpin
 from harness.results import Case
 from harness.runner import CaseSpec
 
 VOLATILE_KEYS = ("created_utc",)
+
+
+def pytest_sessionstart(session):
+    """Pin the process to one GPU-local CPU before anything is timed (harness/hostpin.py)."""
+    hostpin.pin()
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):

@@ -67,9 +67,13 @@ def _moe_fn(device: str):
     """The routed experts. On CUDA the Triton kernel reads the random weights as already repacked (`prepacked`):
     a whole rank's experts (~71 GB for K2.5 TP8) then fit once, with no cached second copy."""
     if device == "cuda":
-        from kernels.moe_int4_triton import fused_moe_w4a16
+        from kernels.moe_int4_triton import fused_moe_w4a16, select_config
 
-        return lambda *a: fused_moe_w4a16(*a, check_ids=False, prepacked=True, config={"layout": "planar"})
+        def moe(x, *rest):  # the tuned config for this n, in the layout the weights were generated in
+            cfg = {**select_config(x.shape[0], x.device), "layout": "planar"}
+            return fused_moe_w4a16(x, *rest, check_ids=False, prepacked=True, config=cfg)
+
+        return moe
     return reference_moe_w4a16
 
 
@@ -197,6 +201,8 @@ def charts(records: list[dict], directory) -> list:
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(ns, [r["measured_us"] / 1e3 for r in rows], "k-o", label="measured")
     ax.plot(ns, [r["sum_of_parts_us"] / 1e3 for r in rows], "b--s", label="sum of isolated parts")
+    if all(r.get("no_comm_us") for r in rows):
+        ax.plot(ns, [r["no_comm_us"] / 1e3 for r in rows], "m-^", label="measured without allreduce")
     if rows[0].get("roofline_us"):
         ax.plot(ns, [r["roofline_us"] / 1e3 for r in rows], "g:", label="weight+KV roofline")
     if "fit" in dec:

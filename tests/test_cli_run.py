@@ -42,3 +42,17 @@ def test_report_parts_add_up_and_fit_matches_its_points(run_dir):
     ns = [row["n"] for row in dec["table"]]
     direct = linear_fit(ns, [row["measured_us"] for row in dec["table"]])
     assert (dec["fit"]["a"], dec["fit"]["b"]) == pytest.approx((direct.a, direct.b))
+
+
+def test_run_rejects_an_unknown_component(tmp_path, capsys):
+    from harness.cli import main
+
+    assert main(["run", "--components", "verify,nope", "--out", str(tmp_path)]) == 2
+    assert "unknown component(s) nope" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_report_holds_the_no_comm_roofline_column(run_dir):
+    records = json.loads(next(run_dir.glob("verify-*.json")).read_text())["cases"]
+    for row in bench_verify.decomposition(records)["table"]:
+        assert row["no_comm_us"] is not None and "no_comm/roofline" in row

@@ -13,12 +13,15 @@ def _parts():
 
 def test_parts_add_up_and_error_is_relative_to_measured():
     full, iso, without = _parts()
+    without["allreduce"] = {3: 480.0}
     rows = decompose.table(full, iso, without, {1: 200.0, 2: 200.0, 3: 250.0})
     assert [r["sum_of_parts_us"] for r in rows] == [400.0, 450.0, 500.0]
     assert rows[0]["parts_error_%"] == pytest.approx(100 * (400 / 410 - 1))
     assert rows[1]["moe_marginal_us"] == pytest.approx(140.0)
     assert "attn_marginal_us" not in rows[1]
-    assert rows[2]["measured/roofline"] == pytest.approx(520 / 250)
+    # the roofline has no communication term: it is held against the forward without the allreduce
+    assert rows[2]["no_comm/roofline"] == pytest.approx(480 / 250)
+    assert rows[1]["no_comm/roofline"] is None
 
 
 def test_token_fit_matches_its_points_and_fixed_share():
