@@ -10,6 +10,7 @@ import inspect
 import json
 import os
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 from tabulate import tabulate
@@ -158,7 +159,8 @@ def write_summary(runs: dict, args, cpu: bool) -> Path:
         failed = [c["name"] for c in run["cases"] if not c["check"]["ok"]]
         if failed:
             lines += [f"Checks FAILED (no time reported): {', '.join(failed)}", ""]
-    path = directory / f"run-{args.preset}-tp{args.tp}-{run['created_utc'].replace(':', '')}.md"
+    stamp = datetime.fromisoformat(run["created_utc"]).astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    path = directory / f"run-{args.preset}-tp{args.tp}-{stamp}.md"  # names the device tool can return
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
     return path

@@ -137,13 +137,16 @@ def _git() -> dict:
         r = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10)
         return r.stdout.strip() if r.returncode == 0 else None
 
+    if os.environ.get("VERIFYBENCH_GIT_COMMIT"):
+        # the launcher says which commit it sent (a copy without .git, or an exported snapshot inside another
+        # checkout, whose enclosing HEAD would be the wrong answer)
+        return {"commit": os.environ["VERIFYBENCH_GIT_COMMIT"], "dirty": None, "source": "environment"}
     try:
         commit = git("rev-parse", "HEAD")
     except Exception:
         commit = None
     if commit is None:
-        # a copy of the tree without .git (the lent GPU machines): the launcher passes the commit it sent
-        return {"commit": os.environ.get("VERIFYBENCH_GIT_COMMIT"), "dirty": None, "source": "environment"}
+        return {"commit": None, "dirty": None, "source": "no git"}
     return {"commit": commit, "dirty": bool(git("status", "--porcelain", "--untracked-files=no")), "source": "git"}
 
 

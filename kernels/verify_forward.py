@@ -5,6 +5,11 @@ Components: misc (norms, residuals, activations), attn_proj (MLA projections), a
 cache and the KV write), allreduce (2 per layer), router (router GEMM + top-k), moe (routed INT4 experts), dense
 (layer-0 dense MLP and the shared experts), head (final norm, lm_head, argmax, tree verification).
 A switched-off component's consumers read static buffers of the right shape, so the rest still does its real work.
+
+The small ops come from an `Ops` set: `TORCH_OPS` is plain torch (one kernel per torch op: an RMSNorm is ~8 kernels);
+`fused_ops()` is what serving engines run, one kernel each for add+RMSNorm, SiLU*up, softmax+top-k, MLA decode
+attention, and a weight-streaming GEMM for the n <= 16 projections. On a GPU the forward is launch-bound enough that
+the difference is milliseconds, so the report says which set ran.
 """
 from __future__ import annotations
 
@@ -42,8 +47,18 @@ class RankShapes:
         return self.kv_lora + self.qk_rope  # values cached per token
 
 
-def _rand(*shape, device, dtype=torch.bfloat16, fan_in=None):
-    return torch.randn(*shape, device=device, dtype=dtype) / (fan_in or shape[-1]) ** 0.5
+@dataclass(frozen=True)
+class Ops:
+    """The forward's small ops. add_rmsnorm(h, delta, w) adds delta into h in place and returns rmsnorm(h);
+    softmax_topk(logits, k) -> (fp32 weights, int32 ids); mla(q, cache, length, kv_lora, scale) -> [heads, n, kv_lora]."""
+
+    name: str
+    linear: Callable
+    rmsnorm: Callable
+    add_rmsnorm: Callable
+    silu_mul: Callable
+    softmax_topk: Callable
+    mla: Callable
 
 
 def _rmsnorm(x, w, eps=1e-6):
@@ -51,17 +66,56 @@ def _rmsnorm(x, w, eps=1e-6):
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
 
 
+def _add_rmsnorm(h, delta, w):
+    h.add_(delta)
+    return _rmsnorm(h, w)
+
+
+def _silu_mul(gate_up):
+    g, u = gate_up.chunk(2, dim=-1)
+    return F.silu(g) * u
+
+
+def _softmax_topk(logits, k):
+    weights, ids = torch.topk(torch.softmax(logits.float(), -1), k, dim=-1)
+    return weights, ids.to(torch.int32)
+
+
+def _mla(q, cache, length, kv_lora, scale):
+    keys = cache[:length]
+    scores = torch.matmul(q, keys.t()).float() * scale
+    return torch.matmul(torch.softmax(scores, -1).to(q.dtype), keys[:, :kv_lora])
+
+
+TORCH_OPS = Ops("torch", F.linear, _rmsnorm, _add_rmsnorm, _silu_mul, _softmax_topk, _mla)
+
+
+def fused_ops() -> Ops:
+    """The engine-style fused kernels (Triton; CUDA tensors, or CPU tensors under TRITON_INTERPRET=1)."""
+    from kernels import fused_ops as fo
+    from kernels.mla_decode import mla_decode
+    from kernels.skinny_gemm import linear
+
+    return Ops("fused", linear, fo.rmsnorm, fo.add_rmsnorm, fo.silu_mul, fo.softmax_topk,
+               lambda q, cache, length, kv_lora, scale: mla_decode(q, cache, length, kv_lora=kv_lora, scale=scale))
+
+
+def _rand(*shape, device, dtype=torch.bfloat16, fan_in=None):
+    return torch.randn(*shape, device=device, dtype=dtype) / (fan_in or shape[-1]) ** 0.5
+
+
 class VerifyForward:
     """Weights of every layer, a latent KV cache of `context` tokens per layer, and forward(n, active) for
     n = 1..max_tokens. `moe_fn(x, w13p, w13s, w2p, w2s, topk_w, topk_ids)` runs the routed experts;
     `allreduce_fn(t)` reduces a tensor in place (a real collective, or a calibrated device wait on one GPU);
-    `verify_fn(candidates, target_predict)` walks the draft chain."""
+    `verify_fn(candidates, target_predict)` walks the draft chain; `ops` the small ops (TORCH_OPS by default)."""
 
     def __init__(self, s: RankShapes, context: int, device: str, moe_fn: Callable, allreduce_fn: Callable,
-                 verify_fn: Callable, max_tokens: int = 8, seed: int = 0):
+                 verify_fn: Callable, max_tokens: int = 8, seed: int = 0, ops: Ops = TORCH_OPS):
         torch.manual_seed(seed)
         self.s, self.context, self.device, self.max_tokens = s, context, device, max_tokens
-        self.moe_fn, self.allreduce_fn, self.verify_fn = moe_fn, allreduce_fn, verify_fn
+        self.moe_fn, self.allreduce_fn, self.verify_fn, self.ops = moe_fn, allreduce_fn, verify_fn, ops
+        self._recording = False  # routing is copied out only in an eager forward, never inside a timed graph
         d, h = device, s.hidden
         qk_head = s.qk_nope + s.qk_rope
         self.layers = []
@@ -112,90 +166,105 @@ class VerifyForward:
                 "predict": torch.zeros(n, device=d, dtype=torch.int64)}
 
     def forward(self, n: int, active: frozenset = frozenset(COMPONENTS)):
-        """One verify forward of n tokens with the `active` components; graph-capturable (no host syncs)."""
-        s, b, on = self.s, self.buf[n], active.__contains__
+        """One verify forward of n tokens with the `active` components; graph-capturable (no host syncs).
+        With misc on, each residual add is fused into the next RMSNorm, as engines do."""
+        s, b, on, ops = self.s, self.buf[n], active.__contains__, self.ops
         h = b["h"]
         h.copy_(b["h0"])
+        x = ops.rmsnorm(h, self.layers[0]["ln1"]) if on("misc") else b["x"]
         for i, L in enumerate(self.layers):
-            x = _rmsnorm(h, L["ln1"]) if on("misc") else b["x"]
             # --- attention (MLA, weight-absorbed as engines run it at decode/verify sizes)
             q_a, kv_a = b["q_a"], b["kv_a"]
             if on("attn_proj"):
-                qkv = F.linear(x, L["q_a_kv_a"])
+                qkv = ops.linear(x, L["q_a_kv_a"])
                 q_a, kv_a = qkv[:, : s.q_lora], qkv[:, s.q_lora:]
+            kv_lat = kv_a[:, : s.kv_lora]
             if on("misc"):
-                q_a = _rmsnorm(q_a, L["q_ln"])
-                kv_a = torch.cat([_rmsnorm(kv_a[:, : s.kv_lora], L["kv_ln"]), kv_a[:, s.kv_lora:]], dim=1)
+                q_a = ops.rmsnorm(q_a, L["q_ln"])
+                kv_lat = ops.rmsnorm(kv_lat, L["kv_ln"])
             q = b["q"]
             if on("attn_proj"):
-                qh = F.linear(q_a, L["q_b"]).view(n, s.heads, s.qk_nope + s.qk_rope).transpose(0, 1)
+                qh = ops.linear(q_a, L["q_b"]).view(n, s.heads, s.qk_nope + s.qk_rope).transpose(0, 1)
                 q_lat = torch.bmm(qh[:, :, : s.qk_nope], L["w_uk"])  # [heads, n, kv_lora]
                 q = torch.cat([q_lat, qh[:, :, s.qk_nope:]], dim=-1)
             o_lat = b["o_lat"]
             if on("attn_core"):
                 cache = L["kv_cache"]
-                cache[self.context: self.context + n].copy_(kv_a)  # the verify tokens' KV slots
-                keys = cache[: self.context + n]
-                scores = torch.matmul(q, keys.t()).float() * (s.qk_nope + s.qk_rope) ** -0.5
-                o_lat = torch.matmul(torch.softmax(scores, -1).to(q.dtype), keys[:, : s.kv_lora])
+                slots = cache[self.context: self.context + n]  # the verify tokens' KV slots
+                slots[:, : s.kv_lora].copy_(kv_lat)
+                slots[:, s.kv_lora:].copy_(kv_a[:, s.kv_lora:])
+                o_lat = ops.mla(q, cache, self.context + n, s.kv_lora, (s.qk_nope + s.qk_rope) ** -0.5)
             attn_out = b["attn_out"]
             if on("attn_proj"):
                 o = torch.bmm(o_lat, L["w_uv"]).transpose(0, 1).reshape(n, s.heads * s.v_head)
-                attn_out = F.linear(o, L["o_proj"])
+                attn_out = ops.linear(o, L["o_proj"])
             if on("allreduce"):
                 self.allreduce_fn(attn_out)
             if on("misc"):
-                h = h + attn_out
-                x = _rmsnorm(h, L["ln2"])
+                x = ops.add_rmsnorm(h, attn_out, L["ln2"])
             # --- MLP: dense for the first layers, routed INT4 experts + shared expert after
             mlp_out = b["attn_out"]
             if i < s.dense_layers:
                 if on("dense"):
-                    mlp_out = F.linear(self._act(F.linear(x, L["gate_up"]), b, on), L["down"])
+                    mlp_out = ops.linear(self._act(ops.linear(x, L["gate_up"]), b, on), L["down"])
             else:
                 topk_w, topk_ids = b["topk_w"], b["topk_ids"]
                 if on("router"):
-                    logits = F.linear(x, L["router"]).float()
-                    topk_w, ids64 = torch.topk(torch.softmax(logits, -1), s.topk, dim=-1)
-                    topk_ids = ids64.to(torch.int32)
-                    b["ids_seen"][i].copy_(topk_ids)  # read after replay to count the distinct experts touched
+                    topk_w, topk_ids = ops.softmax_topk(ops.linear(x, L["router"]), s.topk)
+                    if self._recording:
+                        b["ids_seen"][i].copy_(topk_ids)
                 if on("moe"):
                     mlp_out = self.moe_fn(x, L["w13p"], L["w13s"], L["w2p"], L["w2s"], topk_w, topk_ids)
                 if on("dense"):
-                    shared = F.linear(self._act(F.linear(x, L["shared_gate_up"]), b, on), L["shared_down"])
+                    shared = ops.linear(self._act(ops.linear(x, L["shared_gate_up"]), b, on), L["shared_down"])
                     mlp_out = mlp_out + shared if on("misc") else shared
             if on("allreduce"):
                 self.allreduce_fn(mlp_out)
             if on("misc"):
-                h = h + mlp_out
+                last = i + 1 == len(self.layers)
+                x = ops.add_rmsnorm(h, mlp_out, self.final_ln if last else self.layers[i + 1]["ln1"])
         if on("head"):
-            logits = F.linear(_rmsnorm(h, self.final_ln), self.lm_head)
+            logits = ops.linear(x if on("misc") else b["x"], self.lm_head)
             b["predict"].copy_(torch.argmax(logits, dim=-1))
             return self.verify_fn(b["candidates"], b["predict"])
         return h
 
-    @staticmethod
-    def _act(gate_up, b, on):
+    def _act(self, gate_up, b, on):
         if not on("misc"):
             return b["mlp_act"][:, : gate_up.shape[1] // 2]
-        g, u = gate_up.chunk(2, dim=-1)
-        return F.silu(g) * u
+        return self.ops.silu_mul(gate_up)
+
+    def component_bytes(self, n: int, distinct_experts_per_layer: list[int]) -> dict[str, int]:
+        """Bytes each component must read in one forward: its weights (the routed experts actually touched) and,
+        for attn_core, the KV cache. misc and allreduce move no weights."""
+        s, first, moe_l = self.s, self.layers[0], self.layers[-1]
+
+        def nbytes(layer, keys):
+            return sum(layer[k].numel() * layer[k].element_size() for k in keys)
+
+        moe_layers = s.layers - s.dense_layers
+        expert = sum(moe_l[k][0].numel() * moe_l[k].element_size() for k in ("w13p", "w13s", "w2p", "w2s"))
+        return {"attn_proj": s.layers * nbytes(first, ("q_a_kv_a", "q_b", "w_uk", "w_uv", "o_proj")),
+                "attn_core": s.layers * (self.context + n) * s.latent * 2,
+                "router": moe_layers * nbytes(moe_l, ("router",)),
+                "moe": expert * sum(distinct_experts_per_layer),
+                "dense": (s.dense_layers * nbytes(first, ("gate_up", "down")) if s.dense_layers else 0)
+                + moe_layers * nbytes(moe_l, ("shared_gate_up", "shared_down")),
+                "head": self.lm_head.numel() * self.lm_head.element_size()}
 
     def weight_bytes(self, n: int, distinct_experts_per_layer: list[int]) -> dict:
         """Bytes one forward must read: bf16 weights, the routed experts actually touched, and the KV cache."""
-        s = self.s
-        attn = sum(self.layers[0][k].numel() for k in ("q_a_kv_a", "q_b", "w_uk", "w_uv", "o_proj")) * 2
-        dense = sum(self.layers[0][k].numel() for k in ("gate_up", "down")) * 2 if s.dense_layers else 0
-        moe_l = self.layers[-1]
-        per_moe_layer = sum(moe_l[k].numel() for k in ("router", "shared_gate_up", "shared_down")) * 2
-        expert = sum(moe_l[k][0].numel() * moe_l[k].element_size() for k in ("w13p", "w13s", "w2p", "w2s"))
-        routed = expert * sum(distinct_experts_per_layer)
-        kv = s.layers * (self.context + n) * s.latent * 2
-        total = (s.layers * attn + s.dense_layers * dense + (s.layers - s.dense_layers) * per_moe_layer + routed
-                 + self.lm_head.numel() * 2 + kv)
-        return {"total": total, "routed_experts": routed, "kv": kv, "expert_bytes": expert}
+        parts = self.component_bytes(n, distinct_experts_per_layer)
+        return {"total": sum(parts.values()), "routed_experts": parts["moe"], "kv": parts["attn_core"],
+                "by_component": parts}
 
     def distinct_experts(self, n: int) -> list[int]:
-        """Distinct experts each MoE layer's routing touched in the last forward of n tokens."""
+        """Distinct experts each MoE layer's routing touches in a forward of n tokens (one eager forward that copies
+        the routing out; the timed graphs do not carry that copy)."""
+        self._recording = True
+        try:
+            self.forward(n)
+        finally:
+            self._recording = False
         seen = self.buf[n]["ids_seen"][self.s.dense_layers:]
         return [int(torch.unique(layer).numel()) for layer in seen]

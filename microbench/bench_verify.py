@@ -15,7 +15,7 @@ from harness import ceiling, decompose, presets
 from harness.runner import CaseSpec, rel_error
 from harness.timing import cuda_available, measure
 from kernels.moe_int4 import reference_moe_w4a16
-from kernels.verify_forward import COMPONENTS, RankShapes, VerifyForward
+from kernels.verify_forward import COMPONENTS, TORCH_OPS, RankShapes, VerifyForward, fused_ops
 
 COMPONENT = "verify"
 TOKENS = tuple(range(1, 9))
@@ -90,7 +90,17 @@ def _as_checkpoint(packed, device: str, group_size: int):
 def _forward(preset: str, tp: int, layers: int | None, context: int, allreduce_us: float) -> VerifyForward:
     device = "cuda" if cuda_available() else "cpu"
     ar = device_wait(allreduce_us) if device == "cuda" else (lambda t: None)
-    return VerifyForward(rank_shapes(preset, tp, layers), context, device, _moe_fn(device), ar, _chain_verify(device))
+    return VerifyForward(rank_shapes(preset, tp, layers), context, device, _moe_fn(device), ar, _chain_verify(device),
+                         ops=forward_ops(device))
+
+
+def forward_ops(device: str):
+    """On a GPU the engine-style fused kernels; VERIFYBENCH_VERIFY_OPS=torch runs one torch op per kernel instead
+    (to show what the kernel count costs). On CPU plain torch: the smoke run checks the plumbing, not the kernels."""
+    choice = os.environ.get("VERIFYBENCH_VERIFY_OPS", "fused" if device == "cuda" else "torch")
+    if choice not in ("fused", "torch"):
+        raise ValueError(f"VERIFYBENCH_VERIFY_OPS must be fused or torch, got {choice!r}")
+    return fused_ops() if choice == "fused" else TORCH_OPS
 
 
 def allreduce_stand_in_us() -> tuple[float, str]:
@@ -101,7 +111,7 @@ def allreduce_stand_in_us() -> tuple[float, str]:
 
 
 def _case(preset, tp, layers, context, n, variant: str, comps: frozenset) -> CaseSpec:
-    ar_us, _ = allreduce_stand_in_us()
+    ar_us, ar_source = allreduce_stand_in_us()
 
     def setup():
         fwd = _forward(preset, tp, layers, context, ar_us)
@@ -125,12 +135,14 @@ def _case(preset, tp, layers, context, n, variant: str, comps: frozenset) -> Cas
             return ok, f"moe rel_err {err:.2e}; accepted {int(accepted[0])} of {n - 1}"
 
         def derive(m):
-            d = {"tokens": n, "variant": variant, "allreduce_stand_in_us": ar_us}
+            d = {"tokens": n, "variant": variant, "allreduce_stand_in_us": ar_us, "allreduce_source": ar_source,
+                 "ops": fwd.ops.name}
             if variant == "full":
                 distinct = fwd.distinct_experts(n)
                 by = fwd.weight_bytes(n, distinct)
                 copy = ceiling.copy_gbps(fwd.device)
                 d.update(bytes=by["total"], routed_bytes=by["routed_experts"], kv_bytes=by["kv"],
+                         component_bytes=by["by_component"],
                          distinct_experts_mean=sum(distinct) / max(1, len(distinct)), copy_gbps=copy,
                          roofline_us=by["total"] / (copy * 1e3), eta=ceiling.eta(by["total"], m.median_us, copy))
             return d
@@ -218,12 +230,46 @@ def charts(records: list[dict], directory) -> list:
     return paths
 
 
+def component_eta(records: list[dict]) -> list[dict]:
+    """Per n and component: the bytes it must read, its isolated time, and eta = bytes / time / copy bandwidth.
+    The gap to the roofline lives where eta is low."""
+    iso = {(r["params"]["variant"], r["params"]["tokens"]): r["summary"]["median_us"] for r in records
+           if r["check"]["ok"]}
+    rows = []
+    for r in records:
+        d = r["derived"]
+        if r["params"]["variant"] != "full" or not r["check"]["ok"] or "component_bytes" not in d:
+            continue
+        n = r["params"]["tokens"]
+        row = {"n": n}
+        for comp, nbytes in d["component_bytes"].items():
+            t = iso.get((f"only-{comp}", n))
+            row[f"{comp}_MB"] = nbytes / 1e6
+            row[f"{comp}_eta"] = ceiling.eta(nbytes, t, d["copy_gbps"]) if t else None
+        rows.append(row)
+    return sorted(rows, key=lambda row: row["n"])
+
+
+def setup_lines(records: list[dict]) -> list[dict]:
+    """What ran: the small-op set, the allreduce (a stand-in on one GPU), the context, the copy bandwidth."""
+    full = [r for r in records if r["params"]["variant"] == "full"]
+    if not full:
+        return []
+    d, p = full[0]["derived"], full[0]["params"]
+    return [{"ops": d.get("ops"), "allreduce": f"device wait of {d['allreduce_stand_in_us']} us per allreduce "
+             f"({d.get('allreduce_source', '?')})", "context": p["context"], "layers": p["layers"] or "all",
+             "copy_GBps": d.get("copy_gbps")}]
+
+
 def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
     dec = decomposition(records)
     short = [{k: v for k, v in row.items() if not k.endswith("_marginal_us")} for row in dec["table"]]
     marginal = [{"n": row["n"], **{k: v for k, v in row.items() if k.endswith("_marginal_us")}} for row in dec["table"]]
-    out = [("verify forward, isolated components (us; each alone in its own graph)", short),
-           ("marginal cost of each component (us; forward minus forward without it)", marginal)]
+    out = [("setup (one GPU: the allreduce is a calibrated device wait, not a collective)", setup_lines(records)),
+           ("verify forward, isolated components (us; each alone in its own graph); no_comm = forward without "
+            "allreduce, held against the weight+KV roofline", short),
+           ("marginal cost of each component (us; forward minus forward without it)", marginal),
+           ("bytes and eta of each component (isolated time vs copy bandwidth)", component_eta(records))]
     if "fit" in dec:
         f = dec["fit"]
         out.append(("fit T(n) = a + b n (95% CI)", [{"a_us": f["a"], "a_ci_us": f["a_halfwidth"], "b_us": f["b"],

@@ -42,3 +42,9 @@ def test_off_leaves_the_affinity_alone():
     assert hostpin.pin("off")["cpu"] is None
     if before is not None:
         assert os.sched_getaffinity(0) == before
+
+
+def test_the_launcher_commit_wins_over_an_enclosing_checkout(monkeypatch):
+    # an exported snapshot run inside another checkout must not report that checkout's HEAD
+    monkeypatch.setenv("VERIFYBENCH_GIT_COMMIT", "abc1234")
+    assert fingerprint.collect()["git"] == {"commit": "abc1234", "dirty": None, "source": "environment"}
