@@ -33,6 +33,7 @@ DEFAULT_SETTINGS = (
     "NCCL_PROTO=LL,NCCL_ALGO=Ring,NCCL_MAX_NCHANNELS=2",
     "NCCL_P2P_LEVEL=LOC",  # no peer-to-peer: what the SHM transport costs
     "NCCL_CUMEM_ENABLE=0",  # legacy IPC handles instead of cuMem
+    "NCCL_GRAPH_MIXING_SUPPORT=0",  # no extra cross-stream ordering for mixing graph and eager NCCL calls
 )
 SWEEP_BACKENDS = "nccl,pynccl"
 SWEEP_MODES = "graph"

@@ -4,7 +4,8 @@
 # setting sweep (one fresh torchrun per setting), the 1-rank pytest-benchmark module; JSON and logs under
 # $OUT/allreduce, a short summary last. Multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1).
 # Usage: scripts/allreduce_gpu.sh   (>= 2 GPUs for multi-rank numbers; 1 GPU runs 1 rank). Quick rerun knobs:
-#   SWEEP_SETTINGS="default NCCL_PROTO=LL ..." SWEEP_LIMIT_S=90 SKIP_BENCH=1
+#   STEPS="main fault sweep bench" (default all)  SWEEP_SETTINGS="default NCCL_PROTO=LL ..." (default: every
+#   setting in harness/allreduce_sweep.py)  SWEEP_LIMIT_S=300
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -30,21 +31,26 @@ step() {  # step NAME LIMIT_S CMD...: output to $OUT/NAME.log, "NAME: rc=.. in .
   echo "$name: rc=$rc in $((SECONDS - t0)) s" | tee -a "$OUT/steps.txt"
 }
 
-step main 110 $TR -m harness.allreduce --out "$OUT/main" --name main.json
-step fault_exit 45 $FAULT --mode graph --out "$OUT/fault_exit" --fault exit-early:1@2
-step fault_hang 60 $FAULT --mode graph --out "$OUT/fault_hang" --fault hang:1@2 --hang-timeout 20
-SETTINGS=${SWEEP_SETTINGS:-"default NCCL_PROTO=LL NCCL_PROTO=LL128 NCCL_PROTO=Simple NCCL_ALGO=Ring NCCL_ALGO=Tree
-  NCCL_MIN_NCHANNELS=1,NCCL_MAX_NCHANNELS=1 NCCL_MIN_NCHANNELS=2,NCCL_MAX_NCHANNELS=2
-  NCCL_MIN_NCHANNELS=8,NCCL_MAX_NCHANNELS=8 NCCL_PROTO=LL,NCCL_ALGO=Ring,NCCL_MAX_NCHANNELS=2 NCCL_P2P_LEVEL=LOC"}
-SWEEP_ARGS=()
-for s in $SETTINGS; do SWEEP_ARGS+=(--setting "$s"); done
-step sweep "${SWEEP_LIMIT_S:-185}" python3 -m harness.allreduce --nccl-sweep --nproc-per-node="$NP" \
-  --setting-timeout 40 --sweep-time-limit $(( ${SWEEP_LIMIT_S:-185} - 15 )) --out "$OUT/sweep" "${SWEEP_ARGS[@]}"
-[ -n "${SKIP_BENCH:-}" ] || step bench 50 env VERIFYBENCH_MAX_TIME_S=0.3 python3 -m pytest --benchmark-only -q \
-  -p no:cacheprovider microbench/bench_allreduce.py --benchmark-json="$OUT/bench.json"
+STEPS=" ${STEPS:-main fault sweep bench} "
+if [[ $STEPS == *" main "* ]]; then
+  step main 110 $TR -m harness.allreduce --out "$OUT/main" --name main.json
+fi
+if [[ $STEPS == *" fault "* ]]; then
+  step fault_exit 45 $FAULT --mode graph --out "$OUT/fault_exit" --fault exit-early:1@2
+  step fault_hang 60 $FAULT --mode graph --out "$OUT/fault_hang" --fault hang:1@2 --hang-timeout 20
+fi
+if [[ $STEPS == *" sweep "* ]]; then
+  SWEEP_ARGS=()
+  for s in ${SWEEP_SETTINGS:-}; do SWEEP_ARGS+=(--setting "$s"); done
+  step sweep "${SWEEP_LIMIT_S:-300}" python3 -m harness.allreduce --nccl-sweep --nproc-per-node="$NP" \
+    --setting-timeout 40 --sweep-time-limit $(( ${SWEEP_LIMIT_S:-300} - 15 )) --out "$OUT/sweep" "${SWEEP_ARGS[@]}"
+  tail -n 45 "$OUT/sweep.log"
+fi
+if [[ $STEPS == *" bench "* ]]; then
+  step bench 50 env VERIFYBENCH_MAX_TIME_S=0.3 python3 -m pytest --benchmark-only -q -p no:cacheprovider \
+    microbench/bench_allreduce.py --benchmark-json="$OUT/bench.json"
+fi
 python3 -m harness env > "$OUT/env.txt" 2>&1
-tail -n 45 "$OUT/sweep.log"
-echo
-tail -n 40 "$OUT/main.log"
+[ -f "$OUT/main.log" ] && tail -n 40 "$OUT/main.log"
 echo
 python3 scripts/allreduce_summary.py "$OUT"
