@@ -34,7 +34,7 @@ for comp in $(ls results/*/*-2*.json | xargs -n1 basename | sed 's/-2.*//' | sor
   python3 -m harness compare "$f" "$W/pb_first.json" >> "$W/compare_cli_vs_pytest.txt" 2>&1
 done
 cp -r results "$W/"
-tar czf "$OUT/run.tgz" -C "$W" .
 grep -E "summary:|WARNING" "$W/compare_first_second.txt"
 grep -E "graph|summary:" "$W/compare_cli_vs_pytest.txt" | head -20
 tail -n 60 "$W/run.log"
+tar czf "$OUT/run.tgz" -C "$W" . && rm -rf "$W"  # one file comes back (the device tool returns few files)
