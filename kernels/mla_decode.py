@@ -1,0 +1,230 @@
+"""MLA decode attention over the latent KV cache (the verify forward's `attn_core`, DESIGN.md 4.5): a torch reference
+and a Triton flash-decoding kernel.
+
+Semantics (weight-absorbed MLA at decode/verify sizes, as engines run it): q [heads, n, D] (D = kv_lora + rope
+dims, 576 = 512 + 64 for Kimi/DeepSeek), cache [rows, D] holds one latent vector per token, shared by all heads.
+With keys = cache[:length]:
+    o[h, i] = softmax(scale * q[h, i] . keys^T) @ keys[:, :kv_lora]      -> [heads, n, kv_lora] in q's dtype
+Every query attends all `length` keys (no causal mask: the verify forward writes its n tokens' slots first and
+lets each of them see all of them, as the torch path in verify_forward.py does). `scale` defaults to D ** -0.5;
+the MLA forward uses (qk_nope + qk_rope) ** -0.5 (192 ** -0.5 for Kimi), so that caller must pass it.
+
+Why a kernel: the torch path (two matmuls + softmax) launches ~6 kernels per layer, materializes fp32 scores and
+may copy the strided keys[:, :kv_lora] slice; ~30 us per layer where the cache bytes need ~1 us. Here:
+Stage 1, grid (row blocks, splits): the heads x n query rows are one [heads * n, D] matrix (every head reads the
+  same cache), BLOCK_M of them per program; each program streams its split of the keys in BLOCK_N-key tiles read
+  once for all its rows (the tile serves both dots: scores from all D columns, values from the first kv_lora),
+  online softmax in fp32 (exp2 domain), and writes its normalized partial o [splits, rows, kv_lora] fp32 and
+  log2-sum-exp [splits, rows]. Row blocks of one split are adjacent in the grid, so with several row blocks the
+  cache is read from DRAM about once and the repeats hit L2.
+Stage 2, grid (rows, kv_lora chunks): combines the splits by log-sum-exp weights and writes o in q's dtype.
+With one split, stage 1 writes o itself (one launch).
+No host syncs and no data-dependent host logic (`length` is a Python int, fixed per captured graph), so a call is
+CUDA-graph capturable; the scratch comes from torch's caching allocator (the graph's pool when capturing).
+"""
+from __future__ import annotations
+
+import functools
+import math
+import operator
+
+import torch
+import triton
+import triton.language as tl
+
+# Starting points, not timed on a GPU: SGLang's grouped MLA decode kernel runs 16 query rows x 32 keys per tile
+# with 4 warps and 2 stages at 576/512. Larger block_rows (32 or 64, 8 warps) read the cache fewer times per split
+# (64: once for all 64 rows of n = 8); triton 3.6 compiles all of these for sm_90a without spills.
+DEFAULT_CONFIG = {"block_rows": 16, "block_keys": 32, "num_warps": 4, "num_stages": 2}
+MIN_SPLIT_KEYS = 128  # fewer keys per split and the partial outputs (2 KiB per row per split) outweigh the keys
+PROGRAMS_PER_SM = 2  # stage-1 programs the default split count aims at per SM
+MAX_SPLITS = 256
+DEFAULT_SMS = 132  # an H100/H200; used off CUDA (the interpreter)
+COMBINE_SPLITS = 16  # splits stage 2 reads per step
+COMBINE_COLS = 128  # kv_lora columns per stage-2 program
+LOG2E = 1.4426950408889634
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _check(q, cache, length, kv_lora, scale):
+    """Shared input checks; returns (length, scale) as Python numbers."""
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        raise ValueError(f"q must be a [heads, n, D] tensor, got {getattr(q, 'shape', type(q))}")
+    if not isinstance(cache, torch.Tensor) or cache.dim() != 2:
+        raise ValueError(f"cache must be a [rows, D] tensor, got {getattr(cache, 'shape', type(cache))}")
+    heads, n, d = q.shape
+    if heads < 1 or n < 1 or d < 1:
+        raise ValueError(f"q must have heads, n, D >= 1, got {tuple(q.shape)}")
+    if cache.shape[1] != d:
+        raise ValueError(f"cache rows must have q's head dim D = {d}, got {tuple(cache.shape)}")
+    if q.dtype not in DTYPES or cache.dtype != q.dtype:
+        raise ValueError(f"q and cache must share a dtype among {DTYPES}, got {q.dtype} and {cache.dtype}")
+    if q.device != cache.device:
+        raise ValueError(f"q and cache must be on one device, got {q.device} and {cache.device}")
+    if isinstance(length, (bool, torch.Tensor)):  # a tensor would need a device sync (and break graph capture)
+        raise ValueError(f"length must be a Python int (fixed per captured graph), got {type(length)}")
+    try:
+        length = operator.index(length)
+    except TypeError:
+        raise ValueError(f"length must be a Python int (fixed per captured graph), got {type(length)}") from None
+    if not 1 <= length <= cache.shape[0]:
+        raise ValueError(f"length must be in 1..{cache.shape[0]} (the cache's rows), got {length}")
+    if isinstance(kv_lora, bool) or not isinstance(kv_lora, int) or not 1 <= kv_lora <= d:
+        raise ValueError(f"kv_lora must be an int in 1..D = {d}, got {kv_lora!r}")
+    scale = d ** -0.5 if scale is None else scale
+    if isinstance(scale, (bool, torch.Tensor)) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite Python float, got {scale!r}")
+    return length, float(scale)
+
+
+def mla_decode_reference(q, cache, length, kv_lora=512, scale=None):
+    """fp32 torch reference: o [heads, n, kv_lora] in q's dtype (see the module docstring; scale defaults to
+    D ** -0.5, the MLA forward passes (qk_nope + qk_rope) ** -0.5)."""
+    length, scale = _check(q, cache, length, kv_lora, scale)
+    keys = cache[:length].float()
+    p = torch.softmax((q.float() @ keys.T) * scale, dim=-1)
+    return (p @ keys[:, :kv_lora]).to(q.dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return DEFAULT_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def default_num_splits(length: int, rows: int, block_rows: int, sms: int = DEFAULT_SMS) -> int:
+    """Splits of the context so that stage 1 has about PROGRAMS_PER_SM programs per SM, each split keeping at least
+    MIN_SPLIT_KEYS keys (fewer and the partial outputs cost more traffic than the keys they cover)."""
+    row_blocks = triton.cdiv(rows, block_rows)
+    return max(1, min(triton.cdiv(PROGRAMS_PER_SM * sms, row_blocks), triton.cdiv(length, MIN_SPLIT_KEYS),
+                      MAX_SPLITS))
+
+
+@triton.jit
+def _split_kernel(q, cache, part_o, part_lse, out, length, split_keys, stride_qh, stride_qn, stride_c, stride_oh,
+                  stride_on, scale_log2, ROWS: tl.constexpr, NQ: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr,
+                  SINGLE: tl.constexpr):
+    rb = tl.program_id(0)
+    sp = tl.program_id(1)
+    r = rb * BLOCK_M + tl.arange(0, BLOCK_M)  # query row = head * NQ + token; rows past ROWS are zero padding
+    row_ok = r < ROWS
+    q_row = (r // NQ).to(tl.int64) * stride_qh + (r % NQ) * stride_qn
+    dv = tl.arange(0, BLOCK_DV)
+    dv_ok = dv < DV
+    q_lat = tl.load(q + q_row[:, None] + dv[None, :], mask=row_ok[:, None] & dv_ok[None, :], other=0.0)
+    if BLOCK_DR > 0:  # the rope columns DV..D-1 only enter the scores
+        dr = DV + tl.arange(0, BLOCK_DR)
+        dr_ok = dr < D
+        q_rope = tl.load(q + q_row[:, None] + dr[None, :], mask=row_ok[:, None] & dr_ok[None, :], other=0.0)
+    lo = sp * split_keys
+    hi = tl.minimum(lo + split_keys, length)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running row max of the scores, log2 units
+    l = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of 2^(score - m)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        key = start + tl.arange(0, BLOCK_N)
+        key_ok = key < hi
+        rows_at = cache + key.to(tl.int64)[:, None] * stride_c
+        k_lat = tl.load(rows_at + dv[None, :], mask=key_ok[:, None] & dv_ok[None, :], other=0.0)
+        s = tl.dot(q_lat, tl.trans(k_lat))
+        if BLOCK_DR > 0:
+            k_rope = tl.load(rows_at + dr[None, :], mask=key_ok[:, None] & dr_ok[None, :], other=0.0)
+            s += tl.dot(q_rope, tl.trans(k_rope))
+        # every tile holds at least one valid key (start < hi), so each row's max is finite
+        s = tl.where(key_ok[None, :], s * scale_log2, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(k_lat.dtype), k_lat)
+        m = m_new
+    has = l > 0  # false only for an empty split, which the host never launches
+    o = acc / tl.where(has, l, 1.0)[:, None]
+    if SINGLE:
+        o_row = (r // NQ).to(tl.int64) * stride_oh + (r % NQ) * stride_on
+        tl.store(out + o_row[:, None] + dv[None, :], o.to(out.dtype.element_ty),
+                 mask=row_ok[:, None] & dv_ok[None, :])
+    else:
+        part = sp * ROWS + r
+        tl.store(part_o + part[:, None].to(tl.int64) * DV + dv[None, :], o, mask=row_ok[:, None] & dv_ok[None, :])
+        tl.store(part_lse + part, tl.where(has, m + tl.log2(tl.where(has, l, 1.0)), float("-inf")), mask=row_ok)
+
+
+@triton.jit
+def _combine_kernel(part_o, part_lse, out, num_splits, stride_oh, stride_on, ROWS: tl.constexpr, NQ: tl.constexpr,
+                    DV: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr):
+    r = tl.program_id(0)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = c < DV
+    s = tl.arange(0, BLOCK_S)
+    top = tl.full([BLOCK_S], float("-inf"), tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        top = tl.maximum(top, tl.load(part_lse + (s0 + s) * ROWS + r, mask=s0 + s < num_splits,
+                                      other=float("-inf")))
+    top_all = tl.max(top, axis=0)
+    acc = tl.zeros([BLOCK_C], dtype=tl.float32)
+    total = tl.zeros([BLOCK_S], dtype=tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        ok = s0 + s < num_splits
+        w = tl.exp2(tl.load(part_lse + (s0 + s) * ROWS + r, mask=ok, other=float("-inf")) - top_all)
+        part = ((s0 + s) * ROWS + r).to(tl.int64)
+        o = tl.load(part_o + part[:, None] * DV + c[None, :], mask=ok[:, None] & c_ok[None, :], other=0.0)
+        acc += tl.sum(w[:, None] * o, axis=0)
+        total += w
+    o_row = (r // NQ).to(tl.int64) * stride_oh + (r % NQ) * stride_on
+    tl.store(out + o_row + c, (acc / tl.sum(total, axis=0)).to(out.dtype.element_ty), mask=c_ok)
+
+
+def mla_decode(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, out=None, config=None):
+    """Triton flash-decoding MLA attention; same result as mla_decode_reference (scale defaults to D ** -0.5, the MLA
+    forward passes (qk_nope + qk_rope) ** -0.5). q [heads, n, D] and cache [rows >= length, D] need unit stride
+    along D (other strides are free). num_splits: context splits (default: default_num_splits; it is lowered so
+    that no split is empty). out: optional [heads, n, kv_lora] tensor of q's dtype to write. config: overrides of
+    DEFAULT_CONFIG (block_rows, block_keys: powers of two >= 16; num_warps, num_stages)."""
+    length, scale = _check(q, cache, length, kv_lora, scale)
+    heads, n, d = q.shape
+    if q.stride(2) != 1 or cache.stride(1) != 1:
+        raise ValueError(f"q and cache need unit stride along D, got strides {q.stride()} and {cache.stride()}")
+    cfg = dict(DEFAULT_CONFIG)
+    for k, v in (config or {}).items():
+        if k not in cfg:
+            raise ValueError(f"unknown config key {k!r}; known: {sorted(cfg)}")
+        cfg[k] = v
+    for k in ("block_rows", "block_keys"):
+        if not isinstance(cfg[k], int) or cfg[k] < 16 or cfg[k] & (cfg[k] - 1):
+            raise ValueError(f"{k} must be a power of two >= 16 (tl.dot's minimum), got {cfg[k]!r}")
+    rows = heads * n
+    if num_splits is None:
+        num_splits = default_num_splits(length, rows, cfg["block_rows"], _sm_count(q.device))
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
+        raise ValueError(f"num_splits must be an int >= 1, got {num_splits!r}")
+    if out is None:
+        out = torch.empty(heads, n, kv_lora, dtype=q.dtype, device=q.device)
+    elif (not isinstance(out, torch.Tensor) or out.shape != (heads, n, kv_lora) or out.dtype != q.dtype
+          or out.device != q.device or out.stride(2) != 1):
+        raise ValueError(f"out must be a [{heads}, {n}, {kv_lora}] {q.dtype} tensor on {q.device} with unit stride "
+                         f"along its last dim, got {getattr(out, 'shape', type(out))}")
+    bn = cfg["block_keys"]
+    split_keys = triton.cdiv(triton.cdiv(length, num_splits), bn) * bn  # whole key tiles per split
+    splits = triton.cdiv(length, split_keys)  # no empty split
+    block_dv = max(16, triton.next_power_of_2(kv_lora))
+    block_dr = max(16, triton.next_power_of_2(d - kv_lora)) if d > kv_lora else 0
+    single = splits == 1
+    if single:
+        part_o = part_lse = out  # unused pointers
+    else:
+        part_o = torch.empty(splits, rows, kv_lora, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(splits, rows, dtype=torch.float32, device=q.device)
+    grid = (triton.cdiv(rows, cfg["block_rows"]), splits)
+    _split_kernel[grid](q, cache, part_o, part_lse, out, length, split_keys, q.stride(0), q.stride(1),
+                        cache.stride(0), out.stride(0), out.stride(1), scale * LOG2E, ROWS=rows, NQ=n, D=d,
+                        DV=kv_lora, BLOCK_M=cfg["block_rows"], BLOCK_N=bn, BLOCK_DV=block_dv, BLOCK_DR=block_dr,
+                        SINGLE=single, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if not single:
+        block_c = min(COMBINE_COLS, triton.next_power_of_2(kv_lora))
+        _combine_kernel[(rows, triton.cdiv(kv_lora, block_c))](
+            part_o, part_lse, out, splits, out.stride(0), out.stride(1), ROWS=rows, NQ=n, DV=kv_lora,
+            BLOCK_S=min(COMBINE_SPLITS, triton.next_power_of_2(splits)), BLOCK_C=block_c, num_warps=4)
+    return out

@@ -1,0 +1,231 @@
+"""MLA decode attention (kernels/mla_decode.py): the reference against float64 and the forward's torch path, the
+Triton kernel against the fp32 reference (interpreter on CPU, fp16/fp32: bf16 arithmetic is wrong in the
+interpreter), every error path; on a GPU the Kimi-K2.5 shapes in bf16 and a CUDA-graph capture.
+"""
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels module is first imported (conftest too)
+
+from harness.runner import rel_error  # noqa: E402
+from kernels.mla_decode import DEFAULT_CONFIG, default_num_splits, mla_decode, mla_decode_reference  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+KIMI_SCALE = 192 ** -0.5  # (qk_nope + qk_rope) ** -0.5, what the verify forward passes
+
+
+def _inputs(heads, n, d, length, dtype, spare=5, seed=0, peak=1.0, device=DEV):
+    """q [heads, n, d] and a cache with `spare` rows past `length` (never read: filled with huge values so a read
+    past `length` shows). `peak` scales q: large values make the softmax peaky, so the splits' maxima differ."""
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(heads, n, d, generator=g) * peak).to(dtype).to(device)
+    cache = torch.randn(length + spare, d, generator=g)
+    cache[length:] = 1e4
+    return q, cache.to(dtype).to(device)
+
+
+def _forward_torch_path(q, cache, length, kv_lora, scale):
+    """attn_core of kernels/verify_forward.py, verbatim in its ops."""
+    keys = cache[:length]
+    scores = torch.matmul(q, keys.t()).float() * scale
+    return torch.matmul(torch.softmax(scores, -1).to(q.dtype), keys[:, :kv_lora])
+
+
+# ---------------------------------------------------------------------------------------------------- reference
+
+def test_reference_equals_float64_softmax_attention_and_ignores_rows_past_length():
+    q, cache = _inputs(3, 2, 48, 37, torch.float32, device="cpu")
+    q64, k64 = q.double(), cache[:37].double()
+    want = torch.softmax(q64 @ k64.T * 0.3, -1) @ k64[:, :32]
+    got = mla_decode_reference(q, cache, 37, kv_lora=32, scale=0.3)
+    assert got.dtype == torch.float32 and got.shape == (3, 2, 32)
+    assert rel_error(got, want) < 1e-6
+    default = mla_decode_reference(q, cache, 37, kv_lora=32)  # scale defaults to D ** -0.5
+    assert rel_error(default, torch.softmax(q64 @ k64.T * 48 ** -0.5, -1) @ k64[:, :32]) < 1e-6
+
+
+def test_reference_matches_the_forward_torch_path_in_bf16():
+    q, cache = _inputs(4, 3, 576, 300, torch.bfloat16, device="cpu")
+    ref = mla_decode_reference(q, cache, 300, 512, KIMI_SCALE)
+    assert ref.dtype == torch.bfloat16
+    assert rel_error(_forward_torch_path(q, cache, 300, 512, KIMI_SCALE).float(),
+                     mla_decode_reference(q.float(), cache.float(), 300, 512, KIMI_SCALE)) <= 1e-2
+
+
+# ---------------------------------------------------------------------------------------------------- kernel
+
+def _check_kernel(heads, n, d, kv_lora, length, dtype, num_splits, peak=1.0, scale=None, config=None, tol=1e-2):
+    q, cache = _inputs(heads, n, d, length, dtype, seed=length * 31 + n, peak=peak)
+    out = mla_decode(q, cache, length, kv_lora, scale, num_splits, config=config)
+    assert out.dtype == dtype and out.shape == (heads, n, kv_lora)
+    ref = mla_decode_reference(q.float(), cache.float(), length, kv_lora, scale)
+    err = rel_error(out.float(), ref)
+    assert err <= tol, (heads, n, d, kv_lora, length, num_splits, err)
+    return err
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("n,length,num_splits", [
+    (1, 1, 1),  # one key: o = that key's latent part
+    (3, 77, 1),  # one split, a partial last tile: stage 1 writes o itself
+    (3, 200, 3),  # 3 splits of 96 keys (3 tiles each), the last one partial
+    (1, 130, 2),
+])
+def test_kernel_matches_reference_at_the_mla_head_dims(dtype, n, length, num_splits):
+    _check_kernel(2, n, 576, 512, length, dtype, num_splits, scale=KIMI_SCALE)
+
+
+@pytest.mark.parametrize("d,kv_lora", [(48, 32), (48, 40), (32, 32), (40, 24)],
+                         ids=["rope16", "lora-not-pow2", "no-rope", "both-not-pow2"])
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_kernel_is_generic_in_head_dim_and_kv_lora(d, kv_lora, num_splits):
+    _check_kernel(3, 3, d, kv_lora, 131, torch.float16, num_splits)
+
+
+def test_peaky_softmax_rescales_across_tiles_and_splits():
+    # scores of std ~12: each row's mass sits on a few keys in some split, so both the online rescale inside a
+    # split and the log-sum-exp combine across splits matter
+    for num_splits in (1, 5):
+        _check_kernel(2, 3, 48, 32, 301, torch.float32, num_splits, peak=12.0, tol=1e-5)
+        _check_kernel(2, 3, 48, 32, 301, torch.float16, num_splits, peak=12.0)
+
+
+def test_more_splits_than_tiles_runs_no_empty_split():
+    # 40 keys are 3 tiles of 16: 100 requested splits become 3, none empty (an empty one would divide by zero)
+    _check_kernel(2, 2, 32, 32, 40, torch.float32, 100, config={"block_keys": 16}, tol=1e-5)
+
+
+def test_larger_row_and_key_blocks_and_rows_spanning_blocks():
+    # 8 heads x 3 tokens = 24 rows: two row blocks of 16, or one of 32 / 64
+    for cfg in ({"block_rows": 16}, {"block_rows": 32, "block_keys": 64}, {"block_rows": 64, "block_keys": 16}):
+        _check_kernel(8, 3, 48, 32, 150, torch.float16, 3, config=cfg)
+
+
+def test_out_argument_and_strided_query_views():
+    q, cache = _inputs(4, 3, 48, 90, torch.float16)
+    want = mla_decode_reference(q.float(), cache.float(), 90, 32)
+    q_t = q.transpose(0, 1).contiguous().transpose(0, 1)  # [heads, n, D] view of an [n, heads, D] buffer
+    big = torch.zeros(4, 3, 64, dtype=torch.float16, device=DEV)
+    out = big[:, :, 8:40]  # a strided out view: the rest of `big` stays zero
+    for splits in (1, 2):
+        got = mla_decode(q_t, cache, 90, 32, num_splits=splits, out=out)
+        assert got is out and rel_error(out.float(), want) <= 1e-2
+    assert not big[:, :, :8].any() and not big[:, :, 40:].any()
+
+
+def test_default_splits_fill_the_sms_and_keep_splits_long():
+    assert default_num_splits(4096 + 1, 8, 16, 132) == 33  # one row block: 4097 / 128 keys
+    assert default_num_splits(32768 + 8, 64, 16, 132) == 66  # 4 row blocks: 2 x 132 programs
+    assert default_num_splits(100, 64, 16, 132) == 1
+    assert default_num_splits(10 ** 7, 1, 16, 10 ** 4) == 256  # capped
+    assert DEFAULT_CONFIG["block_rows"] >= 16 and DEFAULT_CONFIG["block_keys"] >= 16
+
+
+# ---------------------------------------------------------------------------------------------------- errors
+
+def _good():
+    q, cache = _inputs(2, 2, 48, 20, torch.float16)
+    return dict(q=q, cache=cache, length=20, kv_lora=32)
+
+
+BAD_INPUTS = {
+    "q 2-D": ({"q": lambda a: a["q"][0]}, r"q must be a \[heads, n, D\]"),
+    "q not a tensor": ({"q": lambda a: [[1.0]]}, r"q must be a \[heads, n, D\]"),
+    "cache 3-D": ({"cache": lambda a: a["cache"][None]}, r"cache must be a \[rows, D\]"),
+    "no heads": ({"q": lambda a: a["q"][:0]}, "heads, n, D >= 1"),
+    "cache D differs": ({"cache": lambda a: a["cache"][:, :40]}, "head dim D = 48"),
+    "dtypes differ": ({"cache": lambda a: a["cache"].float()}, "share a dtype"),
+    "int dtype": ({"q": lambda a: a["q"].long(), "cache": lambda a: a["cache"].long()}, "share a dtype"),
+    "devices differ": ({"cache": lambda a: a["cache"].to("meta")}, "one device"),
+    "length 0": ({"length": lambda a: 0}, r"length must be in 1\.\.25"),
+    "length past the cache": ({"length": lambda a: 26}, r"length must be in 1\.\.25"),
+    "length float": ({"length": lambda a: 20.0}, "length must be a Python int"),
+    "length bool": ({"length": lambda a: True}, "length must be a Python int"),
+    "length tensor": ({"length": lambda a: torch.tensor(20)}, "length must be a Python int"),
+    "kv_lora past D": ({"kv_lora": lambda a: 49}, r"kv_lora must be an int in 1\.\.D = 48"),
+    "kv_lora 0": ({"kv_lora": lambda a: 0}, "kv_lora must be"),
+    "scale nan": ({"scale": lambda a: float("nan")}, "scale must be a finite"),
+    "scale tensor": ({"scale": lambda a: torch.tensor(0.1)}, "scale must be a finite"),
+}
+KERNEL_BAD_INPUTS = {
+    "num_splits 0": ({"num_splits": lambda a: 0}, "num_splits must be"),
+    "num_splits float": ({"num_splits": lambda a: 2.0}, "num_splits must be"),
+    "q strided along D": ({"q": lambda a: torch.cat([a["q"], a["q"]], -1)[..., ::2]}, "unit stride along D"),
+    "out wrong shape": ({"out": lambda a: torch.empty(2, 2, 48, dtype=torch.float16, device=DEV)}, "out must be"),
+    "out wrong dtype": ({"out": lambda a: torch.empty(2, 2, 32, device=DEV)}, "out must be"),
+    "block_rows 8": ({"config": lambda a: {"block_rows": 8}}, "power of two >= 16"),
+    "block_keys 24": ({"config": lambda a: {"block_keys": 24}}, "power of two >= 16"),
+    "unknown config key": ({"config": lambda a: {"BLOCK_N": 32}}, "unknown config key"),
+}
+
+
+def _bad(changes):
+    a = _good()
+    for k, f in changes.items():
+        a[k] = f(a)
+    return a
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS), ids=list(BAD_INPUTS))
+@pytest.mark.parametrize("fn", [mla_decode_reference, mla_decode], ids=["reference", "kernel"])
+def test_bad_input_raises_a_clear_value_error(case, fn):
+    changes, match = BAD_INPUTS[case]
+    with pytest.raises(ValueError, match=match):
+        fn(**_bad(changes))
+
+
+@pytest.mark.parametrize("case", list(KERNEL_BAD_INPUTS), ids=list(KERNEL_BAD_INPUTS))
+def test_bad_kernel_arguments_raise_a_clear_value_error(case):
+    changes, match = KERNEL_BAD_INPUTS[case]
+    with pytest.raises(ValueError, match=match):
+        mla_decode(**_bad(changes))
+
+
+# ---------------------------------------------------------------------------------------------------- GPU
+
+KIMI = dict(heads=8, d=576, kv_lora=512)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("context", [4096, 32768])
+def test_kimi_shapes_bf16_on_gpu_match_reference_and_the_torch_path(context):
+    for n in range(1, 9):
+        length = context + n
+        err = _check_kernel(KIMI["heads"], n, KIMI["d"], KIMI["kv_lora"], length, torch.bfloat16, None,
+                            scale=KIMI_SCALE)
+        assert err <= 1e-2
+    q, cache = _inputs(8, 8, 576, context + 8, torch.bfloat16, seed=1)
+    ours = mla_decode(q, cache, context + 8, 512, KIMI_SCALE)
+    torch_path = _forward_torch_path(q, cache, context + 8, 512, KIMI_SCALE)
+    assert rel_error(ours.float(), torch_path.float()) <= 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", [
+    {"block_rows": 32, "num_warps": 8}, {"block_rows": 64, "num_warps": 8}, {"block_keys": 64},
+    {"block_keys": 16, "num_stages": 3}], ids=["rows32", "rows64", "keys64", "keys16"])
+def test_alternative_configs_compile_and_match_on_gpu(config):
+    for n, splits in ((1, None), (8, None), (8, 1)):
+        _check_kernel(8, n, 576, 512, 4096 + n, torch.bfloat16, splits, scale=KIMI_SCALE, config=config)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_replays_with_new_inputs():
+    length = 4096 + 4
+    q, cache = _inputs(8, 4, 576, length, torch.bfloat16)
+    out = torch.empty(8, 4, 512, dtype=torch.bfloat16, device="cuda")
+    for splits in (None, 1):
+        mla_decode(q, cache, length, 512, KIMI_SCALE, splits, out=out)  # compile outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            mla_decode(q, cache, length, 512, KIMI_SCALE, splits, out=out)
+        q2, cache2 = _inputs(8, 4, 576, length, torch.bfloat16, seed=7)
+        q.copy_(q2)
+        cache.copy_(cache2)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = mla_decode_reference(q.float(), cache.float(), length, 512, KIMI_SCALE)
+        assert rel_error(out.float(), want) <= 1e-2
