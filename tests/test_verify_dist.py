@@ -1,0 +1,174 @@
+"""The verify forward on several ranks (harness.verify_dist) on CPU: a 2-rank gloo run under torchrun (checks, both
+timed variants and the allreduces alone per n, agreed counts, rank 0's JSON and table), the debug run without an
+allreduce that the cross-rank check must fail, a crashing rank ending the job within the bound, and the pure pieces.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import verify_dist as vd
+from harness.results import load_run
+
+REPO = Path(__file__).resolve().parent.parent
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
+            "harness.verify_dist"]
+FAST = ["--allreduce", "gloo", "--preset", "tiny", "--tp", "1", "--context", "64", "--warmup", "2", "--samples", "3"]
+BOUND_S = 60
+
+
+def _run(cmd: list[str], timeout_s: float = 150) -> tuple[int, str, float, str]:
+    """Run `cmd` (+ a unique --run-tag) in its own session; returns rc, output, wall seconds, tag."""
+    tag = f"vdtest-{uuid.uuid4().hex[:10]}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    for key in ("VERIFYBENCH_ALLREDUCE_US", "VERIFYBENCH_VERIFY_OPS"):  # the defaults these tests assert
+        env.pop(key, None)
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd + ["--run-tag", tag], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"did not end within {timeout_s} s:\n{out[-3000:]}")
+    return proc.returncode, out, time.monotonic() - t0, tag
+
+
+def _alive(tag: str) -> list[str]:
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmdline = (d / "cmdline").read_bytes()
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if tag.encode() in cmdline and state != "Z":
+            found.append(d.name + ": " + cmdline.replace(b"\0", b" ").decode(errors="replace")[:120])
+    return found
+
+
+def _assert_no_orphans(tag: str, grace_s: float = 5.0) -> None:
+    deadline = time.monotonic() + grace_s
+    while _alive(tag) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(tag), f"processes left behind: {_alive(tag)}"
+
+
+def test_two_rank_gloo_run_checks_times_both_variants_and_saves(tmp_path):
+    rc, out, _, tag = _run(TORCHRUN + [*FAST, "--tokens", "1,2", "--out", str(tmp_path), "--name", "r.json"])
+    assert rc == 0, out[-3000:]
+    assert re.search(r"n\s+size\(B\)\s+backend\s+full\(us\)\s+no-AR\(us\)\s+AR marginal\(us\)\s+per AR\(us\)", out), \
+        out[-3000:]
+    assert "CPU numbers" in out and "stand-in: 7.7 us" in out
+    run = load_run(tmp_path / "r.json")
+    assert run["component"] == "verify_dist"
+    assert run["extra"]["world_size"] == 2 and run["extra"]["complete"]
+    cases = {(c["params"]["tokens"], c["params"]["variant"]): c for c in run["cases"]}
+    assert set(cases) == {(n, v) for n in (1, 2) for v in ("full", "without-allreduce", "only-allreduce")}
+    for (n, variant), c in cases.items():
+        p, d = c["params"], c["derived"]
+        assert c["check"]["ok"], c["check"]
+        assert "bit-identical across 2 ranks" in c["check"]["detail"] and "#wrong 0" in c["check"]["detail"]
+        assert p == {"preset": "tiny", "tp": 1, "world_size": 2, "backend": "gloo", "tokens": n, "context": 64,
+                     "layers": 3, "variant": variant}
+        assert len(d["rank_medians_us"]) == 2 and d["time_us"] == max(d["rank_medians_us"])
+        assert c["mode"] == "graph" and c["warmup_calls"] == 2 and len(c["samples_us"]) == 3  # the agreed counts
+        assert c["calls_per_sample"] == 1
+    for n in (1, 2):
+        full, without = cases[(n, "full")]["derived"], cases[(n, "without-allreduce")]["derived"]
+        assert full["allreduce_marginal_us"] == pytest.approx(full["time_us"] - without["time_us"])
+        assert full["per_allreduce_marginal_us"] == pytest.approx(full["allreduce_marginal_us"] / 6)  # 2 x 3 layers
+        assert full["allreduce_bytes"] == n * 256 * 2 and full["stand_in_us"] == 7.7
+    _assert_no_orphans(tag)
+
+
+def test_without_the_allreduce_the_cross_rank_check_fails_and_no_time_is_reported(tmp_path):
+    rc, out, _, tag = _run(TORCHRUN + [*FAST, "--tokens", "1", "--no-allreduce", "--out", str(tmp_path),
+                                       "--name", "r.json"])
+    assert rc != 0
+    assert "FAILED checks" in out and "residual stream differs across ranks" in out, out[-3000:]
+    run = load_run(tmp_path / "r.json")
+    assert len(run["cases"]) == 3
+    for c in run["cases"]:
+        assert not c["check"]["ok"] and "samples_us" not in c and c["params"]["debug"] == "no-allreduce"
+    _assert_no_orphans(tag)
+
+
+def test_rank_exiting_early_ends_job_nonzero_within_bound_naming_it(tmp_path):
+    rc, out, wall_s, tag = _run(TORCHRUN + [*FAST, "--tokens", "1,2", "--out", str(tmp_path),
+                                            "--fault", "exit-early:1@1", "--hang-timeout", "6"])
+    assert rc != 0 and wall_s < BOUND_S
+    assert re.search(r"Root Cause.*?rank\s*:\s*1 \(local_rank: 1\)", out, re.S), out[-3000:]
+    _assert_no_orphans(tag)
+
+
+def _streams(values):
+    return [torch.tensor(v, dtype=torch.bfloat16).view(1, -1) for v in values]
+
+
+def test_consistency_verdict_catches_a_missing_allreduce():
+    same = _streams([[1.0, 2.0, 3.0]] * 2)
+    differ = _streams([[1.0, 2.0, 3.0], [3.0, -1.0, 0.5]])
+    ok, detail = vd.consistency_verdict(same, control=differ, replayed=same)
+    assert ok and "bit-identical across 2 ranks" in detail and "graph replay" in detail
+    ok, detail = vd.consistency_verdict(differ, control=differ)  # what a no-op allreduce gives
+    assert not ok and "differs across ranks" in detail
+    ok, detail = vd.consistency_verdict(same, control=differ, replayed=differ)  # broken only when replayed
+    assert not ok and "graph replay: residual stream differs" in detail
+    ok, detail = vd.consistency_verdict(same, control=same)  # identical weights on every rank: proves nothing
+    assert not ok and "blind" in detail
+    ok, detail = vd.consistency_verdict([same[0], None], control=differ)
+    assert not ok and "no residual stream" in detail
+    ok, _ = vd.consistency_verdict(_streams([[1.0, float("nan")]] * 2), control=differ)
+    assert not ok
+    close = _streams([[1.0, 2.0, 3.0], [1.0, 2.0, 3.015625]])  # one bf16 ulp: inside the tolerance
+    ok, detail = vd.consistency_verdict(close, control=differ)
+    assert ok and "max rel diff" in detail
+    assert vd.consistency_verdict(same[:1], control=same[:1])[0]  # one rank: nothing to compare
+
+
+def test_ranks_get_their_own_weights_replicated_ones_and_identical_inputs():
+    plan = vd.make_plan(vd.build_parser().parse_args(["--preset", "tiny", "--tp", "1", "--context", "16",
+                                                      "--tokens", "1,2", "--allreduce", "gloo"]))
+    f0, f1 = vd.build_forward(plan, "cpu", 0), vd.build_forward(plan, "cpu", 1)
+    assert not torch.equal(f0.layers[0]["q_b"], f1.layers[0]["q_b"]) and not torch.equal(f0.lm_head, f1.lm_head)
+    for a, b in zip(f0.layers, f1.layers):  # what TP replicates is the same on every rank: the same routing
+        assert torch.equal(a["q_a_kv_a"], b["q_a_kv_a"])
+        assert "router" not in a or torch.equal(a["router"], b["router"])
+    router = f0.layers[1]["router"].float()
+    assert router.std().item() == pytest.approx(router.shape[-1] ** -0.5, rel=0.1)  # _rand's scale
+    for n in (1, 2):
+        assert set(f0.buf[n]) >= {"h0", "x", "attn_out", "candidates", "topk_ids"}
+        for key, t in f0.buf[n].items():
+            if key != "h":  # uninitialised scratch
+                assert torch.equal(t, f1.buf[n][key]), key
+    # the forward's own numbers: two ranks' streams differ without an allreduce (the check's control)
+    for f in (f0, f1):
+        f.allreduce_fn = lambda t: None
+    h0, h1 = (f.forward(2, vd.NO_HEAD) for f in (f0, f1))
+    assert vd.spread([h0, h1])["max_rel_diff"] > vd.CONTROL_MIN_REL
+    assert vd.rank_bytes(f0.s, 16, 2) == sum(t.numel() * t.element_size() for L in f0.layers for k, t in L.items()
+                                             if k not in ("ln1", "ln2", "q_ln", "kv_ln")) + f0.lm_head.numel() * 2
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--allreduce", "gloo,nccl"], "on its own"),
+    (["--allreduce", "mpi"], "unknown --allreduce"),
+    (["--preset", "kimi-k2.5", "--tp", "7"], "does not divide"),
+    (["--tokens", "0-2"], ">= 1"),
+])
+def test_bad_arguments_are_refused_before_any_rendezvous(argv, message, capsys):
+    assert vd.main(["--preset", "tiny", "--tp", "1", *argv]) == 2
+    assert message in capsys.readouterr().err
