@@ -1,0 +1,441 @@
+"""Skinny GEMM y = x @ w.T for the bf16 projections of the verify forward (DESIGN.md 4.5): x [n, K] with n <= 16
+tokens, w [N, K] streamed from DRAM once. cuBLAS runs these as weight-streaming GEMV-like GEMMs at ~1/3 of copy
+bandwidth for the per-rank Kimi-K2.5 shapes; here each shape and token bucket gets a tuned launch.
+
+Design: a program owns BLOCK_N rows of w (output columns) and one K range. Where cdiv(N, BLOCK_N) programs are too
+few to keep every SM streaming (router 384 rows, shared expert 512, q_b 1536), K is split into SPLIT_K ranges, each
+its own program, and the fp32 partials [SPLIT_K, n, N] are summed in split order, so results are deterministic:
+- reduce "serial" (one launch): each program stores its partial, bumps a per-column-block counter (acq_rel), and
+  the program that finishes last sums the partials and writes y, then resets the counter to 0 for the next launch
+  or graph replay. The counters live in a per-device int32 buffer zeroed once outside any capture.
+- reduce "kernel": a second tiny launch sums the partials (one graph node more, no counters).
+Kinds (config "kind"):
+- "dot": swap-AB tensor-core tile, tl.dot(w [BLOCK_N, BLOCK_K], x^T [BLOCK_K, 16]) (tokens padded to 16; masked
+  rows are never read); Triton's software pipeliner keeps num_stages - 1 tiles of w in flight (cp.async to shared
+  memory). The same kernel serves every n <= 16, so its timing barely moves with n.
+- "fma": n <= 8, no tensor cores and no shared memory: w tiles go straight to registers as 16-byte vectors, the
+  next tile's loads issued before this one is used (register double buffering; the pipeliner only pipelines loads
+  that feed a tl.dot), one fp32 accumulator tile per token, each thread's 16-byte slice summed in-thread per step.
+Rows past N are clamped (re-read row N-1) rather than masked, so w loads stay unpredicated 16-byte vectors; stores
+are masked. fp32 accumulation always; y is rounded once to x's dtype.
+
+The wrapper checks shapes on the host only (no device sync; outputs from torch.empty), so it is CUDA-graph
+capturable once compiled. Kernels run for CUDA tensors, and for CPU tensors when TRITON_INTERPRET=1 was set before
+import (tests); other CPU tensors take the reference (the CPU smoke profile).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+CONFIG_PATH = Path(__file__).with_name("skinny_gemm_configs.json")
+MAX_TOKENS = 16
+FMA_MAX_TOKENS = 8  # the fma kernel unrolls one accumulator per token, 8 at most
+DOT_BLOCK_M = 16  # tl.dot needs every dimension >= 16: tokens are padded to 16
+KINDS = ("dot", "fma")
+REDUCES = ("serial", "kernel")
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+DEFAULT_SMS = 132  # H200; used where no CUDA device reports its count
+COUNTER_SLOTS = 1 << 14  # column blocks a split launch may have (N / BLOCK_N); grown outside capture if needed
+# Used when the GPU or shape is not in the table (split_k=None: from the shape, see default_config).
+DEFAULT_DOT = {"kind": "dot", "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": None, "reduce": "serial", "num_warps": 4,
+               "num_stages": 4}
+# triton.jit picks the interpreter at decoration time, so dispatch follows the same moment
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+# ---------------------------------------------------------------------------------------------------- kernels
+
+@triton.jit
+def _serial_reduce(p_ptr, y_ptr, cnt_ptr, pid_n, M, N, stride_ym, n_split, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
+    """Called by every split program after storing its partial: the last one to arrive sums all partials in split
+    order (deterministic), writes y and re-arms the counter."""
+    tl.debug_barrier()  # every thread's partial is stored before the count goes up (release below publishes them)
+    arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+    if arrived == n_split - 1:
+        rm = tl.arange(0, BLOCK_M)[:, None]
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        mask = (rm < M) & (rn < N)
+        offs = rm * N + rn
+        # .cg: read at L2, the point of coherence (other SMs wrote these)
+        total = tl.load(p_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
+        for s in range(1, n_split):
+            total += tl.load(p_ptr + s * M * N + offs, mask=mask, other=0.0, cache_modifier=".cg")
+        tl.store(y_ptr + rm * stride_ym + rn, total.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.atomic_xchg(cnt_ptr + pid_n, 0)
+
+
+@triton.jit(do_not_specialize=["M", "n_split"])  # one compile serves every n and split
+def _dot_kernel(x_ptr, w_ptr, y_ptr, p_ptr, cnt_ptr, M, N, K, stride_xm, stride_ym, k_per_split, n_split,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+                SERIAL: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.minimum(rn, N - 1).to(tl.int64)  # clamped, not masked: w loads stay 16-byte vectors
+    rm = tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BLOCK_K)
+    k0 = pid_k * k_per_split
+    k1 = tl.minimum(k0 + k_per_split, K)
+    w_ptrs = w_ptr + rows[:, None] * K + (k0 + rk)[None, :]
+    x_ptrs = x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :]
+    m_in = rm[:, None] < M
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # swap-AB: w is the MMA's M side, tokens its N side
+    for k in range(k0, k1, BLOCK_K):
+        if EVEN_K:  # w is read once: evict_first keeps x and the partials in L2
+            w = tl.load(w_ptrs, eviction_policy="evict_first")
+            xt = tl.load(x_ptrs, mask=m_in, other=0.0)
+        else:
+            k_in = (k + rk)[None, :] < k1
+            w = tl.load(w_ptrs, mask=k_in, other=0.0, eviction_policy="evict_first")
+            xt = tl.load(x_ptrs, mask=m_in & k_in, other=0.0)
+        if IEEE:  # fp32 inputs: full precision, not TF32
+            acc = tl.dot(w, tl.trans(xt), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w, tl.trans(xt), acc)
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    mask = (rn[:, None] < N) & (rm[None, :] < M)
+    if SPLIT:
+        tl.store(p_ptr + (pid_k * M + rm[None, :]) * N + rn[:, None], acc, mask=mask)
+        if SERIAL:
+            _serial_reduce(p_ptr, y_ptr, cnt_ptr, pid_n, M, N, stride_ym, n_split, BLOCK_M, BLOCK_N)
+    else:
+        tl.store(y_ptr + rm[None, :] * stride_ym + rn[:, None], acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _x_row(x_ptr, m: tl.constexpr, M, stride_xm, k_mask):
+    """Token m's activations of this step, [1, BLOCK_K] in the w tile's layout (rows past M read as 0)."""
+    return tl.load(x_ptr + m * stride_xm, mask=k_mask & (m < M), other=0.0)
+
+
+@triton.jit
+def _fma(acc, wf, x, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr):
+    """acc [BLOCK_N, BLOCK_K / VEC] += per-thread 16-byte slice sums of w * x (no data leaves the thread)."""
+    prod = wf * x.to(tl.float32)
+    return acc + tl.sum(tl.reshape(prod, [BLOCK_N, BLOCK_K // VEC, VEC]), axis=2)
+
+
+@triton.jit
+def _fma_out(acc, m: tl.constexpr, rn, y_ptr, p_ptr, pid_k, M, N, stride_ym, SPLIT: tl.constexpr):
+    out = tl.sum(acc, axis=1)
+    mask = (rn < N) & (m < M)
+    if SPLIT:
+        tl.store(p_ptr + (pid_k * M + m) * N + rn, out, mask=mask)
+    else:
+        tl.store(y_ptr + m * stride_ym + rn, out.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["M", "n_split"])
+def _fma_kernel(x_ptr, w_ptr, y_ptr, p_ptr, cnt_ptr, M, N, K, stride_xm, stride_ym, k_per_split, n_split,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr,
+                SPLIT: tl.constexpr, SERIAL: tl.constexpr, EVEN_K: tl.constexpr):
+    # Tokens are unrolled by hand (x0..x7, a0..a7; BLOCK_M in 1, 2, 4, 8): one [BLOCK_N, BLOCK_K / VEC] fp32
+    # accumulator each, and their x rows in the w tile's layout, so nothing goes through shared memory.
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.minimum(rn, N - 1).to(tl.int64)[:, None]
+    cols = tl.arange(0, BLOCK_K)[None, :]
+    k0 = pid_k * k_per_split
+    k1 = tl.minimum(k0 + k_per_split, K)
+    w_ptrs = w_ptr + rows * K + k0 + cols
+    x_ptrs = x_ptr + k0 + cols
+    if EVEN_K:
+        km = k0 < k1  # uniform: keeps the loads unpredicated per element
+    else:
+        km = (k0 + cols) < k1
+    w = tl.load(w_ptrs, mask=km, other=0.0, eviction_policy="evict_first")  # read once; x and partials stay in L2
+    x0 = _x_row(x_ptrs, 0, M, stride_xm, km)
+    a0 = tl.zeros([BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
+    if BLOCK_M > 1:
+        x1 = _x_row(x_ptrs, 1, M, stride_xm, km)
+        a1 = tl.zeros([BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
+    if BLOCK_M > 2:
+        x2 = _x_row(x_ptrs, 2, M, stride_xm, km)
+        x3 = _x_row(x_ptrs, 3, M, stride_xm, km)
+        a2 = tl.zeros([BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
+        a3 = tl.zeros([BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
+    if BLOCK_M > 4:
+        x4 = _x_row(x_ptrs, 4, M, stride_xm, km)
+        x5 = _x_row(x_ptrs, 5, M, stride_xm, km)
+        x6 = _x_row(x_ptrs, 6, M, stride_xm, km)
+        x7 = _x_row(x_ptrs, 7, M, stride_xm, km)
+        a4 = tl.zeros([BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
+        a5 = tl.zeros([BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
+        a6 = tl.zeros([BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
+        a7 = tl.zeros([BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
+    for k in range(k0, k1, BLOCK_K):
+        # the next step's loads go out before this step's arithmetic (past k1 they are masked off)
+        if EVEN_K:
+            nm = k + BLOCK_K < k1
+        else:
+            nm = (k + BLOCK_K + cols) < k1
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+        w_n = tl.load(w_ptrs, mask=nm, other=0.0, eviction_policy="evict_first")
+        y0 = _x_row(x_ptrs, 0, M, stride_xm, nm)
+        if BLOCK_M > 1:
+            y1 = _x_row(x_ptrs, 1, M, stride_xm, nm)
+        if BLOCK_M > 2:
+            y2 = _x_row(x_ptrs, 2, M, stride_xm, nm)
+            y3 = _x_row(x_ptrs, 3, M, stride_xm, nm)
+        if BLOCK_M > 4:
+            y4 = _x_row(x_ptrs, 4, M, stride_xm, nm)
+            y5 = _x_row(x_ptrs, 5, M, stride_xm, nm)
+            y6 = _x_row(x_ptrs, 6, M, stride_xm, nm)
+            y7 = _x_row(x_ptrs, 7, M, stride_xm, nm)
+        wf = w.to(tl.float32)
+        a0 = _fma(a0, wf, x0, BLOCK_N, BLOCK_K, VEC)
+        x0 = y0
+        if BLOCK_M > 1:
+            a1 = _fma(a1, wf, x1, BLOCK_N, BLOCK_K, VEC)
+            x1 = y1
+        if BLOCK_M > 2:
+            a2 = _fma(a2, wf, x2, BLOCK_N, BLOCK_K, VEC)
+            a3 = _fma(a3, wf, x3, BLOCK_N, BLOCK_K, VEC)
+            x2, x3 = y2, y3
+        if BLOCK_M > 4:
+            a4 = _fma(a4, wf, x4, BLOCK_N, BLOCK_K, VEC)
+            a5 = _fma(a5, wf, x5, BLOCK_N, BLOCK_K, VEC)
+            a6 = _fma(a6, wf, x6, BLOCK_N, BLOCK_K, VEC)
+            a7 = _fma(a7, wf, x7, BLOCK_N, BLOCK_K, VEC)
+            x4, x5, x6, x7 = y4, y5, y6, y7
+        w = w_n
+    _fma_out(a0, 0, rn, y_ptr, p_ptr, pid_k, M, N, stride_ym, SPLIT)
+    if BLOCK_M > 1:
+        _fma_out(a1, 1, rn, y_ptr, p_ptr, pid_k, M, N, stride_ym, SPLIT)
+    if BLOCK_M > 2:
+        _fma_out(a2, 2, rn, y_ptr, p_ptr, pid_k, M, N, stride_ym, SPLIT)
+        _fma_out(a3, 3, rn, y_ptr, p_ptr, pid_k, M, N, stride_ym, SPLIT)
+    if BLOCK_M > 4:
+        _fma_out(a4, 4, rn, y_ptr, p_ptr, pid_k, M, N, stride_ym, SPLIT)
+        _fma_out(a5, 5, rn, y_ptr, p_ptr, pid_k, M, N, stride_ym, SPLIT)
+        _fma_out(a6, 6, rn, y_ptr, p_ptr, pid_k, M, N, stride_ym, SPLIT)
+        _fma_out(a7, 7, rn, y_ptr, p_ptr, pid_k, M, N, stride_ym, SPLIT)
+    if SPLIT and SERIAL:
+        _serial_reduce(p_ptr, y_ptr, cnt_ptr, pid_n, M, N, stride_ym, n_split, BLOCK_M, BLOCK_N)
+
+
+@triton.jit(do_not_specialize=["M", "n_split"])
+def _reduce_kernel(p_ptr, y_ptr, M, N, stride_ym, n_split, BLOCK: tl.constexpr):
+    """reduce "kernel": y[m, n] = sum over s of p[s, m, n], in split order."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < M * N
+    total = tl.load(p_ptr + i, mask=mask, other=0.0)
+    for s in range(1, n_split):
+        total += tl.load(p_ptr + s * M * N + i, mask=mask, other=0.0)
+    m = i // N
+    tl.store(y_ptr + m * stride_ym + (i - m * N), total.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+# ---------------------------------------------------------------------------------------------------- configs
+
+def _pow2(v) -> bool:
+    return isinstance(v, int) and v > 0 and v & (v - 1) == 0
+
+
+def sm_count(device) -> int:
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return DEFAULT_SMS
+
+
+def auto_split_k(N: int, K: int, block_n: int, block_k: int, sms: int = DEFAULT_SMS) -> int:
+    """SPLIT_K so that column blocks x splits >= 2 x SMs (each SM gets >= 2 programs' worth of bytes in flight),
+    never more splits than BLOCK_K steps."""
+    blocks, steps = triton.cdiv(N, block_n), triton.cdiv(K, block_k)
+    return max(1, min(steps, triton.cdiv(2 * sms, blocks)))
+
+
+def default_config(n: int, N: int, K: int, sms: int = DEFAULT_SMS, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """The untuned choice: the pipelined dot kernel (n-independent), BLOCK_K = 256 bytes of a row per step
+    (128 bf16), SPLIT_K from auto_split_k."""
+    cfg = dict(DEFAULT_DOT)
+    if dtype == torch.float32:
+        cfg["BLOCK_K"] = 64
+    cfg["SPLIT_K"] = auto_split_k(N, K, cfg["BLOCK_N"], cfg["BLOCK_K"], sms)
+    return cfg
+
+
+def check_config(cfg: dict, n: int) -> dict:
+    """A complete config (missing keys from DEFAULT_DOT) or a ValueError naming the bad key."""
+    if not isinstance(cfg, dict):
+        raise ValueError(f"config must be a dict, got {type(cfg).__name__}")
+    unknown = set(cfg) - set(DEFAULT_DOT) - {"us", "cublas_us"}
+    if unknown:
+        raise ValueError(f"unknown config keys {sorted(unknown)}; known: {sorted(DEFAULT_DOT)}")
+    c = {**DEFAULT_DOT, **cfg}
+    if c["kind"] not in KINDS:
+        raise ValueError(f"config kind must be one of {KINDS}, got {c['kind']!r}")
+    if c["reduce"] not in REDUCES:
+        raise ValueError(f"config reduce must be one of {REDUCES}, got {c['reduce']!r}")
+    low = 16 if c["kind"] == "dot" else 1  # tl.dot needs >= 16
+    if not (_pow2(c["BLOCK_N"]) and low <= c["BLOCK_N"] <= 256):
+        raise ValueError(f"BLOCK_N must be a power of two in {low}..256 for kind {c['kind']!r}, got {c['BLOCK_N']}")
+    if not (_pow2(c["BLOCK_K"]) and 16 <= c["BLOCK_K"] <= 8192):
+        raise ValueError(f"BLOCK_K must be a power of two in 16..8192, got {c['BLOCK_K']}")
+    if c["SPLIT_K"] is not None and not (isinstance(c["SPLIT_K"], int) and c["SPLIT_K"] >= 1):
+        raise ValueError(f"SPLIT_K must be an int >= 1 (or None: from the shape), got {c['SPLIT_K']!r}")
+    if c["num_warps"] not in (1, 2, 4, 8, 16):
+        raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {c['num_warps']!r}")
+    if not (isinstance(c["num_stages"], int) and 1 <= c["num_stages"] <= 8):
+        raise ValueError(f"num_stages must be an int in 1..8, got {c['num_stages']!r}")
+    if c["kind"] == "fma" and n > FMA_MAX_TOKENS:
+        raise ValueError(f"kind 'fma' handles n <= {FMA_MAX_TOKENS} tokens, got n={n}; use kind 'dot'")
+    return c
+
+
+_TABLES: dict[str, dict] = {}
+_SELECTED: dict[tuple, dict] = {}  # select_config results from the committed table (host cost of eager calls)
+
+
+def load_configs(path: Path | str = CONFIG_PATH) -> dict:
+    """The tuning table {gpu name: {"shapes": {"N,K": {n bucket: config}}, "tuned_on": {...}}}; read once."""
+    key = str(path)
+    if key not in _TABLES:
+        _TABLES[key] = json.loads(Path(path).read_text()) if Path(path).is_file() else {}
+    return _TABLES[key]
+
+
+def save_configs(table: dict, path: Path | str = CONFIG_PATH) -> Path:
+    path = Path(path)
+    path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    _TABLES.pop(str(path), None)
+    _SELECTED.clear()
+    return path
+
+
+def device_name(device) -> str:
+    device = torch.device(device)
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def shape_key(N: int, K: int) -> str:
+    return f"{N},{K}"
+
+
+def select_config(n: int, N: int, K: int, device, table: dict | None = None,
+                  dtype: torch.dtype = torch.bfloat16) -> dict:
+    """The tuned config for n tokens and w [N, K] on this GPU: the table entry of the GPU's name and the shape, at
+    the smallest tuned n bucket >= n (buckets are powers of two, so an fma config runs with the BLOCK_M it was
+    tuned with; the largest bucket above every bucket); default_config when the GPU or shape is missing, the
+    bucket's config cannot serve n (an fma config above 8 tokens), or x is fp32 (the table holds 2-byte tunings:
+    an fp32 tile needs twice the shared memory)."""
+    table = load_configs() if table is None else table
+    buckets = table.get(device_name(device), {}).get("shapes", {}).get(shape_key(N, K))
+    if buckets and dtype != torch.float32:
+        keys = sorted(int(b) for b in buckets)
+        b = min([k for k in keys if k >= n], default=keys[-1])
+        cfg = {k: v for k, v in buckets[str(b)].items() if k in DEFAULT_DOT}
+        try:
+            return check_config(cfg, n)
+        except ValueError:
+            pass
+    return default_config(n, N, K, sm_count(device), dtype)
+
+
+# ---------------------------------------------------------------------------------------------------- wrapper
+
+def linear_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x @ w.T in plain torch fp32 (the result stays fp32)."""
+    return x.float() @ w.float().t()
+
+
+def bytes_moved(n: int, N: int, K: int, itemsize: int = 2) -> int:
+    """Bytes a call must move: w once, x, and y (split-K partials are overhead, not counted)."""
+    return (N * K + n * K + n * N) * itemsize
+
+
+def _check_inputs(x, w) -> None:
+    for name, t in (("x", x), ("w", w)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in FLOAT_DTYPES:
+            raise ValueError(f"{name} must be bfloat16, float16 or float32, got {t.dtype}")
+        if t.dim() != 2:
+            raise ValueError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
+    if x.dtype != w.dtype:
+        raise ValueError(f"x and w must have one dtype, got {x.dtype} and {w.dtype}")
+    if x.device != w.device:
+        raise ValueError(f"x is on {x.device}, w on {w.device}")
+    n, k = x.shape
+    if not 1 <= n <= MAX_TOKENS:
+        raise ValueError(f"x must have 1..{MAX_TOKENS} rows (tokens), got {n}")
+    if w.shape[1] != k or w.shape[0] < 1 or k < 1:
+        raise ValueError(f"x [n, K] and w [N, K] must agree on K >= 1, got x {tuple(x.shape)}, w {tuple(w.shape)}")
+    if k > 1 and x.stride(1) != 1:
+        raise ValueError(f"x needs last-dim stride 1 (got strides {x.stride()}); pass .contiguous()")
+    if not w.is_contiguous():
+        raise ValueError(f"w must be contiguous (got strides {w.stride()})")
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _counters(device: torch.device, slots: int) -> torch.Tensor:
+    """Arrival counters for reduce "serial": a per-device zeroed buffer that every launch leaves zeroed. Made
+    outside capture; a capture that finds none gets a zeroed buffer of its own (a memset node, replayed each time)."""
+    buf = _COUNTERS.get(device)
+    if buf is not None and buf.numel() >= slots:
+        return buf
+    fresh = torch.zeros(max(slots, COUNTER_SLOTS), dtype=torch.int32, device=device)
+    if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+        _COUNTERS[device] = fresh
+    return fresh
+
+
+def plan(n: int, N: int, K: int, cfg: dict, sms: int = DEFAULT_SMS) -> dict:
+    """Launch geometry of a config: column blocks, effective splits (no empty split), K per split."""
+    block_k = cfg["BLOCK_K"]
+    steps = triton.cdiv(K, block_k)
+    split = cfg["SPLIT_K"] or auto_split_k(N, K, cfg["BLOCK_N"], block_k, sms)
+    per_split = triton.cdiv(steps, min(split, steps))
+    return {"blocks": triton.cdiv(N, cfg["BLOCK_N"]), "split": triton.cdiv(steps, per_split),
+            "k_per_split": per_split * block_k}
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, config: dict | None = None) -> torch.Tensor:
+    """y = x @ w.T: x [n, K] (n <= 16; bf16, fp16 or fp32; any row stride, last-dim stride 1), w [N, K] contiguous,
+    same dtype -> y [n, N] in x's dtype, fp32 accumulation.
+
+    config (default: select_config(n, N, K, device)): {"kind": "dot" | "fma", "BLOCK_N", "BLOCK_K", "SPLIT_K"
+    (None: from the shape), "reduce": "serial" | "kernel", "num_warps", "num_stages"}; see the module doc."""
+    _check_inputs(x, w)
+    n, K = x.shape
+    N = w.shape[0]
+    if not (x.is_cuda or _INTERPRET):
+        return linear_reference(x, w).to(x.dtype)
+    if config is None:
+        key = (n, N, K, x.device, x.dtype)
+        config = _SELECTED.get(key) or _SELECTED.setdefault(key, select_config(n, N, K, x.device, dtype=x.dtype))
+    cfg = check_config(config, n)
+    sms = sm_count(x.device)
+    geo = plan(n, N, K, cfg, sms)
+    blocks, split, k_per_split = geo["blocks"], geo["split"], geo["k_per_split"]
+    serial = split > 1 and cfg["reduce"] == "serial"
+    y = torch.empty(n, N, dtype=x.dtype, device=x.device)
+    partials = torch.empty(split, n, N, dtype=torch.float32, device=x.device) if split > 1 else y
+    counters = _counters(x.device, blocks) if serial else y
+    even_k = K % cfg["BLOCK_K"] == 0
+    args = (x, w, y, partials, counters, n, N, K, x.stride(0), y.stride(0), k_per_split, split)
+    common = dict(BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], SPLIT=split > 1, SERIAL=serial, EVEN_K=even_k,
+                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if cfg["kind"] == "dot":
+        _dot_kernel[(blocks, split)](*args, BLOCK_M=DOT_BLOCK_M, IEEE=x.dtype == torch.float32, **common)
+    else:
+        _fma_kernel[(blocks, split)](*args, BLOCK_M=triton.next_power_of_2(n), VEC=16 // x.element_size(),
+                                     **common)
+    if split > 1 and not serial:
+        block = 1024
+        _reduce_kernel[(triton.cdiv(n * N, block),)](partials, y, n, N, y.stride(0), split, BLOCK=block,
+                                                     num_warps=4)
+    return y

@@ -1,0 +1,285 @@
+"""Skinny GEMM (kernels/skinny_gemm.py): both kernels and both split-K reductions against the fp32 reference
+(interpreter on CPU, fp16/fp32: bf16 arithmetic is wrong in the interpreter), config selection, every error path,
+the bench's CPU path and the tune smoke; bf16 at the real Kimi-K2.5 TP8 shapes and CUDA-graph capture on a GPU.
+"""
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels module is first imported (conftest too)
+
+from harness.runner import rel_error  # noqa: E402
+from kernels import skinny_gemm as sg  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+N, K = 48, 320  # 5 steps of BLOCK_K 64: SPLIT_K 3 runs as splits of 2, 2 and 1 steps
+TOL = 1e-3
+# few, large blocks: the interpreter's cost is per program
+DOT = {"kind": "dot", "BLOCK_N": 32, "BLOCK_K": 64, "SPLIT_K": 1, "reduce": "serial", "num_warps": 4,
+       "num_stages": 2}
+FMA = {"kind": "fma", "BLOCK_N": 16, "BLOCK_K": 64, "SPLIT_K": 1, "reduce": "serial", "num_warps": 1,
+       "num_stages": 1}
+needs_kernel = pytest.mark.skipif(DEV == "cpu" and not sg._INTERPRET,
+                                  reason="kernels.skinny_gemm was imported before TRITON_INTERPRET was set")
+
+
+def _inputs(n, k=K, rows=N, dtype=torch.float16, seed=None):
+    if seed is not None:
+        torch.manual_seed(seed)
+    x = torch.randn(n, k, device=DEV).to(dtype)
+    w = (torch.randn(rows, k, device=DEV) / k**0.5).to(dtype)
+    return x, w
+
+
+def _err(y, x, w):
+    return rel_error(y.float(), sg.linear_reference(x, w))
+
+
+# ---------------------------------------------------------------------------------------------------- kernels
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("base", [DOT, FMA], ids=["dot", "fma"])
+@pytest.mark.parametrize("n", [1, 5])
+@pytest.mark.parametrize("split,reduce", [(1, "serial"), (3, "serial"), (3, "kernel")])
+def test_kernel_matches_fp32_reference(dtype, base, n, split, reduce):
+    x, w = _inputs(n, dtype=dtype)
+    cfg = {**base, "SPLIT_K": split, "reduce": reduce}
+    y = sg.linear(x, w, cfg)
+    assert y.shape == (n, N) and y.dtype == dtype
+    assert _err(y, x, w) <= TOL
+    if split > 1:
+        assert sg.plan(n, N, K, sg.check_config(cfg, n))["split"] == 3
+
+
+@needs_kernel
+@pytest.mark.parametrize("base", [DOT, FMA], ids=["dot", "fma"])
+def test_strided_x_ragged_k_and_rows(base):
+    """x a column slice of a wider buffer (row stride != K), K not a multiple of BLOCK_K, N not of BLOCK_N."""
+    k, rows = 200, 40
+    buf = torch.randn(3, k + 24, device=DEV).to(torch.float16)
+    x = buf[:, 8: 8 + k]
+    assert x.stride(0) == k + 24
+    _, w = _inputs(3, k, rows)
+    for split in (1, 2):
+        y = sg.linear(x, w, {**base, "SPLIT_K": split})
+        assert y.shape == (3, rows) and _err(y, x, w) <= TOL
+
+
+@needs_kernel
+def test_every_row_count_up_to_16():
+    x16, w = _inputs(16, seed=3)
+    for n in (3, 8, 9, 16):
+        x = x16[:n]
+        assert _err(sg.linear(x, w, {**DOT, "SPLIT_K": 2}), x, w) <= TOL
+        if n <= sg.FMA_MAX_TOKENS:
+            assert _err(sg.linear(x, w, FMA), x, w) <= TOL
+
+
+@needs_kernel
+def test_split_reductions_are_deterministic_and_leave_counters_zeroed():
+    x, w = _inputs(4, dtype=torch.float32, seed=5)
+    cfg = {**DOT, "SPLIT_K": 4}
+    a = sg.linear(x, w, cfg)
+    b = sg.linear(x, w, cfg)
+    c = sg.linear(x, w, {**cfg, "reduce": "kernel"})
+    assert torch.equal(a, b) and torch.equal(a, c)  # both sum the same partials in split order
+    assert int(sg._COUNTERS[x.device].abs().sum()) == 0
+
+
+@needs_kernel
+def test_default_config_runs_and_matches():
+    x, w = _inputs(2, seed=7)
+    assert _err(sg.linear(x, w), x, w) <= TOL
+
+
+def test_cpu_without_interpreter_takes_the_reference(monkeypatch):
+    monkeypatch.setattr(sg, "_INTERPRET", False)
+    x, w = torch.randn(2, 64), torch.randn(8, 64)
+    y = sg.linear(x, w)
+    assert y.dtype == x.dtype and torch.allclose(y, sg.linear_reference(x, w))
+
+
+# ---------------------------------------------------------------------------------------------------- configs
+
+def _table(buckets):
+    return {sg.device_name(DEV): {"shapes": {sg.shape_key(N, K): buckets}}}
+
+
+def test_select_config_table_hit_picks_the_smallest_bucket_at_or_above_n():
+    b = {"1": {**FMA, "BLOCK_N": 4, "us": 1.0}, "4": {**FMA, "BLOCK_N": 8}, "16": {**DOT, "SPLIT_K": 2}}
+    table = _table(b)
+    got = sg.select_config(1, N, K, DEV, table)
+    assert got["BLOCK_N"] == 4 and got["kind"] == "fma" and "us" not in got
+    assert sg.select_config(3, N, K, DEV, table)["BLOCK_N"] == 8  # bucket 4: the BLOCK_M it was tuned with
+    assert sg.select_config(9, N, K, DEV, table)["kind"] == "dot"
+    assert sg.select_config(16, N, K, DEV, {sg.device_name(DEV): {"shapes": {sg.shape_key(N, K): {
+        "1": b["1"]}}}})["kind"] == "dot"  # above every bucket: the largest, an fma one cannot serve 16 -> default
+
+
+def test_select_config_falls_back_to_the_default():
+    default = sg.default_config(4, N, K, sg.sm_count(DEV))
+    assert sg.select_config(4, N, K, DEV, {}) == default  # GPU not in the table
+    assert sg.select_config(4, N, K, DEV, {sg.device_name(DEV): {"shapes": {"1,1": {"1": FMA}}}}) == default
+    assert sg.select_config(4, N, K, DEV, _table({"4": {"kind": "nope"}})) == default  # a broken entry
+    fp32 = sg.select_config(4, N, K, DEV, _table({"4": FMA}), dtype=torch.float32)  # the table holds 2-byte tunings
+    assert fp32 == sg.default_config(4, N, K, sg.sm_count(DEV), torch.float32)
+
+
+def test_default_split_fills_the_gpu_without_empty_splits():
+    for rows, k in [(384, 7168), (512, 7168), (1536, 1536), (2112, 7168), (7168, 256), (20480, 7168), (48, 256)]:
+        cfg = sg.default_config(1, rows, k, 132)
+        geo = sg.plan(1, rows, k, cfg, 132)
+        steps = -(-k // cfg["BLOCK_K"])
+        assert geo["blocks"] * geo["split"] >= 264 or geo["split"] == steps or geo["split"] * 2 > cfg["SPLIT_K"]
+        assert (geo["split"] - 1) * geo["k_per_split"] < k <= geo["split"] * geo["k_per_split"]
+        assert geo["k_per_split"] % cfg["BLOCK_K"] == 0
+    assert sg.default_config(1, 384, 7168)["SPLIT_K"] > 1 and sg.default_config(1, 20480, 7168)["SPLIT_K"] == 1
+    assert sg.default_config(1, 48, 256, dtype=torch.float32)["BLOCK_K"] == 64
+
+
+def test_configs_round_trip_through_json(tmp_path):
+    table = _table({"2": {**FMA, "us": 3.5}})
+    path = sg.save_configs(table, tmp_path / "t.json")
+    assert sg.load_configs(path) == table
+    assert sg.select_config(2, N, K, DEV, sg.load_configs(path))["kind"] == "fma"
+    assert sg.load_configs(tmp_path / "missing.json") == {}
+
+
+# ---------------------------------------------------------------------------------------------------- errors
+
+@pytest.mark.parametrize("cfg,match", [
+    ({"kind": "gemv"}, "kind"), ({"reduce": "atomic"}, "reduce"), ({"BLOCK_N": 48}, "BLOCK_N"),
+    ({"BLOCK_N": 8}, "BLOCK_N"), ({**FMA, "BLOCK_N": 512}, "BLOCK_N"), ({"BLOCK_K": 8}, "BLOCK_K"),
+    ({"BLOCK_K": 96}, "BLOCK_K"), ({"SPLIT_K": 0}, "SPLIT_K"), ({"SPLIT_K": 2.0}, "SPLIT_K"),
+    ({"num_warps": 3}, "num_warps"), ({"num_stages": 0}, "num_stages"), ({"tile": 3}, "unknown config keys"),
+    ("dot", "dict"),
+])
+def test_bad_config_raises(cfg, match):
+    x, w = _inputs(2)
+    with pytest.raises(ValueError, match=match):
+        sg.linear(x, w, cfg)
+
+
+def test_fma_above_8_tokens_raises():
+    x, w = _inputs(9)
+    with pytest.raises(ValueError, match="n <= 8"):
+        sg.linear(x, w, FMA)
+
+
+def test_bad_inputs_raise():
+    x, w = _inputs(2)
+    cases = [
+        ((x.tolist(), w), "torch.Tensor"), ((x, "w"), "torch.Tensor"),
+        ((x.to(torch.int32), w), "bfloat16, float16 or float32"),
+        ((x, w.float()), "one dtype"),
+        ((x[0], w), "2-D"), ((x, w[None]), "2-D"),
+        ((x[:0], w), "1..16 rows"), ((torch.randn(17, K, device=DEV).half(), w), "1..16 rows"),
+        ((x[:, :100], w), "agree on K"), ((x, w[:0]), "agree on K"),
+        ((x.t().contiguous().t(), w), "last-dim stride 1"),
+        ((x, torch.randn(K, N, device=DEV).half().t()), "contiguous"),
+        ((x, w.to("meta")), "is on"),
+    ]
+    for args, match in cases:
+        with pytest.raises(ValueError, match=match):
+            sg.linear(*args)
+
+
+def test_bytes_moved_counts_w_x_and_y():
+    assert sg.bytes_moved(8, 384, 7168) == (384 * 7168 + 8 * 7168 + 8 * 384) * 2
+
+
+# ---------------------------------------------------------------------------------------------------- bench
+
+def test_bench_shapes_are_the_kimi_tp8_projections():
+    from microbench import bench_skinny_gemm as bench
+
+    got = {s.name: (s.N, s.K) for s in bench.shapes("kimi-k2.5", 8)}
+    assert got == {"q_a_kv_a": (2112, 7168), "q_b": (1536, 1536), "o_proj": (7168, 1024), "router": (384, 7168),
+                   "shared_gate_up": (512, 7168), "shared_down": (7168, 256), "dense_gate_up": (4608, 7168),
+                   "dense_down": (7168, 2304), "lm_head": (20480, 7168)}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke profile")
+def test_bench_cpu_case_runs_and_tables_pair_the_impls(monkeypatch):
+    from microbench import bench_skinny_gemm as bench
+
+    monkeypatch.setenv("VERIFYBENCH_MAX_TIME_S", "0.1")  # the copy ceiling's time cap
+
+    shape = bench.shapes("tiny", 1)[0]
+    quick = {"max_time_s": 0.05, "warmup_s": 0.0, "min_samples": 2}
+    records = [bench._case(shape, 2, impl, "cpu", quick, "tiny", 1).run().as_dict() for impl in bench.IMPLS]
+    assert all(r["check"]["ok"] for r in records)
+    side = dict(bench.tables(records))["Skinny GEMM: Triton vs F.linear (cuBLAS on GPU)"]
+    assert len(side) == 1 and side[0]["speedup"] > 0 and side[0]["config"].startswith("dot")
+
+
+@needs_kernel
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke path")
+def test_tune_smoke_writes_a_table_select_config_reads(tmp_path, monkeypatch):
+    from microbench import bench_skinny_gemm as bench
+
+    monkeypatch.setattr(bench, "SMOKE_SHAPES", [bench.Shape("smoke", 48, 128, 1)])
+    monkeypatch.setenv("VERIFYBENCH_MAX_TIME_S", "0.1")
+    out = tmp_path / "table.json"
+    table = bench.tune(out=str(out), smoke=True, log=lambda *a: None)
+    buckets = table["cpu"]["shapes"]["48,128"]
+    assert set(buckets) == {"1", "2", "16"} and all(b["us"] > 0 for b in buckets.values())
+    cfg = sg.select_config(2, 48, 128, "cpu", sg.load_configs(out))
+    assert cfg["SPLIT_K"] >= 1 and cfg == sg.check_config({k: buckets["2"][k] for k in sg.DEFAULT_DOT}, 2)
+
+
+# ---------------------------------------------------------------------------------------------------- GPU
+
+KIMI_TP8 = [(2112, 7168), (1536, 1536), (7168, 1024), (384, 7168), (512, 7168), (7168, 256), (4608, 7168),
+            (7168, 2304), (20480, 7168)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows,k", KIMI_TP8, ids=[f"{r}x{k}" for r, k in KIMI_TP8])
+def test_gpu_bf16_real_shapes(rows, k):
+    torch.manual_seed(0)
+    w = (torch.randn(rows, k, device="cuda") / k**0.5).bfloat16()
+    for n in (1, 4, 8, 16):
+        x = torch.randn(n, k, device="cuda").bfloat16()
+        ref = sg.linear_reference(x, w)
+        configs = [None, sg.default_config(n, rows, k), {**sg.default_config(n, rows, k), "reduce": "kernel"}]
+        if n <= 8:
+            configs.append({**FMA, "BLOCK_N": 4, "BLOCK_K": 1024, "num_warps": 4, "SPLIT_K": None})
+        outs = []
+        for cfg in configs:
+            y = sg.linear(x, w, cfg)
+            assert y.dtype == torch.bfloat16 and rel_error(y.float(), ref) <= 1e-2, (n, cfg)
+            outs.append(y)
+        # serial (last program reduces) and kernel reductions sum the same partials in one order: a race in the
+        # counter handshake would show as a difference
+        assert torch.equal(outs[1], outs[2]) and torch.equal(outs[1], sg.linear(x, w, configs[1])), n
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("warm", [True, False], ids=["counters_made_eagerly", "counters_made_in_capture"])
+def test_gpu_cuda_graph_capture_and_replay(warm):
+    torch.manual_seed(1)
+    w = (torch.randn(384, 7168, device="cuda") / 7168**0.5).bfloat16()
+    x = torch.randn(4, 7168, device="cuda").bfloat16()
+    cfg = {**sg.default_config(4, 384, 7168), "reduce": "serial"}
+    eager = sg.linear(x, w, cfg)  # compiles; makes the counters
+    if not warm:
+        sg._COUNTERS.clear()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g, stream=s):
+            y = sg.linear(x, w, cfg)
+    torch.cuda.current_stream().wait_stream(s)
+    for _ in range(3):
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, eager)
+    x.copy_(torch.randn_like(x))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, sg.linear(x, w, cfg))
