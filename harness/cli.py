@@ -26,6 +26,8 @@ COMPONENTS: dict[str, tuple[str, str]] = {
               "graph, model-shaped graph at 1..8 tokens"),
     "kv_tree": ("microbench.bench_kv_tree", "EAGLE draft tree: organize, build_tree, verify, KV slots, argmax; "
                 "kernel vs reference"),
+    "skinny_gemm": ("microbench.bench_skinny_gemm", "bf16 projections at n <= 16 tokens: Triton weight-streaming GEMM "
+                    "vs cuBLAS (F.linear), cold"),
     "moe": ("microbench.bench_moe_int4", "INT4 W4A16 MoE layer at 1..8 tokens: Triton vs reference vs bf16 torch"),
     "allreduce": ("microbench.bench_allreduce", "allreduce call floor in a 1-rank group (multi-GPU: torchrun -m "
                   "harness.allreduce)"),
@@ -129,7 +131,8 @@ def _cmd_run(args) -> int:
     chosen = list(COMPONENTS) if args.components is None else args.components.split(",")
     unknown = [c for c in chosen if c not in COMPONENTS]
     if unknown or not chosen:
-        raise ValueError(f"unknown component(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(COMPONENTS)}")
+        raise ValueError(f"unknown component(s) {', '.join(unknown) or '(none given)'}; "
+                         f"choose from {', '.join(COMPONENTS)}")
     runs = {}
     for sub in chosen:
         print(f"\n== {sub}: {COMPONENTS[sub][1]}")

@@ -50,7 +50,8 @@ class RankShapes:
 @dataclass(frozen=True)
 class Ops:
     """The forward's small ops. add_rmsnorm(h, delta, w) adds delta into h in place and returns rmsnorm(h);
-    softmax_topk(logits, k) -> (fp32 weights, int32 ids); mla(q, cache, length, kv_lora, scale) -> [heads, n, kv_lora]."""
+    softmax_topk(logits, k) -> (fp32 weights, int32 ids);
+    mla(q, cache, length, kv_lora, scale) -> [heads, n, kv_lora]."""
 
     name: str
     linear: Callable
@@ -100,7 +101,7 @@ def fused_ops() -> Ops:
                lambda q, cache, length, kv_lora, scale: mla_decode(q, cache, length, kv_lora=kv_lora, scale=scale))
 
 
-def _rand(*shape, device, dtype=torch.bfloat16, fan_in=None):
+def _rand(*shape, device, dtype, fan_in=None):
     return torch.randn(*shape, device=device, dtype=dtype) / (fan_in or shape[-1]) ** 0.5
 
 
@@ -111,54 +112,57 @@ class VerifyForward:
     `verify_fn(candidates, target_predict)` walks the draft chain; `ops` the small ops (TORCH_OPS by default)."""
 
     def __init__(self, s: RankShapes, context: int, device: str, moe_fn: Callable, allreduce_fn: Callable,
-                 verify_fn: Callable, max_tokens: int = 8, seed: int = 0, ops: Ops = TORCH_OPS):
+                 verify_fn: Callable, max_tokens: int = 8, seed: int = 0, ops: Ops = TORCH_OPS,
+                 dtype: torch.dtype = torch.bfloat16):
         torch.manual_seed(seed)
-        self.s, self.context, self.device, self.max_tokens = s, context, device, max_tokens
+        self.s, self.context, self.device, self.max_tokens, self.dtype = s, context, device, max_tokens, dtype
         self.moe_fn, self.allreduce_fn, self.verify_fn, self.ops = moe_fn, allreduce_fn, verify_fn, ops
         self._recording = False  # routing is copied out only in an eager forward, never inside a timed graph
-        d, h = device, s.hidden
+        d, h, dt = device, s.hidden, dtype
         qk_head = s.qk_nope + s.qk_rope
         self.layers = []
         for i in range(s.layers):
-            L = {"ln1": torch.ones(h, device=d, dtype=torch.bfloat16), "ln2": torch.ones(h, device=d, dtype=torch.bfloat16),
-                 "q_a_kv_a": _rand(s.q_lora + s.latent, h, device=d), "q_b": _rand(s.heads * qk_head, s.q_lora, device=d),
-                 "q_ln": torch.ones(s.q_lora, device=d, dtype=torch.bfloat16),
-                 "kv_ln": torch.ones(s.kv_lora, device=d, dtype=torch.bfloat16),
-                 "w_uk": _rand(s.heads, s.qk_nope, s.kv_lora, device=d),  # kv_b absorbed into the query side
-                 "w_uv": _rand(s.heads, s.kv_lora, s.v_head, device=d),  # ... and into the output side
-                 "o_proj": _rand(h, s.heads * s.v_head, device=d),
-                 "kv_cache": _rand(context + max_tokens, s.latent, device=d, fan_in=1)}
+            L = {"ln1": torch.ones(h, device=d, dtype=dt), "ln2": torch.ones(h, device=d, dtype=dt),
+                 "q_a_kv_a": _rand(s.q_lora + s.latent, h, device=d, dtype=dt),
+                 "q_b": _rand(s.heads * qk_head, s.q_lora, device=d, dtype=dt),
+                 "q_ln": torch.ones(s.q_lora, device=d, dtype=dt),
+                 "kv_ln": torch.ones(s.kv_lora, device=d, dtype=dt),
+                 "w_uk": _rand(s.heads, s.qk_nope, s.kv_lora, device=d, dtype=dt),  # kv_b absorbed: query side
+                 "w_uv": _rand(s.heads, s.kv_lora, s.v_head, device=d, dtype=dt),  # ... and output side
+                 "o_proj": _rand(h, s.heads * s.v_head, device=d, dtype=dt),
+                 "kv_cache": _rand(context + max_tokens, s.latent, device=d, dtype=dt, fan_in=1)}
             if i < s.dense_layers:
-                L["gate_up"], L["down"] = _rand(2 * s.dense_inter, h, device=d), _rand(h, s.dense_inter, device=d)
+                L["gate_up"] = _rand(2 * s.dense_inter, h, device=d, dtype=dt)
+                L["down"] = _rand(h, s.dense_inter, device=d, dtype=dt)
             else:
                 e, inter, g = s.experts, s.expert_inter, s.group_size
-                L["router"] = _rand(e, h, device=d)
-                L["shared_gate_up"] = _rand(2 * inter, h, device=d)
-                L["shared_down"] = _rand(h, inter, device=d)
+                L["router"] = _rand(e, h, device=d, dtype=dt)
+                L["shared_gate_up"] = _rand(2 * inter, h, device=d, dtype=dt)
+                L["shared_down"] = _rand(h, inter, device=d, dtype=dt)
                 # random nibbles are random int4 weights; scales ~ 1/(8 sqrt(K)) keep activations O(1)
                 L["w13p"] = torch.randint(-2**31, 2**31 - 1, (e, 2 * inter, h // 8), device=d, dtype=torch.int32)
                 L["w13s"] = torch.full((e, 2 * inter, h // g), 1 / (8 * h**0.5), device=d, dtype=torch.bfloat16)
                 L["w2p"] = torch.randint(-2**31, 2**31 - 1, (e, h, inter // 8), device=d, dtype=torch.int32)
                 L["w2s"] = torch.full((e, h, inter // g), 1 / (8 * inter**0.5), device=d, dtype=torch.bfloat16)
             self.layers.append(L)
-        self.final_ln = torch.ones(h, device=d, dtype=torch.bfloat16)
-        self.lm_head = _rand(s.vocab, h, device=d)
+        self.final_ln = torch.ones(h, device=d, dtype=dt)
+        self.lm_head = _rand(s.vocab, h, device=d, dtype=dt)
         # per n: the residual stream, static stand-ins for switched-off producers, and the routing of every layer
         self.buf = {n: self._buffers(n) for n in range(1, max_tokens + 1)}
 
     def _buffers(self, n: int) -> dict:
-        s, d = self.s, self.device
+        s, d, dt = self.s, self.device, self.dtype
         gen = torch.Generator(device="cpu").manual_seed(n)
         ids = torch.stack([torch.randperm(s.experts, generator=gen)[: s.topk] for _ in range(n)]).to(d)
-        return {"h0": torch.randn(n, s.hidden, device=d, dtype=torch.bfloat16),
-                "h": torch.empty(n, s.hidden, device=d, dtype=torch.bfloat16),
-                "x": torch.randn(n, s.hidden, device=d, dtype=torch.bfloat16),
-                "q_a": torch.randn(n, s.q_lora, device=d, dtype=torch.bfloat16),
-                "kv_a": torch.randn(n, s.latent, device=d, dtype=torch.bfloat16),
-                "q": torch.randn(s.heads, n, s.latent, device=d, dtype=torch.bfloat16),
-                "o_lat": torch.randn(s.heads, n, s.kv_lora, device=d, dtype=torch.bfloat16),
-                "attn_out": torch.randn(n, s.hidden, device=d, dtype=torch.bfloat16),
-                "mlp_act": torch.randn(n, max(s.dense_inter, s.expert_inter), device=d, dtype=torch.bfloat16),
+        return {"h0": torch.randn(n, s.hidden, device=d, dtype=dt),
+                "h": torch.empty(n, s.hidden, device=d, dtype=dt),
+                "x": torch.randn(n, s.hidden, device=d, dtype=dt),
+                "q_a": torch.randn(n, s.q_lora, device=d, dtype=dt),
+                "kv_a": torch.randn(n, s.latent, device=d, dtype=dt),
+                "q": torch.randn(s.heads, n, s.latent, device=d, dtype=dt),
+                "o_lat": torch.randn(s.heads, n, s.kv_lora, device=d, dtype=dt),
+                "attn_out": torch.randn(n, s.hidden, device=d, dtype=dt),
+                "mlp_act": torch.randn(n, max(s.dense_inter, s.expert_inter), device=d, dtype=dt),
                 "topk_w": torch.full((n, s.topk), 1 / s.topk, device=d, dtype=torch.float32),
                 "topk_ids": ids.to(torch.int32),
                 "ids_seen": torch.zeros(s.layers, n, s.topk, device=d, dtype=torch.int32),
