@@ -37,7 +37,7 @@ CONFIG_PATH = Path(__file__).with_name("skinny_gemm_configs.json")
 MAX_TOKENS = 16
 FMA_MAX_TOKENS = 8  # the fma kernel unrolls one accumulator per token, 8 at most
 DOT_BLOCK_M = 16  # tl.dot needs every dimension >= 16: tokens are padded to 16
-KINDS = ("dot", "fma")
+KINDS = ("dot", "fma", "torch")  # "torch": F.linear (cuBLAS), chosen where the tune measured it faster
 REDUCES = ("serial", "kernel")
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 DEFAULT_SMS = 132  # H200; used where no CUDA device reports its count
@@ -276,6 +276,8 @@ def check_config(cfg: dict, n: int) -> dict:
     c = {**DEFAULT_DOT, **cfg}
     if c["kind"] not in KINDS:
         raise ValueError(f"config kind must be one of {KINDS}, got {c['kind']!r}")
+    if c["kind"] == "torch":
+        return c
     if c["reduce"] not in REDUCES:
         raise ValueError(f"config reduce must be one of {REDUCES}, got {c['reduce']!r}")
     low = 16 if c["kind"] == "dot" else 1  # tl.dot needs >= 16
@@ -407,7 +409,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, config: dict | None = None) -> torc
     """y = x @ w.T: x [n, K] (n <= 16; bf16, fp16 or fp32; any row stride, last-dim stride 1), w [N, K] contiguous,
     same dtype -> y [n, N] in x's dtype, fp32 accumulation.
 
-    config (default: select_config(n, N, K, device)): {"kind": "dot" | "fma", "BLOCK_N", "BLOCK_K", "SPLIT_K"
+    config (default: select_config(n, N, K, device)): {"kind": "dot" | "fma" | "torch", "BLOCK_N", "BLOCK_K", "SPLIT_K"
     (None: from the shape), "reduce": "serial" | "kernel", "num_warps", "num_stages"}; see the module doc."""
     _check_inputs(x, w)
     n, K = x.shape
@@ -418,6 +420,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, config: dict | None = None) -> torc
         key = (n, N, K, x.device, x.dtype)
         config = _SELECTED.get(key) or _SELECTED.setdefault(key, select_config(n, N, K, x.device, dtype=x.dtype))
     cfg = check_config(config, n)
+    if cfg["kind"] == "torch":
+        return torch.nn.functional.linear(x, w)
     sms = sm_count(x.device)
     geo = plan(n, N, K, cfg, sms)
     blocks, split, k_per_split = geo["blocks"], geo["split"], geo["k_per_split"]

@@ -185,6 +185,8 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
 def _cfg_str(cfg: dict | None) -> str:
     if not cfg:
         return ""
+    if cfg.get("kind") == "torch":
+        return "F.linear (cuBLAS)"
     red = f" {cfg['reduce']}" if (cfg.get("SPLIT_K") or 1) > 1 else ""
     return (f"{cfg['kind']} {cfg['BLOCK_N']}x{cfg['BLOCK_K']} s{cfg.get('SPLIT_K')}{red} "
             f"w{cfg['num_warps']} st{cfg['num_stages']}")
@@ -306,6 +308,8 @@ def tune_shape(shape: Shape, device: str, ns=TUNE_NS, measure_kw: dict | None = 
             cublas = t.time(n, None)
             if cublas < math.inf:
                 buckets[str(n)]["cublas_us"] = round(cublas, 3)
+                if cublas < us:  # the engine would keep cuBLAS here: so does the forward
+                    buckets[str(n)] = {"kind": "torch", "us": round(cublas, 3), "cublas_us": round(cublas, 3)}
     us = t.time(sg.MAX_TOKENS, dot) if str(sg.MAX_TOKENS) not in buckets else math.inf
     if us < math.inf:  # n = 9..16: the dot kernel
         buckets[str(sg.MAX_TOKENS)] = {**dot, "us": round(us, 3)}

@@ -24,9 +24,26 @@ CONTEXT = 4096
 # Stand-in allreduce when no measured figure is on record: NCCL's all_reduce_perf, graph mode, 2xH200 (DESIGN.md 7)
 REFERENCE_ALLREDUCE_US = 7.7
 CASE_MAX_TIME_S = 0.6
-# fused vs plain-torch small ops, residual stream after every layer: bf16 rounding differs op by op over 61 random
-# layers (~1e-2); a wrong kernel gives O(1)
-FORWARD_TOLERANCE = 5e-2
+# fused vs plain-torch small ops on the first layers (one dense, one MoE) with fixed routing: over all 61 random
+# layers bf16 rounding differences grow to ~5e-2 and a near-tie in top-k flips an expert (seen on the H200), which
+# says nothing about the kernels; each kernel has its own test against its reference
+CHECK_LAYERS = 2
+FORWARD_TOLERANCE = 1e-2
+
+
+def fused_vs_torch(fwd: VerifyForward, n: int) -> float:
+    """Residual stream after the first CHECK_LAYERS layers, fused small ops vs TORCH_OPS (routing from the static
+    buffer in both), as a relative error."""
+    body = frozenset(COMPONENTS) - {"head", "router"}
+    layers, fused = fwd.layers, fwd.ops
+    fwd.layers = layers[:CHECK_LAYERS]
+    try:
+        h_fused = fwd.forward(n, body).clone()
+        fwd.ops = TORCH_OPS
+        h_torch = fwd.forward(n, body).clone()
+    finally:
+        fwd.layers, fwd.ops = layers, fused
+    return rel_error(h_fused, h_torch)
 # deployment defaults for the break-even (Kimi-K2.5, 8xH200): 27 ms cycle at 3 draft tokens, 25.6 ms of it verify
 DEFAULT_DECODE_MS, DEFAULT_DRAFT_MS, DEFAULT_OVERHEAD_MS = 11.1, 1.0, 0.4
 
@@ -136,17 +153,10 @@ def _case(preset, tp, layers, context, n, variant: str, comps: frozenset) -> Cas
             err = rel_error(got, ref)
             ok = err <= 1e-2 and 0 <= int(accepted[0]) < n and bool(torch.isfinite(fwd.buf[n]["predict"]).all())
             detail = f"moe rel_err {err:.2e}; accepted {int(accepted[0])} of {n - 1}"
-            if fwd.ops is not TORCH_OPS:  # the fused small ops against plain torch over the whole forward
-                body = frozenset(COMPONENTS) - {"head"}
-                h_fused = fwd.forward(n, body).clone()
-                fused, fwd.ops = fwd.ops, TORCH_OPS
-                try:
-                    h_torch = fwd.forward(n, body).clone()
-                finally:
-                    fwd.ops = fused
-                err_fwd = rel_error(h_fused, h_torch)
+            if fwd.ops is not TORCH_OPS:
+                err_fwd = fused_vs_torch(fwd, n)
                 ok = ok and err_fwd <= FORWARD_TOLERANCE
-                detail += f"; residual stream fused vs torch ops rel_err {err_fwd:.2e}"
+                detail += f"; first {CHECK_LAYERS} layers fused vs torch small ops rel_err {err_fwd:.2e}"
             return ok, detail
 
         def derive(m):

@@ -283,3 +283,11 @@ def test_gpu_cuda_graph_capture_and_replay(warm):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(y, sg.linear(x, w, cfg))
+
+
+def test_a_torch_entry_dispatches_to_f_linear():
+    # where the tune measured cuBLAS faster, the table says "torch" and linear() calls F.linear
+    x, w = torch.randn(3, 64, dtype=torch.float16), torch.randn(32, 64, dtype=torch.float16)
+    cfg = sg.check_config({"kind": "torch"}, 3)
+    assert cfg["kind"] == "torch"
+    assert torch.equal(sg.linear(x, w, config={"kind": "torch"}), torch.nn.functional.linear(x, w))

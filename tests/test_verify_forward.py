@@ -41,3 +41,11 @@ def test_every_component_can_be_switched_off_alone(forward):
     distinct = forward.distinct_experts(2)
     assert len(distinct) == s.layers - s.dense_layers
     assert all(s.topk <= d <= min(s.experts, 2 * s.topk) for d in distinct)
+
+
+def test_bench_check_compares_the_first_layers_and_restores_the_forward(forward):
+    from microbench import bench_verify
+
+    layers, ops = forward.layers, forward.ops
+    assert bench_verify.fused_vs_torch(forward, 2) <= bench_verify.FORWARD_TOLERANCE
+    assert forward.layers is layers and forward.ops is ops
