@@ -28,6 +28,8 @@ COMPONENTS: dict[str, tuple[str, str]] = {
                 "kernel vs reference"),
     "skinny_gemm": ("microbench.bench_skinny_gemm", "bf16 projections at n <= 16 tokens: Triton weight-streaming GEMM "
                     "vs cuBLAS (F.linear), cold"),
+    "mla_decode": ("microbench.bench_mla_decode", "MLA decode attention of n <= 8 tokens over the latent cache: "
+                   "Triton flash-decoding vs the plain-torch path, cold"),
     "moe": ("microbench.bench_moe_int4", "INT4 W4A16 MoE layer at 1..8 tokens: Triton vs reference vs bf16 torch"),
     "allreduce": ("microbench.bench_allreduce", "allreduce call floor in a 1-rank group (multi-GPU: torchrun -m "
                   "harness.allreduce)"),

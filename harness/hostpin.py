@@ -14,7 +14,7 @@ import os
 import torch
 
 ENV = "VERIFYBENCH_PIN_CPU"
-_state: dict = {"policy": "off", "cpu": None, "reason": "not requested"}
+_state: dict = {"policy": "off", "cpu": None, "reason": "not requested", "applied": False}
 
 
 def gpu_local_cpus(index: int = 0) -> set[int]:
@@ -39,8 +39,12 @@ def choose_cpu(allowed: set[int], local: set[int]) -> int:
 
 
 def pin(policy: str | None = None) -> dict:
-    """Apply VERIFYBENCH_PIN_CPU (or `policy`) once per process; returns what was done (also for the fingerprint).
-    Pinned, torch's intra-op threads drop to 1: more threads on one CPU would only contend."""
+    """Apply VERIFYBENCH_PIN_CPU (or `policy`) once per process (later calls without `policy` return the first
+    outcome); returns what was done (also for the fingerprint). Pinned, torch's intra-op threads drop to 1: more
+    threads on one CPU would only contend."""
+    if policy is None and _state.get("applied"):
+        return dict(_state)
+    _state["applied"] = True
     policy = (policy or os.environ.get(ENV) or ("auto" if torch.cuda.is_available() else "off")).strip().lower()
     if not hasattr(os, "sched_setaffinity"):
         _state.update(policy=policy, cpu=None, reason="no sched_setaffinity on this platform")

@@ -21,12 +21,18 @@ Stage 2, grid (rows, kv_lora chunks): combines the splits by log-sum-exp weights
 With one split, stage 1 writes o itself (one launch).
 No host syncs and no data-dependent host logic (`length` is a Python int, fixed per captured graph), so a call is
 CUDA-graph capturable; the scratch comes from torch's caching allocator (the graph's pool when capturing).
+
+Launch configs: select_config reads a per-GPU table (mla_decode_configs.json, written by
+`python3 -m microbench.bench_mla_decode tune`) keyed by GPU name, "heads,n,D,kv_lora" and a context bucket (the
+largest tuned length <= length); the untuned default (DEFAULT_CONFIG, default_num_splits) elsewhere.
 """
 from __future__ import annotations
 
 import functools
+import json
 import math
 import operator
+from pathlib import Path
 
 import torch
 import triton
@@ -44,6 +50,9 @@ COMBINE_SPLITS = 16  # splits stage 2 reads per step
 COMBINE_COLS = 128  # kv_lora columns per stage-2 program
 LOG2E = 1.4426950408889634
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+CONFIG_PATH = Path(__file__).with_name("mla_decode_configs.json")
+CONFIG_KEYS = ("num_splits", *DEFAULT_CONFIG)  # what select_config returns and `config` may hold
+TABLE_EXTRAS = ("us", "default_us", "torch_us")  # timings the tuner stores beside a config
 
 
 def _check(q, cache, length, kv_lora, scale):
@@ -100,6 +109,127 @@ def default_num_splits(length: int, rows: int, block_rows: int, sms: int = DEFAU
     return max(1, min(triton.cdiv(PROGRAMS_PER_SM * sms, row_blocks), triton.cdiv(length, MIN_SPLIT_KEYS),
                       MAX_SPLITS))
 
+
+# ---------------------------------------------------------------------------------------------------- configs
+
+def check_config(config: dict) -> dict:
+    """DEFAULT_CONFIG completed by `config` (which may also hold "num_splits"; None or absent: from the shape), or a
+    ValueError naming the bad key."""
+    if not isinstance(config, dict):
+        raise ValueError(f"config must be a dict, got {type(config).__name__}")
+    cfg = {"num_splits": None, **DEFAULT_CONFIG}
+    for k, v in config.items():
+        if k not in cfg:
+            raise ValueError(f"unknown config key {k!r}; known: {sorted(cfg)}")
+        cfg[k] = v
+    for k in ("block_rows", "block_keys"):
+        if isinstance(cfg[k], bool) or not isinstance(cfg[k], int) or cfg[k] < 16 or cfg[k] & (cfg[k] - 1):
+            raise ValueError(f"{k} must be a power of two >= 16 (tl.dot's minimum), got {cfg[k]!r}")
+    if isinstance(cfg["num_warps"], bool) or not isinstance(cfg["num_warps"], int) or \
+            cfg["num_warps"] not in (1, 2, 4, 8, 16):
+        raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {cfg['num_warps']!r}")
+    if isinstance(cfg["num_stages"], bool) or not isinstance(cfg["num_stages"], int) or \
+            not 1 <= cfg["num_stages"] <= 8:
+        raise ValueError(f"num_stages must be an int in 1..8, got {cfg['num_stages']!r}")
+    ns = cfg["num_splits"]
+    if ns is not None and (isinstance(ns, bool) or not isinstance(ns, int) or ns < 1):
+        raise ValueError(f"num_splits must be an int >= 1 (or None: from the shape), got {ns!r}")
+    return cfg
+
+
+@functools.lru_cache(maxsize=None)
+def load_configs(path: str = str(CONFIG_PATH)) -> dict:
+    """The tuning table {gpu name: {"shapes": {"heads,n,D,kv_lora": {length bucket: config}}, "tuned_on": {...}}};
+    read once per path ({} when the file is absent)."""
+    p = Path(path)
+    if not p.is_file():
+        return {}
+    try:
+        table = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{p}: not a valid MLA decode config table: {e}") from None
+    if not isinstance(table, dict):
+        raise ValueError(f"{p}: an MLA decode config table must be a JSON object, got {type(table).__name__}")
+    return table
+
+
+def save_configs(table: dict, path: Path | str = CONFIG_PATH) -> Path:
+    path = Path(path)
+    path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    load_configs.cache_clear()
+    _selected.cache_clear()
+    return path
+
+
+@functools.lru_cache(maxsize=None)
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def device_name(device) -> str:
+    return _device_name(torch.device(device))
+
+
+def shape_key(heads: int, n: int, d: int = 576, kv_lora: int = 512) -> str:
+    return f"{heads},{n},{d},{kv_lora}"
+
+
+def default_config(n: int, heads: int, length: int, device="cpu") -> dict:
+    """The untuned choice: DEFAULT_CONFIG tiles, default_num_splits."""
+    return {"num_splits": default_num_splits(length, heads * n, DEFAULT_CONFIG["block_rows"],
+                                             _sm_count(torch.device(device))), **DEFAULT_CONFIG}
+
+
+def select_config(n: int, heads: int, length: int, device, table: dict | None = None, *, d: int = 576,
+                  kv_lora: int = 512, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """{"num_splits", "block_rows", "block_keys", "num_warps", "num_stages"} for n query tokens of `heads` heads
+    over `length` keys: the table entry of this GPU's name and "heads,n,D,kv_lora" at the largest tuned length
+    bucket <= length (a split count tuned at 4096 keys still fills the SMs at 8000; below every bucket the
+    default's key-count rule is safer); default_config when the GPU, shape or bucket is missing or q is fp32 (the
+    table holds 2-byte tunings: fp32 tiles need twice the shared memory). Host-side and pure Python: no device
+    work, so it may run while a CUDA graph is captured. A malformed table entry raises a ValueError naming it."""
+    if table is None:
+        table = load_configs()
+    if not isinstance(table, dict):
+        raise ValueError(f"MLA decode config table must be a dict, got {type(table).__name__}")
+    name = device_name(device)
+    key = shape_key(heads, n, d, kv_lora)
+    gpu = table.get(name, {})
+    if not isinstance(gpu, dict) or not isinstance(gpu.get("shapes", {}), dict):
+        raise ValueError(f"MLA decode config table: entry {name!r} must be {{\"shapes\": {{...}}, ...}}, "
+                         f"got {str(gpu)[:200]}")
+    buckets = gpu.get("shapes", {}).get(key)
+    if buckets is None or dtype == torch.float32:
+        return default_config(n, heads, length, device)
+    where = f"MLA decode config table: {name!r} shape {key!r}"
+    try:
+        if not isinstance(buckets, dict):
+            raise ValueError(f"must map length buckets to configs, got {type(buckets).__name__}")
+        lengths = {int(b): b for b in buckets}
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: bad length buckets: {e}") from None
+    fit = [b for b in sorted(lengths) if b <= length]
+    if not fit:
+        return default_config(n, heads, length, device)
+    entry = buckets[lengths[fit[-1]]]
+    try:
+        if not isinstance(entry, dict):
+            raise ValueError(f"config must be a dict, got {type(entry).__name__}")
+        cfg = check_config({k: v for k, v in entry.items() if k not in TABLE_EXTRAS})
+        if cfg["num_splits"] is None:
+            raise ValueError("num_splits missing")
+    except ValueError as e:
+        raise ValueError(f"{where} bucket {fit[-1]}: {e}") from None
+    return cfg
+
+
+@functools.lru_cache(maxsize=4096)
+def _selected(n, heads, length, d, kv_lora, dtype, device) -> dict:
+    """select_config from the committed table, cached: eager calls pay one dict lookup."""
+    return select_config(n, heads, length, device, d=d, kv_lora=kv_lora, dtype=dtype)
+
+
+# ---------------------------------------------------------------------------------------------------- kernels
 
 @triton.jit
 def _split_kernel(q, cache, part_o, part_lse, out, length, split_keys, stride_qh, stride_qn, stride_c, stride_oh,
@@ -180,22 +310,22 @@ def _combine_kernel(part_o, part_lse, out, num_splits, stride_oh, stride_on, ROW
 def mla_decode(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, out=None, config=None):
     """Triton flash-decoding MLA attention; same result as mla_decode_reference (scale defaults to D ** -0.5, the MLA
     forward passes (qk_nope + qk_rope) ** -0.5). q [heads, n, D] and cache [rows >= length, D] need unit stride
-    along D (other strides are free). num_splits: context splits (default: default_num_splits; it is lowered so
-    that no split is empty). out: optional [heads, n, kv_lora] tensor of q's dtype to write. config: overrides of
-    DEFAULT_CONFIG (block_rows, block_keys: powers of two >= 16; num_warps, num_stages)."""
+    along D (other strides are free). num_splits: context splits (it is lowered so that no split is empty).
+    out: optional [heads, n, kv_lora] tensor of q's dtype to write. config: overrides of DEFAULT_CONFIG
+    (block_rows, block_keys: powers of two >= 16; num_warps, num_stages; num_splits, which the argument
+    overrides). Neither num_splits nor config given: select_config (the tuned table for this GPU, else the
+    defaults); config without num_splits: default_num_splits for its block_rows."""
     length, scale = _check(q, cache, length, kv_lora, scale)
     heads, n, d = q.shape
     if q.stride(2) != 1 or cache.stride(1) != 1:
         raise ValueError(f"q and cache need unit stride along D, got strides {q.stride()} and {cache.stride()}")
-    cfg = dict(DEFAULT_CONFIG)
-    for k, v in (config or {}).items():
-        if k not in cfg:
-            raise ValueError(f"unknown config key {k!r}; known: {sorted(cfg)}")
-        cfg[k] = v
-    for k in ("block_rows", "block_keys"):
-        if not isinstance(cfg[k], int) or cfg[k] < 16 or cfg[k] & (cfg[k] - 1):
-            raise ValueError(f"{k} must be a power of two >= 16 (tl.dot's minimum), got {cfg[k]!r}")
+    if config is None and num_splits is None:
+        cfg = _selected(n, heads, length, d, kv_lora, q.dtype, q.device)
+    else:
+        cfg = check_config(config or {})
     rows = heads * n
+    if num_splits is None:
+        num_splits = cfg["num_splits"]
     if num_splits is None:
         num_splits = default_num_splits(length, rows, cfg["block_rows"], _sm_count(q.device))
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:

@@ -26,7 +26,7 @@ def run_dir(tmp_path_factory):
 
 def test_run_writes_every_component_report_and_charts(run_dir):
     names = {p.name.split("-2")[0] for p in run_dir.glob("*.json")}
-    assert names == {"baseline", "graph_replay", "kv_tree", "skinny_gemm", "moe_int4", "allreduce_1rank", "verify"}
+    assert names == {"baseline", "graph_replay", "kv_tree", "skinny_gemm", "mla_decode", "moe_int4", "allreduce_1rank", "verify"}
     report = next(run_dir.glob("run-*.md")).read_text()
     assert "CPU numbers" in report and "verify_components.png" in report
     assert (run_dir / "verify_components.png").stat().st_size > 0

@@ -1,7 +1,9 @@
 """MLA decode attention (kernels/mla_decode.py): the reference against float64 and the forward's torch path, the
 Triton kernel against the fp32 reference (interpreter on CPU, fp16/fp32: bf16 arithmetic is wrong in the
-interpreter), every error path; on a GPU the Kimi-K2.5 shapes in bf16 and a CUDA-graph capture.
+interpreter), every error path; on a GPU the Kimi-K2.5 shapes in bf16 and a CUDA-graph capture. Config selection
+from the tuned table (hit, length buckets, fallbacks, malformed tables) and the tune smoke path.
 """
+import json
 import os
 
 import pytest
@@ -11,6 +13,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels module is first imported (conftest too)
 
 from harness.runner import rel_error  # noqa: E402
+from kernels import mla_decode as md  # noqa: E402
 from kernels.mla_decode import DEFAULT_CONFIG, default_num_splits, mla_decode, mla_decode_reference  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -182,6 +185,146 @@ def test_bad_kernel_arguments_raise_a_clear_value_error(case):
     changes, match = KERNEL_BAD_INPUTS[case]
     with pytest.raises(ValueError, match=match):
         mla_decode(**_bad(changes))
+
+
+# ---------------------------------------------------------------------------------------------------- configs
+
+T4096 = {"num_splits": 64, "block_rows": 16, "block_keys": 64, "num_warps": 4, "num_stages": 2}
+T32K = {"num_splits": 128, "block_rows": 32, "block_keys": 32, "num_warps": 8, "num_stages": 3}
+TABLE = {"cpu": {"shapes": {"8,4,576,512": {"4096": {**T4096, "us": 5.0, "default_us": 9.0, "torch_us": 20.0},
+                                            "32768": T32K}},
+                 "tuned_on": {"preset": "test"}},
+         "Other GPU": {"shapes": {"8,1,576,512": {"4096": T32K}}}}
+
+
+@pytest.fixture
+def fresh_selection():
+    md._selected.cache_clear()  # mla_decode caches select_config per shape
+    yield
+    md._selected.cache_clear()
+
+
+def test_select_config_hits_the_table_at_the_largest_bucket_not_above_length():
+    sel = lambda length, **kw: md.select_config(4, 8, length, "cpu", TABLE, **kw)  # noqa: E731
+    assert sel(4096 + 4) == T4096  # the stored timings are not part of the config
+    assert sel(20000) == T4096 and sel(32768) == T32K and sel(10 ** 6) == T32K
+    assert sel(4095) == md.default_config(4, 8, 4095)  # below every bucket
+    assert sel(4100, d=48, kv_lora=32) == md.default_config(4, 8, 4100)  # another head dim
+    assert sel(4100, dtype=torch.float32) == md.default_config(4, 8, 4100)  # tuned for 2-byte tiles
+
+
+def test_select_config_falls_back_to_todays_defaults():
+    want = {"num_splits": 33, **DEFAULT_CONFIG}  # default_num_splits(4097, 8 rows, ...) as before the table
+    assert md.default_config(1, 8, 4097) == want
+    assert md.select_config(1, 8, 4097, "cpu", TABLE) == want  # GPU present, shape absent
+    assert md.select_config(1, 8, 4097, "cpu", {}) == want  # GPU absent
+    assert md.select_config(1, 8, 4097, "cpu", {"Other GPU": {}}) == want
+    assert set(want) == set(md.CONFIG_KEYS)
+
+
+BAD_TABLES = {
+    "table not a dict": ([1], "table must be a dict"),
+    "gpu entry not a dict": ({"cpu": 3}, "entry 'cpu' must be"),
+    "shapes not a dict": ({"cpu": {"shapes": []}}, "entry 'cpu' must be"),
+    "buckets not a dict": ({"cpu": {"shapes": {"8,4,576,512": [T4096]}}}, "bad length buckets"),
+    "bucket not an int": ({"cpu": {"shapes": {"8,4,576,512": {"4k": T4096}}}}, "bad length buckets"),
+    "config not a dict": ({"cpu": {"shapes": {"8,4,576,512": {"4096": 64}}}}, "bucket 4096: config must be a dict"),
+    "unknown key": ({"cpu": {"shapes": {"8,4,576,512": {"4096": {**T4096, "BLOCK_N": 3}}}}}, "unknown config key"),
+    "block_rows 24": ({"cpu": {"shapes": {"8,4,576,512": {"4096": {**T4096, "block_rows": 24}}}}},
+                      "block_rows must be a power of two"),
+    "num_warps 3": ({"cpu": {"shapes": {"8,4,576,512": {"4096": {**T4096, "num_warps": 3}}}}}, "num_warps must"),
+    "num_stages 0": ({"cpu": {"shapes": {"8,4,576,512": {"4096": {**T4096, "num_stages": 0}}}}}, "num_stages must"),
+    "num_splits 0": ({"cpu": {"shapes": {"8,4,576,512": {"4096": {**T4096, "num_splits": 0}}}}}, "num_splits must"),
+    "num_splits missing": ({"cpu": {"shapes": {"8,4,576,512": {"4096": {"block_rows": 16}}}}}, "num_splits missing"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_TABLES), ids=list(BAD_TABLES))
+def test_a_malformed_table_raises_a_clear_error(case):
+    table, match = BAD_TABLES[case]
+    with pytest.raises(ValueError, match=match):
+        md.select_config(4, 8, 5000, "cpu", table)
+
+
+def test_load_configs_reads_once_and_rejects_bad_json(tmp_path):
+    good = tmp_path / "good.json"
+    md.save_configs(TABLE, good)
+    assert md.load_configs(str(good)) == TABLE and md.load_configs(str(good)) is md.load_configs(str(good))
+    assert md.load_configs(str(tmp_path / "absent.json")) == {}
+    for name, text, match in (("bad.json", "{not json", "not a valid MLA decode config table"),
+                              ("list.json", "[1, 2]", "must be a JSON object")):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ValueError, match=match):
+            md.load_configs(str(tmp_path / name))
+    assert json.loads(md.CONFIG_PATH.read_text()) is not None  # the committed table parses
+
+
+def test_mla_decode_selects_from_the_table_unless_told(monkeypatch, fresh_selection):
+    q, cache = _inputs(8, 2, 48, 150, torch.float16)
+    want = mla_decode_reference(q.float(), cache.float(), 150, 32)
+    cfg = {"num_splits": 3, "block_rows": 16, "block_keys": 16, "num_warps": 4, "num_stages": 2}
+    table = {md.device_name(DEV): {"shapes": {"8,2,48,32": {"128": cfg}}}}
+    seen = []
+    real = md.select_config
+    monkeypatch.setattr(md, "load_configs", lambda *a: table)
+    monkeypatch.setattr(md, "select_config", lambda *a, **kw: seen.append((a, kw)) or real(*a, **kw))
+    assert rel_error(mla_decode(q, cache, 150, 32).float(), want) <= 1e-2
+    assert seen == [((2, 8, 150, torch.device(DEV)), {"d": 48, "kv_lora": 32, "dtype": torch.float16})]
+    mla_decode(q, cache, 150, 32)
+    assert len(seen) == 1  # cached per shape: eager calls pay a dict lookup
+    mla_decode(q, cache, 150, 32, num_splits=2)
+    mla_decode(q, cache, 150, 32, config={"block_keys": 32})
+    assert len(seen) == 1  # an explicit split count or config bypasses the table
+    got = mla_decode(q, cache, 150, 32, config=real(2, 8, 150, DEV, table, d=48, kv_lora=32,
+                                                     dtype=torch.float16))  # a selected config is a valid config
+    assert rel_error(got.float(), want) <= 1e-2
+    table[md.device_name(DEV)]["shapes"]["8,2,48,32"]["128"] = {**cfg, "block_keys": 24}
+    md._selected.cache_clear()
+    with pytest.raises(ValueError, match="MLA decode config table"):
+        mla_decode(q, cache, 150, 32)
+
+
+# ---------------------------------------------------------------------------------------------------- bench
+
+def test_bench_shape_and_bytes_are_kimi_tp8():
+    from microbench import bench_mla_decode as bench
+
+    a = bench.attn_shape("kimi-k2.5", 8)
+    assert (a.heads, a.d, a.kv_lora) == (8, 576, 512) and a.scale == KIMI_SCALE
+    assert bench.bytes_moved(a, 4, 4100) == (4100 * 576 + 8 * 4 * (576 + 512)) * 2
+    cfg = {"num_splits": 100, "block_rows": 16, "block_keys": 16}
+    assert bench.splits_run(cfg, 40) == 3 and bench.programs(cfg, a, 4, 40) == 2 * 3
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke profile")
+def test_bench_cpu_cases_run_and_tables_pair_the_impls(monkeypatch):
+    from microbench import bench_mla_decode as bench
+
+    monkeypatch.setenv("VERIFYBENCH_MAX_TIME_S", "0.1")  # the copy ceiling's time cap
+    a = bench.attn_shape("tiny", 1)
+    quick = {"max_time_s": 0.05, "warmup_s": 0.0, "min_samples": 2}
+    records = [bench._case(a, 2, 64, impl, "cpu", quick, "tiny", 1).run().as_dict() for impl in bench.IMPLS]
+    assert all(r["check"]["ok"] for r in records)
+    side = dict(bench.tables(records))["MLA decode: Triton (tuned / default config) vs the torch path"]
+    assert len(side) == 1 and side[0]["speedup"] > 0 and side[0]["default_us"] > 0
+    assert side[0]["config"].startswith("s")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke path")
+def test_tune_smoke_writes_a_table_select_config_reads(tmp_path, monkeypatch):
+    from microbench import bench_mla_decode as bench
+
+    monkeypatch.setattr(bench, "SMOKE_SPLITS", (2,))
+    monkeypatch.setattr(bench, "SMOKE_TILES", [(16, 32, 4, 2), (16, 16, 4, 3)])
+    monkeypatch.setenv("VERIFYBENCH_MAX_TIME_S", "0.1")
+    out = tmp_path / "table.json"
+    table = bench.tune(out=str(out), smoke=True, log=lambda *a: None)
+    s = bench.SMOKE
+    buckets = table["cpu"]["shapes"][md.shape_key(s.heads, 2, s.d, s.kv_lora)]
+    assert set(buckets) == {"64", "128"} and all(b["us"] > 0 and b["default_us"] > 0 for b in buckets.values())
+    cfg = md.select_config(2, s.heads, 64 + 2, "cpu", md.load_configs(str(out)), d=s.d, kv_lora=s.kv_lora,
+                           dtype=torch.float16)
+    assert cfg == {k: buckets["64"][k] for k in md.CONFIG_KEYS}
 
 
 # ---------------------------------------------------------------------------------------------------- GPU

@@ -157,6 +157,98 @@ def test_shipped_config_table_names_gpus_and_every_n(mt):
         assert {int(n) for n in entry["by_n"]} >= set(range(1, 9)), gpu
 
 
+# ---------------------------------------------------------------------------------------------------- split kernel
+
+# kernel "split": H = 64 is 8 words, 2 groups per gate_up row
+SPLIT_CFGS = {
+    "K1 prefetch, 2 chunks": {"kernel": "split", "gate_up": {"BLOCK_N": 16, "num_warps": 1, "SPLIT_K": 1,
+                                                             "BLOCK_W": 4}, "down": {"BLOCK_N": 32, "ROW_ITERS": 2}},
+    "K2 no prefetch": {"kernel": "split", "gate_up": {"BLOCK_N": 16, "num_warps": 1, "SPLIT_K": 2, "PREFETCH": 0},
+                       "down": {"BLOCK_N": 64, "ROW_ITERS": 1}},
+    "K2 masked rows and words, pdl": {"kernel": "split", "pdl": True,
+                                      "gate_up": {"BLOCK_N": 64, "num_warps": 1, "SPLIT_K": 2, "BLOCK_W": 8},
+                                      "down": {"BLOCK_N": 16, "ROW_ITERS": 4}},
+    "magic dequant": {"kernel": "split", "dequant": "magic", "gate_up": {"BLOCK_N": 32, "num_warps": 1, "SPLIT_K": 2},
+                      "down": {"BLOCK_N": 64, "ROW_ITERS": 1}},
+    "checkpoint layout": {"kernel": "split", "layout": "checkpoint",
+                          "gate_up": {"BLOCK_N": 32, "num_warps": 1, "SPLIT_K": 1}, "down": {"BLOCK_N": 64}},
+}
+
+
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("name", list(SPLIT_CFGS))
+def test_split_kernel_matches_reference_fp16(mt, weights, name, m):
+    dev = _device()
+    ws = _on(dev, weights)
+    x = torch.randn(m, H, dtype=torch.float16, device=dev)
+    tw, ids = moe.route_uniform(m, E, TOPK, seed=10 + m, device=dev)
+    out = mt.fused_moe_w4a16(x, *ws, tw, ids, config=SPLIT_CFGS[name])
+    assert out.shape == (m, H) and out.dtype == torch.float16
+    assert rel_error(out.float(), moe.reference_moe_w4a16(x.float(), *ws, tw, ids)) <= 1e-2
+
+
+def test_split_kernel_shares_experts_between_tokens(mt, weights):
+    dev = _device()
+    ws = _on(dev, weights)
+    x = torch.randn(4, H, dtype=torch.float16, device=dev)
+    ids = torch.tensor([[3, 5], [5, 3], [3, 0], [7, 3]], dtype=torch.int64, device=dev)
+    tw = torch.softmax(torch.randn(4, 2, device=dev), -1).half()
+    out = mt.fused_moe_w4a16(x, *ws, tw, ids, config=SPLIT_CFGS["K2 no prefetch"])
+    assert rel_error(out.float(), moe.reference_moe_w4a16(x.float(), *ws, tw, ids)) <= 1e-2
+
+
+@pytest.mark.parametrize("kernel", ["v3", "split"])
+def test_prepacked_planar_weights_match_reference_without_caching(mt, weights, kernel):
+    """bench_verify's call: planar weights given as they are (prepacked=True, check_ids=False)."""
+    dev = _device()
+    w13, s13, w2, s2 = _on(dev, weights)
+    planar = (mt.repack_planar(w13, 32), s13, mt.repack_planar(w2, 32), s2)
+    cfg = {**(SMALL_CFG if kernel == "v3" else SPLIT_CFGS["K2 no prefetch"]), "layout": "planar"}
+    x = torch.randn(2, H, dtype=torch.float16, device=dev)
+    tw, ids = moe.route_uniform(2, E, TOPK, seed=21, device=dev)
+    cached = len(mt._CACHE)
+    out = mt.fused_moe_w4a16(x, *planar, tw, ids, config=cfg, check_ids=False, prepacked=True)
+    assert len(mt._CACHE) == cached
+    assert rel_error(out.float(), moe.reference_moe_w4a16(x.float(), w13, s13, w2, s2, tw, ids)) <= 1e-2
+
+
+_SPLIT = SPLIT_CFGS["K2 no prefetch"]
+BAD_CONFIGS = {
+    "SPLIT_K not dividing the groups": ({**_SPLIT, "gate_up": {**_SPLIT["gate_up"], "SPLIT_K": 3}}, "SPLIT_K must divide"),
+    "SPLIT_K 0": ({**_SPLIT, "gate_up": {**_SPLIT["gate_up"], "SPLIT_K": 0}}, "SPLIT_K must divide"),
+    "BLOCK_W below a group": ({**_SPLIT, "gate_up": {**_SPLIT["gate_up"], "BLOCK_W": 2}}, "BLOCK_W"),
+    "BLOCK_W not a power of two": ({**_SPLIT, "gate_up": {**_SPLIT["gate_up"], "BLOCK_W": 12}}, "BLOCK_W"),
+    "PREFETCH 2": ({**_SPLIT, "gate_up": {**_SPLIT["gate_up"], "PREFETCH": 2}}, "PREFETCH"),
+    "gate_up BLOCK_N 3": ({**_SPLIT, "gate_up": {**_SPLIT["gate_up"], "BLOCK_N": 3}}, r"gate_up\.BLOCK_N"),
+    "down BLOCK_N 0": ({**_SPLIT, "down": {"BLOCK_N": 0}}, r"down\.BLOCK_N"),
+    "ROW_ITERS 0": ({**_SPLIT, "down": {"BLOCK_N": 16, "ROW_ITERS": 0}}, "ROW_ITERS"),
+    "unknown kernel": ({**_SPLIT, "kernel": "v9"}, "kernel must be one of"),
+    "SPLIT_K on v3": ({**SMALL_CFG, "gate_up": {**SMALL_CFG["gate_up"], "SPLIT_K": 2}}, "need kernel 'split'"),
+    "pdl on v3": ({**SMALL_CFG, "pdl": True}, "need kernel 'split'"),
+    "unknown layout": ({**_SPLIT, "layout": "tiled"}, "layout must be"),
+    "unknown dequant": ({**_SPLIT, "dequant": "lut"}, "dequant must be"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CONFIGS), ids=list(BAD_CONFIGS))
+def test_bad_config_raises_a_clear_value_error(mt, weights, case):
+    config, match = BAD_CONFIGS[case]
+    with pytest.raises(ValueError, match=match):
+        mt.fused_moe_w4a16(*_args(weights), config=config)
+
+
+def test_select_config_passes_the_kernel_choice_per_n(mt):
+    split = {"kernel": "split", "pdl": True, "gate_up": {"BLOCK_N": 8, "num_warps": 1, "SPLIT_K": 7},
+             "down": {"BLOCK_N": 16, "ROW_ITERS": 1}, "us": 12.0, "old_us": 16.0}
+    table = {"cpu": {"layout": "planar", "dequant": "denormal",
+                     "by_n": {"1": split, "4": {"gate_up": {"BLOCK_N": 4, "num_warps": 1}, "down": {"BLOCK_N": 8}}}}}
+    cpu = torch.device("cpu")
+    one = mt.select_config(1, cpu, table)
+    assert one["kernel"] == "split" and one["pdl"] is True and one["gate_up"]["SPLIT_K"] == 7
+    assert "us" not in one and "old_us" not in one
+    assert mt.select_config(5, cpu, table)["kernel"] == "v3"  # entries without "kernel" are the v3 kernels
+
+
 # ---------------------------------------------------------------------------------------------------- errors
 
 def _args(weights, m=2, dev="cpu"):
@@ -342,3 +434,70 @@ def test_checkpoint_from_planar_inverts_the_repack():
     planar = repack_planar(packed, 32)
     assert not torch.equal(planar, packed)
     assert torch.equal(checkpoint_from_planar(planar, 32), packed)
+
+
+# ---------------------------------------------------------------------------------------------------- tuner
+
+def test_tuning_candidates_fit_the_k25_tp8_shapes():
+    """Every GPU candidate passes check_config at K2.5 TP8 (a bad one would only be skipped on the H200)."""
+    bench = importlib.import_module("microbench.bench_moe_int4")
+    p = bench._shape("kimi-k2.5", 8)
+    for base, key, cands in ((bench.OLD_BASE, "gate_up", bench.GATE_UP_CANDIDATES),
+                             (bench.OLD_BASE, "down", bench.DOWN_CANDIDATES),
+                             (bench.NEW_BASE, "gate_up", bench.SPLIT_GATE_UP_CANDIDATES),
+                             (bench.NEW_BASE, "down", bench.SPLIT_DOWN_CANDIDATES)):
+        for c in cands:
+            assert bench._valid({**base, key: c}, p), (key, c)
+            assert bench._valid({**base, key: c, "pdl": True}, p) == (base["kernel"] == "split")
+    jobs = bench._prewarm_jobs(bench.TUNE_NS, bench.GATE_UP_CANDIDATES, bench.DOWN_CANDIDATES,
+                               bench.SPLIT_GATE_UP_CANDIDATES, bench.SPLIT_DOWN_CANDIDATES)
+    assert all(bench._valid(cfg, p) for _, cfg in jobs)
+
+
+def test_tune_dry_run_on_cpu_writes_a_table_select_config_can_use(mt, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("the dry run is the CPU path")
+    bench = importlib.import_module("microbench.bench_moe_int4")
+    lines = []
+    out = tmp_path / "table.json"
+    table = bench.tune("tiny", 1, (1,), out=str(out), jobs=0, log=lines.append)
+    assert json.loads(out.read_text()) == table
+    entry = table["cpu"]["by_n"]["1"]
+    assert entry["kernel"] in mt.KERNELS and "old_us" in entry and "old_config" in entry
+    assert any(line.startswith("[  1/") for line in lines)  # progress lines
+    assert any("does not fit preset tiny" in line for line in lines)  # the invalid smoke candidate is left out
+    assert lines[-1].startswith(f"wrote {out}")
+    assert set(table) >= set(mt.load_configs())  # other GPUs' entries are kept
+    # the chosen config runs and matches the reference at the tiny shapes
+    p = bench._shape("tiny", 1)
+    ws = bench._int4_layers("tiny", 1, "cpu", bench.LAYERS)[0]
+    x = torch.randn(1, p.hidden, dtype=torch.float16)
+    tw, ids = moe.route_uniform(1, p.experts, p.topk, seed=3)
+    cfg = mt.select_config(1, torch.device("cpu"), table)
+    out_t = mt.fused_moe_w4a16(x, *ws, tw, ids, config=cfg)
+    assert rel_error(out_t.float(), moe.reference_moe_w4a16(x.float(), *ws, tw, ids)) <= 1e-2
+
+
+def test_prewarm_compiles_in_a_spawned_process(mt):
+    if torch.cuda.is_available():
+        pytest.skip("the CPU path of the prewarm")
+    bench = importlib.import_module("microbench.bench_moe_int4")
+    cfg = {**bench.NEW_BASE, **{k: bench.SMOKE[k][0] for k in ("gate_up", "down")}}
+    assert bench._prewarm_worker("tiny", 1, [(1, cfg)]) == []
+    bad = {**cfg, "gate_up": {**cfg["gate_up"], "SPLIT_K": 3}}
+    assert "SPLIT_K" in bench._prewarm_worker("tiny", 1, [(1, bad)])[0]
+    lines = []
+    assert bench._prewarm("tiny", 1, [(1, cfg)], 1, lines.append) is True  # pdl probe: no-op without CUDA
+    assert lines and lines[0].startswith("prewarmed 1 (n, config) calls in 1 processes"), lines
+
+
+def test_tune_cli_help_and_refusals(capsys):
+    bench = importlib.import_module("microbench.bench_moe_int4")
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--help"])
+    assert e.value.code == 0 and "--max-minutes" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bench.main(["tune", "--preset", "tiny", "--spaces", "fast"])
+    if not torch.cuda.is_available():
+        assert bench.main(["tune"]) == 2  # K2.5 needs a GPU
+        assert "needs a CUDA GPU" in capsys.readouterr().out
