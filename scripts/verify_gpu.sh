@@ -3,7 +3,7 @@
 # tables are written into kernels/ of this tree, so the verify run that follows uses them, and copied to $OUT), the
 # one-rank verify decomposition (`verifybench run --components verify`), and optionally the repeatability run of
 # scripts/device_run.sh. Everything lands in $OUT/gpu.tgz; short summaries are printed last.
-# Usage: VERIFYBENCH_GIT_COMMIT=<sha> STEPS="tests skinny moe verify repeat" scripts/verify_gpu.sh
+# Usage: VERIFYBENCH_GIT_COMMIT=<sha> STEPS="tests skinny mla moe verify repeat" scripts/verify_gpu.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -23,7 +23,7 @@ step() {  # step NAME LIMIT_S CMD...: output to $W/NAME.log, "NAME: rc=.. in .. 
 }
 
 if [[ $STEPS == *" tests "* ]]; then
-  step tests "${TESTS_LIMIT_S:-120}" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_fused_ops.py \
+  step tests "${TESTS_LIMIT_S:-120}" python3 -m pytest -q -p no:cacheprovider -m gpu -x tests/test_fused_ops.py \
     tests/test_mla_decode.py tests/test_skinny_gemm.py tests/test_verify_forward.py tests/test_moe_int4.py
 fi
 if [[ $STEPS == *" skinny "* ]]; then
@@ -31,9 +31,14 @@ if [[ $STEPS == *" skinny "* ]]; then
     --out kernels/skinny_gemm_configs.json --time-limit "${SKINNY_TUNE_S:-100}"
   cp kernels/skinny_gemm_configs.json "$W/"
 fi
+if [[ $STEPS == *" mla "* ]]; then
+  step mla "${MLA_LIMIT_S:-120}" python3 -m microbench.bench_mla_decode tune --out kernels/mla_decode_configs.json \
+    --time-limit "${MLA_TUNE_S:-80}"
+  cp kernels/mla_decode_configs.json "$W/"
+fi
 if [[ $STEPS == *" moe "* ]]; then
-  step moe "${MOE_LIMIT_S:-260}" python3 -m microbench.bench_moe_int4 tune --out kernels/moe_int4_configs.json \
-    --time-limit "${MOE_TUNE_S:-200}"
+  step moe "${MOE_LIMIT_S:-260}" python3 -m microbench.bench_moe_int4 tune --in-place --ns 1,2,3,4,5,6,7,8 \
+    --max-minutes "${MOE_TUNE_MIN:-3}"
   cp kernels/moe_int4_configs.json "$W/"
 fi
 if [[ $STEPS == *" verify "* ]]; then
@@ -48,6 +53,6 @@ tar czf "$OUT/gpu.tgz" -C "$W" .
 echo
 cat "$W/steps.txt"
 [ -f "$W/tests.log" ] && tail -n 8 "$W/tests.log"
-for s in skinny moe; do [ -f "$W/$s.log" ] && { echo "-- $s"; tail -n 25 "$W/$s.log"; }; done
+for s in skinny mla moe; do [ -f "$W/$s.log" ] && { echo "-- $s"; tail -n 25 "$W/$s.log"; }; done
 [ -f "$W/verify.log" ] && grep -v "━" "$W/verify.log" | tail -n 45
 [ -f "$W/repeat.log" ] && tail -n 30 "$W/repeat.log"
