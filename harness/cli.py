@@ -119,6 +119,34 @@ def _cmd_breakeven(args) -> int:
     return EXIT_OK
 
 
+def _cmd_project(args) -> int:
+    """A what-if of a stored verify decomposition on a GPU described by numbers (decompose.project)."""
+    from harness import presets
+    from harness.decompose import Gpu, project
+
+    run = results.load_run(args.results)
+    if run["component"] != "verify":
+        raise ValueError(f"{args.results}: a verify result is needed (verifybench verify), got {run['component']!r}")
+    cases = [c for c in run["cases"] if c["check"]["ok"]]
+    iso = {(c["params"]["variant"], c["params"]["tokens"]): c["summary"]["median_us"] for c in cases}
+    rows = []
+    for c in sorted((c for c in cases if c["params"]["variant"] == "full"), key=lambda c: c["params"]["tokens"]):
+        n, d, prm = c["params"]["tokens"], c["derived"], c["params"]
+        layers = prm["layers"] or presets.get(prm["preset"], prm["tp"]).layers
+        parts = {k[0][len("only-"):]: v for k, v in iso.items() if k[1] == n and k[0].startswith("only-")}
+        here = Gpu(run["fingerprint"]["gpu_model"], d["copy_gbps"], d["allreduce_stand_in_us"])
+        there = Gpu(args.name, args.copy_gbps, args.allreduce_us)
+        proj = project(parts, d["component_bytes"], here, there, allreduces=2 * layers)
+        rows.append({"n": n, f"measured_us ({here.name})": c["summary"]["median_us"],
+                     "sum_of_parts_us": sum(parts.values()), "projected_low_us": sum(lo for lo, _ in proj.values()),
+                     "projected_high_us": sum(hi for _, hi in proj.values())})
+    print(f"PROJECTION (not a measurement) of {args.results} onto {args.name}: copy {args.copy_gbps} GB/s, "
+          f"allreduce {args.allreduce_us} us. low: every weight-reading part keeps its eta; high: only its ideal "
+          "streaming time scales; allreduces replaced; launch-bound parts unchanged.")
+    print(tabulate(rows, headers="keys", floatfmt=".4g"))
+    return EXIT_OK
+
+
 def _cmd_run(args) -> int:
     """The main job: every registered component for a preset, then one markdown summary beside the JSON."""
     cpu = not cuda_available()
@@ -202,6 +230,16 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--draft-ms", type=float, default=1.0, help="drafting the tokens (ms)")
     q.add_argument("--overhead-ms", type=float, default=0.4, help="tree build, sampling, bookkeeping (ms)")
     q.set_defaults(func=_cmd_breakeven)
+
+    q = sub.add_parser("project", help="what-if: a stored verify decomposition on another GPU described by numbers",
+                       description="Moves each isolated part of a verify result onto another GPU: weight-reading "
+                       "parts by the copy-bandwidth ratio (a range: same eta there, or only the ideal streaming time "
+                       "scales), the allreduces by the given latency; prints a labelled PROJECTION per n.")
+    q.add_argument("results", type=Path, help="a verify result file (results/<machine>/verify-*.json)")
+    q.add_argument("--name", default="target GPU", help="what to call the other GPU")
+    q.add_argument("--copy-gbps", type=float, required=True, help="its device-to-device copy bandwidth (GB/s)")
+    q.add_argument("--allreduce-us", type=float, required=True, help="its allreduce latency at verify sizes (us)")
+    q.set_defaults(func=_cmd_project)
 
     q = sub.add_parser("env", help="print the run fingerprint (GPU, clocks, throttle reasons, versions, env)")
     q.add_argument("--json", action="store_true", help="the whole fingerprint as JSON")

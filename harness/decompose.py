@@ -66,20 +66,26 @@ class Gpu:
     name: str
     copy_gbps: float
     allreduce_us: float
-    per_node_us: float
 
 
-def project(parts_us: dict[str, float], here: Gpu, there: Gpu, streaming: tuple[str, ...], kernels: int,
-            allreduces: int) -> dict[str, float]:
-    """Scale measured parts onto `there`: weight-streaming parts by the copy-bandwidth ratio, the allreduce part by
-    the latency ratio, the launch floor by the per-node cost. A PROJECTION, not a measurement."""
+def project(parts_us: dict[str, float], bytes_by_comp: dict[str, int], here: Gpu, there: Gpu,
+            allreduces: int) -> dict[str, tuple[float, float]]:
+    """A PROJECTION, not a measurement: each measured part moved onto `there` as a (low, high) range.
+    A part that reads bytes is t = overhead + bytes / effective bandwidth, with the split unknown: low assumes all of
+    t scales with copy bandwidth (same eta there), high that only the ideal streaming time bytes / copy bandwidth
+    does and the rest (launches, latency, under-filled SMs) stays. The allreduce part is `allreduces` x there's
+    latency; parts without bytes (norms, activations) stay as measured."""
+    if here.copy_gbps <= 0 or there.copy_gbps <= 0 or there.allreduce_us < 0 or allreduces < 0:
+        raise ValueError("copy bandwidths must be > 0, the allreduce latency and count >= 0")
+    ratio = here.copy_gbps / there.copy_gbps
     out = {}
     for comp, t in parts_us.items():
-        if comp in streaming:
-            out[comp] = t * here.copy_gbps / there.copy_gbps
-        elif comp == "allreduce":
-            out[comp] = allreduces * there.allreduce_us
+        nbytes = bytes_by_comp.get(comp, 0)
+        if comp == "allreduce":
+            out[comp] = (allreduces * there.allreduce_us,) * 2
+        elif nbytes:
+            ideal_here = nbytes / (here.copy_gbps * 1e3)
+            out[comp] = (t * ratio, max(t - ideal_here, 0.0) + ideal_here * ratio)
         else:
-            out[comp] = t
-    out["launch_floor_delta"] = kernels * (there.per_node_us - here.per_node_us)
+            out[comp] = (t, t)
     return out

@@ -56,3 +56,14 @@ def test_report_holds_the_no_comm_roofline_column(run_dir):
     records = json.loads(next(run_dir.glob("verify-*.json")).read_text())["cases"]
     for row in bench_verify.decomposition(records)["table"]:
         assert row["no_comm_us"] is not None and "no_comm/roofline" in row
+
+
+def test_report_break_even_follows_its_formula(run_dir):
+    records = json.loads(next(run_dir.glob("verify-*.json")).read_text())["cases"]
+    table = bench_verify.decomposition(records)["table"]
+    rows = bench_verify.break_even_rows(table)
+    decode_ms = next(r["measured_us"] for r in table if r["n"] == 1) / 1e3
+    assert len(rows) == len(table)
+    for row, t in zip(rows, table):
+        cycle = bench_verify.DEFAULT_DRAFT_MS + t["measured_us"] / 1e3 + bench_verify.DEFAULT_OVERHEAD_MS
+        assert row["break-even accept len"] == pytest.approx(cycle / decode_ms)

@@ -52,10 +52,25 @@ def test_breakeven_cli_prints_tau_star(capsys):
     assert cli_main(["breakeven", "--accept-len", "-1"]) == 2
 
 
-def test_projection_scales_streaming_parts_by_bandwidth_and_labels_allreduce():
-    here = decompose.Gpu("H200", 4174, 7.7, 1.12)
-    there = decompose.Gpu("X", 8348, 4.0, 1.0)
-    p = decompose.project({"moe": 1000.0, "allreduce": 2000.0, "misc": 50.0}, here, there, ("moe",), kernels=1000,
+def test_projection_bounds_streaming_parts_and_replaces_the_allreduce():
+    here, there = decompose.Gpu("H200", 4000, 7.7), decompose.Gpu("X", 8000, 4.0)
+    # moe: 1000 us for 2 GB; at 4000 GB/s the ideal is 500 us, so high = 500 (overhead stays) + 250
+    p = decompose.project({"moe": 1000.0, "allreduce": 2000.0, "misc": 50.0}, {"moe": 2_000_000_000}, here, there,
                           allreduces=122)
-    assert p["moe"] == pytest.approx(500.0) and p["allreduce"] == pytest.approx(488.0) and p["misc"] == 50.0
-    assert p["launch_floor_delta"] == pytest.approx(-120.0)
+    assert p["moe"] == pytest.approx((500.0, 750.0))
+    assert p["allreduce"] == pytest.approx((488.0, 488.0)) and p["misc"] == (50.0, 50.0)
+    with pytest.raises(ValueError):
+        decompose.project({}, {}, here, decompose.Gpu("bad", 0, 1.0), allreduces=1)
+
+
+def test_project_command_reads_a_verify_result_and_labels_the_projection(tmp_path, capsys):
+    import json
+    from pathlib import Path
+
+    src = sorted(Path(__file__).resolve().parent.parent.glob("results/nvidia-h200-x1/verify-2*.json"))[-1]
+    assert cli_main(["project", str(src), "--name", "X", "--copy-gbps", "8000", "--allreduce-us", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "PROJECTION" in out and "X" in out
+    rows = [line for line in out.splitlines() if line.strip()[:1].isdigit()]
+    assert len(rows) == len({c["params"]["tokens"] for c in json.loads(src.read_text())["cases"]})
+    assert cli_main(["project", str(tmp_path / "missing.json"), "--copy-gbps", "1", "--allreduce-us", "1"]) == 2
