@@ -12,8 +12,6 @@ import math
 import os
 import sys
 import tempfile
-import time
-import traceback
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -26,8 +24,7 @@ from harness.allreduce_backends import (ALL_BACKENDS, BACKEND_HELP, ELEMENT_BYTE
                                         check_eager, check_graph, count_wrong, expected_sum, make_backend,
                                         prepare_for_timing, unavailable_reason)
 from harness.allreduce_results import ENGINE_MODE, MODES, Output
-from harness.dist_guard import (EXIT_RANK_ERROR, SAFE_ENV, Agreement, Watchdog, force_safe_env, hard_exit, log_prefix,
-                                maybe_fault, open_store, parse_fault, rank_info)
+from harness.dist_guard import Agreement, Watchdog, announce_safe_env, maybe_fault, parse_fault, rank_main
 from harness.timing import measure
 
 MODE_HELP = {"graph": "K ops captured in one CUDA graph, replay time / K (CPU: K calls in a loop)",
@@ -247,33 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def rank_main(args) -> None:
-    """A torchrun worker (or a lone process): never returns; exits without process-group teardown."""
-    info = rank_info()
-    store = open_store(info, STORE_TIMEOUT_S, host_it=info.rank == 0 and not info.agent_store)
-    guard = Watchdog(info, args.hang_timeout).start()
-    try:
-        code = run_rank(args, info, store, guard)
-    except BaseException as e:
-        traceback.print_exc()
-        guard.report("error", f"{type(e).__name__}: {e} (on {info.host})")
-        print(f"{log_prefix()} rank {info.rank}: failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        hard_exit(EXIT_RANK_ERROR)
-    guard.stop()
-    guard.report("done")
-    if info.rank == 0 and not info.agent_store:  # this process serves the store: let the others finish with it
-        deadline = time.monotonic() + args.hang_timeout
-        while time.monotonic() < deadline and not store.check([f"status/{r}" for r in range(info.world_size)]):
-            time.sleep(0.1)
-    hard_exit(code)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    overridden = force_safe_env()
-    if overridden:
-        forced = ", ".join(f"{k}={SAFE_ENV[k]} (was {v!r})" for k, v in overridden.items())
-        print(f"{log_prefix()} forced {forced}: multicast stays off", file=sys.stderr)
+    announce_safe_env()
     if args.nccl_sweep:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             print("error: --nccl-sweep is the driver: run it with plain python, it starts torchrun per setting",
@@ -282,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         from harness.allreduce_sweep import run_sweep
 
         return run_sweep(args)
-    rank_main(args)
+    rank_main(run_rank, args, STORE_TIMEOUT_S)
     return 0
 
 

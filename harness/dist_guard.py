@@ -14,6 +14,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
@@ -297,3 +298,34 @@ def maybe_fault(fault: tuple[str, int, int] | None, rank: int, case_index: int) 
           flush=True)
     while True:
         time.sleep(3600)
+
+
+def announce_safe_env() -> None:
+    """force_safe_env() for this process, saying on stderr what it overrode."""
+    overridden = force_safe_env()
+    if overridden:
+        forced = ", ".join(f"{k}={SAFE_ENV[k]} (was {v!r})" for k, v in overridden.items())
+        print(f"{log_prefix()} forced {forced}: multicast stays off", file=sys.stderr)
+
+
+def rank_main(run_rank, args, store_timeout_s: float) -> None:
+    """A torchrun worker (or a lone process) around `run_rank(args, info, store, guard) -> exit code`: the watchdog
+    runs throughout, an exception is reported to the other ranks, and the process never returns: it exits without
+    process-group teardown (where jobs hang). Rank 0, when it serves the store, waits for the others' status."""
+    info = rank_info()
+    store = open_store(info, store_timeout_s, host_it=info.rank == 0 and not info.agent_store)
+    guard = Watchdog(info, args.hang_timeout).start()
+    try:
+        code = run_rank(args, info, store, guard)
+    except BaseException as e:
+        traceback.print_exc()
+        guard.report("error", f"{type(e).__name__}: {e} (on {info.host})")
+        print(f"{log_prefix()} rank {info.rank}: failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        hard_exit(EXIT_RANK_ERROR)
+    guard.stop()
+    guard.report("done")
+    if info.rank == 0 and not info.agent_store:  # this process serves the store: let the others finish with it
+        deadline = time.monotonic() + args.hang_timeout
+        while time.monotonic() < deadline and not store.check([f"status/{r}" for r in range(info.world_size)]):
+            time.sleep(0.1)
+    hard_exit(code)

@@ -21,7 +21,6 @@ import argparse
 import itertools
 import os
 import sys
-import time
 import traceback
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
@@ -36,8 +35,7 @@ from harness.allreduce_backends import (DTYPE, GPU_BACKENDS, ArOp, Comm, backend
                                         capture_graph, check_eager, check_graph, expected_sum, make_backend,
                                         unavailable_reason)
 from harness.allreduce_results import measurement_from_dict
-from harness.dist_guard import (EXIT_RANK_ERROR, SAFE_ENV, Agreement, Watchdog, force_safe_env, hard_exit, log_prefix,
-                                maybe_fault, open_store, parse_fault, rank_info)
+from harness.dist_guard import Agreement, Watchdog, announce_safe_env, maybe_fault, parse_fault, rank_main
 from harness.results import Case
 from harness.timing import measure
 from kernels.verify_forward import COMPONENTS, RankShapes, VerifyForward
@@ -571,40 +569,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def rank_main(args) -> None:
-    """A torchrun worker (or a lone process): never returns; exits without process-group teardown (where jobs hang)."""
-    info = rank_info()
-    store = open_store(info, STORE_TIMEOUT_S, host_it=info.rank == 0 and not info.agent_store)
-    guard = Watchdog(info, args.hang_timeout).start()
-    try:
-        code = run_rank(args, info, store, guard)
-    except BaseException as e:
-        traceback.print_exc()
-        guard.report("error", f"{type(e).__name__}: {e} (on {info.host})")
-        print(f"{log_prefix()} rank {info.rank}: failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        hard_exit(EXIT_RANK_ERROR)
-    guard.stop()
-    guard.report("done")
-    if info.rank == 0 and not info.agent_store:  # this process serves the store: let the others finish with it
-        deadline = time.monotonic() + args.hang_timeout
-        while time.monotonic() < deadline and not store.check([f"status/{r}" for r in range(info.world_size)]):
-            time.sleep(0.1)
-    hard_exit(code)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     dist_guard.PREFIX = "[verify_dist]"
-    overridden = force_safe_env()
-    if overridden:
-        forced = ", ".join(f"{k}={SAFE_ENV[k]} (was {v!r})" for k, v in overridden.items())
-        print(f"{log_prefix()} forced {forced}: multicast stays off", file=sys.stderr)
+    announce_safe_env()
     try:
         make_plan(args)  # bad arguments: every rank says so and exits 2, before any rendezvous
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    rank_main(args)
+    rank_main(run_rank, args, STORE_TIMEOUT_S)
     return 0
 
 

@@ -29,7 +29,6 @@ largest tuned length <= length); the untuned default (DEFAULT_CONFIG, default_nu
 from __future__ import annotations
 
 import functools
-import json
 import math
 import operator
 from pathlib import Path
@@ -37,6 +36,9 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
+
+from kernels import config_tables
+from kernels.config_tables import device_name
 
 # Starting points, not timed on a GPU: SGLang's grouped MLA decode kernel runs 16 query rows x 32 keys per tile
 # with 4 warps and 2 stages at 576/512. Larger block_rows (32 or 64, 8 warps) read the cache fewer times per split
@@ -137,37 +139,15 @@ def check_config(config: dict) -> dict:
     return cfg
 
 
-@functools.lru_cache(maxsize=None)
-def load_configs(path: str = str(CONFIG_PATH)) -> dict:
+def load_configs(path: Path | str = CONFIG_PATH) -> dict:
     """The tuning table {gpu name: {"shapes": {"heads,n,D,kv_lora": {length bucket: config}}, "tuned_on": {...}}};
     read once per path ({} when the file is absent)."""
-    p = Path(path)
-    if not p.is_file():
-        return {}
-    try:
-        table = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{p}: not a valid MLA decode config table: {e}") from None
-    if not isinstance(table, dict):
-        raise ValueError(f"{p}: an MLA decode config table must be a JSON object, got {type(table).__name__}")
-    return table
+    return config_tables.load(path)
 
 
 def save_configs(table: dict, path: Path | str = CONFIG_PATH) -> Path:
-    path = Path(path)
-    path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
-    load_configs.cache_clear()
     _selected.cache_clear()
-    return path
-
-
-@functools.lru_cache(maxsize=None)
-def _device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-
-
-def device_name(device) -> str:
-    return _device_name(torch.device(device))
+    return config_tables.save(table, path)
 
 
 def shape_key(heads: int, n: int, d: int = 576, kv_lora: int = 512) -> str:

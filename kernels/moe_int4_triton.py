@@ -33,7 +33,6 @@ as the checkpoint; "checkpoint" layout (no repack, strided activation loads, ~5x
 """
 from __future__ import annotations
 
-import json
 import os
 import weakref
 from pathlib import Path
@@ -43,6 +42,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # PDL (sm_90+; triton >= 3.3)
 
+from kernels import config_tables
+from kernels.config_tables import device_name
 from kernels.moe_int4 import PACK, check_moe_inputs, pack_nibbles, unpack_nibbles
 
 CONFIG_PATH = Path(__file__).with_name("moe_int4_configs.json")
@@ -561,26 +562,13 @@ def kernel_weights(packed: torch.Tensor, scales: torch.Tensor, layout: str,
 
 # ---------------------------------------------------------------------------------------------------- configs
 
-_TABLES: dict[str, dict] = {}
-
-
 def load_configs(path: Path | str = CONFIG_PATH) -> dict:
     """The tuning table {gpu name: {"layout", "dequant", "by_n": {n: {"gate_up", "down", ...}}}}; read once."""
-    key = str(path)
-    if key not in _TABLES:
-        _TABLES[key] = json.loads(Path(path).read_text()) if Path(path).is_file() else {}
-    return _TABLES[key]
+    return config_tables.load(path)
 
 
 def save_configs(table: dict, path: Path | str = CONFIG_PATH) -> Path:
-    path = Path(path)
-    path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
-    _TABLES.pop(str(path), None)
-    return path
-
-
-def device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return config_tables.save(table, path)
 
 
 def select_config(m: int, device: torch.device, table: dict | None = None) -> dict:

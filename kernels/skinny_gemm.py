@@ -25,13 +25,15 @@ import (tests); other CPU tensors take the reference (the CPU smoke profile).
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
+
+from kernels import config_tables
+from kernels.config_tables import device_name
 
 CONFIG_PATH = Path(__file__).with_name("skinny_gemm_configs.json")
 MAX_TOKENS = 16
@@ -296,29 +298,17 @@ def check_config(cfg: dict, n: int) -> dict:
     return c
 
 
-_TABLES: dict[str, dict] = {}
 _SELECTED: dict[tuple, dict] = {}  # select_config results from the committed table (host cost of eager calls)
 
 
 def load_configs(path: Path | str = CONFIG_PATH) -> dict:
     """The tuning table {gpu name: {"shapes": {"N,K": {n bucket: config}}, "tuned_on": {...}}}; read once."""
-    key = str(path)
-    if key not in _TABLES:
-        _TABLES[key] = json.loads(Path(path).read_text()) if Path(path).is_file() else {}
-    return _TABLES[key]
+    return config_tables.load(path)
 
 
 def save_configs(table: dict, path: Path | str = CONFIG_PATH) -> Path:
-    path = Path(path)
-    path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
-    _TABLES.pop(str(path), None)
     _SELECTED.clear()
-    return path
-
-
-def device_name(device) -> str:
-    device = torch.device(device)
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return config_tables.save(table, path)
 
 
 def shape_key(N: int, K: int) -> str:

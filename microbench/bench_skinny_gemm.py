@@ -8,11 +8,9 @@ Tune: python3 -m microbench.bench_skinny_gemm tune [--out PATH] [--time-limit S]
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass
 from functools import lru_cache
@@ -25,6 +23,7 @@ from harness import ceiling, presets
 from harness.runner import CaseSpec, rel_error
 from harness.timing import cuda_available, l2_bytes, measure
 from kernels import skinny_gemm as sg
+from microbench.tune_cli import tune_main
 
 COMPONENT = "skinny_gemm"
 GPU_NS = (1, 4, 8)
@@ -378,27 +377,8 @@ DEFAULT_TUNE_OUT = "skinny_gemm_configs.tuned.json"  # the committed table is ov
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m microbench.bench_skinny_gemm", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["tune"])
-    ap.add_argument("--preset", default="kimi-k2.5")
-    ap.add_argument("--tp", type=int, default=8)
-    ap.add_argument("--out", default=None, help=f"table JSON to write (default {DEFAULT_TUNE_OUT}; "
-                    f"{sg.CONFIG_PATH.name} in kernels/ is the committed one)")
-    ap.add_argument("--time-limit", type=float, default=100.0,
-                    help="seconds for the sweep after start-up (default 100)")
-    ap.add_argument("--smoke", action="store_true", help="tiny shapes on CPU through the Triton interpreter: checks "
-                    "the tune path, times nothing meaningful")
-    args = ap.parse_args(argv)
-    if args.smoke and not sg._INTERPRET:  # triton decides interpreter or not at import: start over with it set
-        env = {**os.environ, "TRITON_INTERPRET": "1"}
-        argv = sys.argv[1:] if argv is None else list(argv)
-        os.execve(sys.executable, [sys.executable, "-m", "microbench.bench_skinny_gemm", *argv], env)
-    if not args.smoke and not cuda_available():
-        print("tune needs a CUDA GPU (or --smoke on CPU)")
-        return 2
-    tune(args.preset, args.tp, args.out, args.time_limit, smoke=args.smoke)
-    return 0
+    return tune_main(argv, "microbench.bench_skinny_gemm", __doc__, sg.CONFIG_PATH, DEFAULT_TUNE_OUT, 100.0, sg._INTERPRET,
+                     lambda args: tune(args.preset, args.tp, args.out, args.time_limit, smoke=args.smoke))
 
 
 if __name__ == "__main__":

@@ -4,14 +4,8 @@ leaving no process behind, the NCCL sweep driver (one fresh torchrun per setting
 """
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
 import sys
-import time
-import uuid
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,51 +15,11 @@ from harness.allreduce_results import build_cases, busbw_factor, table_rows
 from harness.allreduce_backends import BF16_EXACT_MAX, expected_sum, pattern_modulus
 from harness.allreduce_sweep import parse_nccl_log, parse_setting
 from harness.results import load_run
+from torchrun_jobs import BOUND_S, TORCHRUN, assert_no_orphans
+from torchrun_jobs import run_job
 
-REPO = Path(__file__).resolve().parent.parent
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
 FAST = ["--backend", "gloo", "--preset", "tiny", "--tokens", "1,2", "--warmup", "2", "--samples", "5",
         "--isolated-samples", "6", "--calls-per-sample", "3"]
-BOUND_S = 60  # the issue's bound: a dead or hung rank ends the job within this
-
-
-def _run(cmd: list[str], timeout_s: float = 120) -> tuple[int, str, float, str]:
-    """Run `cmd` (+ a unique --run-tag) in its own session; returns rc, output, wall seconds, tag."""
-    tag = f"artest-{uuid.uuid4().hex[:10]}"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd + ["--run-tag", tag], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"did not end within {timeout_s} s:\n{out[-3000:]}")
-    return proc.returncode, out, time.monotonic() - t0, tag
-
-
-def _alive(tag: str) -> list[str]:
-    """Live (non-zombie) processes whose command line carries `tag`."""
-    found = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            cmdline = (d / "cmdline").read_bytes()
-            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if tag.encode() in cmdline and state != "Z":
-            found.append(d.name + ": " + cmdline.replace(b"\0", b" ").decode(errors="replace")[:120])
-    return found
-
-
-def _assert_no_orphans(tag: str, grace_s: float = 5.0) -> None:
-    deadline = time.monotonic() + grace_s
-    while _alive(tag) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not _alive(tag), f"processes left behind: {_alive(tag)}"
 
 
 def test_gloo_two_rank_run_prints_table_and_saves_checked_json(tmp_path):
@@ -87,7 +41,7 @@ def test_gloo_two_rank_run_prints_table_and_saves_checked_json(tmp_path):
         assert c["warmup_calls"] == 2  # the agreed counts, not an adaptive stop
         assert len(c["samples_us"]) == (6 if c["params"]["mode"] == "isolated" else 5)
         assert c["calls_per_sample"] == (1 if c["params"]["mode"] == "isolated" else 3)
-    _assert_no_orphans(tag)
+    assert_no_orphans(tag)
 
 
 def test_rank_exiting_early_ends_job_nonzero_within_bound_naming_it(tmp_path):
@@ -96,7 +50,7 @@ def test_rank_exiting_early_ends_job_nonzero_within_bound_naming_it(tmp_path):
     assert rc != 0
     assert wall_s < BOUND_S
     assert re.search(r"Root Cause.*?rank\s*:\s*1 \(local_rank: 1\)", out, re.S), out[-3000:]
-    _assert_no_orphans(tag)
+    assert_no_orphans(tag)
 
 
 @pytest.mark.parametrize("rank", [0, 1])
@@ -107,7 +61,7 @@ def test_rank_hanging_ends_job_nonzero_within_bound_naming_it(tmp_path, rank):
     assert wall_s < BOUND_S
     assert f"rank {rank} stopped making progress" in out, out[-3000:]
     assert f"waiting: rank {1 - rank}" in out
-    _assert_no_orphans(tag)
+    assert_no_orphans(tag)
 
 
 def test_nccl_sweep_runs_each_setting_in_a_fresh_torchrun(tmp_path):
@@ -126,7 +80,7 @@ def test_nccl_sweep_runs_each_setting_in_a_fresh_torchrun(tmp_path):
         env = setting_run["fingerprint"]["env"]
         assert env.get("NCCL_PROTO") == want
         assert env["NCCL_NVLS_ENABLE"] == "0" and env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
-    _assert_no_orphans(tag)
+    assert_no_orphans(tag)
 
 
 def test_sweep_refuses_settings_that_enable_multicast():
@@ -211,3 +165,7 @@ def test_case_time_is_the_slowest_ranks_median_and_a_wrong_output_reports_no_tim
     assert not bad.check_ok and bad.measurement is None
     row = table_rows([{"params": {**bad.params}, "derived": bad.derived, "check": {"ok": False}}])[0]
     assert row["time(us)"] == "FAIL"
+
+
+def _run(cmd: list[str], timeout_s: float = 120):
+    return run_job(cmd, timeout_s)

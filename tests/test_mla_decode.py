@@ -251,7 +251,7 @@ def test_load_configs_reads_once_and_rejects_bad_json(tmp_path):
     md.save_configs(TABLE, good)
     assert md.load_configs(str(good)) == TABLE and md.load_configs(str(good)) is md.load_configs(str(good))
     assert md.load_configs(str(tmp_path / "absent.json")) == {}
-    for name, text, match in (("bad.json", "{not json", "not a valid MLA decode config table"),
+    for name, text, match in (("bad.json", "{not json", "not a valid config table"),
                               ("list.json", "[1, 2]", "must be a JSON object")):
         (tmp_path / name).write_text(text)
         with pytest.raises(ValueError, match=match):

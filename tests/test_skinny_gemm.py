@@ -228,7 +228,9 @@ def test_tune_smoke_writes_a_table_select_config_reads(tmp_path, monkeypatch):
     buckets = table["cpu"]["shapes"]["48,128"]
     assert set(buckets) == {"1", "2", "16"} and all(b["us"] > 0 for b in buckets.values())
     cfg = sg.select_config(2, 48, 128, "cpu", sg.load_configs(out))
-    assert cfg["SPLIT_K"] >= 1 and cfg == sg.check_config({k: buckets["2"][k] for k in sg.DEFAULT_DOT}, 2)
+    # the interpreter loses to F.linear, so the tune may keep "torch" (cuBLAS on a GPU) for a bucket
+    assert cfg == sg.check_config({k: v for k, v in buckets["2"].items() if k in sg.DEFAULT_DOT}, 2)
+    assert cfg["kind"] == "torch" or cfg["SPLIT_K"] >= 1
 
 
 # ---------------------------------------------------------------------------------------------------- GPU

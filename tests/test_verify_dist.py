@@ -4,70 +4,21 @@ allreduce that the cross-rank check must fail, a crashing rank ending the job wi
 """
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
-import sys
-import time
-import uuid
-from pathlib import Path
 
 import pytest
 import torch
 
 from harness import verify_dist as vd
 from harness.results import load_run
+from torchrun_jobs import BOUND_S, TORCHRUN, assert_no_orphans, run_job
 
-REPO = Path(__file__).resolve().parent.parent
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
-            "harness.verify_dist"]
+VERIFY_DIST = TORCHRUN + ["-m", "harness.verify_dist"]
 FAST = ["--allreduce", "gloo", "--preset", "tiny", "--tp", "1", "--context", "64", "--warmup", "2", "--samples", "3"]
-BOUND_S = 60
-
-
-def _run(cmd: list[str], timeout_s: float = 150) -> tuple[int, str, float, str]:
-    """Run `cmd` (+ a unique --run-tag) in its own session; returns rc, output, wall seconds, tag."""
-    tag = f"vdtest-{uuid.uuid4().hex[:10]}"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    for key in ("VERIFYBENCH_ALLREDUCE_US", "VERIFYBENCH_VERIFY_OPS"):  # the defaults these tests assert
-        env.pop(key, None)
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd + ["--run-tag", tag], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"did not end within {timeout_s} s:\n{out[-3000:]}")
-    return proc.returncode, out, time.monotonic() - t0, tag
-
-
-def _alive(tag: str) -> list[str]:
-    found = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            cmdline = (d / "cmdline").read_bytes()
-            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if tag.encode() in cmdline and state != "Z":
-            found.append(d.name + ": " + cmdline.replace(b"\0", b" ").decode(errors="replace")[:120])
-    return found
-
-
-def _assert_no_orphans(tag: str, grace_s: float = 5.0) -> None:
-    deadline = time.monotonic() + grace_s
-    while _alive(tag) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not _alive(tag), f"processes left behind: {_alive(tag)}"
 
 
 def test_two_rank_gloo_run_checks_times_both_variants_and_saves(tmp_path):
-    rc, out, _, tag = _run(TORCHRUN + [*FAST, "--tokens", "1,2", "--out", str(tmp_path), "--name", "r.json"])
+    rc, out, _, tag = _run(VERIFY_DIST + [*FAST, "--tokens", "1,2", "--out", str(tmp_path), "--name", "r.json"])
     assert rc == 0, out[-3000:]
     assert re.search(r"n\s+size\(B\)\s+backend\s+full\(us\)\s+no-AR\(us\)\s+AR marginal\(us\)\s+per AR\(us\)", out), \
         out[-3000:]
@@ -91,11 +42,11 @@ def test_two_rank_gloo_run_checks_times_both_variants_and_saves(tmp_path):
         assert full["allreduce_marginal_us"] == pytest.approx(full["time_us"] - without["time_us"])
         assert full["per_allreduce_marginal_us"] == pytest.approx(full["allreduce_marginal_us"] / 6)  # 2 x 3 layers
         assert full["allreduce_bytes"] == n * 256 * 2 and full["stand_in_us"] == 7.7
-    _assert_no_orphans(tag)
+    assert_no_orphans(tag)
 
 
 def test_without_the_allreduce_the_cross_rank_check_fails_and_no_time_is_reported(tmp_path):
-    rc, out, _, tag = _run(TORCHRUN + [*FAST, "--tokens", "1", "--no-allreduce", "--out", str(tmp_path),
+    rc, out, _, tag = _run(VERIFY_DIST + [*FAST, "--tokens", "1", "--no-allreduce", "--out", str(tmp_path),
                                        "--name", "r.json"])
     assert rc != 0
     assert "FAILED checks" in out and "residual stream differs across ranks" in out, out[-3000:]
@@ -103,15 +54,15 @@ def test_without_the_allreduce_the_cross_rank_check_fails_and_no_time_is_reporte
     assert len(run["cases"]) == 3
     for c in run["cases"]:
         assert not c["check"]["ok"] and "samples_us" not in c and c["params"]["debug"] == "no-allreduce"
-    _assert_no_orphans(tag)
+    assert_no_orphans(tag)
 
 
 def test_rank_exiting_early_ends_job_nonzero_within_bound_naming_it(tmp_path):
-    rc, out, wall_s, tag = _run(TORCHRUN + [*FAST, "--tokens", "1,2", "--out", str(tmp_path),
+    rc, out, wall_s, tag = _run(VERIFY_DIST + [*FAST, "--tokens", "1,2", "--out", str(tmp_path),
                                             "--fault", "exit-early:1@1", "--hang-timeout", "6"])
     assert rc != 0 and wall_s < BOUND_S
     assert re.search(r"Root Cause.*?rank\s*:\s*1 \(local_rank: 1\)", out, re.S), out[-3000:]
-    _assert_no_orphans(tag)
+    assert_no_orphans(tag)
 
 
 def _streams(values):
@@ -172,3 +123,8 @@ def test_ranks_get_their_own_weights_replicated_ones_and_identical_inputs():
 def test_bad_arguments_are_refused_before_any_rendezvous(argv, message, capsys):
     assert vd.main(["--preset", "tiny", "--tp", "1", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def _run(cmd: list[str], timeout_s: float = 150):
+    # the defaults these tests assert
+    return run_job(cmd, timeout_s, drop_env=("VERIFYBENCH_ALLREDUCE_US", "VERIFYBENCH_VERIFY_OPS"))

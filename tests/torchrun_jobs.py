@@ -1,0 +1,57 @@
+"""Launching torchrun jobs from tests: each in its own session with a unique tag on its command line, killed as a
+group past a timeout, and checked for processes left behind (the allreduce and verify_dist failure-path tests)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+BOUND_S = 60  # the issues' bound: a dead or hung rank ends the job within this
+
+
+def run_job(cmd: list[str], timeout_s: float, drop_env: tuple[str, ...] = ()) -> tuple[int, str, float, str]:
+    """Run `cmd` (+ a unique --run-tag) in its own session; returns rc, output, wall seconds, tag."""
+    tag = f"job-{uuid.uuid4().hex[:10]}"
+    env = {k: v for k, v in os.environ.items() if k not in drop_env}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd + ["--run-tag", tag], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"did not end within {timeout_s} s:\n{out[-3000:]}")
+    return proc.returncode, out, time.monotonic() - t0, tag
+
+
+def alive(tag: str) -> list[str]:
+    """Live (non-zombie) processes whose command line carries `tag`."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmdline = (d / "cmdline").read_bytes()
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if tag.encode() in cmdline and state != "Z":
+            found.append(d.name + ": " + cmdline.replace(b"\0", b" ").decode(errors="replace")[:120])
+    return found
+
+
+def assert_no_orphans(tag: str, grace_s: float = 5.0) -> None:
+    deadline = time.monotonic() + grace_s
+    while alive(tag) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive(tag), f"processes left behind: {alive(tag)}"
