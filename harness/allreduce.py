@@ -13,7 +13,6 @@ import os
 import sys
 import tempfile
 from dataclasses import replace
-from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -24,7 +23,8 @@ from harness.allreduce_backends import (ALL_BACKENDS, BACKEND_HELP, ELEMENT_BYTE
                                         check_eager, check_graph, count_wrong, expected_sum, make_backend,
                                         prepare_for_timing, unavailable_reason)
 from harness.allreduce_results import ENGINE_MODE, MODES, Output
-from harness.dist_guard import Agreement, Watchdog, announce_safe_env, maybe_fault, parse_fault, rank_main
+from harness.dist_guard import (Agreement, Watchdog, announce_safe_env, init_group, maybe_fault, parse_fault,
+                                rank_main)
 from harness.timing import measure
 
 MODE_HELP = {"graph": "K ops captured in one CUDA graph, replay time / K (CPU: K calls in a loop)",
@@ -81,14 +81,7 @@ def run_rank(args, info, store, guard: Watchdog) -> int:
     requested = args.backend.split(",") if args.backend else list(ALL_BACKENDS)
     use_cuda = torch.cuda.is_available() and any(b in GPU_BACKENDS for b in requested)
     nccl_log_dir = _enable_nccl_log() if use_cuda and args.nccl_log else None
-    if use_cuda:
-        torch.cuda.set_device(info.local_rank)
-    device = torch.device("cuda", info.local_rank) if use_cuda else torch.device("cpu")
-    guard.mark("init process group")
-    dist.init_process_group("cpu:gloo,cuda:nccl" if use_cuda else "gloo", store=dist.PrefixStore("pg/", store),
-                            rank=info.rank, world_size=info.world_size,
-                            timeout=timedelta(seconds=max(120.0, 4 * args.hang_timeout)),
-                            device_id=device if use_cuda else None)
+    device = init_group(info, store, use_cuda, args.hang_timeout, guard)
     comm = Comm(info.rank, info.world_size, info.local_world_size, device, store)
     plan = agree.broadcast(_make_plan(args, device.type, requested) if info.rank == 0 else None)
     me = {"host": info.host, "local_rank": info.local_rank, "pid": os.getpid(),

@@ -11,7 +11,8 @@ from harness.fit import linear_fit
 
 
 def table(full_us: dict[int, float], isolated_us: dict[str, dict[int, float]],
-          without_us: dict[str, dict[int, float]], roofline_us: dict[int, float], comm: str = "allreduce") -> list[dict]:
+          without_us: dict[str, dict[int, float]], roofline_us: dict[int, float],
+          comm: str = "allreduce") -> list[dict]:
     """One row per n: measured forward, every component's isolated time and marginal time (forward minus forward
     without it), the sum of the isolated parts and its error against the measured forward, and the roofline. The
     roofline has no term for communication, so it is held against the forward without `comm` (DESIGN.md 4.5)."""

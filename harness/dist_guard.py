@@ -19,6 +19,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 # Multicast (NVLS, multimem) stays off on our H200s (DESIGN.md section 6); every rank and child process gets these.
@@ -329,3 +330,18 @@ def rank_main(run_rank, args, store_timeout_s: float) -> None:
         while time.monotonic() < deadline and not store.check([f"status/{r}" for r in range(info.world_size)]):
             time.sleep(0.1)
     hard_exit(code)
+
+
+def init_group(info: RankInfo, store: dist.Store, use_cuda: bool, hang_timeout_s: float,
+               guard: Watchdog) -> torch.device:
+    """This rank's device, and the default process group on the shared store (gloo for CPU tensors, NCCL for CUDA
+    ones) with a timeout well past the watchdog's, which ends real hangs first."""
+    if use_cuda:
+        torch.cuda.set_device(info.local_rank)
+    device = torch.device("cuda", info.local_rank) if use_cuda else torch.device("cpu")
+    guard.mark("init process group")
+    dist.init_process_group("cpu:gloo,cuda:nccl" if use_cuda else "gloo", store=dist.PrefixStore("pg/", store),
+                            rank=info.rank, world_size=info.world_size,
+                            timeout=timedelta(seconds=max(120.0, 4 * hang_timeout_s)),
+                            device_id=device if use_cuda else None)
+    return device

@@ -23,7 +23,7 @@ import os
 import sys
 import traceback
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -35,7 +35,8 @@ from harness.allreduce_backends import (DTYPE, GPU_BACKENDS, ArOp, Comm, backend
                                         capture_graph, check_eager, check_graph, expected_sum, make_backend,
                                         unavailable_reason)
 from harness.allreduce_results import measurement_from_dict
-from harness.dist_guard import Agreement, Watchdog, announce_safe_env, maybe_fault, parse_fault, rank_main
+from harness.dist_guard import (Agreement, Watchdog, announce_safe_env, init_group, maybe_fault, parse_fault,
+                                rank_main)
 from harness.results import Case
 from harness.timing import measure
 from kernels.verify_forward import COMPONENTS, RankShapes, VerifyForward
@@ -497,14 +498,7 @@ def run_rank(args, info, store, guard: Watchdog) -> int:
     agree = Agreement(store, info)
     plan = agree.broadcast(make_plan(args) if info.rank == 0 else None)  # rank 0's word on every count
     cuda = plan["device"] == "cuda"
-    if cuda:
-        torch.cuda.set_device(info.local_rank)
-    device = torch.device("cuda", info.local_rank) if cuda else torch.device("cpu")
-    guard.mark("init process group")
-    dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", store=dist.PrefixStore("pg/", store),
-                            rank=info.rank, world_size=info.world_size,
-                            timeout=timedelta(seconds=max(120.0, 4 * args.hang_timeout)),
-                            device_id=device if cuda else None)
+    device = init_group(info, store, cuda, args.hang_timeout, guard)
     comm = Comm(info.rank, info.world_size, info.local_world_size, device, store)
     skipped: dict[str, str] = {}
     for r, reasons in enumerate(agree.allgather({b: unavailable_reason(b, comm) for b in plan["backends"]})):

@@ -27,7 +27,7 @@ from harness.runner import CaseSpec, rel_error
 from harness.timing import cuda_available, l2_bytes, measure
 from kernels import mla_decode as md
 from kernels.verify_forward import TORCH_OPS
-from microbench.tune_cli import tune_main
+from microbench.tune_cli import report_tune, tune_main
 
 COMPONENT = "mla_decode"
 GPU_NS = (1, 4, 8)
@@ -371,14 +371,9 @@ def tune(out: str | None = None, time_limit_s: float = 90.0, smoke: bool = False
                          "date_utc": time.strftime("%Y-%m-%d", time.gmtime()),
                          "sweep_s": round(time.perf_counter() - t0), "copy_gbps": round(cp, 1)}
     written = md.save_configs(table, path)
-    from tabulate import tabulate
-
-    if skipped:
-        log(f"time limit ({time_limit_s:.0f} s) reached: not tuned (default config at run time): {', '.join(skipped)}")
-    if partial:
-        log(f"time limit ({time_limit_s:.0f} s) reached: split count only (default tile): {', '.join(partial)}")
-    log(f"wrote {written} ({time.perf_counter() - t0:.0f} s, {name}, copy {cp:.0f} GB/s)")
-    log(tabulate(rows, headers="keys", floatfmt=".3g"))
+    partial_note = (f"time limit ({time_limit_s:.0f} s) reached: split count only (default tile): "
+                    f"{', '.join(partial)}",)
+    report_tune(log, written, t0, name, cp, rows, time_limit_s, skipped, partial_note if partial else ())
     return table
 
 

@@ -23,7 +23,7 @@ from harness import ceiling, presets
 from harness.runner import CaseSpec, rel_error
 from harness.timing import cuda_available, l2_bytes, measure
 from kernels import skinny_gemm as sg
-from microbench.tune_cli import tune_main
+from microbench.tune_cli import report_tune, tune_main
 
 COMPONENT = "skinny_gemm"
 GPU_NS = (1, 4, 8)
@@ -364,12 +364,7 @@ def tune(preset: str = "kimi-k2.5", tp: int = 8, out: str | None = None, time_li
             rows.append({"shape": shape.name, "N,K": shape.key, "n": int(n), "cublas_us": cub, "best_us": c["us"],
                          "speedup": cub / c["us"] if cub else None, "eta": ceiling.eta(moved, c["us"], copy),
                          "cublas_eta": ceiling.eta(moved, cub, copy) if cub else None, "config": _cfg_str(c)})
-    from tabulate import tabulate
-
-    if skipped:
-        log(f"time limit ({time_limit_s:.0f} s) reached: not tuned (default config at run time): {', '.join(skipped)}")
-    log(f"wrote {written} ({time.perf_counter() - t0:.0f} s, {name}, copy {copy:.0f} GB/s)")
-    log(tabulate(rows, headers="keys", floatfmt=".3g"))
+    report_tune(log, written, t0, name, copy, rows, time_limit_s, skipped)
     return table
 
 
@@ -377,8 +372,8 @@ DEFAULT_TUNE_OUT = "skinny_gemm_configs.tuned.json"  # the committed table is ov
 
 
 def main(argv=None) -> int:
-    return tune_main(argv, "microbench.bench_skinny_gemm", __doc__, sg.CONFIG_PATH, DEFAULT_TUNE_OUT, 100.0, sg._INTERPRET,
-                     lambda args: tune(args.preset, args.tp, args.out, args.time_limit, smoke=args.smoke))
+    return tune_main(argv, "microbench.bench_skinny_gemm", __doc__, sg.CONFIG_PATH, DEFAULT_TUNE_OUT, 100.0,
+                     sg._INTERPRET, lambda args: tune(args.preset, args.tp, args.out, args.time_limit, smoke=args.smoke))
 
 
 if __name__ == "__main__":

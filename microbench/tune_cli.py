@@ -36,3 +36,19 @@ def tune_main(argv, module: str, doc: str, config_path: Path, default_out: str, 
         return 2
     run(args)
     return 0
+
+
+def report_tune(log, written: Path, t0: float, gpu: str, copy_gbps: float, rows: list[dict], time_limit_s: float,
+                not_tuned: list[str], notes: tuple[str, ...] = ()) -> None:
+    """The tuners' closing lines: what the time limit cut, where the table went, the table."""
+    import time
+
+    from tabulate import tabulate
+
+    if not_tuned:
+        log(f"time limit ({time_limit_s:.0f} s) reached: not tuned (default config at run time): "
+            f"{', '.join(not_tuned)}")
+    for note in notes:
+        log(note)
+    log(f"wrote {written} ({time.perf_counter() - t0:.0f} s, {gpu}, copy {copy_gbps:.0f} GB/s)")
+    log(tabulate(rows, headers="keys", floatfmt=".3g"))
