@@ -56,3 +56,4 @@ cat "$W/steps.txt"
 for s in skinny mla moe; do [ -f "$W/$s.log" ] && { echo "-- $s"; tail -n 25 "$W/$s.log"; }; done
 [ -f "$W/verify.log" ] && grep -v "━" "$W/verify.log" | tail -n 45
 [ -f "$W/repeat.log" ] && tail -n 30 "$W/repeat.log"
+! grep -qv "rc=0" "$W/steps.txt"  # the exit status: non-zero when a step failed
