@@ -13,8 +13,8 @@ FP = {"gpu_model": "NVIDIA H200", "slug": "nvidia-h200-x1", "env": {"NCCL_PROTO"
       "gpus": [{"name": "NVIDIA H200", "uuid": "GPU-1"}]}
 
 
-def _write(path, cases: dict, fp=FP, ok=True):
-    recs = [Case(name, {}, ok, "", Measurement("graph", "cuda", "cuda_event", list(s), 1, 3, "ci_target", 1.0))
+def _write(path, cases: dict, fp=FP, ok=True, mode="graph"):
+    recs = [Case(name, {}, ok, "", Measurement(mode, "cuda", "cuda_event", list(s), 1, 3, "ci_target", 1.0))
             if ok else Case(name, {}, False, "bad") for name, s in cases.items()]
     results.write_json_atomic(path, results.make_run("demo", recs, fp))
     return path
@@ -125,3 +125,12 @@ def test_bad_thresholds_exit_2(tmp_path, effect, alpha):
     base = _write(tmp_path / "a.json", {"x": _samples(1)})
     args = SimpleNamespace(base=base, new=base, min_effect=effect, alpha=alpha, allow_different_hardware=False)
     assert compare.main(args) == 2
+
+
+def test_a_slow_host_timed_case_is_still_slow_but_named_as_host_bound(tmp_path, capsys):
+    base = _write(tmp_path / "a.json", {"x": _samples(1)}, mode="host_call")
+    new = _write(tmp_path / "b.json", {"x": _samples(3, 150)}, mode="host_call")
+    assert _cli(base, new) == 1  # the verdict stands: the host really was slower
+    assert "NOTE: 1 of the SLOW/FAST cases are host-timed" in capsys.readouterr().out
+    assert _cli(_write(tmp_path / "c.json", {"x": _samples(1)}), _write(tmp_path / "d.json", {"x": _samples(3, 150)})) == 1
+    assert "host-timed" not in capsys.readouterr().out  # graph mode: no such note
