@@ -59,3 +59,14 @@ def copy_gbps(device: str | None = None) -> float:
     if not case.check_ok:
         raise RuntimeError(f"copy ceiling check failed: {case.check_detail}")
     return case.derived["gbps"]
+
+
+def streaming_case_rows(records: list[dict], prefix: str, with_mode: bool = False) -> tuple[list[dict], list[dict]]:
+    """The passing, timed records whose name starts with `prefix`, and one table row each for a weight-streaming
+    kernel: median, MB moved, GB/s, eta and the bandwidth floor (derived figures the bench modules store)."""
+    ok = [r for r in records if r["name"].startswith(prefix) and r["check"]["ok"] and "summary" in r]
+    rows = [{"case": r["name"], **({"mode": r["mode"]} if with_mode else {}), "median_us": r["summary"]["median_us"],
+             **({"distinct": r["derived"]["distinct_experts"]} if "distinct_experts" in r["derived"] else {}),
+             "MB": r["derived"]["bytes_moved"] / 1e6, "GB/s": r["derived"]["gbps"], "eta": r["derived"]["eta"],
+             "floor_us": r["derived"]["floor_us"]} for r in ok]
+    return ok, rows

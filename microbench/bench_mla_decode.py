@@ -184,10 +184,7 @@ def _cfg_str(cfg: dict | None) -> str:
 
 def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
     """Per case (us, GB/s, eta) and per (context, n) the tuned kernel beside the default config and the torch path."""
-    ok = [r for r in records if r["name"].startswith("mla/") and r["check"]["ok"] and "summary" in r]
-    per_case = [{"case": r["name"], "median_us": r["summary"]["median_us"], "MB": r["derived"]["bytes_moved"] / 1e6,
-                 "GB/s": r["derived"]["gbps"], "eta": r["derived"]["eta"], "floor_us": r["derived"]["floor_us"]}
-                for r in ok]
+    ok, per_case = ceiling.streaming_case_rows(records, "mla/")
     by_key: dict[tuple, dict] = {}
     for r in ok:
         prm, d = r["params"], r["derived"]

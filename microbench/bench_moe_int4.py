@@ -174,11 +174,7 @@ def cases(preset: str = "kimi-k2.5", tp: int = 8) -> list[CaseSpec]:
 
 def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
     """Per case (us, distinct experts, GB/s, eta, floor), and per (preset, n) the three paths side by side."""
-    ok = [r for r in records if r["name"].startswith("moe/") and r["check"]["ok"] and "summary" in r]
-    per_case = [{"case": r["name"], "mode": r["mode"], "median_us": r["summary"]["median_us"],
-                 "distinct": r["derived"]["distinct_experts"], "MB": r["derived"]["bytes_moved"] / 1e6,
-                 "GB/s": r["derived"]["gbps"], "eta": r["derived"]["eta"], "floor_us": r["derived"]["floor_us"]}
-                for r in ok]
+    ok, per_case = ceiling.streaming_case_rows(records, "moe/", with_mode=True)
     by_key: dict[tuple, dict] = {}
     for r in ok:
         prm = r["params"]
