@@ -22,7 +22,7 @@ ENGINE_MODE = {"graph": "graph", "eager": "hot", "isolated": "isolated"}
 def measurement_from_dict(d: dict) -> Measurement:
     keys = ("mode", "device", "timer", "samples_us", "calls_per_sample", "warmup_calls", "stop_reason", "wall_s",
             "clocks_before", "clocks_after")
-    return Measurement(**{k: d[k] for k in keys})
+    return Measurement(**{k: d[k] for k in keys}, host_probe_us=d.get("host_probe_us") or [])
 
 
 def busbw_factor(world_size: int) -> float:

@@ -32,6 +32,7 @@ class CaseData:
     samples_us: np.ndarray | None = None
     interval_us: tuple[float, float] | None = None  # median CI, or q1..q3 when that is all a file has
     throttled: bool = False
+    host_probe_us: float | None = None  # mean of the engine's host-speed probes around the case (hostprobe.py)
 
 
 @dataclass
@@ -40,6 +41,10 @@ class RunData:
     kind: str  # "suite" | "pytest-benchmark"
     fingerprint: dict
     cases: dict[str, CaseData]
+
+
+def _probe(values) -> float | None:
+    return float(np.mean(values)) if values else None
 
 
 def _from_suite(path: Path, data: dict) -> RunData:
@@ -54,7 +59,7 @@ def _from_suite(path: Path, data: dict) -> RunData:
         cases[c["name"]] = CaseData(c["name"], c["mode"], True, float(s["median_us"]),
                                     np.asarray(c["samples_us"], dtype=float),
                                     (lo, hi) if lo is not None and hi is not None else (s["q1_us"], s["q3_us"]),
-                                    bool(c.get("throttled")))
+                                    bool(c.get("throttled")), _probe(c.get("host_probe_us")))
     return RunData(path, "suite", run["fingerprint"], cases)
 
 
@@ -71,7 +76,8 @@ def _from_pytest_benchmark(path: Path, data: dict) -> RunData:
             samples = np.asarray(raw, dtype=float) * 1e6 if raw else None
             extra = b.get("extra_info") or {}
             cases[name] = CaseData(name, extra.get("mode"), True, float(st["median"]) * 1e6, samples,
-                                   (float(st["q1"]) * 1e6, float(st["q3"]) * 1e6), bool(extra.get("throttled")))
+                                   (float(st["q1"]) * 1e6, float(st["q3"]) * 1e6), bool(extra.get("throttled")),
+                                   _probe(extra.get("host_probe_us")))
         except (KeyError, TypeError, ValueError) as e:
             raise results.ResultsError(f"{path}: malformed benchmark entry ({e!r})") from None
     machine = data.get("machine_info") or {}
@@ -166,10 +172,17 @@ def compare_runs(base: RunData, new: RunData, min_effect: float, alpha: float) -
             continue
         b, n = base.cases[name], new.cases[name]
         v, change, how = verdict(b, n, min_effect, alpha)
+        host = (n.host_probe_us / b.host_probe_us - 1) * 100 if b.host_probe_us and n.host_probe_us else None
         rows.append({"case": name, "mode": n.mode or b.mode, "base_us": b.median_us, "new_us": n.median_us,
-                     "change_%": change * 100, "test": how, "verdict": v})
+                     "change_%": change * 100, "host_%": host, "test": how, "verdict": v})
     rows.sort(key=lambda r: r["case"])
     return rows, sorted(only)
+
+
+def host_moved_along(row: dict, min_effect: float) -> bool:
+    """The host probe changed by >= min_effect in the direction the case did (both slower or both faster)."""
+    host = row.get("host_%")
+    return host is not None and abs(host) >= min_effect * 100 and (host > 0) == (row["change_%"] > 0)
 
 
 def main(args) -> int:
@@ -192,6 +205,9 @@ def main(args) -> int:
     if not rows:
         print("error: the two files share no case", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if all(r["host_%"] is None for r in rows):  # files from before the probe: no empty column
+        for r in rows:
+            del r["host_%"]
     print(f"BASE {base.path} ({base.kind})\nNEW  {new.path} ({new.kind})")
     print(f"min effect {args.min_effect:.1%}, alpha {args.alpha:g}")
     print(tabulate(rows, headers="keys", floatfmt=".4g"))
@@ -212,6 +228,10 @@ def main(args) -> int:
         print(f"NOTE: {len(host_moves)} of the SLOW/FAST cases are host-timed or launch-bound modes "
               f"({', '.join(HOST_BOUND_MODES)}): on shared VMs these moved by up to +-170% between two processes "
               "with no code change (README, 'Measured on our H200s'); compare them within one process")
+        followed = [r for r in host_moves if host_moved_along(r, args.min_effect)]
+        if followed:
+            print(f"NOTE: in {len(followed)} of them the host-speed probe moved the same way by at least "
+                  f"{args.min_effect:.0%} (column host_%): the host's CPU changed speed, e.g. {followed[0]['case']}")
     counts = {v: sum(r["verdict"] == v for r in rows) for v in ("SAME", "FAST", "SLOW", "AMBG", "FAIL")}
     print("summary: " + ", ".join(f"{v} {c}" for v, c in counts.items() if c))
     return EXIT_SLOW if counts["SLOW"] or counts["FAIL"] else EXIT_OK

@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from harness import fingerprint
+from harness import fingerprint, hostprobe
 from harness.stats import Summary, summarize
 
 MODES = ("cold", "hot", "graph", "isolated", "host_sync", "host_call")
@@ -46,6 +46,7 @@ class Measurement:
     wall_s: float
     clocks_before: dict | None = None
     clocks_after: dict | None = None
+    host_probe_us: list[float] = field(default_factory=list)  # hostprobe.probe_us() before and after sampling
     summary: Summary = field(init=False)
 
     def __post_init__(self) -> None:
@@ -71,6 +72,7 @@ class Measurement:
             "clocks_before": self.clocks_before,
             "clocks_after": self.clocks_after,
             "throttled": self.throttled,
+            "host_probe_us": list(self.host_probe_us),
             "summary": self.summary.as_dict(),
             "samples_us": list(self.samples_us),
         }
@@ -263,6 +265,7 @@ def measure(
     sampler_cls = _CudaSampler if device == "cuda" else _CpuSampler
     sampler = sampler_cls(fns, mode_used, calls_per_sample or 1, barrier, flush_bytes)
     clocks_before = fingerprint.clock_snapshot() if device == "cuda" else None
+    probes = [hostprobe.probe_us()]
     gc_was_enabled = gc.isenabled()
     gc.disable()  # a collection inside a sample is the host's noise, not the op's cost
     try:
@@ -271,6 +274,7 @@ def measure(
         if gc_was_enabled:
             gc.enable()
     clocks_after = fingerprint.clock_snapshot() if device == "cuda" else None
+    probes.append(hostprobe.probe_us())
     return Measurement(
         mode=mode_used,
         device=device,
@@ -282,6 +286,7 @@ def measure(
         wall_s=time.perf_counter() - t_start,
         clocks_before=clocks_before,
         clocks_after=clocks_after,
+        host_probe_us=probes,
     )
 
 

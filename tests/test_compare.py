@@ -13,8 +13,9 @@ FP = {"gpu_model": "NVIDIA H200", "slug": "nvidia-h200-x1", "env": {"NCCL_PROTO"
       "gpus": [{"name": "NVIDIA H200", "uuid": "GPU-1"}]}
 
 
-def _write(path, cases: dict, fp=FP, ok=True, mode="graph"):
-    recs = [Case(name, {}, ok, "", Measurement(mode, "cuda", "cuda_event", list(s), 1, 3, "ci_target", 1.0))
+def _write(path, cases: dict, fp=FP, ok=True, mode="graph", probe_us=()):
+    recs = [Case(name, {}, ok, "", Measurement(mode, "cuda", "cuda_event", list(s), 1, 3, "ci_target", 1.0,
+                                               host_probe_us=list(probe_us)))
             if ok else Case(name, {}, False, "bad") for name, s in cases.items()]
     results.write_json_atomic(path, results.make_run("demo", recs, fp))
     return path
@@ -134,3 +135,18 @@ def test_a_slow_host_timed_case_is_still_slow_but_named_as_host_bound(tmp_path, 
     assert "NOTE: 1 of the SLOW/FAST cases are host-timed" in capsys.readouterr().out
     assert _cli(_write(tmp_path / "c.json", {"x": _samples(1)}), _write(tmp_path / "d.json", {"x": _samples(3, 150)})) == 1
     assert "host-timed" not in capsys.readouterr().out  # graph mode: no such note
+
+
+def test_host_probe_change_is_shown_and_named_when_the_case_moved_with_it(tmp_path, capsys):
+    base = _write(tmp_path / "a.json", {"x": _samples(1)}, mode="hot", probe_us=(50, 50))
+    new = _write(tmp_path / "b.json", {"x": _samples(3, 150)}, mode="hot", probe_us=(70, 80))
+    assert _cli(base, new) == 1  # still SLOW: the probe explains, it does not excuse
+    out = capsys.readouterr().out
+    assert "host_%" in out and "the host-speed probe moved the same way" in out
+    row = next(line for line in out.splitlines() if line.startswith("x "))
+    assert " 50 " in f" {row} "  # (70+80)/2 / 50 - 1 = +50%
+    # probe steady: no such note; files without probes: no host_% column at all
+    assert _cli(base, _write(tmp_path / "c.json", {"x": _samples(3, 150)}, mode="hot", probe_us=(50, 51))) == 1
+    assert "probe moved" not in capsys.readouterr().out
+    _cli(_write(tmp_path / "d.json", {"x": _samples(1)}), _write(tmp_path / "e.json", {"x": _samples(2)}))
+    assert "host_%" not in capsys.readouterr().out

@@ -1,0 +1,28 @@
+import pytest
+
+from harness import hostprobe, timing
+
+
+def test_probe_is_a_positive_time_and_the_engine_records_it_around_each_case():
+    assert hostprobe.probe_us(reps=3) > 0
+    m = timing.measure(lambda: None, mode="hot", device="cpu", samples=3, calls_per_sample=2, warmup_calls=1)
+    assert len(m.host_probe_us) == 2 and all(p > 0 for p in m.host_probe_us)
+    assert m.as_dict()["host_probe_us"] == m.host_probe_us
+
+
+def test_series_summary_spread_and_rank_correlation():
+    rows = [{"t_s": i, "probe_us": p, "replay_us": 2 * p} for i, p in enumerate([10, 20, 30, 40, 50, 60, 70, 80, 90,
+                                                                                 100, 110])]
+    s = hostprobe.summarize_series(rows)
+    assert s["slots"] == 11
+    assert s["probe_us"]["p10"] == pytest.approx(20) and s["probe_us"]["p90"] == pytest.approx(100)
+    assert s["probe_us"]["p90_over_p10"] == pytest.approx(5)
+    assert s["spearman_probe_replay_us"]["rho"] == pytest.approx(1.0)
+    assert "eager_us" not in s
+
+
+def test_cli_on_cpu_writes_the_series(tmp_path, capsys):
+    assert hostprobe.main(["--seconds", "0.2", "--json", str(tmp_path / "h.json")]) == 0
+    assert "probe_us" in capsys.readouterr().out and (tmp_path / "h.json").exists()
+    with pytest.raises(SystemExit):
+        hostprobe.main(["--seconds", "0"])
