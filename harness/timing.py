@@ -29,6 +29,7 @@ CPU_L2_FLUSH_BYTES = 64 << 20  # no portable LLC query; 64 MiB exceeds the LLC o
 TARGET_SAMPLE_US = 500.0  # auto K aims for samples this long, so event resolution (~0.5 us) is < 0.1%
 MAX_CALLS_PER_SAMPLE = 1024
 DEFAULT_MAX_TIME_S = 2.0  # per case; VERIFYBENCH_MAX_TIME_S overrides (quick CPU runs)
+GATE_BATCH_S = 0.02  # gated batches stay this short, so one rarely spans a change of host state
 ISOLATED_PAD_US = 20.0  # device spin before the start event, so launch latency stays outside the sample
 
 
@@ -46,7 +47,8 @@ class Measurement:
     wall_s: float
     clocks_before: dict | None = None
     clocks_after: dict | None = None
-    host_probe_us: list[float] = field(default_factory=list)  # hostprobe.probe_us() before and after sampling
+    host_probe_us: list[float] = field(default_factory=list)  # hostprobe reads before, between batches and after
+    host_gate: dict | None = None  # batches kept/dropped by the host-speed gate; None when no gate ran
     summary: Summary = field(init=False)
 
     def __post_init__(self) -> None:
@@ -73,6 +75,7 @@ class Measurement:
             "clocks_after": self.clocks_after,
             "throttled": self.throttled,
             "host_probe_us": list(self.host_probe_us),
+            "host_gate": self.host_gate,
             "summary": self.summary.as_dict(),
             "samples_us": list(self.samples_us),
         }
@@ -210,6 +213,7 @@ def measure(
     warmup_calls: int | None = None,
     samples: int | None = None,
     flush_bytes: int | None = None,
+    host_gate: "hostprobe.HostGate | None | bool" = True,
 ) -> Measurement:
     """Time `fn` (or rotate over a list of callables, one per input set) and return per-call samples in us.
 
@@ -224,6 +228,10 @@ def measure(
     replay of a graph of K calls, or K calls back to back between two events) / K; by default K gives a sample
     of about TARGET_SAMPLE_US, rounded up to a multiple of the number of input sets. Other modes: K = 1.
     The garbage collector is off while sampling.
+    Host gate (hostprobe.py): with adaptive stopping on CUDA, except isolated mode, samples come in batches of at
+    most GATE_BATCH_S and a batch is kept only when the host-speed probe read the fast state before and after it;
+    if the time cap comes with fewer than `min_samples` kept, the dropped samples are kept too and the stop reason
+    says so. host_gate=False (or VERIFYBENCH_HOST_GATE=off) keeps every batch; a HostGate object forces that gate.
     """
     if max_time_s is None:
         max_time_s = float(os.environ.get("VERIFYBENCH_MAX_TIME_S", DEFAULT_MAX_TIME_S))
@@ -264,12 +272,17 @@ def measure(
 
     sampler_cls = _CudaSampler if device == "cuda" else _CpuSampler
     sampler = sampler_cls(fns, mode_used, calls_per_sample or 1, barrier, flush_bytes)
+    if host_gate is True:  # the default rule
+        gate_default = device == "cuda" and samples is None and mode_used != "isolated"
+        host_gate = hostprobe.process_gate() if gate_default else None
+    gate = host_gate or None
     clocks_before = fingerprint.clock_snapshot() if device == "cuda" else None
     probes = [hostprobe.probe_us()]
     gc_was_enabled = gc.isenabled()
     gc.disable()  # a collection inside a sample is the host's noise, not the op's cost
     try:
-        out, stop_reason = _sample(sampler, samples, min_samples, max_samples, rel_ci_target, max_time_s, t_start)
+        out, stop_reason, gate_record = _sample(sampler, samples, min_samples, max_samples, rel_ci_target,
+                                                max_time_s, t_start, gate, probes)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -287,29 +300,54 @@ def measure(
         clocks_before=clocks_before,
         clocks_after=clocks_after,
         host_probe_us=probes,
+        host_gate=gate_record,
     )
 
 
-def _sample(sampler, samples, min_samples, max_samples, rel_ci_target, max_time_s, t_start):
-    """Batches of samples until the stopping rule holds; returns (samples, stop reason)."""
+def _sample(sampler, samples, min_samples, max_samples, rel_ci_target, max_time_s, t_start, gate=None, probes=None):
+    """Batches of samples until the stopping rule holds; returns (samples, stop reason, gate record or None).
+
+    With a gate, a batch counts only when the probe read the host's fast state before and after it."""
     out: list[float] = []
+    dropped: list[float] = []
+    kept_batches = dropped_batches = 0
     target = samples if samples is not None else max_samples
     t_sampling = time.perf_counter()
+    fast_before = gate.read()[1] if gate else True
+
+    def record(reason, samples_out):
+        if not gate:
+            return samples_out, reason, None
+        return samples_out, reason, {"ref_us": gate.ref_us, "slow_factor": gate.factor, "kept_batches": kept_batches,
+                                     "dropped_batches": dropped_batches, "dropped_samples": len(dropped)}
+
     while len(out) < target:
         want = min_samples if not out else max(min_samples, len(out) // 2)
-        if samples is None and out:
-            # size the batch so it stays inside the time cap
-            per_sample_s = (time.perf_counter() - t_sampling) / len(out)
+        taken = len(out) + len(dropped)
+        if samples is None and taken:
+            # size the batch so it stays inside the time cap (and, gated, inside one host state)
+            per_sample_s = max((time.perf_counter() - t_sampling) / taken, 1e-9)
             left_s = max_time_s - (time.perf_counter() - t_start)
-            want = max(1, min(want, int(left_s / max(per_sample_s, 1e-9))))
-        out.extend(sampler.batch(min(want, target - len(out))))
+            want = max(1, min(want, int(left_s / per_sample_s), *([int(GATE_BATCH_S / per_sample_s)] if gate else [])))
+        batch = sampler.batch(min(want, target - len(out)))
+        if gate:
+            probe, fast = gate.read()
+            probes.append(probe)
+            keep, fast_before = fast_before and fast, fast
+            kept_batches += keep
+            dropped_batches += not keep
+            (out if keep else dropped).extend(batch)
+        else:
+            out.extend(batch)
         if samples is not None:
             continue
         if len(out) >= min_samples and summarize(out).rel_ci_halfwidth <= rel_ci_target:
-            return out, "ci_target"
+            return record("ci_target", out)
         if time.perf_counter() - t_start >= max_time_s:
-            return out, "time_cap"
-    return out, ("fixed_samples" if samples is not None else "max_samples")
+            if len(out) < min_samples and dropped:
+                return record("time_cap_host_slow_kept_all", out + dropped)
+            return record("time_cap", out)
+    return record("fixed_samples" if samples is not None else "max_samples", out)
 
 
 def _auto_calls(fns, device: str) -> int:

@@ -26,3 +26,16 @@ def test_cli_on_cpu_writes_the_series(tmp_path, capsys):
     assert "probe_us" in capsys.readouterr().out and (tmp_path / "h.json").exists()
     with pytest.raises(SystemExit):
         hostprobe.main(["--seconds", "0"])
+
+
+def test_gate_calibrates_to_the_fastest_read_and_splits_states_at_the_factor():
+    reads = iter([100, 90, 95, 120, 130, 125, 80, 111, 113])
+    gate = hostprobe.HostGate(probe=lambda: next(reads), factor=1.4, calibrate_s=0)
+    assert gate.read() == (90, True) and gate.ref_us == 90  # calibration read 100 first; the reference is the min
+    assert gate.read() == (95, True)
+    assert gate.read() == (120, True)  # 120 <= 1.4 x 90 = 126
+    assert gate.read() == (130, False)
+    assert gate.read() == (125, True)
+    assert gate.read() == (80, True) and gate.ref_us == 80  # a faster read lowers the reference
+    assert gate.read() == (111, True)  # 111 <= 112
+    assert gate.read() == (113, False)

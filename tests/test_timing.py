@@ -93,3 +93,46 @@ def test_graph_and_event_timing_agree_on_a_large_copy():
     hot = measure(lambda: dst.copy_(src), mode="hot")
     graph = measure(lambda: dst.copy_(src), mode="graph")
     assert graph.median_us == pytest.approx(hot.median_us, rel=0.05)
+
+
+class FakeGate:
+    """A host that reads slow on every read listed in `slow_reads` (0-based)."""
+
+    def __init__(self, slow_reads=()):
+        self.slow_reads, self.reads, self.ref_us, self.factor = set(slow_reads), 0, 100.0, 1.4
+
+    def read(self):
+        slow = self.reads in self.slow_reads
+        self.reads += 1
+        return (200.0 if slow else 100.0), not slow
+
+
+def test_host_gate_drops_batches_that_touch_a_slow_read(fake_samples):
+    values = iter(range(1, 10**6))
+    fake_samples(lambda: float(next(values)))
+    # reads: 0 before batch 1, then one after each batch; read 2 is slow: batches 2 and 3 touch it
+    m = measure(lambda: None, mode="hot", device="cpu", warmup_calls=1, calls_per_sample=1, min_samples=2,
+                max_samples=8, max_time_s=60, host_gate=FakeGate({2}))
+    assert m.host_gate == {"ref_us": 100.0, "slow_factor": 1.4, "kept_batches": 4, "dropped_batches": 2,
+                           "dropped_samples": 4}
+    assert m.samples_us == [1, 2, 7, 8, 9, 10, 11, 12]  # samples 3..6 (batches 2, 3) were dropped
+    assert len(m.host_probe_us) == 2 + 6  # before, one read per batch, after
+
+
+def test_host_gate_that_never_reads_fast_keeps_everything_at_the_time_cap(fake_samples):
+    fake_samples(lambda: 1.0)
+    m = measure(lambda: None, mode="hot", device="cpu", warmup_calls=1, max_time_s=0.2,
+                host_gate=FakeGate(range(10**6)))
+    assert m.stop_reason == "time_cap_host_slow_kept_all" and m.summary.n > 0
+    assert m.host_gate["kept_batches"] == 0
+
+
+def test_no_gate_on_cpu_by_default_and_when_switched_off(fake_samples, monkeypatch):
+    fake_samples(lambda: 1.0)
+    assert measure(lambda: None, mode="hot", device="cpu", warmup_calls=1, max_time_s=0.1).host_gate is None
+    monkeypatch.setenv("VERIFYBENCH_HOST_GATE", "off")
+    from harness import hostprobe
+    assert hostprobe.process_gate() is None
+    monkeypatch.setenv("VERIFYBENCH_HOST_GATE", "maybe")
+    with pytest.raises(ValueError, match="VERIFYBENCH_HOST_GATE"):
+        hostprobe.process_gate()
