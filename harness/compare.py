@@ -14,12 +14,11 @@ from tabulate import tabulate
 
 from harness import fingerprint as fpmod
 from harness import results
+from harness.timing import HOST_TIMED_MODES
 
 EXIT_OK, EXIT_SLOW, EXIT_BAD_INPUT = 0, 1, 2
 # fields that change between any two runs of the same machine: never a reason to distrust a comparison
 VOLATILE = ("created_utc", ".now.")
-# modes whose samples include host time (host clock, or back-to-back launches the host may not keep up with)
-HOST_BOUND_MODES = ("host_call", "host_sync", "hot")
 MIN_SAMPLES_FOR_TEST = 5
 
 
@@ -223,10 +222,10 @@ def main(args) -> int:
         hot = [c.name for c in run.cases.values() if c.throttled]
         if hot:
             print(f"WARNING: {label}: the GPU throttled during {len(hot)} case(s), e.g. {hot[0]}")
-    host_moves = [r for r in rows if r["verdict"] in ("SLOW", "FAST") and r["mode"] in HOST_BOUND_MODES]
+    host_moves = [r for r in rows if r["verdict"] in ("SLOW", "FAST") and r["mode"] in HOST_TIMED_MODES]
     if host_moves:
         print(f"NOTE: {len(host_moves)} of the SLOW/FAST cases are host-timed or launch-bound modes "
-              f"({', '.join(HOST_BOUND_MODES)}): on shared VMs these moved by up to +-170% between two processes "
+              f"({', '.join(HOST_TIMED_MODES)}): on shared VMs these moved by up to +-170% between two processes "
               "with no code change (README, 'Measured on our H200s'); compare them within one process")
         followed = [r for r in host_moves if host_moved_along(r, args.min_effect)]
         if followed:

@@ -29,6 +29,8 @@ CPU_L2_FLUSH_BYTES = 64 << 20  # no portable LLC query; 64 MiB exceeds the LLC o
 TARGET_SAMPLE_US = 500.0  # auto K aims for samples this long, so event resolution (~0.5 us) is < 0.1%
 MAX_CALLS_PER_SAMPLE = 1024
 DEFAULT_MAX_TIME_S = 2.0  # per case; VERIFYBENCH_MAX_TIME_S overrides (quick CPU runs)
+# samples that include host time (host clock, or back-to-back launches the host may not keep up with)
+HOST_TIMED_MODES = ("host_call", "host_sync", "hot")
 GATE_BATCH_S = 0.02  # gated batches stay this short, so one rarely spans a change of host state
 ISOLATED_PAD_US = 20.0  # device spin before the start event, so launch latency stays outside the sample
 
@@ -226,9 +228,9 @@ def measure(
     VERIFYBENCH_MAX_TIME_S environment variable). A fixed `samples` replaces the rule (collectives:
     every rank must run the same count). graph and hot modes: a sample is K = `calls_per_sample` calls (one
     replay of a graph of K calls, or K calls back to back between two events) / K; by default K gives a sample
-    of about TARGET_SAMPLE_US, rounded up to a multiple of the number of input sets. Other modes: K = 1.
+    of about TARGET_SAMPLE_US (graph: from the device time of a call; see _auto_calls). Other modes: K = 1.
     The garbage collector is off while sampling.
-    Host gate (hostprobe.py): with adaptive stopping on CUDA, except isolated mode, samples come in batches of at
+    Host gate (hostprobe.py): with adaptive stopping on CUDA in HOST_TIMED_MODES, samples come in batches of at
     most GATE_BATCH_S and a batch is kept only when the host-speed probe read the fast state before and after it;
     if the time cap comes with fewer than `min_samples` kept, the dropped samples are kept too and the stop reason
     says so. host_gate=False (or VERIFYBENCH_HOST_GATE=off) keeps every batch; a HostGate object forces that gate.
@@ -268,12 +270,12 @@ def measure(
         elif n_warm >= max(3, len(fns)) and time.perf_counter() - t_start >= warmup_s:
             break
     if mode_used in ("graph", "hot") and calls_per_sample is None:
-        calls_per_sample = _auto_calls(fns, device)
+        calls_per_sample = _auto_calls(fns, device, mode_used)
 
     sampler_cls = _CudaSampler if device == "cuda" else _CpuSampler
     sampler = sampler_cls(fns, mode_used, calls_per_sample or 1, barrier, flush_bytes)
     if host_gate is True:  # the default rule
-        gate_default = device == "cuda" and samples is None and mode_used != "isolated"
+        gate_default = device == "cuda" and samples is None and mode_used in HOST_TIMED_MODES
         host_gate = hostprobe.process_gate() if gate_default else None
     gate = host_gate or None
     clocks_before = fingerprint.clock_snapshot() if device == "cuda" else None
@@ -350,9 +352,22 @@ def _sample(sampler, samples, min_samples, max_samples, rel_ci_target, max_time_
     return record("fixed_samples" if samples is not None else "max_samples", out)
 
 
-def _auto_calls(fns, device: str) -> int:
-    """K for graph and hot modes: enough calls that one sample lasts about TARGET_SAMPLE_US."""
-    probe = (_CudaSampler if device == "cuda" else _CpuSampler)(fns, "hot", 1, None, None)
-    per_call_us = sorted(probe.batch(5))[2]
-    k = max(1, min(MAX_CALLS_PER_SAMPLE, math.ceil(TARGET_SAMPLE_US / max(per_call_us, 1e-3))))
-    return math.ceil(k / len(fns)) * len(fns)  # every input set equally often
+def _auto_calls(fns, device: str, mode: str) -> int:
+    """K for graph and hot modes: enough calls that one sample lasts about TARGET_SAMPLE_US, rounded up to a power
+    of two (so small changes of the probe do not change K between runs) and to a multiple of the input sets.
+
+    graph: K comes from the *device* time of a call (one replay of a probe graph over the input sets). Sizing it
+    from eager calls, as before, made K follow the host's speed (K = 3 in one run, 14 in the next for a 2 us
+    kernel) and the graph's fixed launch cost, divided by K, moved tiny kernels' per-call times by up to 70%.
+    hot: K comes from eager back-to-back calls, which is what a hot sample is made of."""
+    n_sets = len(fns)
+    if mode == "graph" and device == "cuda":
+        probe = _CudaSampler(fns, "graph", n_sets, None, None)
+        per_call_us = sorted(probe.batch(5))[2]
+        del probe  # frees the probe graph before the real one is captured
+    else:
+        probe = (_CudaSampler if device == "cuda" else _CpuSampler)(fns, "hot", 1, None, None)
+        per_call_us = sorted(probe.batch(5))[2]
+    want = max(1, min(MAX_CALLS_PER_SAMPLE, math.ceil(TARGET_SAMPLE_US / max(per_call_us, 1e-3))))
+    k = 1 << (want - 1).bit_length()
+    return max(n_sets, math.ceil(min(k, MAX_CALLS_PER_SAMPLE) / n_sets) * n_sets)  # every input set equally often

@@ -136,3 +136,12 @@ def test_no_gate_on_cpu_by_default_and_when_switched_off(fake_samples, monkeypat
     monkeypatch.setenv("VERIFYBENCH_HOST_GATE", "maybe")
     with pytest.raises(ValueError, match="VERIFYBENCH_HOST_GATE"):
         hostprobe.process_gate()
+
+
+def test_auto_calls_per_sample_is_a_power_of_two_times_the_input_sets(fake_samples):
+    fake_samples(lambda: 3.0)  # 3 us a call: 500 us / 3 = 167 calls, rounded up to 256
+    assert measure(lambda: None, mode="graph", device="cpu", warmup_calls=1, max_time_s=0.05).calls_per_sample == 256
+    fns = [lambda: None] * 3
+    assert measure(fns, mode="hot", device="cpu", warmup_calls=3, max_time_s=0.05).calls_per_sample == 258
+    fake_samples(lambda: 2000.0)  # slower than the target: one pass over the sets
+    assert measure(fns, mode="graph", device="cpu", warmup_calls=3, max_time_s=0.05).calls_per_sample == 3
