@@ -14,7 +14,7 @@ from tabulate import tabulate
 
 from harness import fingerprint as fpmod
 from harness import results
-from harness.timing import HOST_TIMED_MODES
+from harness.timing import HOST_TIMED_MODES, host_timed
 
 EXIT_OK, EXIT_SLOW, EXIT_BAD_INPUT = 0, 1, 2
 # fields that change between any two runs of the same machine: never a reason to distrust a comparison
@@ -32,6 +32,7 @@ class CaseData:
     interval_us: tuple[float, float] | None = None  # median CI, or q1..q3 when that is all a file has
     throttled: bool = False
     host_probe_us: float | None = None  # mean of the engine's host-speed probes around the case (hostprobe.py)
+    host_timed: bool = False  # its samples include host time (timing.host_timed)
 
 
 @dataclass
@@ -58,7 +59,8 @@ def _from_suite(path: Path, data: dict) -> RunData:
         cases[c["name"]] = CaseData(c["name"], c["mode"], True, float(s["median_us"]),
                                     np.asarray(c["samples_us"], dtype=float),
                                     (lo, hi) if lo is not None and hi is not None else (s["q1_us"], s["q3_us"]),
-                                    bool(c.get("throttled")), _probe(c.get("host_probe_us")))
+                                    bool(c.get("throttled")), _probe(c.get("host_probe_us")),
+                                    host_timed(c["mode"], c.get("device", "cuda")))
     return RunData(path, "suite", run["fingerprint"], cases)
 
 
@@ -76,7 +78,8 @@ def _from_pytest_benchmark(path: Path, data: dict) -> RunData:
             extra = b.get("extra_info") or {}
             cases[name] = CaseData(name, extra.get("mode"), True, float(st["median"]) * 1e6, samples,
                                    (float(st["q1"]) * 1e6, float(st["q3"]) * 1e6), bool(extra.get("throttled")),
-                                   _probe(extra.get("host_probe_us")))
+                                   _probe(extra.get("host_probe_us")),
+                                   host_timed(extra.get("mode") or "", extra.get("device") or "cuda"))
         except (KeyError, TypeError, ValueError) as e:
             raise results.ResultsError(f"{path}: malformed benchmark entry ({e!r})") from None
     machine = data.get("machine_info") or {}
@@ -173,7 +176,8 @@ def compare_runs(base: RunData, new: RunData, min_effect: float, alpha: float) -
         v, change, how = verdict(b, n, min_effect, alpha)
         host = (n.host_probe_us / b.host_probe_us - 1) * 100 if b.host_probe_us and n.host_probe_us else None
         rows.append({"case": name, "mode": n.mode or b.mode, "base_us": b.median_us, "new_us": n.median_us,
-                     "change_%": change * 100, "host_%": host, "test": how, "verdict": v})
+                     "change_%": change * 100, "host_%": host, "test": how, "verdict": v,
+                     "host_timed": n.host_timed or b.host_timed})
     rows.sort(key=lambda r: r["case"])
     return rows, sorted(only)
 
@@ -209,7 +213,7 @@ def main(args) -> int:
             del r["host_%"]
     print(f"BASE {base.path} ({base.kind})\nNEW  {new.path} ({new.kind})")
     print(f"min effect {args.min_effect:.1%}, alpha {args.alpha:g}")
-    print(tabulate(rows, headers="keys", floatfmt=".4g"))
+    print(tabulate([{k: v for k, v in r.items() if k != "host_timed"} for r in rows], headers="keys", floatfmt=".4g"))
     for line in only:
         print(line)
     diff = fingerprint_diff(base.fingerprint, new.fingerprint)
@@ -222,15 +226,19 @@ def main(args) -> int:
         hot = [c.name for c in run.cases.values() if c.throttled]
         if hot:
             print(f"WARNING: {label}: the GPU throttled during {len(hot)} case(s), e.g. {hot[0]}")
-    host_moves = [r for r in rows if r["verdict"] in ("SLOW", "FAST") and r["mode"] in HOST_TIMED_MODES]
+    host_moves = [r for r in rows if r["verdict"] in ("SLOW", "FAST") and r["host_timed"]]
     if host_moves:
-        print(f"NOTE: {len(host_moves)} of the SLOW/FAST cases are host-timed or launch-bound modes "
-              f"({', '.join(HOST_TIMED_MODES)}): on shared VMs these moved by up to +-170% between two processes "
-              "with no code change (README, 'Measured on our H200s'); compare them within one process")
+        print(f"NOTE: {len(host_moves)} of the SLOW/FAST cases are host-timed ({', '.join(HOST_TIMED_MODES)} or a "
+              "CPU timer): on shared VMs these moved by up to +-170% between two processes with no code change "
+              "(README, 'Measured on our H200s'); compare them within one process")
         followed = [r for r in host_moves if host_moved_along(r, args.min_effect)]
         if followed:
             print(f"NOTE: in {len(followed)} of them the host-speed probe moved the same way by at least "
                   f"{args.min_effect:.0%} (column host_%): the host's CPU changed speed, e.g. {followed[0]['case']}")
+    for label, timed in (("device-timed", False), ("host-timed", True)):
+        part = [r for r in rows if r["host_timed"] == timed]
+        if part:
+            print(f"{label}: {sum(r['verdict'] == 'SAME' for r in part)} of {len(part)} SAME")
     counts = {v: sum(r["verdict"] == v for r in rows) for v in ("SAME", "FAST", "SLOW", "AMBG", "FAIL")}
     print("summary: " + ", ".join(f"{v} {c}" for v, c in counts.items() if c))
     return EXIT_SLOW if counts["SLOW"] or counts["FAIL"] else EXIT_OK

@@ -32,7 +32,10 @@ DEFAULT_MAX_TIME_S = 2.0  # per case; VERIFYBENCH_MAX_TIME_S overrides (quick CP
 # samples that include host time (host clock, or back-to-back launches the host may not keep up with)
 HOST_TIMED_MODES = ("host_call", "host_sync", "hot")
 GATE_BATCH_S = 0.02  # gated batches stay this short, so one rarely spans a change of host state
-ISOLATED_PAD_US = 20.0  # device spin before the start event, so launch latency stays outside the sample
+# device spin before the start event, so launch latency stays outside the sample: the host must record the start
+# event, replay and record the end event within it. 20 us was too short while the host CPU ran slow (~1.7x):
+# 1-node graphs read 7.1 us in one run and 3.1 us in the next
+ISOLATED_PAD_US = 100.0
 
 
 @dataclass
@@ -61,6 +64,10 @@ class Measurement:
         return self.summary.median_us
 
     @property
+    def host_timed(self) -> bool:
+        return host_timed(self.mode, self.device)
+
+    @property
     def throttled(self) -> bool:
         return any(c and c.get("throttled") for c in (self.clocks_before, self.clocks_after))
 
@@ -81,6 +88,11 @@ class Measurement:
             "summary": self.summary.as_dict(),
             "samples_us": list(self.samples_us),
         }
+
+
+def host_timed(mode: str, device: str) -> bool:
+    """Samples that include host time: host-clock modes, hot launches, and anything timed on the CPU."""
+    return mode in HOST_TIMED_MODES or device == "cpu"
 
 
 def cuda_available() -> bool:
@@ -230,10 +242,10 @@ def measure(
     replay of a graph of K calls, or K calls back to back between two events) / K; by default K gives a sample
     of about TARGET_SAMPLE_US (graph: from the device time of a call; see _auto_calls). Other modes: K = 1.
     The garbage collector is off while sampling.
-    Host gate (hostprobe.py): with adaptive stopping on CUDA in HOST_TIMED_MODES, samples come in batches of at
-    most GATE_BATCH_S and a batch is kept only when the host-speed probe read the fast state before and after it;
-    if the time cap comes with fewer than `min_samples` kept, the dropped samples are kept too and the stop reason
-    says so. host_gate=False (or VERIFYBENCH_HOST_GATE=off) keeps every batch; a HostGate object forces that gate.
+    Host gate (hostprobe.py): on a GPU machine, with adaptive stopping, host-timed samples (`host_timed`) come in
+    batches of at most GATE_BATCH_S, and a batch is kept only when the host-speed probe read the fast state before
+    and after it; if the time cap comes with fewer than `min_samples` kept, the dropped samples are kept too and the
+    stop reason says so. host_gate=False (or VERIFYBENCH_HOST_GATE=off) keeps every batch; a HostGate object forces that gate.
     """
     if max_time_s is None:
         max_time_s = float(os.environ.get("VERIFYBENCH_MAX_TIME_S", DEFAULT_MAX_TIME_S))
@@ -274,8 +286,8 @@ def measure(
 
     sampler_cls = _CudaSampler if device == "cuda" else _CpuSampler
     sampler = sampler_cls(fns, mode_used, calls_per_sample or 1, barrier, flush_bytes)
-    if host_gate is True:  # the default rule
-        gate_default = device == "cuda" and samples is None and mode_used in HOST_TIMED_MODES
+    if host_gate is True:  # the default rule: on a GPU machine, every host-timed measurement with adaptive stopping
+        gate_default = cuda_available() and samples is None and host_timed(mode_used, device)
         host_gate = hostprobe.process_gate() if gate_default else None
     gate = host_gate or None
     clocks_before = fingerprint.clock_snapshot() if device == "cuda" else None

@@ -18,6 +18,25 @@ export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
 B="python3 -m pytest --benchmark-only -q -p no:cacheprovider microbench/ --benchmark-storage=file://$W/storage"
 if [ "$STEP" = first ]; then
   python3 -m harness env > "$W/env.txt" 2>&1
+  # what slows the host: the probe idle, with the GPU busy (host idle), with one other CPU busy
+  P="timeout 40 python3 -m harness.hostprobe --seconds 10"
+  $P > "$W/probe_idle.txt" 2>&1
+  timeout 40 python3 - <<'PY' &
+import time, torch
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+g = torch.cuda.CUDAGraph()
+with torch.cuda.graph(g):
+    for _ in range(100):
+        a @ a
+for _ in range(60):
+    g.replay()  # ~0.2 s each on the GPU; enqueued at once, then the host sleeps
+time.sleep(12)
+torch.cuda.synchronize()
+PY
+  sleep 3; $P > "$W/probe_gpu_busy.txt" 2>&1; wait
+  timeout 15 python3 -c "import time; t = time.time()
+while time.time() - t < 12: pass" & sleep 1; $P > "$W/probe_cpu_busy.txt" 2>&1; wait
+  grep -H -E "probe_us|replay_us|eager_us" "$W"/probe_*.txt
   timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_timing.py tests/test_hostprobe.py \
     tests/test_pytest_plugin.py > "$W/tests.log" 2>&1; echo "engine tests on the GPU: rc=$?"
   timeout 380 $B --benchmark-save=first --benchmark-json="$OUT/pb_first.json" --benchmark-histogram="$W/hist" \

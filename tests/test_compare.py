@@ -13,8 +13,8 @@ FP = {"gpu_model": "NVIDIA H200", "slug": "nvidia-h200-x1", "env": {"NCCL_PROTO"
       "gpus": [{"name": "NVIDIA H200", "uuid": "GPU-1"}]}
 
 
-def _write(path, cases: dict, fp=FP, ok=True, mode="graph", probe_us=()):
-    recs = [Case(name, {}, ok, "", Measurement(mode, "cuda", "cuda_event", list(s), 1, 3, "ci_target", 1.0,
+def _write(path, cases: dict, fp=FP, ok=True, mode="graph", probe_us=(), device="cuda"):
+    recs = [Case(name, {}, ok, "", Measurement(mode, device, "cuda_event", list(s), 1, 3, "ci_target", 1.0,
                                                host_probe_us=list(probe_us)))
             if ok else Case(name, {}, False, "bad") for name, s in cases.items()]
     results.write_json_atomic(path, results.make_run("demo", recs, fp))
@@ -150,3 +150,17 @@ def test_host_probe_change_is_shown_and_named_when_the_case_moved_with_it(tmp_pa
     assert "probe moved" not in capsys.readouterr().out
     _cli(_write(tmp_path / "d.json", {"x": _samples(1)}), _write(tmp_path / "e.json", {"x": _samples(2)}))
     assert "host_%" not in capsys.readouterr().out
+
+
+def test_summary_splits_device_timed_from_host_timed_cases(tmp_path, capsys):
+    """A CPU-timed case counts as host-timed whatever its mode (gloo in 'graph' mode is a host loop)."""
+    base = {"dev": _samples(1), "cpu": _samples(2)}
+    new = {"dev": _samples(3), "cpu": _samples(4, 150)}
+    for name in base:
+        _write(tmp_path / f"a_{name}.json", {name: base[name]}, device="cuda" if name == "dev" else "cpu")
+        _write(tmp_path / f"b_{name}.json", {name: new[name]}, device="cuda" if name == "dev" else "cpu")
+    assert _cli(tmp_path / "a_dev.json", tmp_path / "b_dev.json") == 0
+    assert "device-timed: 1 of 1 SAME" in capsys.readouterr().out
+    assert _cli(tmp_path / "a_cpu.json", tmp_path / "b_cpu.json") == 1
+    out = capsys.readouterr().out
+    assert "host-timed: 0 of 1 SAME" in out and "NOTE: 1 of the SLOW/FAST cases are host-timed" in out
