@@ -25,6 +25,18 @@ def main() -> int:
     rows: list = []
     per_node_us("fresh process", rows)
     per_node_us("fresh process, again", rows)
+    import cupy  # noqa: F401  (the fingerprint imports it for its version)
+    per_node_us("after import cupy", rows)
+    torch.cuda.nccl.version()
+    per_node_us("after torch.cuda.nccl.version()", rows)
+    from harness import fingerprint
+    fingerprint.collect()
+    per_node_us("after fingerprint.collect()", rows)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.ones(1, device="cuda").add_(1)
+    torch.cuda.synchronize()
+    per_node_us("after using a second torch stream", rows)
     from harness.allreduce_backends import check_eager, check_graph, expected_sum
     from microbench import bench_allreduce as ba
 
