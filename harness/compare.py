@@ -33,6 +33,7 @@ class CaseData:
     throttled: bool = False
     host_probe_us: float | None = None  # mean of the engine's host-speed probes around the case (hostprobe.py)
     host_timed: bool = False  # its samples include host time (timing.host_timed)
+    process_state: dict | None = None  # timing.process_state() when the case was sampled
 
 
 @dataclass
@@ -60,7 +61,7 @@ def _from_suite(path: Path, data: dict) -> RunData:
                                     np.asarray(c["samples_us"], dtype=float),
                                     (lo, hi) if lo is not None and hi is not None else (s["q1_us"], s["q3_us"]),
                                     bool(c.get("throttled")), _probe(c.get("host_probe_us")),
-                                    host_timed(c["mode"], c.get("device", "cuda")))
+                                    host_timed(c["mode"], c.get("device", "cuda")), c.get("process_state"))
     return RunData(path, "suite", run["fingerprint"], cases)
 
 
@@ -79,7 +80,8 @@ def _from_pytest_benchmark(path: Path, data: dict) -> RunData:
             cases[name] = CaseData(name, extra.get("mode"), True, float(st["median"]) * 1e6, samples,
                                    (float(st["q1"]) * 1e6, float(st["q3"]) * 1e6), bool(extra.get("throttled")),
                                    _probe(extra.get("host_probe_us")),
-                                   host_timed(extra.get("mode") or "", extra.get("device") or "cuda"))
+                                   host_timed(extra.get("mode") or "", extra.get("device") or "cuda"),
+                                   extra.get("process_state"))
         except (KeyError, TypeError, ValueError) as e:
             raise results.ResultsError(f"{path}: malformed benchmark entry ({e!r})") from None
     machine = data.get("machine_info") or {}
@@ -177,7 +179,8 @@ def compare_runs(base: RunData, new: RunData, min_effect: float, alpha: float) -
         host = (n.host_probe_us / b.host_probe_us - 1) * 100 if b.host_probe_us and n.host_probe_us else None
         rows.append({"case": name, "mode": n.mode or b.mode, "base_us": b.median_us, "new_us": n.median_us,
                      "change_%": change * 100, "host_%": host, "test": how, "verdict": v,
-                     "host_timed": n.host_timed or b.host_timed})
+                     "host_timed": n.host_timed or b.host_timed,
+                     "state_differs": bool(b.process_state and n.process_state and b.process_state != n.process_state)})
     rows.sort(key=lambda r: r["case"])
     return rows, sorted(only)
 
@@ -213,7 +216,8 @@ def main(args) -> int:
             del r["host_%"]
     print(f"BASE {base.path} ({base.kind})\nNEW  {new.path} ({new.kind})")
     print(f"min effect {args.min_effect:.1%}, alpha {args.alpha:g}")
-    print(tabulate([{k: v for k, v in r.items() if k != "host_timed"} for r in rows], headers="keys", floatfmt=".4g"))
+    hidden = ("host_timed", "state_differs")
+    print(tabulate([{k: v for k, v in r.items() if k not in hidden} for r in rows], headers="keys", floatfmt=".4g"))
     for line in only:
         print(line)
     diff = fingerprint_diff(base.fingerprint, new.fingerprint)
@@ -235,6 +239,11 @@ def main(args) -> int:
         if followed:
             print(f"NOTE: in {len(followed)} of them the host-speed probe moved the same way by at least "
                   f"{args.min_effect:.0%} (column host_%): the host's CPU changed speed, e.g. {followed[0]['case']}")
+    moved = [r for r in rows if r["state_differs"] and r["verdict"] != "SAME"]
+    if moved:
+        print(f"NOTE: {len(moved)} non-SAME case(s) ran in a different process state in BASE and NEW (cupy imported, "
+              "process group): that alone moved tiny graph nodes by up to 30% on an H200 (README), "
+              f"e.g. {moved[0]['case']}")
     for label, timed in (("device-timed", False), ("host-timed", True)):
         part = [r for r in rows if r["host_timed"] == timed]
         if part:

@@ -5,6 +5,7 @@ summary, derived figures, correctness outcome). A case whose check failed carrie
 """
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -99,12 +100,14 @@ def save_run(run: dict, directory: Path | None = None, name: str | None = None) 
 
 
 def read_json(path: Path) -> dict:
+    """A JSON object from `path` (gzip-compressed when the name ends in .gz: full pytest-benchmark runs with raw
+    samples are ~7 MB), or ResultsError naming the file and what is wrong with it."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text()
     except FileNotFoundError:
         raise ResultsError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
+    except (OSError, EOFError, UnicodeDecodeError) as e:  # gzip's BadGzipFile is an OSError
         raise ResultsError(f"{path}: cannot read: {e}") from None
     try:
         data = json.loads(text)

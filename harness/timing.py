@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -54,6 +55,7 @@ class Measurement:
     clocks_after: dict | None = None
     host_probe_us: list[float] = field(default_factory=list)  # hostprobe reads before, between batches and after
     host_gate: dict | None = None  # batches kept/dropped by the host-speed gate; None when no gate ran
+    process_state: dict | None = None  # process_state() when sampling began
     summary: Summary = field(init=False)
 
     def __post_init__(self) -> None:
@@ -85,9 +87,18 @@ class Measurement:
             "throttled": self.throttled,
             "host_probe_us": list(self.host_probe_us),
             "host_gate": self.host_gate,
+            "process_state": self.process_state,
             "summary": self.summary.as_dict(),
             "samples_us": list(self.samples_us),
         }
+
+
+def process_state() -> dict:
+    """What in this process moved the device cost of tiny graph nodes on an H200 (scripts/node_cost_probe.py, in
+    one process: 0.857 us per node fresh, 1.035 after `import cupy`, 1.119 after a torch NCCL allreduce)."""
+    dist = sys.modules.get("torch.distributed")
+    group = str(dist.get_backend()) if dist is not None and dist.is_available() and dist.is_initialized() else None
+    return {"cupy_imported": "cupy" in sys.modules, "process_group": group}
 
 
 def host_timed(mode: str, device: str) -> bool:
@@ -291,6 +302,7 @@ def measure(
         host_gate = hostprobe.process_gate() if gate_default else None
     gate = host_gate or None
     clocks_before = fingerprint.clock_snapshot() if device == "cuda" else None
+    state = process_state()
     probes = [hostprobe.probe_us()]
     gc_was_enabled = gc.isenabled()
     gc.disable()  # a collection inside a sample is the host's noise, not the op's cost
@@ -315,6 +327,7 @@ def measure(
         clocks_after=clocks_after,
         host_probe_us=probes,
         host_gate=gate_record,
+        process_state=state,
     )
 
 

@@ -24,6 +24,10 @@ if [ "$STEP" = first ]; then
   timeout 40 python3 - <<'PY' &
 import time, torch
 a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+s = torch.cuda.Stream()
+with torch.cuda.stream(s):
+    a @ a  # cuBLAS makes its handle and workspace outside the capture (inside, the capture was invalidated)
+torch.cuda.synchronize()
 g = torch.cuda.CUDAGraph()
 with torch.cuda.graph(g):
     for _ in range(100):

@@ -164,3 +164,16 @@ def test_summary_splits_device_timed_from_host_timed_cases(tmp_path, capsys):
     assert _cli(tmp_path / "a_cpu.json", tmp_path / "b_cpu.json") == 1
     out = capsys.readouterr().out
     assert "host-timed: 0 of 1 SAME" in out and "NOTE: 1 of the SLOW/FAST cases are host-timed" in out
+
+
+def test_a_case_sampled_in_another_process_state_is_named(tmp_path, capsys):
+    def write(path, samples, state):
+        m = Measurement("graph", "cuda", "cuda_event", list(samples), 1, 3, "ci_target", 1.0, process_state=state)
+        return results.write_json_atomic(path, results.make_run("demo", [Case("x", {}, True, "", m)], FP))
+
+    plain = {"cupy_imported": False, "process_group": None}
+    base = write(tmp_path / "a.json", _samples(1), plain)
+    assert _cli(base, write(tmp_path / "b.json", _samples(3, 110), {**plain, "cupy_imported": True})) == 1
+    assert "ran in a different process state" in capsys.readouterr().out
+    assert _cli(base, write(tmp_path / "c.json", _samples(3, 110), plain)) == 1
+    assert "process state" not in capsys.readouterr().out

@@ -101,3 +101,18 @@ def test_default_folder_is_the_machine_slug(tmp_path, monkeypatch):
     monkeypatch.setattr(results, "RESULTS_DIR", tmp_path)
     path = results.save_run(_run())
     assert path.parent == tmp_path / "cpu" and path.name.startswith("demo-")
+
+
+def test_gzipped_results_load_and_a_broken_gzip_fails_clearly(tmp_path):
+    import gzip
+
+    path = results.save_run(_run(), tmp_path, name="r.json")
+    gz = tmp_path / "r.json.gz"
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    assert results.load_run(gz) == results.load_run(path)
+    gz.write_bytes(gzip.compress(path.read_bytes())[:100])
+    with pytest.raises(ResultsError, match="cannot read"):
+        results.load_run(gz)
+    (tmp_path / "x.json.gz").write_bytes(b"not gzip at all")
+    with pytest.raises(ResultsError, match="cannot read"):
+        results.load_run(tmp_path / "x.json.gz")

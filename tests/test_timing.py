@@ -146,3 +146,9 @@ def test_auto_calls_per_sample_is_a_power_of_two_times_the_input_sets(fake_sampl
     assert measure(fns, mode="hot", device="cpu", warmup_calls=3, max_time_s=0.05).calls_per_sample == 258
     fake_samples(lambda: 2000.0)  # slower than the target: one pass over the sets
     assert measure(fns, mode="graph", device="cpu", warmup_calls=3, max_time_s=0.05).calls_per_sample == 3
+
+
+def test_process_state_is_recorded_with_every_measurement():
+    m = measure(lambda: None, mode="hot", device="cpu", warmup_calls=1, samples=2, calls_per_sample=1)
+    assert set(m.process_state) == {"cupy_imported", "process_group"}
+    assert m.as_dict()["process_state"] == m.process_state
