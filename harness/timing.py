@@ -256,7 +256,8 @@ def measure(
     Host gate (hostprobe.py): on a GPU machine, with adaptive stopping, host-timed samples (`host_timed`) come in
     batches of at most GATE_BATCH_S, and a batch is kept only when the host-speed probe read the fast state before
     and after it; if the time cap comes with fewer than `min_samples` kept, the dropped samples are kept too and the
-    stop reason says so. host_gate=False (or VERIFYBENCH_HOST_GATE=off) keeps every batch; a HostGate object forces that gate.
+    stop reason says so. host_gate=False (or VERIFYBENCH_HOST_GATE=off) keeps every batch; a HostGate object forces
+    that gate.
     """
     if max_time_s is None:
         max_time_s = float(os.environ.get("VERIFYBENCH_MAX_TIME_S", DEFAULT_MAX_TIME_S))
