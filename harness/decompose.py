@@ -28,6 +28,7 @@ def table(full_us: dict[int, float], isolated_us: dict[str, dict[int, float]],
         row["sum_of_parts_us"] = sum(parts)
         row["parts_error_%"] = 100 * (sum(parts) / t - 1)
         row["roofline_us"] = roofline_us.get(n)
+        row["measured/roofline"] = t / roofline_us[n] if roofline_us.get(n) else None
         no_comm = without_us.get(comm, {}).get(n)
         row["no_comm_us"] = no_comm
         row["no_comm/roofline"] = no_comm / roofline_us[n] if roofline_us.get(n) and no_comm else None

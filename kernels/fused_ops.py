@@ -15,6 +15,8 @@ Every wrapper checks shapes, dtypes and strides on the host only (no device sync
 all are CUDA-graph capturable once compiled. Rows are [n, H] with last-dim stride 1; the row stride is free (column
 slices of a wider tensor need no copy). Kernels run for CUDA tensors, and for CPU tensors when TRITON_INTERPRET=1 was
 set before import (tests); other CPU tensors take the reference (the CPU smoke profile).
+pdl (every op; None: kernels.pdl.enabled): programmatic dependent launch, see kernels/pdl.py. The norms load their
+weight before the wait, so a weight must not be written by the kernel launched just before.
 """
 from __future__ import annotations
 
@@ -23,6 +25,9 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from kernels import pdl as _pdl
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_ROW = 16384  # a whole row lives in registers: 16384 fp32 over 16 warps = 32 values per thread
@@ -36,10 +41,14 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 @triton.jit
 def _rmsnorm_kernel(x_ptr, delta_ptr, w_ptr, y_ptr, stride_x, stride_delta, stride_y, eps, H: tl.constexpr,
-                    BLOCK: tl.constexpr, ADD: tl.constexpr):
+                    BLOCK: tl.constexpr, ADD: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BLOCK)
     m = i < H
+    w = tl.load(w_ptr + i, mask=m, other=0.0).to(tl.float32)  # a weight: may load before the wait (PDL)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     x = tl.load(x_ptr + row * stride_x + i, mask=m, other=0.0).to(tl.float32)
     if ADD:  # the residual keeps its dtype: the norm reads the rounded sum, as the unfused forward does
         x = x + tl.load(delta_ptr + row * stride_delta + i, mask=m, other=0.0).to(tl.float32)
@@ -48,12 +57,15 @@ def _rmsnorm_kernel(x_ptr, delta_ptr, w_ptr, y_ptr, stride_x, stride_delta, stri
         x = x_rounded.to(tl.float32)
     inv_rms = tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)
     normed = (x * inv_rms).to(x_ptr.dtype.element_ty).to(tl.float32)
-    w = tl.load(w_ptr + i, mask=m, other=0.0).to(tl.float32)
     tl.store(y_ptr + row * stride_y + i, (normed * w).to(y_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, stride_gu, stride_out, INTER: tl.constexpr, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, stride_gu, stride_out, INTER: tl.constexpr, BLOCK: tl.constexpr,
+                     PDL: tl.constexpr):
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = col < INTER
@@ -64,7 +76,10 @@ def _silu_mul_kernel(gu_ptr, out_ptr, stride_gu, stride_out, INTER: tl.constexpr
 
 @triton.jit
 def _softmax_topk_kernel(logits_ptr, w_ptr, ids_ptr, stride_logits, E: tl.constexpr, K: tl.constexpr,
-                         BLOCK: tl.constexpr, BLOCK_K: tl.constexpr):
+                         BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     # Probabilities are >= 0, so their fp32 bits order like the values; key = bits << 32 | (BLOCK - 1 - index)
     # makes one int64 max per pick find the largest probability and, among equal ones, the lowest index.
     row = tl.program_id(0).to(tl.int64)
@@ -130,7 +145,8 @@ def _use_kernel(t: torch.Tensor) -> bool:
 
 # ---------------------------------------------------------------------------------------------------- ops
 
-def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None,
+            pdl: bool | None = None) -> torch.Tensor:
     """x [n, H] (last-dim stride 1, any row stride), weight [H] -> y [n, H] in x's dtype, one launch.
 
     out: write y there instead ([n, H], x's dtype, last-dim stride 1; x itself or disjoint from it). out=x
@@ -149,12 +165,14 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch
         return out.copy_(rmsnorm_reference(x, weight, eps))
     if n:
         block = triton.next_power_of_2(hidden)
+        on = _pdl.resolve(pdl, x.device)
         _rmsnorm_kernel[(n,)](x, x, weight, out, x.stride(0), 0, out.stride(0), eps, H=hidden, BLOCK=block,
-                              ADD=False, num_warps=_row_warps(block))
+                              ADD=False, PDL=on, num_warps=_row_warps(block), **_pdl.launch_kwargs(on))
     return out
 
 
-def add_rmsnorm(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def add_rmsnorm(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                pdl: bool | None = None) -> torch.Tensor:
     """h += delta in place (h keeps its dtype; the sum is taken in fp32 and rounded once), then y = rmsnorm(h):
     the residual add and the next norm in one launch. h, delta [n, H] with last-dim stride 1; returns y [n, H]."""
     _check_rows("h", h)
@@ -171,12 +189,13 @@ def add_rmsnorm(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps:
     y = torch.empty(n, hidden, dtype=h.dtype, device=h.device)
     if n:
         block = triton.next_power_of_2(hidden)
+        on = _pdl.resolve(pdl, h.device)
         _rmsnorm_kernel[(n,)](h, delta, weight, y, h.stride(0), delta.stride(0), y.stride(0), eps, H=hidden,
-                              BLOCK=block, ADD=True, num_warps=_row_warps(block))
+                              BLOCK=block, ADD=True, PDL=on, num_warps=_row_warps(block), **_pdl.launch_kwargs(on))
     return y
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor, pdl: bool | None = None) -> torch.Tensor:
     """gate_up [n, 2I] (gate columns first, then up; last-dim stride 1) -> silu(gate) * up [n, I] in its dtype."""
     _check_rows("gate_up", gate_up)
     n, width = gate_up.shape
@@ -188,13 +207,15 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(n, inter, dtype=gate_up.dtype, device=gate_up.device)
     if n and inter:
         block = min(1024, triton.next_power_of_2(inter))
+        on = _pdl.resolve(pdl, gate_up.device)
         _silu_mul_kernel[(n, triton.cdiv(inter, block))](gate_up, out, gate_up.stride(0), out.stride(0),
-                                                           INTER=inter, BLOCK=block,
-                                                           num_warps=max(1, min(4, block // 256)))
+                                                           INTER=inter, BLOCK=block, PDL=on,
+                                                           num_warps=max(1, min(4, block // 256)),
+                                                           **_pdl.launch_kwargs(on))
     return out
 
 
-def softmax_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def softmax_topk(logits: torch.Tensor, k: int, pdl: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [n, E] (last-dim stride 1) -> (weights fp32 [n, k], ids int32 [n, k]): the k largest fp32 softmax
     probabilities, descending, ties to the lower index. One launch, one program per token."""
     _check_rows("logits", logits)
@@ -210,8 +231,10 @@ def softmax_topk(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
     if n:
         block = triton.next_power_of_2(experts)
         # one warp holds 512 experts in 16 registers per thread, and its reductions need no shared memory
+        on = _pdl.resolve(pdl, logits.device)
         _softmax_topk_kernel[(n,)](logits, weights, ids, logits.stride(0), E=experts, K=k, BLOCK=block,
-                                   BLOCK_K=triton.next_power_of_2(k), num_warps=max(1, min(4, block // 512)))
+                                   BLOCK_K=triton.next_power_of_2(k), PDL=on, num_warps=max(1, min(4, block // 512)),
+                                   **_pdl.launch_kwargs(on))
     return weights, ids
 
 

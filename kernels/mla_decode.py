@@ -36,8 +36,10 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels import config_tables
+from kernels import pdl as _pdl
 from kernels.config_tables import device_name
 
 # Starting points, not timed on a GPU: SGLang's grouped MLA decode kernel runs 16 query rows x 32 keys per tile
@@ -215,7 +217,10 @@ def _selected(n, heads, length, d, kv_lora, dtype, device) -> dict:
 def _split_kernel(q, cache, part_o, part_lse, out, length, split_keys, stride_qh, stride_qn, stride_c, stride_oh,
                   stride_on, scale_log2, ROWS: tl.constexpr, NQ: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr,
-                  SINGLE: tl.constexpr):
+                  SINGLE: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # q and the verify tokens' cache rows come from the kernels just before
+        gdc_wait()
+        gdc_launch_dependents()
     rb = tl.program_id(0)
     sp = tl.program_id(1)
     r = rb * BLOCK_M + tl.arange(0, BLOCK_M)  # query row = head * NQ + token; rows past ROWS are zero padding
@@ -264,7 +269,10 @@ def _split_kernel(q, cache, part_o, part_lse, out, length, split_keys, stride_qh
 
 @triton.jit
 def _combine_kernel(part_o, part_lse, out, num_splits, stride_oh, stride_on, ROWS: tl.constexpr, NQ: tl.constexpr,
-                    DV: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr):
+                    DV: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     r = tl.program_id(0)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     c_ok = c < DV
@@ -287,14 +295,15 @@ def _combine_kernel(part_o, part_lse, out, num_splits, stride_oh, stride_on, ROW
     tl.store(out + o_row + c, (acc / tl.sum(total, axis=0)).to(out.dtype.element_ty), mask=c_ok)
 
 
-def mla_decode(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, out=None, config=None):
+def mla_decode(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, out=None, config=None, pdl=None):
     """Triton flash-decoding MLA attention; same result as mla_decode_reference (scale defaults to D ** -0.5, the MLA
     forward passes (qk_nope + qk_rope) ** -0.5). q [heads, n, D] and cache [rows >= length, D] need unit stride
     along D (other strides are free). num_splits: context splits (it is lowered so that no split is empty).
     out: optional [heads, n, kv_lora] tensor of q's dtype to write. config: overrides of DEFAULT_CONFIG
     (block_rows, block_keys: powers of two >= 16; num_warps, num_stages; num_splits, which the argument
     overrides). Neither num_splits nor config given: select_config (the tuned table for this GPU, else the
-    defaults); config without num_splits: default_num_splits for its block_rows."""
+    defaults); config without num_splits: default_num_splits for its block_rows. pdl (None: kernels.pdl.enabled):
+    both launches with programmatic dependent launch (kernels/pdl.py); each waits before reading anything."""
     length, scale = _check(q, cache, length, kv_lora, scale)
     heads, n, d = q.shape
     if q.stride(2) != 1 or cache.stride(1) != 1:
@@ -328,13 +337,16 @@ def mla_decode(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, ou
         part_o = torch.empty(splits, rows, kv_lora, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(splits, rows, dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(rows, cfg["block_rows"]), splits)
+    on = _pdl.resolve(pdl, q.device)
     _split_kernel[grid](q, cache, part_o, part_lse, out, length, split_keys, q.stride(0), q.stride(1),
                         cache.stride(0), out.stride(0), out.stride(1), scale * LOG2E, ROWS=rows, NQ=n, D=d,
                         DV=kv_lora, BLOCK_M=cfg["block_rows"], BLOCK_N=bn, BLOCK_DV=block_dv, BLOCK_DR=block_dr,
-                        SINGLE=single, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                        SINGLE=single, PDL=on, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                        **_pdl.launch_kwargs(on))
     if not single:
         block_c = min(COMBINE_COLS, triton.next_power_of_2(kv_lora))
         _combine_kernel[(rows, triton.cdiv(kv_lora, block_c))](
             part_o, part_lse, out, splits, out.stride(0), out.stride(1), ROWS=rows, NQ=n, DV=kv_lora,
-            BLOCK_S=min(COMBINE_SPLITS, triton.next_power_of_2(splits)), BLOCK_C=block_c, num_warps=4)
+            BLOCK_S=min(COMBINE_SPLITS, triton.next_power_of_2(splits)), BLOCK_C=block_c, PDL=on, num_warps=4,
+            **_pdl.launch_kwargs(on))
     return out

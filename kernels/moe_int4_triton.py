@@ -43,6 +43,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # PDL (sm_90+; triton >= 3.3)
 
 from kernels import config_tables
+from kernels import pdl as _pdl
 from kernels.config_tables import device_name
 from kernels.moe_int4 import PACK, check_moe_inputs, pack_nibbles, unpack_nibbles
 
@@ -355,7 +356,7 @@ def _gate_up_split_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, p_ptr, tw_ptr, num_pairs
                           inter: tl.constexpr, words_per_row: tl.constexpr, n_groups: tl.constexpr,
                           TOPK: tl.constexpr, WPG: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
                           SPLIT_K: tl.constexpr, PREFETCH: tl.constexpr, PLANAR: tl.constexpr,
-                          DENORMAL: tl.constexpr, PDL: tl.constexpr):
+                          DENORMAL: tl.constexpr, PDL: tl.constexpr, WAIT: tl.constexpr):
     """Split-K gate_up: program (pair, split ks, row block) sums words [ks, ks + 1) * words_per_row / SPLIT_K of
     BLOCK_N gate and BLOCK_N up rows -> fp32 partials p[ks, pair, 0 (gate) | 1 (up), row]; kernel 2 adds them.
     SPLIT_K == 1: the sums are complete here, so it stores SiLU(g) * u * topk_weight in p[0, pair, 0, row] instead.
@@ -365,6 +366,8 @@ def _gate_up_split_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, p_ptr, tw_ptr, num_pairs
     pair = pid % num_pairs
     ks = (pid // num_pairs) % SPLIT_K
     nb = pid // (num_pairs * SPLIT_K)
+    if WAIT:  # launched with PDL itself (kernels/pdl.py): x, ids and weights come from the kernels before
+        gdc_wait()
     if PDL:  # kernel 2 may start (and stream its weights) once every program of this one has started
         gdc_launch_dependents()
     WPS: tl.constexpr = words_per_row // SPLIT_K
@@ -477,6 +480,7 @@ def _down_split_kernel(p_ptr, tw_ptr, w_ptr, s_ptr, ids_ptr, out_ptr, num_pairs,
     sc = tl.load(s_ptr + s_offs + row0 * n_groups, mask=ms, other=0)
     if PDL:  # everything above is independent of kernel 1; its partials are read below
         gdc_wait()
+        gdc_launch_dependents()  # the kernel after the MoE may start (if it was launched with PDL)
     tw = tl.load(tw_ptr + pair, mask=cmask, other=0.0).to(tl.float32)
     a0 = _act_plane(p_ptr, pair, tw, word, 0, cmask, num_pairs, inter, SPLIT_K, WPG, PLANAR)
     a1 = _act_plane(p_ptr, pair, tw, word, 1, cmask, num_pairs, inter, SPLIT_K, WPG, PLANAR)
@@ -639,8 +643,9 @@ def fused_moe_w4a16(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weight
     "BLOCK_W" (words per step, default min(128 * num_warps, words per split)); kernel 1 writes fp32 partial gate and
     up sums per split, kernel 2 adds them (fixed order: deterministic, no atomics, no memset) and applies SiLU;
     down may set "num_warps". "pdl": True (sm_90+, split only) lets kernel 2 start and load its first weight tile
-    while kernel 1 finishes (programmatic dependent launch; off in the interpreter). A config the shapes cannot run
-    raises ValueError.
+    while kernel 1 finishes (programmatic dependent launch; off in the interpreter); where kernels.pdl.enabled,
+    kernel 1 is launched with PDL too (it waits for the kernel before it first) and kernel 2 lets the kernel after
+    the MoE start early. A config the shapes cannot run raises ValueError.
     "denormal" is exact for fp16 x, and for bf16 x with |x| in [2^-41, 2^64] (smaller values lose bits; larger
     overflow). check_ids=False skips the host-side id range check (a device sync) for graph capture; ids are then
     clamped in the kernels. prepacked=True: the packed weights are already in the config's layout (repack_planar
@@ -676,12 +681,13 @@ def fused_moe_w4a16(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weight
         block_w = c1.get("BLOCK_W", min(128 * warps1, triton.next_power_of_2(wps)))
         pdl = bool(cfg.get("pdl")) and not interpret  # the interpreter has no inline asm; same result without
         extra = {"launch_pdl": True} if pdl else {}
+        chain = pdl and _pdl.enabled(x.device)  # kernel 1 also overlaps the kernel before the MoE
         partials = torch.empty(split, pairs, 2, s.inter, dtype=torch.float32, device=x.device)
         _gate_up_split_kernel[(pairs * split * triton.cdiv(s.inter, c1["BLOCK_N"]),)](
             x, w13, s13, ids, partials, tw, pairs, s.experts, x.stride(0), MAGIC, inter=s.inter, words_per_row=words1,
             n_groups=s.hidden // s.group_size, TOPK=s.topk, WPG=wpg, BLOCK_N=c1["BLOCK_N"], BLOCK_W=block_w,
             SPLIT_K=split, PREFETCH=int(c1.get("PREFETCH", 1)), PLANAR=planar, DENORMAL=denormal, PDL=pdl,
-            num_warps=warps1, num_stages=c1.get("num_stages", 1))
+            WAIT=chain, num_warps=warps1, num_stages=c1.get("num_stages", 1), **_pdl.launch_kwargs(chain))
         _down_split_kernel[(s.tokens * triton.cdiv(s.hidden, c2["BLOCK_N"] * c2.get("ROW_ITERS", 1)),)](
             partials, tw, w2, s2, ids, out, pairs, s.experts, s.hidden, out.stride(0), s.tokens,
             MAGIC, inter=s.inter, words_per_row=s.inter // PACK, n_groups=s.inter // s.group_size, TOPK=s.topk,

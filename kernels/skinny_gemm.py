@@ -18,6 +18,15 @@ Kinds (config "kind"):
   that feed a tl.dot), one fp32 accumulator tile per token, each thread's 16-byte slice summed in-thread per step.
 Rows past N are clamped (re-read row N-1) rather than masked, so w loads stay unpredicated 16-byte vectors; stores
 are masked. fp32 accumulation always; y is rounded once to x's dtype.
+add (optional residual [n, N]): y = x @ w.T + add, the add done in fp32 on the accumulator (or on the reduced sum)
+and rounded once with it, so e.g. the shared expert's down projection writes routed MoE output + its own in one
+launch. Kind "torch" is F.linear then a torch add: rounded twice there.
+PDL (kernels/pdl.py; pdl=None follows pdl.enabled): every Triton launch of a call gets launch_pdl and a PDL constexpr.
+Only w (static weights) loads before gdc_wait(), then gdc_launch_dependents(); nothing is stored and no counter is
+touched before the wait (the previous kernel may still read y's memory, the counters or x). "dot" issues its first
+w tile before the wait (that step peeled off the pipelined loop, whose cp.async pipelining is unchanged; for
+shared_down's K = 256 the whole w tile; the peeled tile costs one more stage of shared memory); "fma" its first w
+tile; the "kernel" reduce waits at its top (it reads the partials).
 
 The wrapper checks shapes on the host only (no device sync; outputs from torch.empty), so it is CUDA-graph
 capturable once compiled. Kernels run for CUDA tensors, and for CPU tensors when TRITON_INTERPRET=1 was set before
@@ -31,8 +40,10 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels import config_tables
+from kernels import pdl as _pdl
 from kernels.config_tables import device_name
 
 CONFIG_PATH = Path(__file__).with_name("skinny_gemm_configs.json")
@@ -54,10 +65,10 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # ---------------------------------------------------------------------------------------------------- kernels
 
 @triton.jit
-def _serial_reduce(p_ptr, y_ptr, cnt_ptr, pid_n, M, N, stride_ym, n_split, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr):
+def _serial_reduce(p_ptr, y_ptr, add_ptr, cnt_ptr, pid_n, M, N, stride_ym, stride_am, n_split,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ADD: tl.constexpr):
     """Called by every split program after storing its partial: the last one to arrive sums all partials in split
-    order (deterministic), writes y and re-arms the counter."""
+    order (deterministic), adds `add` (ADD), writes y and re-arms the counter."""
     tl.debug_barrier()  # every thread's partial is stored before the count goes up (release below publishes them)
     arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
     if arrived == n_split - 1:
@@ -69,14 +80,41 @@ def _serial_reduce(p_ptr, y_ptr, cnt_ptr, pid_n, M, N, stride_ym, n_split, BLOCK
         total = tl.load(p_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
         for s in range(1, n_split):
             total += tl.load(p_ptr + s * M * N + offs, mask=mask, other=0.0, cache_modifier=".cg")
+        if ADD:
+            total += tl.load(add_ptr + rm * stride_am + rn, mask=mask, other=0.0).to(tl.float32)
         tl.store(y_ptr + rm * stride_ym + rn, total.to(y_ptr.dtype.element_ty), mask=mask)
         tl.atomic_xchg(cnt_ptr + pid_n, 0)
 
 
+@triton.jit
+def _w_tile(w_ptrs, k, k1, rk, EVEN_K: tl.constexpr):
+    """One [BLOCK_N, BLOCK_K] tile of w; w is read once: evict_first keeps x and the partials in L2."""
+    if EVEN_K:
+        w = tl.load(w_ptrs, eviction_policy="evict_first")
+    else:
+        w = tl.load(w_ptrs, mask=(k + rk)[None, :] < k1, other=0.0, eviction_policy="evict_first")
+    return w
+
+
+@triton.jit
+def _dot_step(acc, w, x_ptrs, k, k1, rk, m_in, EVEN_K: tl.constexpr, IEEE: tl.constexpr):
+    """acc += w tile @ x tile^T (x rows past M read as 0)."""
+    if EVEN_K:
+        xt = tl.load(x_ptrs, mask=m_in, other=0.0)
+    else:
+        xt = tl.load(x_ptrs, mask=m_in & ((k + rk)[None, :] < k1), other=0.0)
+    if IEEE:  # fp32 inputs: full precision, not TF32
+        acc = tl.dot(w, tl.trans(xt), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(w, tl.trans(xt), acc)
+    return acc
+
+
 @triton.jit(do_not_specialize=["M", "n_split"])  # one compile serves every n and split
-def _dot_kernel(x_ptr, w_ptr, y_ptr, p_ptr, cnt_ptr, M, N, K, stride_xm, stride_ym, k_per_split, n_split,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-                SERIAL: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr):
+def _dot_kernel(x_ptr, w_ptr, y_ptr, add_ptr, p_ptr, cnt_ptr, M, N, K, stride_xm, stride_ym, stride_am, k_per_split,
+                n_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+                SERIAL: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, ADD: tl.constexpr,
+                PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -89,26 +127,29 @@ def _dot_kernel(x_ptr, w_ptr, y_ptr, p_ptr, cnt_ptr, M, N, K, stride_xm, stride_
     x_ptrs = x_ptr + rm[:, None] * stride_xm + (k0 + rk)[None, :]
     m_in = rm[:, None] < M
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # swap-AB: w is the MMA's M side, tokens its N side
-    for k in range(k0, k1, BLOCK_K):
-        if EVEN_K:  # w is read once: evict_first keeps x and the partials in L2
-            w = tl.load(w_ptrs, eviction_policy="evict_first")
-            xt = tl.load(x_ptrs, mask=m_in, other=0.0)
-        else:
-            k_in = (k + rk)[None, :] < k1
-            w = tl.load(w_ptrs, mask=k_in, other=0.0, eviction_policy="evict_first")
-            xt = tl.load(x_ptrs, mask=m_in & k_in, other=0.0)
-        if IEEE:  # fp32 inputs: full precision, not TF32
-            acc = tl.dot(w, tl.trans(xt), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(w, tl.trans(xt), acc)
+    k_loop = k0
+    if PDL:  # the first step, peeled off the pipelined loop, streams its w tile (every split has one) before the
+        # wait; x may be the previous kernel's output, so it loads after
+        w = _w_tile(w_ptrs, k0, k1, rk, EVEN_K)
+        gdc_wait()
+        gdc_launch_dependents()
+        acc = _dot_step(acc, w, x_ptrs, k0, k1, rk, m_in, EVEN_K, IEEE)
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+        k_loop = k0 + BLOCK_K
+    for k in range(k_loop, k1, BLOCK_K):  # the pipeliner keeps num_stages - 1 w and x tiles in flight
+        acc = _dot_step(acc, _w_tile(w_ptrs, k, k1, rk, EVEN_K), x_ptrs, k, k1, rk, m_in, EVEN_K, IEEE)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     mask = (rn[:, None] < N) & (rm[None, :] < M)
     if SPLIT:
         tl.store(p_ptr + (pid_k * M + rm[None, :]) * N + rn[:, None], acc, mask=mask)
         if SERIAL:
-            _serial_reduce(p_ptr, y_ptr, cnt_ptr, pid_n, M, N, stride_ym, n_split, BLOCK_M, BLOCK_N)
+            _serial_reduce(p_ptr, y_ptr, add_ptr, cnt_ptr, pid_n, M, N, stride_ym, stride_am, n_split, BLOCK_M,
+                           BLOCK_N, ADD)
     else:
+        if ADD:
+            acc += tl.load(add_ptr + rm[None, :] * stride_am + rn[:, None], mask=mask, other=0.0).to(tl.float32)
         tl.store(y_ptr + rm[None, :] * stride_ym + rn[:, None], acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -126,19 +167,23 @@ def _fma(acc, wf, x, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.const
 
 
 @triton.jit
-def _fma_out(acc, m: tl.constexpr, rn, y_ptr, p_ptr, pid_k, M, N, stride_ym, SPLIT: tl.constexpr):
+def _fma_out(acc, m: tl.constexpr, rn, y_ptr, add_ptr, p_ptr, pid_k, M, N, stride_ym, stride_am,
+             SPLIT: tl.constexpr, ADD: tl.constexpr):
     out = tl.sum(acc, axis=1)
     mask = (rn < N) & (m < M)
     if SPLIT:
         tl.store(p_ptr + (pid_k * M + m) * N + rn, out, mask=mask)
     else:
+        if ADD:
+            out += tl.load(add_ptr + m * stride_am + rn, mask=mask, other=0.0).to(tl.float32)
         tl.store(y_ptr + m * stride_ym + rn, out.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["M", "n_split"])
-def _fma_kernel(x_ptr, w_ptr, y_ptr, p_ptr, cnt_ptr, M, N, K, stride_xm, stride_ym, k_per_split, n_split,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr,
-                SPLIT: tl.constexpr, SERIAL: tl.constexpr, EVEN_K: tl.constexpr):
+def _fma_kernel(x_ptr, w_ptr, y_ptr, add_ptr, p_ptr, cnt_ptr, M, N, K, stride_xm, stride_ym, stride_am, k_per_split,
+                n_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr,
+                SPLIT: tl.constexpr, SERIAL: tl.constexpr, EVEN_K: tl.constexpr, ADD: tl.constexpr,
+                PDL: tl.constexpr):
     # Tokens are unrolled by hand (x0..x7, a0..a7; BLOCK_M in 1, 2, 4, 8): one [BLOCK_N, BLOCK_K / VEC] fp32
     # accumulator each, and their x rows in the w tile's layout, so nothing goes through shared memory.
     pid_n = tl.program_id(0)
@@ -155,6 +200,9 @@ def _fma_kernel(x_ptr, w_ptr, y_ptr, p_ptr, cnt_ptr, M, N, K, stride_xm, stride_
     else:
         km = (k0 + cols) < k1
     w = tl.load(w_ptrs, mask=km, other=0.0, eviction_policy="evict_first")  # read once; x and partials stay in L2
+    if PDL:  # the first w tile streams in while the previous kernel finishes; x may be its output
+        gdc_wait()
+        gdc_launch_dependents()
     x0 = _x_row(x_ptrs, 0, M, stride_xm, km)
     a0 = tl.zeros([BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
     if BLOCK_M > 1:
@@ -211,30 +259,37 @@ def _fma_kernel(x_ptr, w_ptr, y_ptr, p_ptr, cnt_ptr, M, N, K, stride_xm, stride_
             a7 = _fma(a7, wf, x7, BLOCK_N, BLOCK_K, VEC)
             x4, x5, x6, x7 = y4, y5, y6, y7
         w = w_n
-    _fma_out(a0, 0, rn, y_ptr, p_ptr, pid_k, M, N, stride_ym, SPLIT)
+    _fma_out(a0, 0, rn, y_ptr, add_ptr, p_ptr, pid_k, M, N, stride_ym, stride_am, SPLIT, ADD)
     if BLOCK_M > 1:
-        _fma_out(a1, 1, rn, y_ptr, p_ptr, pid_k, M, N, stride_ym, SPLIT)
+        _fma_out(a1, 1, rn, y_ptr, add_ptr, p_ptr, pid_k, M, N, stride_ym, stride_am, SPLIT, ADD)
     if BLOCK_M > 2:
-        _fma_out(a2, 2, rn, y_ptr, p_ptr, pid_k, M, N, stride_ym, SPLIT)
-        _fma_out(a3, 3, rn, y_ptr, p_ptr, pid_k, M, N, stride_ym, SPLIT)
+        _fma_out(a2, 2, rn, y_ptr, add_ptr, p_ptr, pid_k, M, N, stride_ym, stride_am, SPLIT, ADD)
+        _fma_out(a3, 3, rn, y_ptr, add_ptr, p_ptr, pid_k, M, N, stride_ym, stride_am, SPLIT, ADD)
     if BLOCK_M > 4:
-        _fma_out(a4, 4, rn, y_ptr, p_ptr, pid_k, M, N, stride_ym, SPLIT)
-        _fma_out(a5, 5, rn, y_ptr, p_ptr, pid_k, M, N, stride_ym, SPLIT)
-        _fma_out(a6, 6, rn, y_ptr, p_ptr, pid_k, M, N, stride_ym, SPLIT)
-        _fma_out(a7, 7, rn, y_ptr, p_ptr, pid_k, M, N, stride_ym, SPLIT)
+        _fma_out(a4, 4, rn, y_ptr, add_ptr, p_ptr, pid_k, M, N, stride_ym, stride_am, SPLIT, ADD)
+        _fma_out(a5, 5, rn, y_ptr, add_ptr, p_ptr, pid_k, M, N, stride_ym, stride_am, SPLIT, ADD)
+        _fma_out(a6, 6, rn, y_ptr, add_ptr, p_ptr, pid_k, M, N, stride_ym, stride_am, SPLIT, ADD)
+        _fma_out(a7, 7, rn, y_ptr, add_ptr, p_ptr, pid_k, M, N, stride_ym, stride_am, SPLIT, ADD)
     if SPLIT and SERIAL:
-        _serial_reduce(p_ptr, y_ptr, cnt_ptr, pid_n, M, N, stride_ym, n_split, BLOCK_M, BLOCK_N)
+        _serial_reduce(p_ptr, y_ptr, add_ptr, cnt_ptr, pid_n, M, N, stride_ym, stride_am, n_split, BLOCK_M, BLOCK_N,
+                       ADD)
 
 
 @triton.jit(do_not_specialize=["M", "n_split"])
-def _reduce_kernel(p_ptr, y_ptr, M, N, stride_ym, n_split, BLOCK: tl.constexpr):
-    """reduce "kernel": y[m, n] = sum over s of p[s, m, n], in split order."""
+def _reduce_kernel(p_ptr, y_ptr, add_ptr, M, N, stride_ym, stride_am, n_split, BLOCK: tl.constexpr,
+                   ADD: tl.constexpr, PDL: tl.constexpr):
+    """reduce "kernel": y[m, n] = sum over s of p[s, m, n], in split order (+ add[m, n])."""
+    if PDL:  # the partials are the previous launch's output
+        gdc_wait()
+        gdc_launch_dependents()
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = i < M * N
     total = tl.load(p_ptr + i, mask=mask, other=0.0)
     for s in range(1, n_split):
         total += tl.load(p_ptr + s * M * N + i, mask=mask, other=0.0)
     m = i // N
+    if ADD:
+        total += tl.load(add_ptr + m * stride_am + (i - m * N), mask=mask, other=0.0).to(tl.float32)
     tl.store(y_ptr + m * stride_ym + (i - m * N), total.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -337,9 +392,10 @@ def select_config(n: int, N: int, K: int, device, table: dict | None = None,
 
 # ---------------------------------------------------------------------------------------------------- wrapper
 
-def linear_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x @ w.T in plain torch fp32 (the result stays fp32)."""
-    return x.float() @ w.float().t()
+def linear_reference(x: torch.Tensor, w: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ w.T (+ add) in plain torch fp32 (the result stays fp32)."""
+    y = x.float() @ w.float().t()
+    return y if add is None else y + add.float()
 
 
 def bytes_moved(n: int, N: int, K: int, itemsize: int = 2) -> int:
@@ -370,6 +426,19 @@ def _check_inputs(x, w) -> None:
         raise ValueError(f"w must be contiguous (got strides {w.stride()})")
 
 
+def _check_add(add, x, N: int) -> None:
+    if not isinstance(add, torch.Tensor):
+        raise ValueError(f"add must be a torch.Tensor or None, got {type(add).__name__}")
+    if add.shape != (x.shape[0], N):
+        raise ValueError(f"add must be [n, N] = [{x.shape[0]}, {N}], got {tuple(add.shape)}")
+    if add.dtype != x.dtype:
+        raise ValueError(f"add must have x's dtype {x.dtype}, got {add.dtype}")
+    if add.device != x.device:
+        raise ValueError(f"add is on {add.device}, x on {x.device}")
+    if N > 1 and add.stride(1) != 1:
+        raise ValueError(f"add needs last-dim stride 1 (got strides {add.stride()}); pass .contiguous()")
+
+
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 
@@ -395,23 +464,31 @@ def plan(n: int, N: int, K: int, cfg: dict, sms: int = DEFAULT_SMS) -> dict:
             "k_per_split": per_split * block_k}
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, config: dict | None = None) -> torch.Tensor:
-    """y = x @ w.T: x [n, K] (n <= 16; bf16, fp16 or fp32; any row stride, last-dim stride 1), w [N, K] contiguous,
-    same dtype -> y [n, N] in x's dtype, fp32 accumulation.
+def linear(x: torch.Tensor, w: torch.Tensor, config: dict | None = None, *, add: torch.Tensor | None = None,
+           pdl: bool | None = None) -> torch.Tensor:
+    """y = x @ w.T (+ add): x [n, K] (n <= 16; bf16, fp16 or fp32; any row stride, last-dim stride 1), w [N, K]
+    contiguous, same dtype -> y [n, N] in x's dtype, fp32 accumulation.
 
     config (default: select_config(n, N, K, device)): {"kind": "dot" | "fma" | "torch", "BLOCK_N", "BLOCK_K", "SPLIT_K"
-    (None: from the shape), "reduce": "serial" | "kernel", "num_warps", "num_stages"}; see the module doc."""
+    (None: from the shape), "reduce": "serial" | "kernel", "num_warps", "num_stages"}; see the module doc.
+    add: [n, N] in x's dtype and device, last-dim stride 1, any row stride; added in fp32 before the one rounding
+    (kind "torch": rounded twice). y is a new tensor, so add never aliases it.
+    pdl: launch with programmatic dependent launch (None: kernels.pdl.enabled(x.device)); True where PDL cannot
+    run (CPU, the interpreter, pre-sm_90, VERIFYBENCH_PDL=0) silently runs without it; kind "torch" ignores it."""
     _check_inputs(x, w)
     n, K = x.shape
     N = w.shape[0]
+    if add is not None:
+        _check_add(add, x, N)
     if not (x.is_cuda or _INTERPRET):
-        return linear_reference(x, w).to(x.dtype)
+        return linear_reference(x, w, add).to(x.dtype)
     if config is None:
         key = (n, N, K, x.device, x.dtype)
         config = _SELECTED.get(key) or _SELECTED.setdefault(key, select_config(n, N, K, x.device, dtype=x.dtype))
     cfg = check_config(config, n)
     if cfg["kind"] == "torch":
-        return torch.nn.functional.linear(x, w)
+        y = torch.nn.functional.linear(x, w)
+        return y if add is None else y.add_(add)
     sms = sm_count(x.device)
     geo = plan(n, N, K, cfg, sms)
     blocks, split, k_per_split = geo["blocks"], geo["split"], geo["k_per_split"]
@@ -420,9 +497,13 @@ def linear(x: torch.Tensor, w: torch.Tensor, config: dict | None = None) -> torc
     partials = torch.empty(split, n, N, dtype=torch.float32, device=x.device) if split > 1 else y
     counters = _counters(x.device, blocks) if serial else y
     even_k = K % cfg["BLOCK_K"] == 0
-    args = (x, w, y, partials, counters, n, N, K, x.stride(0), y.stride(0), k_per_split, split)
+    on = _pdl.resolve(pdl, x.device)
+    has_add = add is not None
+    add_t, stride_am = (add, add.stride(0)) if has_add else (y, 0)  # a placeholder pointer when ADD is off
+    args = (x, w, y, add_t, partials, counters, n, N, K, x.stride(0), y.stride(0), stride_am, k_per_split, split)
     common = dict(BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], SPLIT=split > 1, SERIAL=serial, EVEN_K=even_k,
-                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                  ADD=has_add, PDL=on, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                  **_pdl.launch_kwargs(on))
     if cfg["kind"] == "dot":
         _dot_kernel[(blocks, split)](*args, BLOCK_M=DOT_BLOCK_M, IEEE=x.dtype == torch.float32, **common)
     else:
@@ -430,6 +511,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, config: dict | None = None) -> torc
                                      **common)
     if split > 1 and not serial:
         block = 1024
-        _reduce_kernel[(triton.cdiv(n * N, block),)](partials, y, n, N, y.stride(0), split, BLOCK=block,
-                                                     num_warps=4)
+        _reduce_kernel[(triton.cdiv(n * N, block),)](partials, y, add_t, n, N, y.stride(0), stride_am, split,
+                                                     BLOCK=block, ADD=has_add, PDL=on, num_warps=4,
+                                                     **_pdl.launch_kwargs(on))
     return y

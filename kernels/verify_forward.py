@@ -1,15 +1,19 @@
 """Synthetic verify forward of one tensor-parallel rank (DESIGN.md 4.5): random weights, the real kernels, shapes,
 bytes and order of a Kimi-K2.5-style MLA + MoE model, with every component switchable for the decomposition.
 
-Components: misc (norms, residuals, activations), attn_proj (MLA projections), attn_core (attention over the latent
-cache and the KV write), allreduce (2 per layer), router (router GEMM + top-k), moe (routed INT4 experts), dense
-(layer-0 dense MLP and the shared experts), head (final norm, lm_head, argmax, tree verification).
+Components: misc (norms, residuals, activations, and the verify tokens' KV-slot write, which rides in the q/kv norm
+kernel as engines fuse it), attn_proj (MLA projections, with the per-head kv_b absorption), attn_core (attention over
+the latent cache), allreduce (2 per layer), router (router GEMM + top-k), moe (routed INT4 experts), dense (layer-0
+dense MLP and the shared experts; the shared down projection adds the routed output in its epilogue), head (final
+norm, lm_head, argmax, tree verification).
 A switched-off component's consumers read static buffers of the right shape, so the rest still does its real work.
 
 The small ops come from an `Ops` set: `TORCH_OPS` is plain torch (one kernel per torch op: an RMSNorm is ~8 kernels);
-`fused_ops()` is what serving engines run, one kernel each for add+RMSNorm, SiLU*up, softmax+top-k, MLA decode
-attention, and a weight-streaming GEMM for the n <= 16 projections. On a GPU the forward is launch-bound enough that
-the difference is milliseconds, so the report says which set ran.
+`fused_ops()` is what serving engines run: one kernel each for add+RMSNorm, SiLU*up, softmax+top-k, the q/kv norms
+with the KV write, the kv_b absorption on each side of attention, MLA decode attention (split + combine), and a
+weight-streaming GEMM for the n <= 16 projections; 19 launches per MoE layer, chained with programmatic dependent
+launch (kernels/pdl.py) so that each kernel's launch and weight loads overlap the one before. On a GPU the forward is
+launch-bound enough that the difference is milliseconds, so the report says which set ran.
 """
 from __future__ import annotations
 
@@ -50,16 +54,23 @@ class RankShapes:
 @dataclass(frozen=True)
 class Ops:
     """The forward's small ops. add_rmsnorm(h, delta, w) adds delta into h in place and returns rmsnorm(h);
-    softmax_topk(logits, k) -> (fp32 weights, int32 ids);
-    mla(q, cache, length, kv_lora, scale) -> [heads, n, kv_lora]."""
+    linear_add(x, w, r) = x @ w.T + r; softmax_topk(logits, k) -> (fp32 weights, int32 ids);
+    mla_prep(qkv, q_ln, kv_ln, cache, pos, q_lora, kv_lora) -> rmsnorm(q_a), and writes the n tokens' cache rows
+    pos.. with rmsnorm(kv latent) and the rope part; q_absorb(qh [n, heads, nope + rope], w_uk, rope) -> q [heads,
+    n, kv_lora + rope]; mla(q, cache, length, kv_lora, scale) -> [heads, n, kv_lora]; v_up(o_lat, w_uv) -> [n,
+    heads * v_head]."""
 
     name: str
     linear: Callable
+    linear_add: Callable
     rmsnorm: Callable
     add_rmsnorm: Callable
     silu_mul: Callable
     softmax_topk: Callable
+    mla_prep: Callable
+    q_absorb: Callable
     mla: Callable
+    v_up: Callable
 
 
 def _rmsnorm(x, w, eps=1e-6):
@@ -89,17 +100,38 @@ def _mla(q, cache, length, kv_lora, scale):
     return torch.matmul(torch.softmax(scores, -1).to(q.dtype), keys[:, :kv_lora])
 
 
-TORCH_OPS = Ops("torch", F.linear, _rmsnorm, _add_rmsnorm, _silu_mul, _softmax_topk, _mla)
+def _mla_prep(qkv, q_ln, kv_ln, cache, pos, q_lora, kv_lora):
+    slots = cache[pos: pos + qkv.shape[0]]
+    slots[:, :kv_lora].copy_(_rmsnorm(qkv[:, q_lora: q_lora + kv_lora], kv_ln))
+    slots[:, kv_lora:].copy_(qkv[:, q_lora + kv_lora:])
+    return _rmsnorm(qkv[:, :q_lora], q_ln)
+
+
+def _q_absorb(qh, w_uk, rope):
+    qh = qh.transpose(0, 1)  # [heads, n, nope + rope]
+    return torch.cat([torch.bmm(qh[:, :, : qh.shape[2] - rope], w_uk), qh[:, :, qh.shape[2] - rope:]], dim=-1)
+
+
+def _v_up(o_lat, w_uv):
+    return torch.bmm(o_lat, w_uv).transpose(0, 1).reshape(o_lat.shape[1], -1)
+
+
+TORCH_OPS = Ops("torch", F.linear, lambda x, w, r: F.linear(x, w) + r, _rmsnorm, _add_rmsnorm, _silu_mul,
+                _softmax_topk, _mla_prep, _q_absorb, _mla, _v_up)
 
 
 def fused_ops() -> Ops:
-    """The engine-style fused kernels (Triton; CUDA tensors, or CPU tensors under TRITON_INTERPRET=1)."""
+    """The engine-style fused kernels (Triton; CUDA tensors, or CPU tensors under TRITON_INTERPRET=1); each launches
+    with programmatic dependent launch where kernels.pdl.enabled."""
     from kernels import fused_ops as fo
+    from kernels import mla_glue
     from kernels.mla_decode import mla_decode
     from kernels.skinny_gemm import linear
 
-    return Ops("fused", linear, fo.rmsnorm, fo.add_rmsnorm, fo.silu_mul, fo.softmax_topk,
-               lambda q, cache, length, kv_lora, scale: mla_decode(q, cache, length, kv_lora=kv_lora, scale=scale))
+    return Ops("fused", linear, lambda x, w, r: linear(x, w, add=r), fo.rmsnorm, fo.add_rmsnorm, fo.silu_mul,
+               fo.softmax_topk, mla_glue.mla_prep, mla_glue.q_absorb,
+               lambda q, cache, length, kv_lora, scale: mla_decode(q, cache, length, kv_lora=kv_lora, scale=scale),
+               mla_glue.v_up)
 
 
 def _rand(*shape, device, dtype, fan_in=None):
@@ -159,7 +191,7 @@ class VerifyForward:
                 "h": torch.empty(n, s.hidden, device=d, dtype=dt),
                 "x": torch.randn(n, s.hidden, device=d, dtype=dt),
                 "q_a": torch.randn(n, s.q_lora, device=d, dtype=dt),
-                "kv_a": torch.randn(n, s.latent, device=d, dtype=dt),
+                "qkv": torch.randn(n, s.q_lora + s.latent, device=d, dtype=dt),
                 "q": torch.randn(s.heads, n, s.latent, device=d, dtype=dt),
                 "o_lat": torch.randn(s.heads, n, s.kv_lora, device=d, dtype=dt),
                 "attn_out": torch.randn(n, s.hidden, device=d, dtype=dt),
@@ -179,30 +211,21 @@ class VerifyForward:
         x = ops.rmsnorm(h, self.layers[0]["ln1"]) if on("misc") else b["x"]
         for i, L in enumerate(self.layers):
             # --- attention (MLA, weight-absorbed as engines run it at decode/verify sizes)
-            q_a, kv_a = b["q_a"], b["kv_a"]
+            q_a, qkv = b["q_a"], b["qkv"]
             if on("attn_proj"):
                 qkv = ops.linear(x, L["q_a_kv_a"])
-                q_a, kv_a = qkv[:, : s.q_lora], qkv[:, s.q_lora:]
-            kv_lat = kv_a[:, : s.kv_lora]
-            if on("misc"):
-                q_a = ops.rmsnorm(q_a, L["q_ln"])
-                kv_lat = ops.rmsnorm(kv_lat, L["kv_ln"])
+            if on("misc"):  # both norms and the verify tokens' KV-slot write, one kernel when fused
+                q_a = ops.mla_prep(qkv, L["q_ln"], L["kv_ln"], L["kv_cache"], self.context, s.q_lora, s.kv_lora)
             q = b["q"]
             if on("attn_proj"):
-                qh = ops.linear(q_a, L["q_b"]).view(n, s.heads, s.qk_nope + s.qk_rope).transpose(0, 1)
-                q_lat = torch.bmm(qh[:, :, : s.qk_nope], L["w_uk"])  # [heads, n, kv_lora]
-                q = torch.cat([q_lat, qh[:, :, s.qk_nope:]], dim=-1)
+                qh = ops.linear(q_a, L["q_b"]).view(n, s.heads, s.qk_nope + s.qk_rope)
+                q = ops.q_absorb(qh, L["w_uk"], s.qk_rope)  # [heads, n, kv_lora + rope]
             o_lat = b["o_lat"]
             if on("attn_core"):
-                cache = L["kv_cache"]
-                slots = cache[self.context: self.context + n]  # the verify tokens' KV slots
-                slots[:, : s.kv_lora].copy_(kv_lat)
-                slots[:, s.kv_lora:].copy_(kv_a[:, s.kv_lora:])
-                o_lat = ops.mla(q, cache, self.context + n, s.kv_lora, (s.qk_nope + s.qk_rope) ** -0.5)
+                o_lat = ops.mla(q, L["kv_cache"], self.context + n, s.kv_lora, (s.qk_nope + s.qk_rope) ** -0.5)
             attn_out = b["attn_out"]
             if on("attn_proj"):
-                o = torch.bmm(o_lat, L["w_uv"]).transpose(0, 1).reshape(n, s.heads * s.v_head)
-                attn_out = ops.linear(o, L["o_proj"])
+                attn_out = ops.linear(ops.v_up(o_lat, L["w_uv"]), L["o_proj"])
             if on("allreduce"):
                 self.allreduce_fn(attn_out)
             if on("misc"):
@@ -220,9 +243,10 @@ class VerifyForward:
                         b["ids_seen"][i].copy_(topk_ids)
                 if on("moe"):
                     mlp_out = self.moe_fn(x, L["w13p"], L["w13s"], L["w2p"], L["w2s"], topk_w, topk_ids)
-                if on("dense"):
-                    shared = ops.linear(self._act(ops.linear(x, L["shared_gate_up"]), b, on), L["shared_down"])
-                    mlp_out = mlp_out + shared if on("misc") else shared
+                if on("dense"):  # the shared expert; its down projection adds the routed output in its epilogue
+                    act = self._act(ops.linear(x, L["shared_gate_up"]), b, on)
+                    mlp_out = (ops.linear_add(act, L["shared_down"], mlp_out) if on("moe")
+                               else ops.linear(act, L["shared_down"]))
             if on("allreduce"):
                 self.allreduce_fn(mlp_out)
             if on("misc"):

@@ -14,6 +14,7 @@ import torch
 from harness import ceiling, decompose, presets
 from harness.runner import CaseSpec, rel_error
 from harness.timing import cuda_available, measure
+from kernels import pdl
 from kernels.moe_int4 import reference_moe_w4a16
 from kernels.verify_forward import COMPONENTS, TORCH_OPS, RankShapes, VerifyForward, fused_ops
 
@@ -132,13 +133,27 @@ def allreduce_stand_in_us() -> tuple[float, str]:
 
 
 def _case(preset, tp, layers, context, n, variant: str, comps: frozenset) -> CaseSpec:
+    """variant "full-nopdl": the whole forward with programmatic dependent launch off (kernels/pdl.py), measured
+    beside "full" to show what the overlap buys; its check: the residual stream equals the PDL forward's bit for bit
+    (every kernel is deterministic, so a difference is a race)."""
     ar_us, ar_source = allreduce_stand_in_us()
+    pdl_on = variant != "full-nopdl"
 
     def setup():
         fwd = _forward(preset, tp, layers, context, ar_us)
 
+        def run():
+            with pdl.forced(pdl_on):
+                return fwd.forward(n, comps)
+
         def check():
-            out = fwd.forward(n, comps)
+            if not pdl_on:
+                fwd.forward(n, comps)
+                h_pdl = fwd.buf[n]["h"].clone()
+                run()
+                same = torch.equal(fwd.buf[n]["h"], h_pdl)
+                return same, "residual stream equal with and without PDL" if same else "PDL changed the result"
+            out = run()
             if variant != "full":
                 return True, "runs"
             predicts, accept_index, accepted = out
@@ -163,6 +178,8 @@ def _case(preset, tp, layers, context, n, variant: str, comps: frozenset) -> Cas
         def derive(m):
             d = {"tokens": n, "variant": variant, "allreduce_stand_in_us": ar_us, "allreduce_source": ar_source,
                  "ops": fwd.ops.name}
+            with pdl.forced(pdl_on):
+                d["pdl"] = pdl.enabled(fwd.device)
             if variant == "full":
                 distinct = fwd.distinct_experts(n)
                 by = fwd.weight_bytes(n, distinct)
@@ -173,7 +190,7 @@ def _case(preset, tp, layers, context, n, variant: str, comps: frozenset) -> Cas
                          roofline_us=by["total"] / (copy * 1e3), eta=ceiling.eta(by["total"], m.median_us, copy))
             return d
 
-        return (lambda: fwd.forward(n, comps)), check, derive
+        return run, check, derive
 
     return CaseSpec(f"verify/{preset}-tp{tp}/{variant}/n{n}", {"preset": preset, "tp": tp, "tokens": n,
                     "context": context, "layers": layers, "variant": variant}, "graph", setup,
@@ -181,10 +198,14 @@ def _case(preset, tp, layers, context, n, variant: str, comps: frozenset) -> Cas
 
 
 def cases(preset: str = "kimi-k2.5", tp: int = 8, context: int = CONTEXT, layers: int | None = None) -> list[CaseSpec]:
-    """Per n: the full forward, each component alone (isolated) and the forward without it (marginal)."""
+    """Per n: the full forward, each component alone (isolated) and the forward without it (marginal); where PDL
+    can run, the full forward without it too."""
     out = []
-    for n in TOKENS if cuda_available() else TOKENS_CPU:
+    gpu = cuda_available()
+    for n in TOKENS if gpu else TOKENS_CPU:
         out.append(_case(preset, tp, layers, context, n, "full", frozenset(COMPONENTS)))
+        if gpu and pdl.capable("cuda"):
+            out.append(_case(preset, tp, layers, context, n, "full-nopdl", frozenset(COMPONENTS)))
         for c in COMPONENTS:
             out.append(_case(preset, tp, layers, context, n, f"only-{c}", frozenset({c})))
             out.append(_case(preset, tp, layers, context, n, f"without-{c}", frozenset(COMPONENTS) - {c}))
@@ -203,6 +224,8 @@ def decomposition(records: list[dict]) -> dict:
     iso = {c: med.get(f"only-{c}", {}) for c in COMPONENTS}
     without = {c: med.get(f"without-{c}", {}) for c in COMPONENTS}
     out = {"table": decompose.table(full, iso, without, roof)}
+    for row in out["table"]:  # the same forward without programmatic dependent launch, measured beside it
+        row["no_pdl_us"] = med.get("full-nopdl", {}).get(row["n"])
     if len(full) >= 3:
         out["fit"] = decompose.token_fit(full)
     return out

@@ -3,7 +3,7 @@
 # tables are written into kernels/ of this tree, so the verify run that follows uses them, and copied to $OUT), the
 # one-rank verify decomposition (`verifybench run --components verify`), and optionally the repeatability run of
 # scripts/device_run.sh. Everything lands in $OUT/gpu.tgz; short summaries are printed last.
-# Usage: VERIFYBENCH_GIT_COMMIT=<sha> STEPS="tests skinny mla moe verify repeat" scripts/verify_gpu.sh
+# Usage: VERIFYBENCH_GIT_COMMIT=<sha> STEPS="tests profile skinny mla moe verify repeat" scripts/verify_gpu.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -24,7 +24,11 @@ step() {  # step NAME LIMIT_S CMD...: output to $W/NAME.log, "NAME: rc=.. in .. 
 
 if [[ $STEPS == *" tests "* ]]; then
   step tests "${TESTS_LIMIT_S:-120}" python3 -m pytest -q -p no:cacheprovider -m gpu -x tests/test_fused_ops.py \
-    tests/test_mla_decode.py tests/test_skinny_gemm.py tests/test_verify_forward.py tests/test_moe_int4.py
+    tests/test_mla_decode.py tests/test_mla_glue.py tests/test_skinny_gemm.py tests/test_verify_forward.py \
+    tests/test_moe_int4.py
+fi
+if [[ $STEPS == *" profile "* ]]; then  # per-kernel device time of one eager forward at n = 8
+  step profile "${PROFILE_LIMIT_S:-120}" python3 scripts/verify_profile.py 8 "$W/verify_profile_n8.json"
 fi
 if [[ $STEPS == *" skinny "* ]]; then
   step skinny "${SKINNY_LIMIT_S:-150}" python3 -m microbench.bench_skinny_gemm tune \
@@ -53,7 +57,7 @@ tar czf "$OUT/gpu.tgz" -C "$W" .
 echo
 cat "$W/steps.txt"
 [ -f "$W/tests.log" ] && tail -n 8 "$W/tests.log"
-for s in skinny mla moe; do [ -f "$W/$s.log" ] && { echo "-- $s"; tail -n 25 "$W/$s.log"; }; done
+for s in profile skinny mla moe; do [ -f "$W/$s.log" ] && { echo "-- $s"; tail -n 25 "$W/$s.log"; }; done
 [ -f "$W/verify.log" ] && grep -v "━" "$W/verify.log" | tail -n 45
 [ -f "$W/repeat.log" ] && tail -n 30 "$W/repeat.log"
 ! grep -qv "rc=0" "$W/steps.txt"  # the exit status: non-zero when a step failed

@@ -1,6 +1,7 @@
 """Skinny GEMM (kernels/skinny_gemm.py): both kernels and both split-K reductions against the fp32 reference
-(interpreter on CPU, fp16/fp32: bf16 arithmetic is wrong in the interpreter), config selection, every error path,
-the bench's CPU path and the tune smoke; bf16 at the real Kimi-K2.5 TP8 shapes and CUDA-graph capture on a GPU.
+(interpreter on CPU, fp16/fp32: bf16 arithmetic is wrong in the interpreter), the fused residual add in every path,
+config selection, every error path, the bench's CPU path and the tune smoke; bf16 at the real Kimi-K2.5 TP8 shapes,
+CUDA-graph capture, and PDL launches (a chain of two linears in a graph) on a GPU.
 """
 import os
 
@@ -11,6 +12,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels module is first imported (conftest too)
 
 from harness.runner import rel_error  # noqa: E402
+from kernels import pdl  # noqa: E402
 from kernels import skinny_gemm as sg  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -95,11 +97,71 @@ def test_default_config_runs_and_matches():
     assert _err(sg.linear(x, w), x, w) <= TOL
 
 
+def _residual(n, rows, dtype, seed=None):
+    """add as a column slice of a wider buffer: row stride != N."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    return torch.randn(n, rows + 8, device=DEV).to(dtype)[:, 4: 4 + rows]
+
+
+ADD_CASES = {"dot": DOT, "dot-serial": {**DOT, "SPLIT_K": 3}, "dot-kernel": {**DOT, "SPLIT_K": 3, "reduce": "kernel"},
+             "fma": FMA, "fma-serial": {**FMA, "SPLIT_K": 3}, "fma-kernel": {**FMA, "SPLIT_K": 3, "reduce": "kernel"},
+             "torch": {"kind": "torch"}}
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("case", list(ADD_CASES))
+def test_add_matches_fp32_reference(case, dtype):
+    """y = x @ w.T + add in every kind and reduce, with add a strided view; N = 40 and K = 200 are ragged."""
+    cfg = ADD_CASES[case]
+    for n, k, rows in [(1, K, N), (5, 200, 40)]:
+        x, w = _inputs(n, k, rows, dtype, seed=n)
+        add = _residual(n, rows, dtype)
+        assert add.stride(0) == rows + 8
+        y = sg.linear(x, w, cfg, add=add)
+        assert y.shape == (n, rows) and y.dtype == dtype
+        assert rel_error(y.float(), sg.linear_reference(x, w, add)) <= TOL, (case, n)
+        if case == "torch":
+            assert torch.equal(y, torch.nn.functional.linear(x, w) + add)  # F.linear, then a torch add
+        else:  # the same kernel without add, plus add in fp32: only the rounding of the sum may differ
+            assert rel_error(y.float(), sg.linear(x, w, cfg).float() + add.float()) <= TOL
+    if cfg["kind"] != "torch" and cfg["SPLIT_K"] > 1 and cfg["reduce"] == "serial":
+        assert int(sg._COUNTERS[x.device].abs().sum()) == 0
+
+
+@needs_kernel
+def test_add_is_rounded_once():
+    """fp16: the kernel rounds the fp32 sum once, so it matches the rounded fp32 reference (but for a rare tie of
+    summation order); the "torch" kind rounds x @ w.T first and misses it in many places."""
+    x, w = _inputs(2, seed=11)
+    add = (torch.randn(2, N, device=DEV) * 3).half()
+    want = sg.linear_reference(x, w, add).half()
+    once = (sg.linear(x, w, {**DOT, "SPLIT_K": 3, "reduce": "kernel"}, add=add) != want).sum()
+    twice = (sg.linear(x, w, {"kind": "torch"}, add=add) != want).sum()
+    assert once <= 2 < twice
+
+
+@needs_kernel
+@pytest.mark.parametrize("base", [DOT, FMA], ids=["dot", "fma"])
+def test_pdl_true_without_pdl_support_runs_plain(base):
+    # CPU and the interpreter have no PDL: pdl=True silently runs the same kernels without it
+    assert not pdl.enabled(DEV) or DEV == "cuda"
+    x, w = _inputs(3, seed=13)
+    cfg = {**base, "SPLIT_K": 2}
+    assert torch.equal(sg.linear(x, w, cfg, pdl=True), sg.linear(x, w, cfg, pdl=False))
+
+
 def test_cpu_without_interpreter_takes_the_reference(monkeypatch):
     monkeypatch.setattr(sg, "_INTERPRET", False)
     x, w = torch.randn(2, 64), torch.randn(8, 64)
     y = sg.linear(x, w)
     assert y.dtype == x.dtype and torch.allclose(y, sg.linear_reference(x, w))
+    add = torch.randn(2, 16)[:, ::2]  # last-dim stride 2: checked before the reference path
+    with pytest.raises(ValueError, match="last-dim stride 1"):
+        sg.linear(x, w, add=add)
+    add = add.contiguous()
+    assert torch.equal(sg.linear(x, w, add=add, pdl=True), sg.linear_reference(x, w, add))
 
 
 # ---------------------------------------------------------------------------------------------------- configs
@@ -185,6 +247,20 @@ def test_bad_inputs_raise():
     for args, match in cases:
         with pytest.raises(ValueError, match=match):
             sg.linear(*args)
+
+
+def test_bad_add_raises():
+    x, w = _inputs(2)
+    add = torch.zeros(2, N, device=DEV, dtype=x.dtype)
+    cases = [
+        (add.tolist(), "torch.Tensor or None"), (add[:1], r"\[n, N\] = \[2, 48\]"), (add[:, :-1], r"\[n, N\]"),
+        (add[None], r"\[n, N\]"), (add.float(), "x's dtype"), (add.to("meta"), "is on"),
+        (torch.zeros(N, 2, device=DEV, dtype=x.dtype).t(), "last-dim stride 1"),
+    ]
+    for bad, match in cases:
+        for cfg in (DOT, {"kind": "torch"}):  # checked before any dispatch
+            with pytest.raises(ValueError, match=match):
+                sg.linear(x, w, cfg, add=bad)
 
 
 def test_bytes_moved_counts_w_x_and_y():
@@ -285,6 +361,71 @@ def test_gpu_cuda_graph_capture_and_replay(warm):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(y, sg.linear(x, w, cfg))
+
+
+def _graph(fn):
+    """fn() captured into a CUDA graph on a side stream (after an eager warm-up run that compiles); returns the
+    graph and the captured output."""
+    fn()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g, stream=s):
+            out = fn()
+    torch.cuda.current_stream().wait_stream(s)
+    return g, out
+
+
+_D = {"kind": "dot", "BLOCK_N": 32, "BLOCK_K": 256, "num_warps": 4, "num_stages": 4}
+_F = {**FMA, "BLOCK_N": 4, "BLOCK_K": 1024, "num_warps": 4, "SPLIT_K": 3}
+# (config of x @ w1.T, w1 [256, 7168]; of h @ w2.T + r, w2 [7168, 256]); None: the table / default config.
+# The second dot: a peeled step and one pipelined one, or one step per split (the peel alone).
+PDL_CASES = {"table": (None, None),
+             "dot": ({**_D, "BLOCK_N": 64, "num_stages": 3, "SPLIT_K": 1}, {**_D, "BLOCK_N": 64, "BLOCK_K": 128,
+                                                                             "SPLIT_K": 1}),
+             "dot-serial": ({**_D, "SPLIT_K": 7}, {**_D, "BLOCK_K": 128, "SPLIT_K": 2}),
+             "dot-kernel": ({**_D, "SPLIT_K": 7, "reduce": "kernel"},
+                            {**_D, "BLOCK_K": 128, "SPLIT_K": 2, "reduce": "kernel"}),
+             "fma-serial": (_F, _F),
+             "fma-kernel": ({**_F, "reduce": "kernel"},) * 2}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(PDL_CASES))
+def test_gpu_pdl_chain_in_a_cuda_graph(case):
+    """h = x @ w1.T (K 7168), y = h @ w2.T + r (shared_down [7168, 256] with the fused residual) with PDL, captured
+    and replayed: equal to the same calls without PDL. The second call reads the first's output, and every replay
+    reuses the buffers of the last, so an x or add load before gdc_wait (or a store before it) would show as a
+    difference once x and r change between replays."""
+    if not pdl.enabled("cuda"):
+        pytest.skip("PDL needs sm_90+ (and VERIFYBENCH_PDL not 0)")
+    torch.manual_seed(2)
+    cfg1, cfg2 = PDL_CASES[case]
+    w1 = (torch.randn(256, 7168, device="cuda") / 7168**0.5).bfloat16()
+    w2 = (torch.randn(7168, 256, device="cuda") / 256**0.5).bfloat16()
+    for n in (1, 4, 8) if case.startswith("fma") else (1, 4, 16):
+        x = torch.randn(n, 7168, device="cuda").bfloat16()
+        r = torch.randn(n, 7168 + 64, device="cuda").bfloat16()[:, 32: 32 + 7168]
+
+        def chain(on):
+            return sg.linear(sg.linear(x, w1, cfg1, pdl=on), w2, cfg2, add=r, pdl=on)
+
+        want = chain(False)
+        ref = sg.linear_reference(sg.linear_reference(x, w1).bfloat16(), w2, r)
+        assert rel_error(want.float(), ref) <= 1e-2
+        g, y = _graph(lambda: chain(True))
+        for _ in range(2):
+            g.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(y, want), (case, n)
+        for _ in range(3):
+            x.copy_(torch.randn_like(x))
+            r.copy_(torch.randn_like(r))
+            g.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(y, chain(False)), (case, n)
+        assert torch.equal(chain(True), y)  # eager PDL launches too
 
 
 def test_a_torch_entry_dispatches_to_f_linear():
