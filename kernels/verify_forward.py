@@ -11,7 +11,8 @@ A switched-off component's consumers read static buffers of the right shape, so 
 The small ops come from an `Ops` set: `TORCH_OPS` is plain torch (one kernel per torch op: an RMSNorm is ~8 kernels);
 `fused_ops()` is what serving engines run: one kernel each for add+RMSNorm, SiLU*up, softmax+top-k, the q/kv norms
 with the KV write, the kv_b absorption on each side of attention, MLA decode attention (split + combine), and a
-weight-streaming GEMM for the n <= 16 projections; 19 launches per MoE layer, chained with programmatic dependent
+weight-streaming GEMM for the n <= 16 projections (the router and the shared expert's gate_up share one, as both
+read the same x); 18 launches per MoE layer, chained with programmatic dependent
 launch (kernels/pdl.py) so that each kernel's launch and weight loads overlap the one before. On a GPU the forward is
 launch-bound enough that the difference is milliseconds, so the report says which set ran.
 """
@@ -169,8 +170,10 @@ class VerifyForward:
                 L["down"] = _rand(h, s.dense_inter, device=d, dtype=dt)
             else:
                 e, inter, g = s.experts, s.expert_inter, s.group_size
-                L["router"] = _rand(e, h, device=d, dtype=dt)
-                L["shared_gate_up"] = _rand(2 * inter, h, device=d, dtype=dt)
+                # router and shared gate_up read the same x: one [E + 2I, H] weight, one GEMM when both run; the
+                # component-wise views are its row slices (contiguous, no copy)
+                L["router_gate_up"] = _rand(e + 2 * inter, h, device=d, dtype=dt)
+                L["router"], L["shared_gate_up"] = L["router_gate_up"][:e], L["router_gate_up"][e:]
                 L["shared_down"] = _rand(h, inter, device=d, dtype=dt)
                 # random nibbles are random int4 weights; scales ~ 1/(8 sqrt(K)) keep activations O(1)
                 L["w13p"] = torch.randint(-2**31, 2**31 - 1, (e, 2 * inter, h // 8), device=d, dtype=torch.int32)
@@ -237,14 +240,17 @@ class VerifyForward:
                     mlp_out = ops.linear(self._act(ops.linear(x, L["gate_up"]), b, on), L["down"])
             else:
                 topk_w, topk_ids = b["topk_w"], b["topk_ids"]
+                both = ops.linear(x, L["router_gate_up"]) if on("router") and on("dense") else None
                 if on("router"):
-                    topk_w, topk_ids = ops.softmax_topk(ops.linear(x, L["router"]), s.topk)
+                    logits = both[:, : s.experts] if both is not None else ops.linear(x, L["router"])
+                    topk_w, topk_ids = ops.softmax_topk(logits, s.topk)
                     if self._recording:
                         b["ids_seen"][i].copy_(topk_ids)
                 if on("moe"):
                     mlp_out = self.moe_fn(x, L["w13p"], L["w13s"], L["w2p"], L["w2s"], topk_w, topk_ids)
                 if on("dense"):  # the shared expert; its down projection adds the routed output in its epilogue
-                    act = self._act(ops.linear(x, L["shared_gate_up"]), b, on)
+                    gate_up = both[:, s.experts:] if both is not None else ops.linear(x, L["shared_gate_up"])
+                    act = self._act(gate_up, b, on)
                     mlp_out = (ops.linear_add(act, L["shared_down"], mlp_out) if on("moe")
                                else ops.linear(act, L["shared_down"]))
             if on("allreduce"):

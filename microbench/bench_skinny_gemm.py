@@ -54,6 +54,8 @@ def shapes(preset: str = "kimi-k2.5", tp: int = 8) -> list[Shape]:
     latent = p.kv_lora + p.qk_rope
     out = [Shape("q_a_kv_a", p.q_lora + latent, p.hidden, p.layers),
            Shape("o_proj", p.hidden, p.heads * p.v_head, p.layers),
+           # the full forward runs router and shared gate_up as one GEMM; each alone in the isolated components
+           Shape("router_shared_gate_up", p.experts + 2 * p.expert_intermediate, p.hidden, p.moe_layers),
            Shape("shared_gate_up", 2 * p.expert_intermediate, p.hidden, p.moe_layers),
            Shape("router", p.experts, p.hidden, p.moe_layers),
            Shape("q_b", p.heads * (p.qk_nope + p.qk_rope), p.q_lora, p.layers),

@@ -274,7 +274,7 @@ def test_bench_shapes_are_the_kimi_tp8_projections():
 
     got = {s.name: (s.N, s.K) for s in bench.shapes("kimi-k2.5", 8)}
     assert got == {"q_a_kv_a": (2112, 7168), "q_b": (1536, 1536), "o_proj": (7168, 1024), "router": (384, 7168),
-                   "shared_gate_up": (512, 7168), "shared_down": (7168, 256), "dense_gate_up": (4608, 7168),
+                   "router_shared_gate_up": (896, 7168), "shared_gate_up": (512, 7168), "shared_down": (7168, 256), "dense_gate_up": (4608, 7168),
                    "dense_down": (7168, 2304), "lm_head": (20480, 7168)}
 
 
