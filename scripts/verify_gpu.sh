@@ -27,8 +27,9 @@ if [[ $STEPS == *" tests "* ]]; then
     tests/test_mla_decode.py tests/test_mla_glue.py tests/test_skinny_gemm.py tests/test_verify_forward.py \
     tests/test_moe_int4.py
 fi
-if [[ $STEPS == *" profile "* ]]; then  # per-kernel device time of one eager forward at n = 8
-  step profile "${PROFILE_LIMIT_S:-120}" python3 scripts/verify_profile.py 8 "$W/verify_profile_n8.json"
+if [[ $STEPS == *" profile "* ]]; then  # per-kernel device time of one eager forward at n = 1 and 8
+  step profile "${PROFILE_LIMIT_S:-120}" bash -c "python3 scripts/verify_profile.py 1 $W/verify_profile_n1.json && \
+    python3 scripts/verify_profile.py 8 $W/verify_profile_n8.json"
 fi
 if [[ $STEPS == *" skinny "* ]]; then
   step skinny "${SKINNY_LIMIT_S:-150}" python3 -m microbench.bench_skinny_gemm tune \
