@@ -50,8 +50,9 @@ MIN_SPLIT_KEYS = 128  # fewer keys per split and the partial outputs (2 KiB per 
 PROGRAMS_PER_SM = 2  # stage-1 programs the default split count aims at per SM
 MAX_SPLITS = 256
 DEFAULT_SMS = 132  # an H100/H200; used off CUDA (the interpreter)
-COMBINE_SPLITS = 16  # splits stage 2 reads per step
-COMBINE_COLS = 128  # kv_lora columns per stage-2 program
+COMBINE_SPLITS = MAX_SPLITS  # splits stage 2 reads per step: all of them, so its loops run once (two L2 round trips)
+COMBINE_COLS = 128  # kv_lora columns per stage-2 program, at most
+COMBINE_TILE = 8192  # fp32 partial values a stage-2 program holds at once (64 registers per thread at 4 warps)
 LOG2E = 1.4426950408889634
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 CONFIG_PATH = Path(__file__).with_name("mla_decode_configs.json")
@@ -344,9 +345,10 @@ def mla_decode(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, ou
                         SINGLE=single, PDL=on, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
                         **_pdl.launch_kwargs(on))
     if not single:
-        block_c = min(COMBINE_COLS, triton.next_power_of_2(kv_lora))
+        block_s = min(COMBINE_SPLITS, triton.next_power_of_2(splits))
+        block_c = min(COMBINE_COLS, triton.next_power_of_2(kv_lora), max(16, COMBINE_TILE // block_s))
         _combine_kernel[(rows, triton.cdiv(kv_lora, block_c))](
             part_o, part_lse, out, splits, out.stride(0), out.stride(1), ROWS=rows, NQ=n, DV=kv_lora,
-            BLOCK_S=min(COMBINE_SPLITS, triton.next_power_of_2(splits)), BLOCK_C=block_c, PDL=on, num_warps=4,
+            BLOCK_S=block_s, BLOCK_C=block_c, PDL=on, num_warps=4,
             **_pdl.launch_kwargs(on))
     return out

@@ -107,6 +107,11 @@ def test_larger_row_and_key_blocks_and_rows_spanning_blocks():
         _check_kernel(8, 3, 48, 32, 150, torch.float16, 3, config=cfg)
 
 
+def test_many_splits_combine_in_one_step_over_column_chunks():
+    # 150 splits: stage 2 holds all of them at once (256 padded), so its programs take 32 of the 64 columns each
+    _check_kernel(2, 2, 80, 64, 2400, torch.float32, 150, peak=6.0, config={"block_keys": 16}, tol=1e-5)
+
+
 def test_out_argument_and_strided_query_views():
     q, cache = _inputs(4, 3, 48, 90, torch.float16)
     want = mla_decode_reference(q.float(), cache.float(), 90, 32)
