@@ -262,6 +262,8 @@ def charts(records: list[dict], directory) -> list:
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(ns, [r["measured_us"] / 1e3 for r in rows], "k-o", label="measured")
     ax.plot(ns, [r["sum_of_parts_us"] / 1e3 for r in rows], "b--s", label="sum of isolated parts")
+    if all(r.get("no_pdl_us") for r in rows):
+        ax.plot(ns, [r["no_pdl_us"] / 1e3 for r in rows], "k:x", label="measured, PDL off")
     if all(r.get("no_comm_us") for r in rows):
         ax.plot(ns, [r["no_comm_us"] / 1e3 for r in rows], "m-^", label="measured without allreduce")
     if rows[0].get("roofline_us"):
