@@ -12,9 +12,9 @@ The small ops come from an `Ops` set: `TORCH_OPS` is plain torch (one kernel per
 `fused_ops()` is what serving engines run: one kernel each for add+RMSNorm, SiLU*up, softmax+top-k, the q/kv norms
 with the KV write, the kv_b absorption on each side of attention, MLA decode attention (split + combine), and a
 weight-streaming GEMM for the n <= 16 projections (the router and the shared expert's gate_up share one, as both
-read the same x); 18 launches per MoE layer, chained with programmatic dependent
-launch (kernels/pdl.py) so that each kernel's launch and weight loads overlap the one before. On a GPU the forward is
-launch-bound enough that the difference is milliseconds, so the report says which set ran.
+read the same x); 18 launches per MoE layer (19 where a tuned GEMM reduces its split-K in a second launch), chained
+with programmatic dependent launch (kernels/pdl.py) so that each kernel's launch and weight loads overlap the one
+before. On a GPU the kernel count costs milliseconds, so the report says which set ran.
 """
 from __future__ import annotations
 
