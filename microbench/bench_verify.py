@@ -133,21 +133,23 @@ def allreduce_stand_in_us() -> tuple[float, str]:
 
 
 def _case(preset, tp, layers, context, n, variant: str, comps: frozenset) -> CaseSpec:
-    """variant "full-nopdl": the whole forward with programmatic dependent launch off (kernels/pdl.py), measured
-    beside "full" to show what the overlap buys; its check: the residual stream equals the PDL forward's bit for bit
-    (every kernel is deterministic, so a difference is a race)."""
+    """variant "full-nopdl": the whole forward with programmatic dependent launch off (kernels/pdl.py; the other
+    variants follow VERIFYBENCH_PDL), measured beside "full" to show what the overlap buys; its check: the residual
+    stream equals the PDL forward's bit for bit (every kernel is deterministic, so a difference is a race)."""
     ar_us, ar_source = allreduce_stand_in_us()
-    pdl_on = variant != "full-nopdl"
+    no_pdl = variant == "full-nopdl"
 
     def setup():
         fwd = _forward(preset, tp, layers, context, ar_us)
 
         def run():
-            with pdl.forced(pdl_on):
+            if not no_pdl:
+                return fwd.forward(n, comps)
+            with pdl.forced(False):
                 return fwd.forward(n, comps)
 
         def check():
-            if not pdl_on:
+            if no_pdl:
                 fwd.forward(n, comps)
                 h_pdl = fwd.buf[n]["h"].clone()
                 run()
@@ -178,8 +180,7 @@ def _case(preset, tp, layers, context, n, variant: str, comps: frozenset) -> Cas
         def derive(m):
             d = {"tokens": n, "variant": variant, "allreduce_stand_in_us": ar_us, "allreduce_source": ar_source,
                  "ops": fwd.ops.name}
-            with pdl.forced(pdl_on):
-                d["pdl"] = pdl.enabled(fwd.device)
+            d["pdl"] = not no_pdl and pdl.enabled(fwd.device)
             if variant == "full":
                 distinct = fwd.distinct_experts(n)
                 by = fwd.weight_bytes(n, distinct)
@@ -204,7 +205,7 @@ def cases(preset: str = "kimi-k2.5", tp: int = 8, context: int = CONTEXT, layers
     gpu = cuda_available()
     for n in TOKENS if gpu else TOKENS_CPU:
         out.append(_case(preset, tp, layers, context, n, "full", frozenset(COMPONENTS)))
-        if gpu and pdl.capable("cuda"):
+        if gpu and pdl.enabled("cuda"):  # PDL on: its cost is shown beside it
             out.append(_case(preset, tp, layers, context, n, "full-nopdl", frozenset(COMPONENTS)))
         for c in COMPONENTS:
             out.append(_case(preset, tp, layers, context, n, f"only-{c}", frozenset({c})))
