@@ -303,12 +303,13 @@ def component_eta(records: list[dict]) -> list[dict]:
 
 
 def setup_lines(records: list[dict]) -> list[dict]:
-    """What ran: the small-op set, the allreduce (a stand-in on one GPU), the context, the copy bandwidth."""
+    """What ran: the small-op set, programmatic dependent launch on or off, the allreduce (a stand-in on one GPU),
+    the context, the copy bandwidth."""
     full = [r for r in records if r["params"]["variant"] == "full"]
     if not full:
         return []
     d, p = full[0]["derived"], full[0]["params"]
-    return [{"ops": d.get("ops"), "allreduce": f"device wait of {d['allreduce_stand_in_us']} us per allreduce "
+    return [{"ops": d.get("ops"), "pdl": d.get("pdl"), "allreduce": f"device wait of {d['allreduce_stand_in_us']} us per allreduce "
              f"({d.get('allreduce_source', '?')})", "context": p["context"], "layers": p["layers"] or "all",
              "copy_GBps": d.get("copy_gbps")}]
 
