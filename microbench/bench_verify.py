@@ -309,7 +309,8 @@ def setup_lines(records: list[dict]) -> list[dict]:
     if not full:
         return []
     d, p = full[0]["derived"], full[0]["params"]
-    return [{"ops": d.get("ops"), "pdl": d.get("pdl"), "allreduce": f"device wait of {d['allreduce_stand_in_us']} us per allreduce "
+    return [{"ops": d.get("ops"), "pdl": d.get("pdl"),
+             "allreduce": f"device wait of {d['allreduce_stand_in_us']} us per allreduce "
              f"({d.get('allreduce_source', '?')})", "context": p["context"], "layers": p["layers"] or "all",
              "copy_GBps": d.get("copy_gbps")}]
 
