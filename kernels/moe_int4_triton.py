@@ -53,6 +53,7 @@ LAYOUTS = ("planar", "checkpoint")
 DEFAULT_CONFIG = {"layout": "planar", "dequant": "denormal", "kernel": "v3",
                   "gate_up": {"BLOCK_N": 2, "num_warps": 1, "num_stages": 1},
                   "down": {"BLOCK_N": 8, "ROW_ITERS": 1, "num_stages": 1}}
+DEQUANTS = ("denormal", "magic", "half2")  # half2: kernel "split", planar, group 32, CUDA only (inline PTX)
 KERNELS = ("v3", "split")  # v3: SiLU in kernel 1, [pairs, 4, I] pre-scaled; split: split-K partials, see fused_moe_w4a16
 MAGIC = 0x4B000000  # bits of 2^23 in fp32
 MAGIC_F = tl.constexpr(8388608.0)
@@ -303,6 +304,80 @@ def _dot_chunk(wt, x0, x1, x2, x3, x4, x5, x6, x7, magic, DENORMAL: tl.constexpr
     return t
 
 
+# ---- "half2" dequant (split kernels, GPU only: inline PTX): packed fp16 pairs, two weights per instruction.
+# A word's nibbles i and i + 4 sit at bits 4i and 16 + 4i, so one LOP3 with 0x000F000F << 4i and OR 0x6400 in each
+# half reads them as the fp16 pair (1024 + n * 16^i) for i = 0, 1 (for i = 2, 3 from word >> 8); one HADD2/HFMA2
+# makes that exactly n - 8, one HFMA2 multiplies it with the matching (x_i, x_{i+4}) pair and accumulates. The 16
+# products of each half of a (row, group) are summed in fp16, then the two halves in fp32 and scaled (fp32 from
+# there on). Exact dequant; the fp16 sums round (~2^-11 of their size) and need |x| well below 65504 / (8 * 16).
+H2_FMA_LO = tl.constexpr(  # (1024 + n) - 1032 = n - 8, then acc + that * x
+    "{.reg .b32 t, c; lop3.b32 t, $1, 0x000F000F, 0x64006400, 0xEA; mov.b32 c, 0x64086408; sub.f16x2 t, t, c; "
+    "fma.rn.f16x2 $0, t, $2, $3;}")
+H2_FMA_HI = tl.constexpr(  # (1024 + 16 n) / 16 - 72 = n - 8, then acc + that * x
+    "{.reg .b32 t, s, c; lop3.b32 t, $1, 0x00F000F0, 0x64006400, 0xEA; mov.b32 s, 0x2C002C00; "
+    "mov.b32 c, 0xD480D480; fma.rn.f16x2 t, t, s, c; fma.rn.f16x2 $0, t, $2, $3;}")
+H2_SUM = tl.constexpr(
+    "{.reg .f16 l, h; .reg .f32 a, b; mov.b32 {l, h}, $1; cvt.f32.f16 a, l; cvt.f32.f16 b, h; add.f32 $0, a, b;}")
+
+
+@triton.jit
+def _h2_pair(lo, hi):
+    """Two fp32 tensors -> their fp16 pair (lo in the low half, round to nearest) in an int32 tensor."""
+    return tl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f", [lo, hi], dtype=tl.int32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def _h2_fma(w, xp, acc, HIGH: tl.constexpr):
+    """acc + (n - 8) * xp in fp16 pairs: the nibbles at bits 0-3 and 16-19 of w (HIGH: 4-7 and 20-23)."""
+    if HIGH:
+        r = tl.inline_asm_elementwise(H2_FMA_HI, "=r,r,r,r", [w, xp, acc], dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        r = tl.inline_asm_elementwise(H2_FMA_LO, "=r,r,r,r", [w, xp, acc], dtype=tl.int32, is_pure=True, pack=1)
+    return r
+
+
+@triton.jit
+def _h2_sum(acc):
+    """The two fp16 halves of acc added in fp32."""
+    return tl.inline_asm_elementwise(H2_SUM, "=f,r", [acc], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _words4(t, ROWS: tl.constexpr, G: tl.constexpr):
+    """[ROWS, 4 G] -> the 4 words of each group as [ROWS, G] tensors (each thread holds a whole group: no moves)."""
+    a, b = tl.split(tl.reshape(t, [ROWS, G, 2, 2]))
+    w0, w2 = tl.split(a)
+    w1, w3 = tl.split(b)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def _h2_word(acc, w, p0, p1, p2, p3):
+    """acc + one word's 8 products (pairs p0..p3: planes (0, 4), (1, 5), (2, 6), (3, 7))."""
+    acc = _h2_fma(w, p0, acc, False)
+    acc = _h2_fma(w, p1, acc, True)
+    w8 = w >> 8  # nibbles 2, 6 and 3, 7 at the low positions (the sign fill lands above bit 23: masked off)
+    acc = _h2_fma(w8, p2, acc, False)
+    return _h2_fma(w8, p3, acc, True)
+
+
+@triton.jit
+def _h2_group_dot(wt, p0, p1, p2, p3, ROWS: tl.constexpr, G: tl.constexpr):
+    """[ROWS, 4 G] words x the 4 activation pair tiles [1, 4 G] -> per (row, group) sum of (n - 8) * x, fp32."""
+    w0, w1, w2, w3 = _words4(wt, ROWS, G)
+    a0, a1, a2, a3 = _words4(p0, 1, G)
+    b0, b1, b2, b3 = _words4(p1, 1, G)
+    c0, c1, c2, c3 = _words4(p2, 1, G)
+    d0, d1, d2, d3 = _words4(p3, 1, G)
+    acc = tl.zeros([ROWS, G], dtype=tl.int32)  # +0.0 in both halves
+    acc = _h2_word(acc, w0, a0, b0, c0, d0)
+    acc = _h2_word(acc, w1, a1, b1, c1, d1)
+    acc = _h2_word(acc, w2, a2, b2, c2, d2)
+    acc = _h2_word(acc, w3, a3, b3, c3, d3)
+    return _h2_sum(acc)
+
+
 @triton.jit
 def _gu_load(w_ptrs, s_ptrs, x_row, w0, c0, cols, grp, rmask, WPS: tl.constexpr, UP_W: tl.constexpr,
              UP_S: tl.constexpr, WPG: tl.constexpr, PLANAR: tl.constexpr, MASKED: tl.constexpr):
@@ -327,8 +402,16 @@ def _gu_load(w_ptrs, s_ptrs, x_row, w0, c0, cols, grp, rmask, WPS: tl.constexpr,
 
 @triton.jit
 def _gu_compute(acc_g, acc_u, wg, wu, sg, su, x0, x1, x2, x3, x4, x5, x6, x7, magic, BLOCK_N: tl.constexpr,
-                G: tl.constexpr, WPG: tl.constexpr, DENORMAL: tl.constexpr):
+                G: tl.constexpr, WPG: tl.constexpr, DENORMAL: tl.constexpr, HALF2: tl.constexpr):
     """acc[rows, group] += scale * sum over the group of (nibble - 8) * x, for gate and up."""
+    if HALF2:
+        p0 = _h2_pair(x0.to(tl.float32), x4.to(tl.float32))
+        p1 = _h2_pair(x1.to(tl.float32), x5.to(tl.float32))
+        p2 = _h2_pair(x2.to(tl.float32), x6.to(tl.float32))
+        p3 = _h2_pair(x3.to(tl.float32), x7.to(tl.float32))
+        tg = _h2_group_dot(wg, p0, p1, p2, p3, BLOCK_N, G)
+        tu = _h2_group_dot(wu, p0, p1, p2, p3, BLOCK_N, G)
+        return acc_g + tg * _bf16_bits(sg), acc_u + tu * _bf16_bits(su)
     f0 = x0.to(tl.float32)
     f1 = x1.to(tl.float32)
     f2 = x2.to(tl.float32)
@@ -356,7 +439,8 @@ def _gate_up_split_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, p_ptr, tw_ptr, num_pairs
                           inter: tl.constexpr, words_per_row: tl.constexpr, n_groups: tl.constexpr,
                           TOPK: tl.constexpr, WPG: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
                           SPLIT_K: tl.constexpr, PREFETCH: tl.constexpr, PLANAR: tl.constexpr,
-                          DENORMAL: tl.constexpr, PDL: tl.constexpr, WAIT: tl.constexpr):
+                          DENORMAL: tl.constexpr, PDL: tl.constexpr, WAIT: tl.constexpr,
+                          HALF2: tl.constexpr = False):
     """Split-K gate_up: program (pair, split ks, row block) sums words [ks, ks + 1) * words_per_row / SPLIT_K of
     BLOCK_N gate and BLOCK_N up rows -> fp32 partials p[ks, pair, 0 (gate) | 1 (up), row]; kernel 2 adds them.
     SPLIT_K == 1: the sums are complete here, so it stores SiLU(g) * u * topk_weight in p[0, pair, 0, row] instead.
@@ -396,22 +480,22 @@ def _gate_up_split_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, p_ptr, tw_ptr, num_pairs
             ng, nu, tg, tu, y0, y1, y2, y3, y4, y5, y6, y7 = _gu_load(w_ptrs, s_ptrs, x_row, w0, c0, cols, grp, rmask,
                                                                       WPS, UP_W, UP_S, WPG, PLANAR, MASKED)
             acc_g, acc_u = _gu_compute(acc_g, acc_u, wg, wu, sg, su, x0, x1, x2, x3, x4, x5, x6, x7, magic, BLOCK_N,
-                                       G, WPG, DENORMAL)
+                                       G, WPG, DENORMAL, HALF2)
             wg, wu, sg, su = ng, nu, tg, tu
             x0, x1, x2, x3, x4, x5, x6, x7 = y0, y1, y2, y3, y4, y5, y6, y7
         acc_g, acc_u = _gu_compute(acc_g, acc_u, wg, wu, sg, su, x0, x1, x2, x3, x4, x5, x6, x7, magic, BLOCK_N, G,
-                                   WPG, DENORMAL)
+                                   WPG, DENORMAL, HALF2)
     else:
         acc_g, acc_u = _gu_compute(acc_g, acc_u, wg, wu, sg, su, x0, x1, x2, x3, x4, x5, x6, x7, magic, BLOCK_N, G,
-                                   WPG, DENORMAL)
+                                   WPG, DENORMAL, HALF2)
         for c0 in range(BLOCK_W, WPS, BLOCK_W):
             wg, wu, sg, su, x0, x1, x2, x3, x4, x5, x6, x7 = _gu_load(w_ptrs, s_ptrs, x_row, w0, c0, cols, grp, rmask,
                                                                       WPS, UP_W, UP_S, WPG, PLANAR, MASKED)
             acc_g, acc_u = _gu_compute(acc_g, acc_u, wg, wu, sg, su, x0, x1, x2, x3, x4, x5, x6, x7, magic, BLOCK_N,
-                                       G, WPG, DENORMAL)
+                                       G, WPG, DENORMAL, HALF2)
     gate = tl.sum(acc_g, axis=1)
     up = tl.sum(acc_u, axis=1)
-    if DENORMAL:
+    if DENORMAL and not HALF2:
         gate = gate * UNDO_DENORMAL
         up = up * UNDO_DENORMAL
     out = p_ptr + (ks * num_pairs + pair).to(tl.int64) * (2 * inter) + rows
@@ -447,7 +531,7 @@ def _down_split_kernel(p_ptr, tw_ptr, w_ptr, s_ptr, ids_ptr, out_ptr, num_pairs,
                        magic, inter: tl.constexpr, words_per_row: tl.constexpr, n_groups: tl.constexpr,
                        TOPK: tl.constexpr, BLOCK_TOPK: tl.constexpr, WPG: tl.constexpr, BLOCK_N: tl.constexpr,
                        ROW_ITERS: tl.constexpr, WORDS: tl.constexpr, SPLIT_K: tl.constexpr, PLANAR: tl.constexpr,
-                       DENORMAL: tl.constexpr, PDL: tl.constexpr):
+                       DENORMAL: tl.constexpr, PDL: tl.constexpr, HALF2: tl.constexpr = False):
     """Kernel 2 of the split-K path: as _down_kernel (columns = (expert slot, word)), but it builds the activations
     itself from kernel 1's partials (sum over splits in a fixed order, SiLU(g) * u * topk_weight), applies scales per
     (row, group) like _gate_up_split_kernel, and loads its first weight tile before waiting for kernel 1 (PDL)."""
@@ -490,12 +574,15 @@ def _down_split_kernel(p_ptr, tw_ptr, w_ptr, s_ptr, ids_ptr, out_ptr, num_pairs,
     a5 = _act_plane(p_ptr, pair, tw, word, 5, cmask, num_pairs, inter, SPLIT_K, WPG, PLANAR)
     a6 = _act_plane(p_ptr, pair, tw, word, 6, cmask, num_pairs, inter, SPLIT_K, WPG, PLANAR)
     a7 = _act_plane(p_ptr, pair, tw, word, 7, cmask, num_pairs, inter, SPLIT_K, WPG, PLANAR)
-    off = _group_sum(((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)), 1, CG, WPG) * DENORMAL_OFFSET
-    c0 = _x_scale(0, DENORMAL)
-    c1 = _x_scale(1, DENORMAL)
-    c2 = _x_scale(2, DENORMAL)
-    c3 = _x_scale(3, DENORMAL)
-    a0, a1, a2, a3, a4, a5, a6, a7 = a0 * c0, a1 * c1, a2 * c2, a3 * c3, a4 * c0, a5 * c1, a6 * c2, a7 * c3
+    if HALF2:  # the activations as fp16 pairs of planes (i, i + 4), see _h2_fma
+        p0, p1, p2, p3 = _h2_pair(a0, a4), _h2_pair(a1, a5), _h2_pair(a2, a6), _h2_pair(a3, a7)
+    else:
+        off = _group_sum(((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)), 1, CG, WPG) * DENORMAL_OFFSET
+        c0 = _x_scale(0, DENORMAL)
+        c1 = _x_scale(1, DENORMAL)
+        c2 = _x_scale(2, DENORMAL)
+        c3 = _x_scale(3, DENORMAL)
+        a0, a1, a2, a3, a4, a5, a6, a7 = a0 * c0, a1 * c1, a2 * c2, a3 * c3, a4 * c0, a5 * c1, a6 * c2, a7 * c3
     for it in tl.static_range(ROW_ITERS):
         rows = row0 + it * BLOCK_N
         if it + 1 < ROW_ITERS:  # prefetch the next row block while this one is computed
@@ -503,12 +590,15 @@ def _down_split_kernel(p_ptr, tw_ptr, w_ptr, s_ptr, ids_ptr, out_ptr, num_pairs,
             msn = ((rows + BLOCK_N + r) < hidden) & gmask
             wt_n = tl.load(w_ptr + w_offs + (rows + BLOCK_N) * words_per_row, mask=m2n, other=0)
             sc_n = tl.load(s_ptr + s_offs + (rows + BLOCK_N) * n_groups, mask=msn, other=0)
-        t = _group_sum(_dot_chunk(wt, a0, a1, a2, a3, a4, a5, a6, a7, magic, DENORMAL), BLOCK_N, CG, WPG)
-        if DENORMAL:
-            t = t - off
-        y = tl.sum(t * _bf16_bits(sc), axis=1)
-        if DENORMAL:
-            y = y * UNDO_DENORMAL
+        if HALF2:
+            y = tl.sum(_h2_group_dot(wt, p0, p1, p2, p3, BLOCK_N, CG) * _bf16_bits(sc), axis=1)
+        else:
+            t = _group_sum(_dot_chunk(wt, a0, a1, a2, a3, a4, a5, a6, a7, magic, DENORMAL), BLOCK_N, CG, WPG)
+            if DENORMAL:
+                t = t - off
+            y = tl.sum(t * _bf16_bits(sc), axis=1)
+            if DENORMAL:
+                y = y * UNDO_DENORMAL
         out_rows = rows + tl.arange(0, BLOCK_N)
         tl.store(out_ptr + tok * stride_om + out_rows, y.to(out_ptr.dtype.element_ty), mask=out_rows < hidden)
         if it + 1 < ROW_ITERS:
@@ -584,7 +674,7 @@ def select_config(m: int, device: torch.device, table: dict | None = None) -> di
         return DEFAULT_CONFIG
     keys = sorted(int(k) for k in entry["by_n"])
     n = max([k for k in keys if k <= m], default=keys[0])
-    tuned = {k: v for k, v in entry["by_n"][str(n)].items() if k in ("gate_up", "down", "kernel", "pdl")}
+    tuned = {k: v for k, v in entry["by_n"][str(n)].items() if k in ("gate_up", "down", "kernel", "pdl", "dequant")}
     return {**DEFAULT_CONFIG, **{k: v for k, v in entry.items() if k in ("layout", "dequant")}, **tuned}
 
 
@@ -598,8 +688,8 @@ def check_config(cfg: dict, s, device: torch.device) -> None:
     """ValueError naming the key for a config these shapes cannot run (checked on the host, before any launch)."""
     if cfg["layout"] not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {cfg['layout']!r}")
-    if cfg["dequant"] not in ("denormal", "magic"):
-        raise ValueError(f"dequant must be 'denormal' or 'magic', got {cfg['dequant']!r}")
+    if cfg["dequant"] not in DEQUANTS:
+        raise ValueError(f"dequant must be one of {DEQUANTS}, got {cfg['dequant']!r}")
     kernel = cfg.get("kernel", "v3")
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
@@ -614,9 +704,13 @@ def check_config(cfg: dict, s, device: torch.device) -> None:
         raise ValueError(f"down.num_warps must be a power of two, got {c2['num_warps']!r}")
     split_keys = [k for k in ("SPLIT_K", "PREFETCH", "BLOCK_W") if k in c1]
     if kernel == "v3":
-        if split_keys or cfg.get("pdl"):
-            raise ValueError(f"gate_up {split_keys} and pdl need kernel 'split' (config has kernel 'v3')")
+        if split_keys or cfg.get("pdl") or cfg["dequant"] == "half2":
+            raise ValueError(f"gate_up {split_keys}, pdl and dequant 'half2' need kernel 'split' (config has kernel "
+                             f"'v3')")
         return
+    if cfg["dequant"] == "half2" and (cfg["layout"] != "planar" or s.group_size != 32):
+        raise ValueError(f"dequant 'half2' needs the planar layout and group size 32 (4 words per group), got "
+                         f"{cfg['layout']!r} and {s.group_size}")
     n_groups = s.hidden // s.group_size
     split = c1.get("SPLIT_K", 1)
     if not isinstance(split, int) or isinstance(split, bool) or split < 1 or n_groups % split:
@@ -636,7 +730,7 @@ def fused_moe_w4a16(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weight
     """The reference's signature and result ([M, H] in x's dtype, fp16 or bf16 x), in two Triton launches.
 
     config (default: select_config(M, device)): {"layout": "planar" | "checkpoint", "dequant": "denormal" |
-    "magic", "kernel": "v3" | "split", "gate_up": {...}, "down": {"BLOCK_N", "ROW_ITERS", "num_stages"}, "pdl"}.
+    "magic" | "half2", "kernel": "v3" | "split", "gate_up": {...}, "down": {"BLOCK_N", "ROW_ITERS", "num_stages"}, "pdl"}.
     kernel "v3" (default): gate_up {"BLOCK_N", "num_warps", "num_stages"}; kernel 1 takes 128 * num_warps words per
     step and writes SiLU(g) * u * w; kernel 2 gets topk * I/256 warps.
     kernel "split": gate_up also takes "SPLIT_K" (divides H / group; default 1), "PREFETCH" (0/1, default 1) and
@@ -647,7 +741,9 @@ def fused_moe_w4a16(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weight
     kernel 1 is launched with PDL too (it waits for the kernel before it first) and kernel 2 lets the kernel after
     the MoE start early. A config the shapes cannot run raises ValueError.
     "denormal" is exact for fp16 x, and for bf16 x with |x| in [2^-41, 2^64] (smaller values lose bits; larger
-    overflow). check_ids=False skips the host-side id range check (a device sync) for graph capture; ids are then
+    overflow). "half2" (kernel "split", planar, group 32, CUDA only) multiplies in fp16 pairs and sums runs of 16
+    products in fp16 (relative error ~1e-3 of each run): activations must stay well inside fp16's range (|x| and
+    |SiLU(g) * u * topk_weight| below ~500, so a run of 16 products of |n - 8| <= 8 cannot overflow). check_ids=False skips the host-side id range check (a device sync) for graph capture; ids are then
     clamped in the kernels. prepacked=True: the packed weights are already in the config's layout (repack_planar
     once at load, drop the checkpoint copy): nothing is repacked or cached, so a whole model's experts fit without
     a second copy.
@@ -664,7 +760,9 @@ def fused_moe_w4a16(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weight
     check_config(cfg, s, x.device)
     w13, s13 = kernel_weights(w13_packed, w13_scales, cfg["layout"], prepacked)
     w2, s2 = kernel_weights(w2_packed, w2_scales, cfg["layout"], prepacked)
-    planar, denormal = cfg["layout"] == "planar", cfg["dequant"] == "denormal"
+    planar, denormal, half2 = cfg["layout"] == "planar", cfg["dequant"] == "denormal", cfg["dequant"] == "half2"
+    if half2 and interpret:
+        raise ValueError("dequant 'half2' runs inline PTX, which the Triton interpreter cannot: it needs a CUDA GPU")
     x = x if x.stride(1) == 1 else x.contiguous()
     ids = topk_ids.to(torch.int32).contiguous()
     tw = topk_weights.contiguous()  # before kernel 1: nothing may run between the two launches (PDL)
@@ -687,12 +785,12 @@ def fused_moe_w4a16(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weight
             x, w13, s13, ids, partials, tw, pairs, s.experts, x.stride(0), MAGIC, inter=s.inter, words_per_row=words1,
             n_groups=s.hidden // s.group_size, TOPK=s.topk, WPG=wpg, BLOCK_N=c1["BLOCK_N"], BLOCK_W=block_w,
             SPLIT_K=split, PREFETCH=int(c1.get("PREFETCH", 1)), PLANAR=planar, DENORMAL=denormal, PDL=pdl,
-            WAIT=chain, num_warps=warps1, num_stages=c1.get("num_stages", 1), **_pdl.launch_kwargs(chain))
+            WAIT=chain, HALF2=half2, num_warps=warps1, num_stages=c1.get("num_stages", 1), **_pdl.launch_kwargs(chain))
         _down_split_kernel[(s.tokens * triton.cdiv(s.hidden, c2["BLOCK_N"] * c2.get("ROW_ITERS", 1)),)](
             partials, tw, w2, s2, ids, out, pairs, s.experts, s.hidden, out.stride(0), s.tokens,
             MAGIC, inter=s.inter, words_per_row=s.inter // PACK, n_groups=s.inter // s.group_size, TOPK=s.topk,
             BLOCK_TOPK=block_topk, WPG=wpg, BLOCK_N=c2["BLOCK_N"], ROW_ITERS=c2.get("ROW_ITERS", 1), WORDS=words2,
-            SPLIT_K=split, PLANAR=planar, DENORMAL=denormal, PDL=pdl, num_warps=warps2,
+            SPLIT_K=split, PLANAR=planar, DENORMAL=denormal, PDL=pdl, HALF2=half2, num_warps=warps2,
             num_stages=c2.get("num_stages", 1), **extra)
         return out
     h = torch.empty(pairs, 4, s.inter, dtype=torch.float32, device=x.device)

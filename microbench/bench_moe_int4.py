@@ -239,10 +239,19 @@ SPLIT_GATE_UP_CANDIDATES = [{"BLOCK_N": bn, "num_warps": 1, "num_stages": 1, "SP
 # (ROW_ITERS) amortize that when SPLIT_K > 1
 SPLIT_DOWN_CANDIDATES = [{"BLOCK_N": bn, "ROW_ITERS": it, "num_stages": 1} for bn, it in
                          ((16, 1), (8, 1), (4, 1), (8, 2), (16, 2), (8, 4), (8, 8))]
+# Space "half2" (kernel split, fp16-pair dequant, CUDA only): ~25% fewer SASS instructions per weight and far fewer
+# registers (BN 8 without prefetch: 94 instead of 247), so larger and unprefetched blockings fit (sm_90, triton 3.6:
+# no spills in this list; BN 8 with prefetch and BN 16 with prefetch spill)
+HALF2_GATE_UP_CANDIDATES = [{"BLOCK_N": bn, "num_warps": 1, "num_stages": 1, "SPLIT_K": sk, "PREFETCH": pf,
+                             "BLOCK_W": 128}
+                            for bn, sk, pf in ((8, 1, 0), (4, 1, 1), (4, 1, 0), (16, 1, 0), (32, 1, 0), (2, 1, 1),
+                                               (8, 2, 0), (4, 7, 0), (8, 7, 0), (16, 7, 0), (8, 14, 0))]
 OLD_BASE = {"layout": "planar", "dequant": "denormal", "kernel": "v3", "gate_up": GATE_UP_CANDIDATES[1],
             "down": DOWN_CANDIDATES[2]}
 NEW_BASE = {"layout": "planar", "dequant": "denormal", "kernel": "split", "pdl": False,
             "gate_up": SPLIT_GATE_UP_CANDIDATES[1], "down": SPLIT_DOWN_CANDIDATES[0]}
+HALF2_BASE = {**NEW_BASE, "dequant": "half2", "gate_up": HALF2_GATE_UP_CANDIDATES[0]}
+SPACES = ("old", "new", "half2")  # v3; split; split with half2 dequant
 # CPU dry run (preset tiny, interpreter): the same code path with few, large blocks (the interpreter's cost is per
 # program); timings are meaningless there
 SMOKE = {"old_gate_up": [{"BLOCK_N": 64, "num_warps": 1, "num_stages": 1}],
@@ -265,7 +274,8 @@ def short_config(cfg: dict) -> str:
     else:
         gu = (f"split gu {c1['BLOCK_N']}r K{c1.get('SPLIT_K', 1)} pf{int(c1.get('PREFETCH', 1))}"
               + (f" w{c1['BLOCK_W']}" if "BLOCK_W" in c1 else "") + (f" nw{c1['num_warps']}" if c1["num_warps"] != 1 else ""))
-    return f"{gu} dn {c2['BLOCK_N']}x{c2.get('ROW_ITERS', 1)}" + (" pdl" if cfg.get("pdl") else "")
+    return (f"{gu} dn {c2['BLOCK_N']}x{c2.get('ROW_ITERS', 1)}" + (" pdl" if cfg.get("pdl") else "")
+            + (" half2" if cfg.get("dequant") == "half2" else ""))
 
 
 def _time_config(preset: str, tp: int, n: int, config: dict, max_time_s: float, device: str = "cuda",
@@ -433,7 +443,7 @@ def _prewarm(preset: str, tp: int, jobs: list, workers: int, log, probe: bool = 
     return pdl_error is None
 
 
-def _prewarm_jobs(ns, old_gu, old_dn, new_gu, new_dn) -> list:
+def _prewarm_jobs(ns, old_gu, old_dn, new_gu, new_dn, new_base=None) -> list:
     """(n, config) calls that build every kernel variant the sweep may launch: v3 specializes on the token and pair
     counts (n = 1, even, odd, multiple of 16), the split kernels do not (one n does), but kernel 2 depends on SPLIT_K
     and both on pdl."""
@@ -441,48 +451,60 @@ def _prewarm_jobs(ns, old_gu, old_dn, new_gu, new_dn) -> list:
     for n in sorted({min(ns), *[m for m in ns if m in (2, 3, 16)]}) if old_gu or old_dn else []:
         jobs += [(n, {**OLD_BASE, "gate_up": c}) for c in old_gu] + [(n, {**OLD_BASE, "down": c}) for c in old_dn]
     n = min(ns)
+    base = NEW_BASE if new_base is None else new_base
     for pdl in (False, True) if new_gu else ():
-        jobs += [(n, {**NEW_BASE, "pdl": pdl, "gate_up": c}) for c in new_gu]
+        jobs += [(n, {**base, "pdl": pdl, "gate_up": c}) for c in new_gu]
         for split_rep in {c.get("SPLIT_K", 1): c for c in new_gu}.values():
-            jobs += [(n, {**NEW_BASE, "pdl": pdl, "gate_up": split_rep, "down": c}) for c in new_dn]
+            jobs += [(n, {**base, "pdl": pdl, "gate_up": split_rep, "down": c}) for c in new_dn]
     return jobs
 
 
 def tune(preset: str = "kimi-k2.5", tp: int = 8, ns=TUNE_NS, *, out: str | None = None, in_place: bool = False,
-         max_minutes: float = 4.0, max_time_s: float = 0.2, spaces=("old", "new"), jobs: int | None = None,
+         max_minutes: float = 4.0, max_time_s: float = 0.2, spaces=SPACES, jobs: int | None = None,
          log=print) -> dict:
-    """Per n: the old space (kernel v3: gate_up blocking, then down blocking) and the new one (kernel split: gate_up
-    blocking x SPLIT_K x prefetch, then down blocking, then pdl, then the 3 best gate_up again with that down),
-    every candidate checked against the fp32 reference, then timed in graph mode with cold rotation (uniform
-    routing). The winners are re-timed side by side; the faster of the two is the table's entry for n. Writes the
-    whole table (other GPUs' entries kept) to `out`, or to mt.CONFIG_PATH with in_place. Without CUDA: a dry run
-    of the same code path in the interpreter (preset tiny, small candidate lists, meaningless times)."""
+    """Per n: the old space (kernel v3: gate_up blocking, then down blocking), the new one (kernel split: gate_up
+    blocking x SPLIT_K x prefetch, then down blocking, then pdl, then the 3 best gate_up again with that down) and
+    "half2" (the new space's sweep with the fp16-pair dequant and its own gate_up list), every candidate checked
+    against the fp32 reference, then timed in graph mode with cold rotation (uniform routing). The winners are
+    re-timed side by side; the fastest is the table's entry for n. Writes the whole table (other GPUs' entries
+    kept) to `out`, or to mt.CONFIG_PATH with in_place. Without CUDA: a dry run of the same code path in the
+    interpreter (preset tiny, small candidate lists, meaningless times; half2, which needs a GPU, is left out)."""
     t0 = time.perf_counter()
     device = "cuda" if cuda_available() else "cpu"
     if device == "cpu" and preset != "tiny":
         raise ValueError(f"tune on CPU is a dry run of preset 'tiny' only (got {preset!r}); the real run needs a GPU")
+    if set(spaces) - set(SPACES) or not spaces:
+        raise ValueError(f"spaces must be some of {SPACES}, got {spaces!r}")
     p = _shape(preset, tp)
     smoke = device == "cpu"
+    if smoke and "half2" in spaces:
+        log("space half2 left out: its inline PTX needs a CUDA GPU")
+        spaces = tuple(sp for sp in spaces if sp != "half2")
     lists = SMOKE if smoke else {"old_gate_up": GATE_UP_CANDIDATES, "old_down": DOWN_CANDIDATES,
-                                 "gate_up": SPLIT_GATE_UP_CANDIDATES, "down": SPLIT_DOWN_CANDIDATES}
-    old_base, new_base = dict(OLD_BASE), dict(NEW_BASE)  # the sweeps start from the v3 table's usual choice
+                                 "gate_up": SPLIT_GATE_UP_CANDIDATES, "down": SPLIT_DOWN_CANDIDATES,
+                                 "half2_gate_up": HALF2_GATE_UP_CANDIDATES}
+    old_base = dict(OLD_BASE)  # the sweeps start from the v3 table's usual choice
+    split_spaces = {"new": (dict(NEW_BASE), lists["gate_up"]), "half2": (dict(HALF2_BASE), lists.get("half2_gate_up"))}
+    split_spaces = {sp: v for sp, v in split_spaces.items() if sp in spaces}
     if smoke:
         old_base.update(gate_up=lists["old_gate_up"][0], down=lists["old_down"][0])
-        new_base.update(gate_up=lists["gate_up"][0], down=lists["down"][0])
-    new_gu = [c for c in lists["gate_up"] if _valid({**new_base, "gate_up": c}, p)]
-    for c in lists["gate_up"]:
-        if c not in new_gu:
-            log(f"candidate {c} does not fit preset {preset} (H {p.hidden}, group {p.expert_group_size}): left out")
+        split_spaces["new"][0].update(gate_up=lists["gate_up"][0], down=lists["down"][0])
+    for sp, (base, cands) in split_spaces.items():
+        fit = [c for c in cands if _valid({**base, "gate_up": c}, p)]
+        for c in cands:
+            if c not in fit:
+                log(f"candidate {c} does not fit preset {preset} (H {p.hidden}, group {p.expert_group_size}): left out")
+        split_spaces[sp] = (base, fit)
     old_gu, old_dn, new_dn = lists["old_gate_up"], lists["old_down"], lists["down"]
     per_n = (len(old_gu) + len(old_dn) if "old" in spaces else 0) + \
-        (len(new_gu) + len(new_dn) + 1 + 3 if "new" in spaces else 0) + len(spaces)
+        sum(len(gu) + len(new_dn) + 1 + 3 for _, gu in split_spaces.values()) + len(spaces)
     log(f"tune {preset}-tp{tp} on {mt.device_name(torch.device(device))}: n = {', '.join(map(str, ns))}; "
         f"spaces {', '.join(spaces)}; ~{per_n} timed configs per n, {max_time_s} s each; cap {max_minutes} min")
     workers = (0 if smoke else min(12, max(1, (os.cpu_count() or 2) - 2))) if jobs is None else jobs
-    pdl_ok = _prewarm(preset, tp, _prewarm_jobs(ns, old_gu if "old" in spaces else [],
-                                                old_dn if "old" in spaces else [], new_gu if "new" in spaces else [],
-                                                new_dn if "new" in spaces else []),
-                      workers, log, probe=not smoke and "new" in spaces)
+    prewarm = _prewarm_jobs(ns, old_gu if "old" in spaces else [], old_dn if "old" in spaces else [], [], [])
+    for base, gu in split_spaces.values():
+        prewarm += _prewarm_jobs(ns, [], [], gu, new_dn, base)
+    pdl_ok = _prewarm(preset, tp, prewarm, workers, log, probe=not smoke and bool(split_spaces))
     tuner = _Tuner(preset, tp, device, max_time_s, t0 + 60 * max_minutes, per_n * len(ns), log)
     best: dict[int, dict] = {}
     failed: list[int] = []  # every candidate of every space failed (the log says why)
@@ -494,15 +516,14 @@ def tune(preset: str = "kimi-k2.5", tp: int = 8, ns=TUNE_NS, *, out: str | None 
             cfg, _ = tuner.sweep(n, old_base, "gate_up", old_gu, "old")
             cfg, us = tuner.sweep(n, cfg, "down", old_dn, "old")
             row["old"] = (cfg, us)
-        if "new" in spaces:
-            cfg, _ = tuner.sweep(n, new_base, "gate_up", new_gu, "new")
-            cfg, _ = tuner.sweep(n, cfg, "down", new_dn, "new")
+        for sp, (base, gu) in split_spaces.items():
+            cfg, _ = tuner.sweep(n, base, "gate_up", gu, sp)
+            cfg, _ = tuner.sweep(n, cfg, "down", new_dn, sp)
             if pdl_ok:
-                cfg, _ = tuner.sweep(n, cfg, "pdl", [not cfg.get("pdl")], "new")
-            ranked = sorted(new_gu, key=lambda c: tuner.cache.get((n, _cfg_key({**new_base, "gate_up": c})),
-                                                                  (math.inf,))[0])
-            cfg, us = tuner.sweep(n, cfg, "gate_up", ranked[:3], "new")
-            row["new"] = (cfg, us)
+                cfg, _ = tuner.sweep(n, cfg, "pdl", [not cfg.get("pdl")], sp)
+            ranked = sorted(gu, key=lambda c: tuner.cache.get((n, _cfg_key({**base, "gate_up": c})), (math.inf,))[0])
+            cfg, us = tuner.sweep(n, cfg, "gate_up", ranked[:3], sp)
+            row[sp] = (cfg, us)
         row = {k: v for k, v in row.items() if math.isfinite(v[1])}
         if row:
             best[n] = row
@@ -525,6 +546,9 @@ def tune(preset: str = "kimi-k2.5", tp: int = 8, ns=TUNE_NS, *, out: str | None 
         cfg = res[space]["config"]
         entry = {"kernel": cfg.get("kernel", "v3"), "gate_up": cfg["gate_up"], "down": cfg["down"],
                  "us": round(res[space]["us"], 2), "eta": round(res[space]["eta"], 3)}
+        if cfg["dequant"] != "denormal":
+            entry["dequant"] = cfg["dequant"]
+        entry["by_space_us"] = {sp: round(r["us"], 2) for sp, r in res.items()}
         if cfg.get("pdl"):
             entry["pdl"] = True
         if "old" in res:
@@ -545,17 +569,16 @@ def tune(preset: str = "kimi-k2.5", tp: int = 8, ns=TUNE_NS, *, out: str | None 
                      "spaces": list(spaces)}}
     path = mt.save_configs(table, mt.CONFIG_PATH if in_place else (out or "moe_int4_configs.tuned.json"))
     log("")
-    log(f"{'n':>3} {'old us':>8} {'new us':>8} {'new/old':>7} {'eta':>6}  chosen config")
+    log(f"{'n':>3} " + " ".join(f"{sp + ' us':>9}" for sp in spaces) + f" {'eta':>6}  chosen config")
     for n in ns:
         res = final.get(n)
         if res is None:
             why = "every candidate failed (see above)" if n in failed else f"the {max_minutes} min cap was reached"
-            log(f"{n:>3} {'-':>8} {'-':>8} {'':>7} {'':>6}  not tuned: {why}")
+            log(f"{n:>3} " + " ".join(f"{'-':>9}" for _ in spaces) + f" {'':>6}  not tuned: {why}")
             continue
-        old_us, new_us = res.get("old", {}).get("us", math.nan), res.get("new", {}).get("us", math.nan)
         space = min(res, key=lambda k: res[k]["us"])
-        log(f"{n:>3} {old_us:8.2f} {new_us:8.2f} {new_us / old_us:7.3f} {res[space]['eta']:6.3f}  "
-            f"{space}: {short_config(res[space]['config'])}")
+        log(f"{n:>3} " + " ".join(f"{res.get(sp, {}).get('us', math.nan):9.2f}" for sp in spaces)
+            + f" {res[space]['eta']:6.3f}  {space}: {short_config(res[space]['config'])}")
     log(f"wrote {path} ({time.perf_counter() - t0:.0f} s)" + ("" if in_place else f"; to use it: cp {path} {mt.CONFIG_PATH}"))
     return table
 
@@ -587,8 +610,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="python3 -m microbench.bench_moe_int4", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="tune: per n, sweeps kernel v3 (old space) and kernel split (new space: split-K, prefetch, blocking, "
-               "PDL), checks every candidate against the fp32 reference, times it in graph mode with weights rotated "
+        epilog="tune: per n, sweeps kernel v3 (old space), kernel split (new space: split-K, prefetch, blocking, "
+               "PDL) and kernel split with the fp16-pair dequant (half2 space), checks every candidate against the "
+               "fp32 reference, times it in graph mode with weights rotated "
                "over 4 layers (cold), prints one progress line per timed config and a table per n at the end, and "
                "writes the tuned table JSON to --out (kernels/moe_int4_configs.json only with --in-place). "
                "Without CUDA, 'tune --preset tiny --tp 1' is a dry run of the same code in the Triton interpreter. "
@@ -606,7 +630,9 @@ def main(argv=None) -> int:
                          "filled from the largest tuned n below")
     ap.add_argument("--max-time-s", type=float, default=0.2,
                     help="sampling time cap per timed config, in seconds (default %(default)s)")
-    ap.add_argument("--spaces", default="old,new", help="config spaces to sweep: old, new or old,new (default)")
+    ap.add_argument("--spaces", default=",".join(SPACES),
+                    help="config spaces to sweep, comma separated: old (kernel v3), new (kernel split), half2 (split "
+                         "with the fp16-pair dequant; GPU only); default %(default)s")
     ap.add_argument("--jobs", type=int, default=None,
                     help="processes that compile the sweep's kernels first (default min(12, cores - 2); 0: off)")
     args = ap.parse_args(argv)
@@ -620,8 +646,8 @@ def main(argv=None) -> int:
         print("tune needs a CUDA GPU (without one: --preset tiny --tp 1 is a dry run in the Triton interpreter)")
         return 2
     spaces = tuple(sp for sp in args.spaces.split(",") if sp)
-    if not spaces or set(spaces) - {"old", "new"}:
-        ap.error(f"--spaces takes old, new or old,new; got {args.spaces!r}")
+    if not spaces or set(spaces) - set(SPACES):
+        ap.error(f"--spaces takes some of {', '.join(SPACES)}, comma separated; got {args.spaces!r}")
     try:
         ns = tuple(int(v) for v in args.ns.split(",") if v.strip())
     except ValueError:

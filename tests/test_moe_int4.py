@@ -227,6 +227,8 @@ BAD_CONFIGS = {
     "pdl on v3": ({**SMALL_CFG, "pdl": True}, "need kernel 'split'"),
     "unknown layout": ({**_SPLIT, "layout": "tiled"}, "layout must be"),
     "unknown dequant": ({**_SPLIT, "dequant": "lut"}, "dequant must be"),
+    "half2 on v3": ({**SMALL_CFG, "dequant": "half2"}, "need kernel 'split'"),
+    "half2 on the checkpoint layout": ({**_SPLIT, "dequant": "half2", "layout": "checkpoint"}, "planar layout"),
 }
 
 
@@ -235,6 +237,21 @@ def test_bad_config_raises_a_clear_value_error(mt, weights, case):
     config, match = BAD_CONFIGS[case]
     with pytest.raises(ValueError, match=match):
         mt.fused_moe_w4a16(*_args(weights), config=config)
+
+
+def test_half2_refuses_other_group_sizes_and_the_interpreter(mt):
+    torch.manual_seed(2)
+    ws = (*moe.quantize_w4a16(torch.randn(E, 2 * I, H), 16), *moe.quantize_w4a16(torch.randn(E, H, I), 16))
+    with pytest.raises(ValueError, match="group size 32"):
+        mt.fused_moe_w4a16(*_args(ws), config={**_SPLIT, "dequant": "half2"})
+    if not torch.cuda.is_available():  # inline PTX: no interpreter path, and no silent fallback either
+        with pytest.raises(ValueError, match="needs a CUDA GPU"):
+            mt.fused_moe_w4a16(*_args(weights_k32()), config={**_SPLIT, "dequant": "half2"})
+
+
+def weights_k32():
+    torch.manual_seed(0)
+    return (*moe.quantize_w4a16(torch.randn(E, 2 * I, H) * 0.1), *moe.quantize_w4a16(torch.randn(E, H, I) * 0.1))
 
 
 def test_select_config_passes_the_kernel_choice_per_n(mt):
@@ -247,6 +264,10 @@ def test_select_config_passes_the_kernel_choice_per_n(mt):
     assert one["kernel"] == "split" and one["pdl"] is True and one["gate_up"]["SPLIT_K"] == 7
     assert "us" not in one and "old_us" not in one
     assert mt.select_config(5, cpu, table)["kernel"] == "v3"  # entries without "kernel" are the v3 kernels
+    assert one["dequant"] == "denormal"  # the table's own default
+    table["cpu"]["by_n"]["1"] = {**split, "dequant": "half2", "by_space_us": {"new": 13.0, "half2": 12.0}}
+    one = mt.select_config(1, cpu, table)
+    assert one["dequant"] == "half2" and "by_space_us" not in one  # a per-n dequant wins over the table's
 
 
 # ---------------------------------------------------------------------------------------------------- errors
@@ -415,6 +436,33 @@ def test_bench_cases_refuse_a_gpu_preset_without_cuda():
         bench.cases("kimi-k2.5", 8)
 
 
+HALF2_CFGS = {  # kernel split, fp16-pair dequant: prefetch or not, split-K, masked rows, row iterations, pdl
+    "BN8 pf0": {"kernel": "split", "dequant": "half2", "gate_up": {"BLOCK_N": 8, "num_warps": 1, "PREFETCH": 0},
+                "down": {"BLOCK_N": 16, "ROW_ITERS": 1}},
+    "BN4 pf1 pdl": {"kernel": "split", "dequant": "half2", "pdl": True,
+                    "gate_up": {"BLOCK_N": 4, "num_warps": 1, "PREFETCH": 1, "BLOCK_W": 128},
+                    "down": {"BLOCK_N": 8, "ROW_ITERS": 4}},
+    "BN16 K4": {"kernel": "split", "dequant": "half2", "gate_up": {"BLOCK_N": 16, "num_warps": 1, "SPLIT_K": 4,
+                                                                   "PREFETCH": 0}, "down": {"BLOCK_N": 4}},
+    "BN512 masked rows": {"kernel": "split", "dequant": "half2", "gate_up": {"BLOCK_N": 512, "num_warps": 4,
+                                                                            "PREFETCH": 0}, "down": {"BLOCK_N": 16}},
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(HALF2_CFGS))
+def test_half2_dequant_on_gpu_matches_reference(mt, name):
+    """The fp16-pair path (inline PTX, GPU only) on fresh random inputs: bf16 and fp16 activations, n = 1..8."""
+    torch.manual_seed(6)
+    ws = tuple(w.cuda() for w in (*moe.quantize_w4a16(torch.randn(16, 512, 1024) * 0.05),
+                                  *moe.quantize_w4a16(torch.randn(16, 1024, 256) * 0.05)))
+    for m, dtype in ((1, torch.bfloat16), (3, torch.float16), (8, torch.bfloat16)):
+        x = torch.randn(m, 1024, dtype=dtype, device="cuda")
+        tw, ids = moe.route_uniform(m, 16, 4, seed=m, device="cuda")
+        out = mt.fused_moe_w4a16(x, *ws, tw, ids, config=HALF2_CFGS[name])
+        assert rel_error(out.float(), moe.reference_moe_w4a16(x.float(), *ws, tw, ids)) <= 1e-2, (m, dtype)
+
+
 @pytest.mark.gpu
 def test_fused_bf16_on_gpu_matches_reference(mt):
     torch.manual_seed(5)
@@ -445,13 +493,18 @@ def test_tuning_candidates_fit_the_k25_tp8_shapes():
     for base, key, cands in ((bench.OLD_BASE, "gate_up", bench.GATE_UP_CANDIDATES),
                              (bench.OLD_BASE, "down", bench.DOWN_CANDIDATES),
                              (bench.NEW_BASE, "gate_up", bench.SPLIT_GATE_UP_CANDIDATES),
-                             (bench.NEW_BASE, "down", bench.SPLIT_DOWN_CANDIDATES)):
+                             (bench.NEW_BASE, "down", bench.SPLIT_DOWN_CANDIDATES),
+                             (bench.HALF2_BASE, "gate_up", bench.HALF2_GATE_UP_CANDIDATES),
+                             (bench.HALF2_BASE, "down", bench.SPLIT_DOWN_CANDIDATES)):
         for c in cands:
             assert bench._valid({**base, key: c}, p), (key, c)
             assert bench._valid({**base, key: c, "pdl": True}, p) == (base["kernel"] == "split")
     jobs = bench._prewarm_jobs(bench.TUNE_NS, bench.GATE_UP_CANDIDATES, bench.DOWN_CANDIDATES,
                                bench.SPLIT_GATE_UP_CANDIDATES, bench.SPLIT_DOWN_CANDIDATES)
+    jobs += bench._prewarm_jobs(bench.TUNE_NS, [], [], bench.HALF2_GATE_UP_CANDIDATES, bench.SPLIT_DOWN_CANDIDATES,
+                                bench.HALF2_BASE)
     assert all(bench._valid(cfg, p) for _, cfg in jobs)
+    assert any(cfg["dequant"] == "half2" for _, cfg in jobs)
 
 
 def test_tune_dry_run_on_cpu_writes_a_table_select_config_can_use(mt, tmp_path):
