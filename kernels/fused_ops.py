@@ -1,5 +1,6 @@
 """Fused elementwise ops of the verify forward (DESIGN.md 4.5) as one Triton kernel each, the way serving engines run
-them (SGLang/vLLM fused_add_rmsnorm, silu_and_mul, a fused softmax + top-k router), with plain-torch fp32 references.
+them (SGLang/vLLM fused_add_rmsnorm, a fused softmax + top-k router), with plain-torch fp32 references. silu_and_mul
+has no launch of its own: kernels.skinny_gemm computes it as the down projection loads its input (act="silu_mul").
 
 Why: as separate torch ops an RMSNorm is ~8 kernels and softmax + topk + casts ~4; at n <= 8 tokens each costs its
 launch (~1.3 us in a CUDA graph), 3-4 ms per Kimi-K2.5 forward in all. Here each op is one launch.
@@ -8,7 +9,7 @@ Semantics (the references are the definition; kernels differ only by fp32 reduct
 - rmsnorm(x, w): y = (x * rsqrt(mean(x^2) + eps)) rounded to x.dtype, times w, rounded to x.dtype: with w in x's
   dtype this is bit-for-bit what `(normed).to(x.dtype) * w` does in torch (kernels/verify_forward.py's _rmsnorm).
 - add_rmsnorm(h, delta, w): h = round_to_h_dtype(h + delta) in place, then y = rmsnorm(new h, w).
-- silu_mul(gate_up [n, 2I]): silu(gate) * up in fp32, rounded once to the input dtype.
+- silu_mul_reference(gate_up [n, 2I]): silu(gate) * up in fp32, rounded once to the input dtype.
 - softmax_topk(logits, k): fp32 softmax over E, the k largest probabilities in descending order; ties go to the lower
   index (torch.topk leaves them unspecified); ids stay in 0..E-1 even for rows with NaN logits.
 Every wrapper checks shapes, dtypes and strides on the host only (no device sync, outputs from torch.empty), so
@@ -58,20 +59,6 @@ def _rmsnorm_kernel(x_ptr, delta_ptr, w_ptr, y_ptr, stride_x, stride_delta, stri
     inv_rms = tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)
     normed = (x * inv_rms).to(x_ptr.dtype.element_ty).to(tl.float32)
     tl.store(y_ptr + row * stride_y + i, (normed * w).to(y_ptr.dtype.element_ty), mask=m)
-
-
-@triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, stride_gu, stride_out, INTER: tl.constexpr, BLOCK: tl.constexpr,
-                     PDL: tl.constexpr):
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
-    row = tl.program_id(0).to(tl.int64)
-    col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    m = col < INTER
-    g = tl.load(gu_ptr + row * stride_gu + col, mask=m, other=0.0).to(tl.float32)
-    u = tl.load(gu_ptr + row * stride_gu + INTER + col, mask=m, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_out + col, (g / (1.0 + tl.exp(-g)) * u).to(out_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -195,26 +182,6 @@ def add_rmsnorm(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps:
     return y
 
 
-def silu_mul(gate_up: torch.Tensor, pdl: bool | None = None) -> torch.Tensor:
-    """gate_up [n, 2I] (gate columns first, then up; last-dim stride 1) -> silu(gate) * up [n, I] in its dtype."""
-    _check_rows("gate_up", gate_up)
-    n, width = gate_up.shape
-    if width % 2:
-        raise ValueError(f"gate_up must have an even width [n, 2I], got {width}")
-    inter = width // 2
-    if not _use_kernel(gate_up):
-        return silu_mul_reference(gate_up)
-    out = torch.empty(n, inter, dtype=gate_up.dtype, device=gate_up.device)
-    if n and inter:
-        block = min(1024, triton.next_power_of_2(inter))
-        on = _pdl.resolve(pdl, gate_up.device)
-        _silu_mul_kernel[(n, triton.cdiv(inter, block))](gate_up, out, gate_up.stride(0), out.stride(0),
-                                                           INTER=inter, BLOCK=block, PDL=on,
-                                                           num_warps=max(1, min(4, block // 256)),
-                                                           **_pdl.launch_kwargs(on))
-    return out
-
-
 def softmax_topk(logits: torch.Tensor, k: int, pdl: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [n, E] (last-dim stride 1) -> (weights fp32 [n, k], ids int32 [n, k]): the k largest fp32 softmax
     probabilities, descending, ties to the lower index. One launch, one program per token."""
@@ -253,6 +220,8 @@ def add_rmsnorm_reference(h: torch.Tensor, delta: torch.Tensor, weight: torch.Te
 
 
 def silu_mul_reference(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of gate_up [n, 2I] in fp32, rounded once to its dtype (what kernels.skinny_gemm's
+    act="silu_mul" prologue feeds its GEMM)."""
     g, u = gate_up.float().chunk(2, dim=-1)
     return (torch.nn.functional.silu(g) * u).to(gate_up.dtype)
 

@@ -45,6 +45,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from kernels import config_tables
 from kernels import pdl as _pdl
 from kernels.config_tables import device_name
+from kernels.fused_ops import silu_mul_reference
 
 CONFIG_PATH = Path(__file__).with_name("skinny_gemm_configs.json")
 MAX_TOKENS = 16
@@ -97,12 +98,24 @@ def _w_tile(w_ptrs, k, k1, rk, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _dot_step(acc, w, x_ptrs, k, k1, rk, m_in, EVEN_K: tl.constexpr, IEEE: tl.constexpr):
+def _x_load(ptrs, mask, K, ACT: tl.constexpr):
+    """An x tile; ACT: x is gate_up [n, 2K], and the tile is silu(gate) * up (up K columns after gate), in fp32 and
+    rounded once to x's dtype (fused_ops.silu_mul_reference)."""
+    x = tl.load(ptrs, mask=mask, other=0.0)
+    if ACT:
+        g = x.to(tl.float32)
+        u = tl.load(ptrs + K, mask=mask, other=0.0).to(tl.float32)
+        x = (g / (1.0 + tl.exp(-g)) * u).to(x.dtype)
+    return x
+
+
+@triton.jit
+def _dot_step(acc, w, x_ptrs, k, k1, rk, m_in, K, EVEN_K: tl.constexpr, IEEE: tl.constexpr, ACT: tl.constexpr):
     """acc += w tile @ x tile^T (x rows past M read as 0)."""
     if EVEN_K:
-        xt = tl.load(x_ptrs, mask=m_in, other=0.0)
+        xt = _x_load(x_ptrs, m_in, K, ACT)
     else:
-        xt = tl.load(x_ptrs, mask=m_in & ((k + rk)[None, :] < k1), other=0.0)
+        xt = _x_load(x_ptrs, m_in & ((k + rk)[None, :] < k1), K, ACT)
     if IEEE:  # fp32 inputs: full precision, not TF32
         acc = tl.dot(w, tl.trans(xt), acc, input_precision="ieee")
     else:
@@ -114,7 +127,7 @@ def _dot_step(acc, w, x_ptrs, k, k1, rk, m_in, EVEN_K: tl.constexpr, IEEE: tl.co
 def _dot_kernel(x_ptr, w_ptr, y_ptr, add_ptr, p_ptr, cnt_ptr, M, N, K, stride_xm, stride_ym, stride_am, k_per_split,
                 n_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
                 SERIAL: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr, ADD: tl.constexpr,
-                PDL: tl.constexpr):
+                PDL: tl.constexpr, ACT: tl.constexpr = False):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -133,12 +146,12 @@ def _dot_kernel(x_ptr, w_ptr, y_ptr, add_ptr, p_ptr, cnt_ptr, M, N, K, stride_xm
         w = _w_tile(w_ptrs, k0, k1, rk, EVEN_K)
         gdc_wait()
         gdc_launch_dependents()
-        acc = _dot_step(acc, w, x_ptrs, k0, k1, rk, m_in, EVEN_K, IEEE)
+        acc = _dot_step(acc, w, x_ptrs, k0, k1, rk, m_in, K, EVEN_K, IEEE, ACT)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
         k_loop = k0 + BLOCK_K
     for k in range(k_loop, k1, BLOCK_K):  # the pipeliner keeps num_stages - 1 w and x tiles in flight
-        acc = _dot_step(acc, _w_tile(w_ptrs, k, k1, rk, EVEN_K), x_ptrs, k, k1, rk, m_in, EVEN_K, IEEE)
+        acc = _dot_step(acc, _w_tile(w_ptrs, k, k1, rk, EVEN_K), x_ptrs, k, k1, rk, m_in, K, EVEN_K, IEEE, ACT)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     mask = (rn[:, None] < N) & (rm[None, :] < M)
@@ -154,9 +167,9 @@ def _dot_kernel(x_ptr, w_ptr, y_ptr, add_ptr, p_ptr, cnt_ptr, M, N, K, stride_xm
 
 
 @triton.jit
-def _x_row(x_ptr, m: tl.constexpr, M, stride_xm, k_mask):
+def _x_row(x_ptr, m: tl.constexpr, M, stride_xm, k_mask, K, ACT: tl.constexpr):
     """Token m's activations of this step, [1, BLOCK_K] in the w tile's layout (rows past M read as 0)."""
-    return tl.load(x_ptr + m * stride_xm, mask=k_mask & (m < M), other=0.0)
+    return _x_load(x_ptr + m * stride_xm, k_mask & (m < M), K, ACT)
 
 
 @triton.jit
@@ -183,7 +196,7 @@ def _fma_out(acc, m: tl.constexpr, rn, y_ptr, add_ptr, p_ptr, pid_k, M, N, strid
 def _fma_kernel(x_ptr, w_ptr, y_ptr, add_ptr, p_ptr, cnt_ptr, M, N, K, stride_xm, stride_ym, stride_am, k_per_split,
                 n_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, VEC: tl.constexpr,
                 SPLIT: tl.constexpr, SERIAL: tl.constexpr, EVEN_K: tl.constexpr, ADD: tl.constexpr,
-                PDL: tl.constexpr):
+                PDL: tl.constexpr, ACT: tl.constexpr = False):
     # Tokens are unrolled by hand (x0..x7, a0..a7; BLOCK_M in 1, 2, 4, 8): one [BLOCK_N, BLOCK_K / VEC] fp32
     # accumulator each, and their x rows in the w tile's layout, so nothing goes through shared memory.
     pid_n = tl.program_id(0)
@@ -203,21 +216,21 @@ def _fma_kernel(x_ptr, w_ptr, y_ptr, add_ptr, p_ptr, cnt_ptr, M, N, K, stride_xm
     if PDL:  # the first w tile streams in while the previous kernel finishes; x may be its output
         gdc_wait()
         gdc_launch_dependents()
-    x0 = _x_row(x_ptrs, 0, M, stride_xm, km)
+    x0 = _x_row(x_ptrs, 0, M, stride_xm, km, K, ACT)
     a0 = tl.zeros([BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
     if BLOCK_M > 1:
-        x1 = _x_row(x_ptrs, 1, M, stride_xm, km)
+        x1 = _x_row(x_ptrs, 1, M, stride_xm, km, K, ACT)
         a1 = tl.zeros([BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
     if BLOCK_M > 2:
-        x2 = _x_row(x_ptrs, 2, M, stride_xm, km)
-        x3 = _x_row(x_ptrs, 3, M, stride_xm, km)
+        x2 = _x_row(x_ptrs, 2, M, stride_xm, km, K, ACT)
+        x3 = _x_row(x_ptrs, 3, M, stride_xm, km, K, ACT)
         a2 = tl.zeros([BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
         a3 = tl.zeros([BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
     if BLOCK_M > 4:
-        x4 = _x_row(x_ptrs, 4, M, stride_xm, km)
-        x5 = _x_row(x_ptrs, 5, M, stride_xm, km)
-        x6 = _x_row(x_ptrs, 6, M, stride_xm, km)
-        x7 = _x_row(x_ptrs, 7, M, stride_xm, km)
+        x4 = _x_row(x_ptrs, 4, M, stride_xm, km, K, ACT)
+        x5 = _x_row(x_ptrs, 5, M, stride_xm, km, K, ACT)
+        x6 = _x_row(x_ptrs, 6, M, stride_xm, km, K, ACT)
+        x7 = _x_row(x_ptrs, 7, M, stride_xm, km, K, ACT)
         a4 = tl.zeros([BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
         a5 = tl.zeros([BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
         a6 = tl.zeros([BLOCK_N, BLOCK_K // VEC], dtype=tl.float32)
@@ -231,17 +244,17 @@ def _fma_kernel(x_ptr, w_ptr, y_ptr, add_ptr, p_ptr, cnt_ptr, M, N, K, stride_xm
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
         w_n = tl.load(w_ptrs, mask=nm, other=0.0, eviction_policy="evict_first")
-        y0 = _x_row(x_ptrs, 0, M, stride_xm, nm)
+        y0 = _x_row(x_ptrs, 0, M, stride_xm, nm, K, ACT)
         if BLOCK_M > 1:
-            y1 = _x_row(x_ptrs, 1, M, stride_xm, nm)
+            y1 = _x_row(x_ptrs, 1, M, stride_xm, nm, K, ACT)
         if BLOCK_M > 2:
-            y2 = _x_row(x_ptrs, 2, M, stride_xm, nm)
-            y3 = _x_row(x_ptrs, 3, M, stride_xm, nm)
+            y2 = _x_row(x_ptrs, 2, M, stride_xm, nm, K, ACT)
+            y3 = _x_row(x_ptrs, 3, M, stride_xm, nm, K, ACT)
         if BLOCK_M > 4:
-            y4 = _x_row(x_ptrs, 4, M, stride_xm, nm)
-            y5 = _x_row(x_ptrs, 5, M, stride_xm, nm)
-            y6 = _x_row(x_ptrs, 6, M, stride_xm, nm)
-            y7 = _x_row(x_ptrs, 7, M, stride_xm, nm)
+            y4 = _x_row(x_ptrs, 4, M, stride_xm, nm, K, ACT)
+            y5 = _x_row(x_ptrs, 5, M, stride_xm, nm, K, ACT)
+            y6 = _x_row(x_ptrs, 6, M, stride_xm, nm, K, ACT)
+            y7 = _x_row(x_ptrs, 7, M, stride_xm, nm, K, ACT)
         wf = w.to(tl.float32)
         a0 = _fma(a0, wf, x0, BLOCK_N, BLOCK_K, VEC)
         x0 = y0
@@ -392,9 +405,14 @@ def select_config(n: int, N: int, K: int, device, table: dict | None = None,
 
 # ---------------------------------------------------------------------------------------------------- wrapper
 
-def linear_reference(x: torch.Tensor, w: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ w.T (+ add) in plain torch fp32 (the result stays fp32)."""
-    y = x.float() @ w.float().t()
+ACTS = (None, "silu_mul")
+
+
+def linear_reference(x: torch.Tensor, w: torch.Tensor, add: torch.Tensor | None = None,
+                     act: str | None = None) -> torch.Tensor:
+    """x @ w.T (+ add) in plain torch fp32 (the result stays fp32); act "silu_mul": x is gate_up [n, 2K] and the
+    GEMM reads fused_ops.silu_mul_reference(x)."""
+    y = (silu_mul_reference(x) if act else x).float() @ w.float().t()
     return y if add is None else y + add.float()
 
 
@@ -403,7 +421,7 @@ def bytes_moved(n: int, N: int, K: int, itemsize: int = 2) -> int:
     return (N * K + n * K + n * N) * itemsize
 
 
-def _check_inputs(x, w) -> None:
+def _check_inputs(x, w, act=None) -> None:
     for name, t in (("x", x), ("w", w)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -415,10 +433,14 @@ def _check_inputs(x, w) -> None:
         raise ValueError(f"x and w must have one dtype, got {x.dtype} and {w.dtype}")
     if x.device != w.device:
         raise ValueError(f"x is on {x.device}, w on {w.device}")
+    if act not in ACTS:
+        raise ValueError(f"act must be one of {ACTS}, got {act!r}")
     n, k = x.shape
     if not 1 <= n <= MAX_TOKENS:
         raise ValueError(f"x must have 1..{MAX_TOKENS} rows (tokens), got {n}")
-    if w.shape[1] != k or w.shape[0] < 1 or k < 1:
+    if act and (k != 2 * w.shape[1] or k < 2):
+        raise ValueError(f"act {act!r}: x is gate_up [n, 2K] for w [N, K], got x {tuple(x.shape)}, w {tuple(w.shape)}")
+    if not act and (w.shape[1] != k or w.shape[0] < 1 or k < 1):
         raise ValueError(f"x [n, K] and w [N, K] must agree on K >= 1, got x {tuple(x.shape)}, w {tuple(w.shape)}")
     if k > 1 and x.stride(1) != 1:
         raise ValueError(f"x needs last-dim stride 1 (got strides {x.stride()}); pass .contiguous()")
@@ -465,7 +487,7 @@ def plan(n: int, N: int, K: int, cfg: dict, sms: int = DEFAULT_SMS) -> dict:
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, config: dict | None = None, *, add: torch.Tensor | None = None,
-           pdl: bool | None = None) -> torch.Tensor:
+           act: str | None = None, pdl: bool | None = None) -> torch.Tensor:
     """y = x @ w.T (+ add): x [n, K] (n <= 16; bf16, fp16 or fp32; any row stride, last-dim stride 1), w [N, K]
     contiguous, same dtype -> y [n, N] in x's dtype, fp32 accumulation.
 
@@ -473,21 +495,24 @@ def linear(x: torch.Tensor, w: torch.Tensor, config: dict | None = None, *, add:
     (None: from the shape), "reduce": "serial" | "kernel", "num_warps", "num_stages"}; see the module doc.
     add: [n, N] in x's dtype and device, last-dim stride 1, any row stride; added in fp32 before the one rounding
     (kind "torch": rounded twice). y is a new tensor, so add never aliases it.
+    act "silu_mul": x is gate_up [n, 2K] (gate columns, then up) and y = (silu(gate) * up) @ w.T (+ add), the
+    activation computed as each x tile loads (fp32, rounded once to x's dtype: fused_ops.silu_mul_reference):
+    the shared expert's and dense MLP's down projections without a separate activation launch.
     pdl: launch with programmatic dependent launch (None: kernels.pdl.enabled(x.device)); True where PDL cannot
     run (CPU, the interpreter, pre-sm_90, VERIFYBENCH_PDL=0) silently runs without it; kind "torch" ignores it."""
-    _check_inputs(x, w)
-    n, K = x.shape
+    _check_inputs(x, w, act)
+    n, K = x.shape[0], w.shape[1]
     N = w.shape[0]
     if add is not None:
         _check_add(add, x, N)
     if not (x.is_cuda or _INTERPRET):
-        return linear_reference(x, w, add).to(x.dtype)
+        return linear_reference(x, w, add, act).to(x.dtype)
     if config is None:
         key = (n, N, K, x.device, x.dtype)
         config = _SELECTED.get(key) or _SELECTED.setdefault(key, select_config(n, N, K, x.device, dtype=x.dtype))
     cfg = check_config(config, n)
     if cfg["kind"] == "torch":
-        y = torch.nn.functional.linear(x, w)
+        y = torch.nn.functional.linear(silu_mul_reference(x) if act else x, w)
         return y if add is None else y.add_(add)
     sms = sm_count(x.device)
     geo = plan(n, N, K, cfg, sms)
@@ -502,7 +527,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, config: dict | None = None, *, add:
     add_t, stride_am = (add, add.stride(0)) if has_add else (y, 0)  # a placeholder pointer when ADD is off
     args = (x, w, y, add_t, partials, counters, n, N, K, x.stride(0), y.stride(0), stride_am, k_per_split, split)
     common = dict(BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], SPLIT=split > 1, SERIAL=serial, EVEN_K=even_k,
-                  ADD=has_add, PDL=on, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                  ADD=has_add, PDL=on, ACT=bool(act), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
                   **_pdl.launch_kwargs(on))
     if cfg["kind"] == "dot":
         _dot_kernel[(blocks, split)](*args, BLOCK_M=DOT_BLOCK_M, IEEE=x.dtype == torch.float32, **common)

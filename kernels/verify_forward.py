@@ -59,19 +59,19 @@ class Ops:
     mla_prep(qkv, q_ln, kv_ln, cache, pos, q_lora, kv_lora) -> rmsnorm(q_a), and writes the n tokens' cache rows
     pos.. with rmsnorm(kv latent) and the rope part; q_absorb(qh [n, heads, nope + rope], w_uk, rope) -> q [heads,
     n, kv_lora + rope]; mla(q, cache, length, kv_lora, scale) -> [heads, n, kv_lora]; v_up(o_lat, w_uv) -> [n,
-    heads * v_head]."""
+    heads * v_head]; act_linear(gate_up, w, r) = silu(gate) * up @ w.T (+ r unless None)."""
 
     name: str
     linear: Callable
     linear_add: Callable
     rmsnorm: Callable
     add_rmsnorm: Callable
-    silu_mul: Callable
     softmax_topk: Callable
     mla_prep: Callable
     q_absorb: Callable
     mla: Callable
     v_up: Callable
+    act_linear: Callable
 
 
 def _rmsnorm(x, w, eps=1e-6):
@@ -84,9 +84,10 @@ def _add_rmsnorm(h, delta, w):
     return _rmsnorm(h, w)
 
 
-def _silu_mul(gate_up):
+def _act_linear(gate_up, w, r):
     g, u = gate_up.chunk(2, dim=-1)
-    return F.silu(g) * u
+    y = F.linear(F.silu(g) * u, w)
+    return y if r is None else y + r
 
 
 def _softmax_topk(logits, k):
@@ -117,8 +118,8 @@ def _v_up(o_lat, w_uv):
     return torch.bmm(o_lat, w_uv).transpose(0, 1).reshape(o_lat.shape[1], -1)
 
 
-TORCH_OPS = Ops("torch", F.linear, lambda x, w, r: F.linear(x, w) + r, _rmsnorm, _add_rmsnorm, _silu_mul,
-                _softmax_topk, _mla_prep, _q_absorb, _mla, _v_up)
+TORCH_OPS = Ops("torch", F.linear, lambda x, w, r: F.linear(x, w) + r, _rmsnorm, _add_rmsnorm, _softmax_topk,
+                _mla_prep, _q_absorb, _mla, _v_up, _act_linear)
 
 
 def fused_ops() -> Ops:
@@ -129,10 +130,14 @@ def fused_ops() -> Ops:
     from kernels.mla_decode import mla_decode
     from kernels.skinny_gemm import linear
 
-    return Ops("fused", linear, lambda x, w, r: linear(x, w, add=r), fo.rmsnorm, fo.add_rmsnorm, fo.silu_mul,
-               fo.softmax_topk, mla_glue.mla_prep, mla_glue.q_absorb,
-               lambda q, cache, length, kv_lora, scale: mla_decode(q, cache, length, kv_lora=kv_lora, scale=scale),
-               mla_glue.v_up)
+    return Ops("fused", linear, lambda x, w, r: linear(x, w, add=r), fo.rmsnorm, fo.add_rmsnorm, fo.softmax_topk,
+               mla_glue.mla_prep, mla_glue.q_absorb,
+               # the verify tokens' slots are the cache's last n keys (mla_prep writes them); the rest is static
+               lambda q, cache, length, kv_lora, scale: mla_decode(q, cache, length, kv_lora=kv_lora, scale=scale,
+                                                                   static_len=length - q.shape[1]),
+               mla_glue.v_up,
+               # silu_mul in the down projection's x loads: no launch of its own
+               lambda gate_up, w, r: linear(gate_up, w, add=r, act="silu_mul"))
 
 
 def _rand(*shape, device, dtype, fan_in=None):
@@ -237,7 +242,7 @@ class VerifyForward:
             mlp_out = b["attn_out"]
             if i < s.dense_layers:
                 if on("dense"):
-                    mlp_out = ops.linear(self._act(ops.linear(x, L["gate_up"]), b, on), L["down"])
+                    mlp_out = self._down(ops.linear(x, L["gate_up"]), L["down"], None, b, on)
             else:
                 topk_w, topk_ids = b["topk_w"], b["topk_ids"]
                 both = ops.linear(x, L["router_gate_up"]) if on("router") and on("dense") else None
@@ -250,9 +255,7 @@ class VerifyForward:
                     mlp_out = self.moe_fn(x, L["w13p"], L["w13s"], L["w2p"], L["w2s"], topk_w, topk_ids)
                 if on("dense"):  # the shared expert; its down projection adds the routed output in its epilogue
                     gate_up = both[:, s.experts:] if both is not None else ops.linear(x, L["shared_gate_up"])
-                    act = self._act(gate_up, b, on)
-                    mlp_out = (ops.linear_add(act, L["shared_down"], mlp_out) if on("moe")
-                               else ops.linear(act, L["shared_down"]))
+                    mlp_out = self._down(gate_up, L["shared_down"], mlp_out if on("moe") else None, b, on)
             if on("allreduce"):
                 self.allreduce_fn(mlp_out)
             if on("misc"):
@@ -264,10 +267,13 @@ class VerifyForward:
             return self.verify_fn(b["candidates"], b["predict"])
         return h
 
-    def _act(self, gate_up, b, on):
-        if not on("misc"):
-            return b["mlp_act"][:, : gate_up.shape[1] // 2]
-        return self.ops.silu_mul(gate_up)
+    def _down(self, gate_up, w, add, b, on):
+        """The MLP's down projection (+ add): of silu(gate) * up with misc on (the activation is a misc op), of a
+        static activation without it."""
+        if on("misc"):
+            return self.ops.act_linear(gate_up, w, add)
+        act = b["mlp_act"][:, : gate_up.shape[1] // 2]
+        return self.ops.linear(act, w) if add is None else self.ops.linear_add(act, w, add)
 
     def component_bytes(self, n: int, distinct_experts_per_layer: list[int]) -> dict[str, int]:
         """Bytes each component must read in one forward: its weights (the routed experts actually touched) and,

@@ -23,7 +23,7 @@ step() {  # step NAME LIMIT_S CMD...: output to $W/NAME.log, "NAME: rc=.. in .. 
 }
 
 if [[ $STEPS == *" tests "* ]]; then
-  step tests "${TESTS_LIMIT_S:-120}" python3 -m pytest -q -p no:cacheprovider -m gpu -x tests/test_fused_ops.py \
+  step tests "${TESTS_LIMIT_S:-240}" python3 -m pytest -q -p no:cacheprovider -m gpu -x tests/test_fused_ops.py \
     tests/test_mla_decode.py tests/test_mla_glue.py tests/test_skinny_gemm.py tests/test_verify_forward.py \
     tests/test_moe_int4.py
 fi

@@ -14,6 +14,7 @@ if not torch.cuda.is_available():
 from harness.runner import rel_error  # noqa: E402
 from kernels import pdl  # noqa: E402
 from kernels import skinny_gemm as sg  # noqa: E402
+from kernels.fused_ops import silu_mul_reference  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 N, K = 48, 320  # 5 steps of BLOCK_K 64: SPLIT_K 3 runs as splits of 2, 2 and 1 steps
@@ -128,6 +129,45 @@ def test_add_matches_fp32_reference(case, dtype):
             assert rel_error(y.float(), sg.linear(x, w, cfg).float() + add.float()) <= TOL
     if cfg["kind"] != "torch" and cfg["SPLIT_K"] > 1 and cfg["reduce"] == "serial":
         assert int(sg._COUNTERS[x.device].abs().sum()) == 0
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("case", list(ADD_CASES))
+def test_silu_mul_prologue_matches_the_separate_activation(case, dtype):
+    """act="silu_mul": x is gate_up [n, 2K] (a column slice of a wider buffer), with and without add, in every kind
+    and reduce; the same as the GEMM of the activation computed apart (rounded to x's dtype the same way)."""
+    cfg = ADD_CASES[case]
+    for n, k, rows in [(1, K, N), (5, 200, 40)]:
+        torch.manual_seed(n + 30)
+        gate_up = (torch.randn(n, 2 * k + 6, device=DEV) * 2).to(dtype)[:, 3: 3 + 2 * k]
+        w = (torch.randn(rows, k, device=DEV) / k**0.5).to(dtype)
+        act = silu_mul_reference(gate_up)
+        for add in (None, _residual(n, rows, dtype)):
+            y = sg.linear(gate_up, w, cfg, add=add, act="silu_mul")
+            assert y.shape == (n, rows) and y.dtype == dtype
+            assert rel_error(y.float(), sg.linear_reference(gate_up, w, add, act="silu_mul")) <= TOL, (case, n)
+            assert rel_error(y.float(), sg.linear(act, w, cfg, add=add).float()) <= TOL, (case, n)
+
+
+@needs_kernel
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")  # numpy, in the interpreter
+def test_silu_mul_prologue_stays_finite_for_large_gates():
+    gate_up = torch.tensor([[-200.0, -100.0, 0.0, 100.0, 1.0, 2.0, 3.0, 4.0]] * 2, device=DEV)
+    w = torch.eye(4, device=DEV)
+    for cfg in (DOT, FMA):
+        y = sg.linear(gate_up, w, {**cfg, "BLOCK_K": 16}, act="silu_mul")
+        assert torch.isfinite(y).all() and rel_error(y, silu_mul_reference(gate_up)) <= 1e-6
+
+
+def test_silu_mul_prologue_checks_the_gate_up_width():
+    x, w = torch.randn(2, 64), torch.randn(8, 64)
+    with pytest.raises(ValueError, match=r"gate_up \[n, 2K\]"):
+        sg.linear(x, w, act="silu_mul")
+    with pytest.raises(ValueError, match="act must be one of"):
+        sg.linear(x, w, act="gelu")
+    gu = torch.randn(2, 128)
+    assert rel_error(sg.linear(gu, w, act="silu_mul"), sg.linear(silu_mul_reference(gu), w)) <= 1e-5
 
 
 @needs_kernel
