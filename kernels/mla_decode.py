@@ -214,6 +214,14 @@ def _selected(n, heads, length, d, kv_lora, dtype, device) -> dict:
 
 # ---------------------------------------------------------------------------------------------------- kernels
 
+# cp.async.bulk.prefetch.L2 (sm_90) of [$1, $1 + $2) bytes, start rounded down and size to 16-byte multiples (the
+# instruction's rule; a prefetch only hints, so the few bytes left out at the ends cost nothing); thread 0 only
+L2_PREFETCH = tl.constexpr(
+    "{.reg .pred p; .reg .b64 a, e; .reg .u32 t, n; mov.u32 t, %tid.x; and.b64 a, $1, -16; add.s64 e, $1, $2; "
+    "and.b64 e, e, -16; sub.s64 e, e, a; cvt.u32.u64 n, e; setp.eq.u32 p, t, 0; setp.ne.and.u32 p, n, 0, p; "
+    "@p cp.async.bulk.prefetch.L2.global [a], n; mov.u32 $0, 0;}")
+
+
 @triton.jit
 def _split_kernel(q, cache, part_o, part_lse, out, length, static_len, split_keys, stride_qh, stride_qn, stride_c,
                   stride_oh, stride_on, scale_log2, ROWS: tl.constexpr, NQ: tl.constexpr, D: tl.constexpr,
@@ -223,11 +231,12 @@ def _split_kernel(q, cache, part_o, part_lse, out, length, static_len, split_key
     sp = tl.program_id(1)
     if PDL:  # q and the verify tokens' cache rows come from the kernels just before
         # this split's keys below static_len (rows no kernel of the chain writes) start towards L2 meanwhile: one
-        # bulk prefetch of the contiguous rows
+        # bulk prefetch (a hint, no registers, no result) issued by one thread
         lo_k = sp * split_keys
-        n_static = tl.minimum(tl.minimum(lo_k + split_keys, length), static_len) - lo_k
-        _pdl.prefetch_rows_l2(cache + lo_k.to(tl.int64) * stride_c, 0, n_static.to(tl.int64) * stride_c * ELEM_BYTES,
-                              1)
+        n_static = tl.maximum(tl.minimum(tl.minimum(lo_k + split_keys, length), static_len) - lo_k, 0)
+        tl.inline_asm_elementwise(L2_PREFETCH, "=r,l,l", [cache + lo_k.to(tl.int64) * stride_c,
+                                                          (n_static * stride_c).to(tl.int64) * ELEM_BYTES],
+                                  dtype=tl.int32, is_pure=False, pack=1)
         gdc_wait()
         gdc_launch_dependents()
     r = rb * BLOCK_M + tl.arange(0, BLOCK_M)  # query row = head * NQ + token; rows past ROWS are zero padding

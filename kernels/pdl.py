@@ -10,9 +10,6 @@ programmatic edges; a kernel launched without the attribute (cuBLAS, torch, NCCL
 
 enabled(device): PDL on for CUDA tensors of sm_90+, off in the interpreter (no inline asm) and when the environment
 sets VERIFYBENCH_PDL=0; `forced(on)` overrides it for a block (side-by-side timing of one process).
-
-prefetch_rows_l2 (device side, for PDL kernels only): before its wait a kernel may also start its other weight rows
-towards L2, so DRAM streams them while the kernel before it still runs (a latency-bound kernel leaves DRAM idle).
 """
 from __future__ import annotations
 
@@ -21,29 +18,6 @@ import functools
 import os
 
 import torch
-import triton
-import triton.language as tl
-
-# Thread t < $4 issues one cp.async.bulk.prefetch.L2 (sm_90) of bytes [$1 + t * $2, + $3): start rounded down and
-# size to 16-byte multiples (the instruction's rule; a prefetch only hints, the bytes left out at the ends cost
-# nothing). No registers hold the data and nothing is returned ($0 is a dummy).
-_PREFETCH_ROWS = tl.constexpr(
-    "{.reg .pred p; .reg .b64 a, e, t64; .reg .u32 t, n; mov.u32 t, %tid.x; cvt.u64.u32 t64, t; "
-    "mad.lo.s64 e, t64, $2, $1; and.b64 a, e, -16; add.s64 e, e, $3; and.b64 e, e, -16; sub.s64 e, e, a; "
-    "cvt.u32.u64 n, e; setp.lt.u32 p, t, $4; setp.ne.and.u32 p, n, 0, p; "
-    "@p cp.async.bulk.prefetch.L2.global [a], n; mov.u32 $0, 0;}")
-
-
-@triton.jit
-def prefetch_rows_l2(base, row_stride_bytes, nbytes, rows):
-    """Start `rows` rows of `nbytes` bytes each, `row_stride_bytes` apart from `base`, towards L2: one bulk
-    prefetch per row, thread t issuing row t (rows past the block's thread count are left out). A hint for data no
-    kernel before this one writes, issued before gdc_wait(); sm_90+ only (the interpreter has no inline asm)."""
-    stride = tl.zeros([], dtype=tl.int64) + row_stride_bytes
-    size = tl.maximum(tl.zeros([], dtype=tl.int64) + nbytes, 0)
-    count = tl.zeros([], dtype=tl.int32) + rows
-    tl.inline_asm_elementwise(_PREFETCH_ROWS, "=r,l,l,l,r", [base, stride, size, count], dtype=tl.int32,
-                              is_pure=False, pack=1)
 
 ENV = "VERIFYBENCH_PDL"
 _FORCED: list[bool] = []

@@ -88,15 +88,6 @@ def _serial_reduce(p_ptr, y_ptr, add_ptr, cnt_ptr, pid_n, M, N, stride_ym, strid
 
 
 @triton.jit
-def _prefetch_rest(w_ptr, pid_n, k_from, k1, N, K, BLOCK_N: tl.constexpr):
-    """Before the PDL wait: columns [k_from, k1) of the block's w rows start towards L2 (w is static)."""
-    r0 = pid_n * BLOCK_N
-    nbytes: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
-    _pdl.prefetch_rows_l2(w_ptr + r0.to(tl.int64) * K + k_from, K.to(tl.int64) * nbytes, (k1 - k_from) * nbytes,
-                          tl.minimum(N - r0, BLOCK_N))
-
-
-@triton.jit
 def _w_tile(w_ptrs, k, k1, rk, EVEN_K: tl.constexpr):
     """One [BLOCK_N, BLOCK_K] tile of w; w is read once: evict_first keeps x and the partials in L2."""
     if EVEN_K:
@@ -151,10 +142,8 @@ def _dot_kernel(x_ptr, w_ptr, y_ptr, add_ptr, p_ptr, cnt_ptr, M, N, K, stride_xm
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # swap-AB: w is the MMA's M side, tokens its N side
     k_loop = k0
     if PDL:  # the first step, peeled off the pipelined loop, streams its w tile (every split has one) before the
-        # wait, and the rest of the block's w rows start towards L2; x may be the previous kernel's output, so it
-        # loads after
+        # wait; x may be the previous kernel's output, so it loads after
         w = _w_tile(w_ptrs, k0, k1, rk, EVEN_K)
-        _prefetch_rest(w_ptr, pid_n, k0 + BLOCK_K, k1, N, K, BLOCK_N)
         gdc_wait()
         gdc_launch_dependents()
         acc = _dot_step(acc, w, x_ptrs, k0, k1, rk, m_in, K, EVEN_K, IEEE, ACT)
@@ -224,9 +213,7 @@ def _fma_kernel(x_ptr, w_ptr, y_ptr, add_ptr, p_ptr, cnt_ptr, M, N, K, stride_xm
     else:
         km = (k0 + cols) < k1
     w = tl.load(w_ptrs, mask=km, other=0.0, eviction_policy="evict_first")  # read once; x and partials stay in L2
-    if PDL:  # the first w tile streams in while the previous kernel finishes, the rest of the rows towards L2; x
-        # may be its output
-        _prefetch_rest(w_ptr, pid_n, k0 + BLOCK_K, k1, N, K, BLOCK_N)
+    if PDL:  # the first w tile streams in while the previous kernel finishes; x may be its output
         gdc_wait()
         gdc_launch_dependents()
     x0 = _x_row(x_ptrs, 0, M, stride_xm, km, K, ACT)
