@@ -214,31 +214,16 @@ def _selected(n, heads, length, d, kv_lora, dtype, device) -> dict:
 
 # ---------------------------------------------------------------------------------------------------- kernels
 
-# cp.async.bulk.prefetch.L2 (sm_90) of [$1, $1 + $2) bytes, start rounded down and size to 16-byte multiples (the
-# instruction's rule; a prefetch only hints, so the few bytes left out at the ends cost nothing); thread 0 only
-L2_PREFETCH = tl.constexpr(
-    "{.reg .pred p; .reg .b64 a, e; .reg .u32 t, n; mov.u32 t, %tid.x; and.b64 a, $1, -16; add.s64 e, $1, $2; "
-    "and.b64 e, e, -16; sub.s64 e, e, a; cvt.u32.u64 n, e; setp.eq.u32 p, t, 0; setp.ne.and.u32 p, n, 0, p; "
-    "@p cp.async.bulk.prefetch.L2.global [a], n; mov.u32 $0, 0;}")
-
-
 @triton.jit
-def _split_kernel(q, cache, part_o, part_lse, out, length, static_len, split_keys, stride_qh, stride_qn, stride_c,
-                  stride_oh, stride_on, scale_log2, ROWS: tl.constexpr, NQ: tl.constexpr, D: tl.constexpr,
-                  DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr,
-                  BLOCK_DR: tl.constexpr, SINGLE: tl.constexpr, PDL: tl.constexpr, ELEM_BYTES: tl.constexpr):
-    rb = tl.program_id(0)
-    sp = tl.program_id(1)
+def _split_kernel(q, cache, part_o, part_lse, out, length, split_keys, stride_qh, stride_qn, stride_c, stride_oh,
+                  stride_on, scale_log2, ROWS: tl.constexpr, NQ: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr,
+                  SINGLE: tl.constexpr, PDL: tl.constexpr):
     if PDL:  # q and the verify tokens' cache rows come from the kernels just before
-        # this split's keys below static_len (rows no kernel of the chain writes) start towards L2 meanwhile: one
-        # bulk prefetch (a hint, no registers, no result) issued by one thread
-        lo_k = sp * split_keys
-        n_static = tl.maximum(tl.minimum(tl.minimum(lo_k + split_keys, length), static_len) - lo_k, 0)
-        tl.inline_asm_elementwise(L2_PREFETCH, "=r,l,l", [cache + lo_k.to(tl.int64) * stride_c,
-                                                          (n_static * stride_c).to(tl.int64) * ELEM_BYTES],
-                                  dtype=tl.int32, is_pure=False, pack=1)
         gdc_wait()
         gdc_launch_dependents()
+    rb = tl.program_id(0)
+    sp = tl.program_id(1)
     r = rb * BLOCK_M + tl.arange(0, BLOCK_M)  # query row = head * NQ + token; rows past ROWS are zero padding
     row_ok = r < ROWS
     q_row = (r // NQ).to(tl.int64) * stride_qh + (r % NQ) * stride_qn
@@ -311,8 +296,7 @@ def _combine_kernel(part_o, part_lse, out, num_splits, stride_oh, stride_on, ROW
     tl.store(out + o_row + c, (acc / tl.sum(total, axis=0)).to(out.dtype.element_ty), mask=c_ok)
 
 
-def mla_decode(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, out=None, config=None, pdl=None,
-               static_len=0):
+def mla_decode(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, out=None, config=None, pdl=None):
     """Triton flash-decoding MLA attention; same result as mla_decode_reference (scale defaults to D ** -0.5, the MLA
     forward passes (qk_nope + qk_rope) ** -0.5). q [heads, n, D] and cache [rows >= length, D] need unit stride
     along D (other strides are free). num_splits: context splits (it is lowered so that no split is empty).
@@ -320,13 +304,9 @@ def mla_decode(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, ou
     (block_rows, block_keys: powers of two >= 16; num_warps, num_stages; num_splits, which the argument
     overrides). Neither num_splits nor config given: select_config (the tuned table for this GPU, else the
     defaults); config without num_splits: default_num_splits for its block_rows. pdl (None: kernels.pdl.enabled):
-    both launches with programmatic dependent launch (kernels/pdl.py); each waits before reading anything.
-    static_len: cache rows below it are not written by the kernels before this one (the context before this
-    step's tokens): with pdl, stage 1 starts an L2 prefetch of its split's share of them before its wait."""
+    both launches with programmatic dependent launch (kernels/pdl.py); each waits before reading anything."""
     length, scale = _check(q, cache, length, kv_lora, scale)
     heads, n, d = q.shape
-    if isinstance(static_len, bool) or not isinstance(static_len, int) or not 0 <= static_len <= length:
-        raise ValueError(f"static_len must be an int in 0..length = {length}, got {static_len!r}")
     if q.stride(2) != 1 or cache.stride(1) != 1:
         raise ValueError(f"q and cache need unit stride along D, got strides {q.stride()} and {cache.stride()}")
     if config is None and num_splits is None:
@@ -359,11 +339,11 @@ def mla_decode(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, ou
         part_lse = torch.empty(splits, rows, dtype=torch.float32, device=q.device)
     grid = (triton.cdiv(rows, cfg["block_rows"]), splits)
     on = _pdl.resolve(pdl, q.device)
-    _split_kernel[grid](q, cache, part_o, part_lse, out, length, static_len, split_keys, q.stride(0), q.stride(1),
+    _split_kernel[grid](q, cache, part_o, part_lse, out, length, split_keys, q.stride(0), q.stride(1),
                         cache.stride(0), out.stride(0), out.stride(1), scale * LOG2E, ROWS=rows, NQ=n, D=d,
                         DV=kv_lora, BLOCK_M=cfg["block_rows"], BLOCK_N=bn, BLOCK_DV=block_dv, BLOCK_DR=block_dr,
-                        SINGLE=single, PDL=on, ELEM_BYTES=q.element_size(), num_warps=cfg["num_warps"],
-                        num_stages=cfg["num_stages"], **_pdl.launch_kwargs(on))
+                        SINGLE=single, PDL=on, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                        **_pdl.launch_kwargs(on))
     if not single:
         block_s = min(COMBINE_SPLITS, triton.next_power_of_2(splits))
         block_c = min(COMBINE_COLS, triton.next_power_of_2(kv_lora), max(16, COMBINE_TILE // block_s))

@@ -132,9 +132,7 @@ def fused_ops() -> Ops:
 
     return Ops("fused", linear, lambda x, w, r: linear(x, w, add=r), fo.rmsnorm, fo.add_rmsnorm, fo.softmax_topk,
                mla_glue.mla_prep, mla_glue.q_absorb,
-               # the verify tokens' slots are the cache's last n keys (mla_prep writes them); the rest is static
-               lambda q, cache, length, kv_lora, scale: mla_decode(q, cache, length, kv_lora=kv_lora, scale=scale,
-                                                                   static_len=length - q.shape[1]),
+               lambda q, cache, length, kv_lora, scale: mla_decode(q, cache, length, kv_lora=kv_lora, scale=scale),
                mla_glue.v_up,
                # silu_mul in the down projection's x loads: no launch of its own
                lambda gate_up, w, r: linear(gate_up, w, add=r, act="silu_mul"))

@@ -112,17 +112,6 @@ def test_many_splits_combine_in_one_step_over_column_chunks():
     _check_kernel(2, 2, 80, 64, 2400, torch.float32, 150, peak=6.0, config={"block_keys": 16}, tol=1e-5)
 
 
-def test_static_len_changes_nothing_but_when_keys_load():
-    """Keys below static_len may load before the PDL wait; the result is bit-identical for every split of it:
-    none, inside the first tile, at a tile edge, at a split edge, all keys."""
-    q, cache = _inputs(2, 3, 48, 150, torch.float32, seed=5)
-    cfg = {"block_keys": 16, "num_splits": 3}  # 3 splits of 64 keys, 4 tiles each, the last split partial
-    base = mla_decode(q, cache, 150, 32, config=cfg)
-    assert rel_error(base, mla_decode_reference(q, cache, 150, 32)) <= 1e-5
-    for static_len in (5, 16, 64, 147, 150):
-        assert torch.equal(mla_decode(q, cache, 150, 32, config=cfg, static_len=static_len), base), static_len
-
-
 def test_out_argument_and_strided_query_views():
     q, cache = _inputs(4, 3, 48, 90, torch.float16)
     want = mla_decode_reference(q.float(), cache.float(), 90, 32)
@@ -175,9 +164,6 @@ KERNEL_BAD_INPUTS = {
     "q strided along D": ({"q": lambda a: torch.cat([a["q"], a["q"]], -1)[..., ::2]}, "unit stride along D"),
     "out wrong shape": ({"out": lambda a: torch.empty(2, 2, 48, dtype=torch.float16, device=DEV)}, "out must be"),
     "out wrong dtype": ({"out": lambda a: torch.empty(2, 2, 32, device=DEV)}, "out must be"),
-    "static_len past length": ({"static_len": lambda a: a["length"] + 1}, "static_len must be"),
-    "static_len negative": ({"static_len": lambda a: -1}, "static_len must be"),
-    "static_len float": ({"static_len": lambda a: 1.0}, "static_len must be"),
     "block_rows 8": ({"config": lambda a: {"block_rows": 8}}, "power of two >= 16"),
     "block_keys 24": ({"config": lambda a: {"block_keys": 24}}, "power of two >= 16"),
     "unknown config key": ({"config": lambda a: {"BLOCK_N": 32}}, "unknown config key"),
