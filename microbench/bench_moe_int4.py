@@ -238,7 +238,7 @@ SPLIT_GATE_UP_CANDIDATES = [{"BLOCK_N": bn, "num_warps": 1, "num_stages": 1, "SP
 # Every program rebuilds the token's activations (2 x SPLIT_K x topk x I fp32 from L2): more rows per program
 # (ROW_ITERS) amortize that when SPLIT_K > 1
 SPLIT_DOWN_CANDIDATES = [{"BLOCK_N": bn, "ROW_ITERS": it, "num_stages": 1} for bn, it in
-                         ((16, 1), (8, 1), (4, 1), (8, 2), (16, 2), (8, 4), (8, 8))]
+                         ((16, 1), (8, 1), (4, 1), (8, 2), (16, 2), (8, 4), (8, 8), (4, 8), (4, 16), (8, 16))]
 # Space "half2" (kernel split, fp16-pair dequant, CUDA only): ~25% fewer SASS instructions per weight and far fewer
 # registers (BN 8 without prefetch: 94 instead of 247), so larger and unprefetched blockings fit (sm_90, triton 3.6:
 # no spills in this list; BN 8 with prefetch and BN 16 with prefetch spill)
