@@ -505,6 +505,7 @@ def tune(preset: str = "kimi-k2.5", tp: int = 8, ns=TUNE_NS, *, out: str | None 
     for base, gu in split_spaces.values():
         prewarm += _prewarm_jobs(ns, [], [], gu, new_dn, base)
     pdl_ok = _prewarm(preset, tp, prewarm, workers, log, probe=not smoke and bool(split_spaces))
+    prewarm_s = time.perf_counter() - t0
     tuner = _Tuner(preset, tp, device, max_time_s, t0 + 60 * max_minutes, per_n * len(ns), log)
     best: dict[int, dict] = {}
     failed: list[int] = []  # every candidate of every space failed (the log says why)
@@ -540,6 +541,13 @@ def tune(preset: str = "kimi-k2.5", tp: int = 8, ns=TUNE_NS, *, out: str | None 
         if res:
             final[n] = res
     skipped = [n for n in ns if n not in final]
+    name = mt.device_name(torch.device(device))
+    table = dict(mt.load_configs())
+    if not final:  # nothing measured: keep the table there is (an empty entry would replace this GPU's tuning)
+        why = f"the {max_minutes} min cap was reached (compiling took {prewarm_s:.0f} s of it)" if not failed else \
+            "every candidate failed (see above)"
+        log(f"nothing tuned: {why}; no table written")
+        raise RuntimeError(f"MoE tune measured no n: {why}")
     by_n = {}
     for n, res in final.items():
         space = min(res, key=lambda k: res[k]["us"])
@@ -560,8 +568,6 @@ def tune(preset: str = "kimi-k2.5", tp: int = 8, ns=TUNE_NS, *, out: str | None 
         if lower:
             why = "every candidate failed" if n in failed else "time cap"
             by_n[str(n)] = {**by_n[str(max(lower))], "untuned": f"{why}: copied from n={max(lower)}"}
-    name = mt.device_name(torch.device(device))
-    table = dict(mt.load_configs())
     table[name] = {
         "layout": "planar", "dequant": "denormal", "by_n": by_n,
         "tuned_on": {"preset": f"{preset}-tp{tp}", "torch": torch.__version__, "triton": __import__("triton").__version__,
@@ -654,8 +660,12 @@ def main(argv=None) -> int:
         ap.error(f"--ns takes comma-separated integers, got {args.ns!r}")
     if not ns or min(ns) < 1:
         ap.error(f"--ns needs token counts >= 1, got {args.ns!r}")
-    tune(args.preset, args.tp, ns, out=args.out, in_place=args.in_place, max_minutes=args.max_minutes,
-         max_time_s=args.max_time_s, spaces=spaces, jobs=args.jobs)
+    try:
+        tune(args.preset, args.tp, ns, out=args.out, in_place=args.in_place, max_minutes=args.max_minutes,
+             max_time_s=args.max_time_s, spaces=spaces, jobs=args.jobs)
+    except RuntimeError as e:
+        print(f"tune failed: {e}")
+        return 1
     return 0
 
 

@@ -42,8 +42,8 @@ if [[ $STEPS == *" mla "* ]]; then
   cp kernels/mla_decode_configs.json "$W/"
 fi
 if [[ $STEPS == *" moe "* ]]; then
-  step moe "${MOE_LIMIT_S:-330}" python3 -m microbench.bench_moe_int4 tune --in-place --ns 1,2,3,4,5,6,7,8 \
-    --spaces "${MOE_SPACES:-new,half2}" --max-minutes "${MOE_TUNE_MIN:-4}"
+  step moe "${MOE_LIMIT_S:-450}" python3 -m microbench.bench_moe_int4 tune --in-place --ns 1,2,3,4,5,6,7,8 \
+    --spaces "${MOE_SPACES:-new,half2}" --max-minutes "${MOE_TUNE_MIN:-6}"
   cp kernels/moe_int4_configs.json "$W/"
 fi
 if [[ $STEPS == *" verify "* ]]; then

@@ -507,6 +507,18 @@ def test_tuning_candidates_fit_the_k25_tp8_shapes():
     assert any(cfg["dequant"] == "half2" for _, cfg in jobs)
 
 
+def test_tune_that_measures_nothing_writes_no_table(mt, tmp_path, monkeypatch):
+    """A cap reached while compiling must not replace this GPU's tuning with an empty entry (seen on an H200)."""
+    if torch.cuda.is_available():
+        pytest.skip("the dry run is the CPU path")
+    bench = importlib.import_module("microbench.bench_moe_int4")
+    monkeypatch.setattr(bench._Tuner, "out_of_time", lambda self: True)
+    out, lines = tmp_path / "table.json", []
+    with pytest.raises(RuntimeError, match="measured no n"):
+        bench.tune("tiny", 1, (1,), out=str(out), jobs=0, log=lines.append)
+    assert not out.exists() and lines[-1].startswith("nothing tuned: the 4.0 min cap was reached")
+
+
 def test_tune_dry_run_on_cpu_writes_a_table_select_config_can_use(mt, tmp_path):
     if torch.cuda.is_available():
         pytest.skip("the dry run is the CPU path")
