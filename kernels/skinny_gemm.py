@@ -21,6 +21,8 @@ are masked. fp32 accumulation always; y is rounded once to x's dtype.
 add (optional residual [n, N]): y = x @ w.T + add, the add done in fp32 on the accumulator (or on the reduced sum)
 and rounded once with it, so e.g. the shared expert's down projection writes routed MoE output + its own in one
 launch. Kind "torch" is F.linear then a torch add: rounded twice there.
+act="silu_mul" (optional): x is gate_up [n, 2K] and each x tile is silu(gate) * up, computed in fp32 as it loads and
+rounded once to x's dtype, so the MLP's activation needs no launch of its own (the tuned tables were timed without it).
 PDL (kernels/pdl.py; pdl=None follows pdl.enabled): every Triton launch of a call gets launch_pdl and a PDL constexpr.
 Only w (static weights) loads before gdc_wait(), then gdc_launch_dependents(); nothing is stored and no counter is
 touched before the wait (the previous kernel may still read y's memory, the counters or x). "dot" issues its first
