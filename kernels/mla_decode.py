@@ -19,6 +19,9 @@ Stage 1, grid (row blocks, splits): the heads x n query rows are one [heads * n,
   cache is read from DRAM about once and the repeats hit L2.
 Stage 2, grid (rows, kv_lora chunks): combines the splits by log-sum-exp weights and writes o in q's dtype.
 With one split, stage 1 writes o itself (one launch).
+Fused value up-projection (w_uv given, the verify forward's path): v_up is linear, so it is applied to the combined
+  o in stage 2, grid (rows, v_head blocks): each program combines its row's partials chunk by chunk and multiplies
+  the chunk (rounded to q's dtype, as o is) by its slice of w_uv[head]; the separate v_up launch disappears.
 No host syncs and no data-dependent host logic (`length` is a Python int, fixed per captured graph), so a call is
 CUDA-graph capturable; the scratch comes from torch's caching allocator (the graph's pool when capturing).
 
@@ -39,6 +42,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels import config_tables
+from kernels import mla_glue
 from kernels import pdl as _pdl
 from kernels.config_tables import device_name
 
@@ -91,13 +95,14 @@ def _check(q, cache, length, kv_lora, scale):
     return length, float(scale)
 
 
-def mla_decode_reference(q, cache, length, kv_lora=512, scale=None):
+def mla_decode_reference(q, cache, length, kv_lora=512, scale=None, w_uv=None):
     """fp32 torch reference: o [heads, n, kv_lora] in q's dtype (see the module docstring; scale defaults to
-    D ** -0.5, the MLA forward passes (qk_nope + qk_rope) ** -0.5)."""
+    D ** -0.5, the MLA forward passes (qk_nope + qk_rope) ** -0.5); with w_uv, mla_glue.v_up_reference(o, w_uv)."""
     length, scale = _check(q, cache, length, kv_lora, scale)
     keys = cache[:length].float()
     p = torch.softmax((q.float() @ keys.T) * scale, dim=-1)
-    return (p @ keys[:, :kv_lora]).to(q.dtype)
+    o = (p @ keys[:, :kv_lora]).to(q.dtype)
+    return o if w_uv is None else mla_glue.v_up_reference(o, w_uv)
 
 
 @functools.lru_cache(maxsize=None)
@@ -215,47 +220,81 @@ def _selected(n, heads, length, d, kv_lora, dtype, device) -> dict:
 # ---------------------------------------------------------------------------------------------------- kernels
 
 @triton.jit
+def _keys(cache, start, hi, dv, dv_ok, dr, dr_ok, stride_c, BLOCK_N: tl.constexpr, BLOCK_DR: tl.constexpr,
+          CG: tl.constexpr):
+    """Key tile [start, start + BLOCK_N): latent columns, the rope columns (BLOCK_DR > 0; else k_lat again) and the
+    in-range mask. CG: read at L2, the point of coherence (loads issued before the PDL wait, see EARLY)."""
+    key = start + tl.arange(0, BLOCK_N)
+    key_ok = key < hi
+    rows_at = cache + key.to(tl.int64)[:, None] * stride_c
+    if CG:
+        k_lat = tl.load(rows_at + dv[None, :], mask=key_ok[:, None] & dv_ok[None, :], other=0.0, cache_modifier=".cg")
+    else:
+        k_lat = tl.load(rows_at + dv[None, :], mask=key_ok[:, None] & dv_ok[None, :], other=0.0)
+    k_rope = k_lat
+    if BLOCK_DR > 0:
+        if CG:
+            k_rope = tl.load(rows_at + dr[None, :], mask=key_ok[:, None] & dr_ok[None, :], other=0.0,
+                             cache_modifier=".cg")
+        else:
+            k_rope = tl.load(rows_at + dr[None, :], mask=key_ok[:, None] & dr_ok[None, :], other=0.0)
+    return k_lat, k_rope, key_ok
+
+
+@triton.jit
+def _attend(m, l, acc, q_lat, q_rope, k_lat, k_rope, key_ok, scale_log2, BLOCK_DR: tl.constexpr):
+    """One key tile of the online softmax (exp2 domain): the updated row max m, sum l and output accumulator."""
+    s = tl.dot(q_lat, tl.trans(k_lat))
+    if BLOCK_DR > 0:
+        s += tl.dot(q_rope, tl.trans(k_rope))
+    # every tile holds at least one valid key (start < hi), so each row's max is finite
+    s = tl.where(key_ok[None, :], s * scale_log2, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l = l * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(k_lat.dtype), k_lat)
+    return m_new, l, acc
+
+
+@triton.jit
 def _split_kernel(q, cache, part_o, part_lse, out, length, split_keys, stride_qh, stride_qn, stride_c, stride_oh,
                   stride_on, scale_log2, ROWS: tl.constexpr, NQ: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr,
-                  SINGLE: tl.constexpr, PDL: tl.constexpr):
-    if PDL:  # q and the verify tokens' cache rows come from the kernels just before
+                  SINGLE: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
+    if PDL and not EARLY:  # q and the verify tokens' cache rows come from the kernels just before
         gdc_wait()
         gdc_launch_dependents()
     rb = tl.program_id(0)
     sp = tl.program_id(1)
+    dv = tl.arange(0, BLOCK_DV)
+    dv_ok = dv < DV
+    if BLOCK_DR > 0:
+        dr = DV + tl.arange(0, BLOCK_DR)  # the rope columns DV..D-1 only enter the scores
+    else:
+        dr = dv  # unused
+    dr_ok = dr < D
+    lo = sp * split_keys
+    hi = tl.minimum(lo + split_keys, length)
+    # the first key tile (every split has one), peeled off the loop so that EARLY can issue it before the wait
+    k_lat, k_rope, key_ok = _keys(cache, lo, hi, dv, dv_ok, dr, dr_ok, stride_c, BLOCK_N, BLOCK_DR, EARLY)
+    if PDL and EARLY:  # the cache was complete before the previous kernel started; q is that kernel's output
+        gdc_wait()
+        gdc_launch_dependents()
     r = rb * BLOCK_M + tl.arange(0, BLOCK_M)  # query row = head * NQ + token; rows past ROWS are zero padding
     row_ok = r < ROWS
     q_row = (r // NQ).to(tl.int64) * stride_qh + (r % NQ) * stride_qn
-    dv = tl.arange(0, BLOCK_DV)
-    dv_ok = dv < DV
     q_lat = tl.load(q + q_row[:, None] + dv[None, :], mask=row_ok[:, None] & dv_ok[None, :], other=0.0)
-    if BLOCK_DR > 0:  # the rope columns DV..D-1 only enter the scores
-        dr = DV + tl.arange(0, BLOCK_DR)
-        dr_ok = dr < D
+    q_rope = q_lat
+    if BLOCK_DR > 0:
         q_rope = tl.load(q + q_row[:, None] + dr[None, :], mask=row_ok[:, None] & dr_ok[None, :], other=0.0)
-    lo = sp * split_keys
-    hi = tl.minimum(lo + split_keys, length)
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running row max of the scores, log2 units
     l = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of 2^(score - m)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    for start in range(lo, hi, BLOCK_N):
-        key = start + tl.arange(0, BLOCK_N)
-        key_ok = key < hi
-        rows_at = cache + key.to(tl.int64)[:, None] * stride_c
-        k_lat = tl.load(rows_at + dv[None, :], mask=key_ok[:, None] & dv_ok[None, :], other=0.0)
-        s = tl.dot(q_lat, tl.trans(k_lat))
-        if BLOCK_DR > 0:
-            k_rope = tl.load(rows_at + dr[None, :], mask=key_ok[:, None] & dr_ok[None, :], other=0.0)
-            s += tl.dot(q_rope, tl.trans(k_rope))
-        # every tile holds at least one valid key (start < hi), so each row's max is finite
-        s = tl.where(key_ok[None, :], s * scale_log2, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(k_lat.dtype), k_lat)
-        m = m_new
+    m, l, acc = _attend(m, l, acc, q_lat, q_rope, k_lat, k_rope, key_ok, scale_log2, BLOCK_DR)
+    for start in range(lo + BLOCK_N, hi, BLOCK_N):
+        k_lat, k_rope, key_ok = _keys(cache, start, hi, dv, dv_ok, dr, dr_ok, stride_c, BLOCK_N, BLOCK_DR, False)
+        m, l, acc = _attend(m, l, acc, q_lat, q_rope, k_lat, k_rope, key_ok, scale_log2, BLOCK_DR)
     has = l > 0  # false only for an empty split, which the host never launches
     o = acc / tl.where(has, l, 1.0)[:, None]
     if SINGLE:
@@ -296,7 +335,60 @@ def _combine_kernel(part_o, part_lse, out, num_splits, stride_oh, stride_on, ROW
     tl.store(out + o_row + c, (acc / tl.sum(total, axis=0)).to(out.dtype.element_ty), mask=c_ok)
 
 
-def mla_decode(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, out=None, config=None, pdl=None):
+@triton.jit
+def _combine_v_up_kernel(part_o, part_lse, w_uv, out, num_splits, ROWS: tl.constexpr, NQ: tl.constexpr,
+                         DV: tl.constexpr, V: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
+                         BLOCK_V: tl.constexpr, PDL: tl.constexpr):
+    """Stage 2 with the value up-projection (mla_glue.v_up) folded in: program (r, vb) combines query row r =
+    head * NQ + token over all kv_lora columns, BLOCK_C at a time (as _combine_kernel, rounded to out's dtype like
+    its o), and multiplies each chunk by w_uv[head][chunk, vb * BLOCK_V:+BLOCK_V] -> out[token, head * V + v]."""
+    r = tl.program_id(0)
+    h = r // NQ
+    v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    v_ok = v < V
+    c = tl.arange(0, BLOCK_C)
+    w_at = w_uv + h.to(tl.int64) * (DV * V) + v[None, :]
+    w = tl.load(w_at + c[:, None] * V, mask=(c[:, None] < DV) & v_ok[None, :], other=0.0)  # static: before the wait
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    s = tl.arange(0, BLOCK_S)
+    top = tl.full([BLOCK_S], float("-inf"), tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        top = tl.maximum(top, tl.load(part_lse + (s0 + s) * ROWS + r, mask=s0 + s < num_splits,
+                                      other=float("-inf")))
+    top_all = tl.max(top, axis=0)
+    acc = tl.zeros([BLOCK_C, BLOCK_V], dtype=tl.float32)
+    for c0 in range(0, DV, BLOCK_C):
+        cc = c0 + c
+        c_ok = cc < DV
+        w_next = tl.load(w_at + (cc + BLOCK_C)[:, None] * V, mask=((cc + BLOCK_C) < DV)[:, None] & v_ok[None, :],
+                         other=0.0)
+        o = tl.zeros([BLOCK_C], dtype=tl.float32)
+        total = tl.zeros([BLOCK_S], dtype=tl.float32)
+        for s0 in range(0, num_splits, BLOCK_S):
+            ok = s0 + s < num_splits
+            wt = tl.exp2(tl.load(part_lse + (s0 + s) * ROWS + r, mask=ok, other=float("-inf")) - top_all)
+            part = ((s0 + s) * ROWS + r).to(tl.int64)
+            po = tl.load(part_o + part[:, None] * DV + cc[None, :], mask=ok[:, None] & c_ok[None, :], other=0.0)
+            o += tl.sum(wt[:, None] * po, axis=0)
+            total += wt
+        o_lat = (o / tl.sum(total, axis=0)).to(out.dtype.element_ty).to(tl.float32)  # attention's output rounding
+        acc += o_lat[:, None] * w.to(tl.float32)
+        w = w_next
+    tok = r % NQ
+    tl.store(out + tok * (ROWS // NQ * V) + h * V + v, tl.sum(acc, axis=0).to(out.dtype.element_ty), mask=v_ok)
+
+
+def v_up_blocks(rows: int, v_head: int) -> int:
+    """BLOCK_V of the fused combine + v_up: output columns per program. Every program re-reads its row's partials
+    for all kv_lora columns, so columns split across programs only until rows x blocks reaches ~64 programs."""
+    blocks = min(triton.next_power_of_2(triton.cdiv(64, rows)), max(1, v_head // 16))
+    return max(16, triton.next_power_of_2(triton.cdiv(v_head, blocks)))
+
+
+def mla_decode(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, out=None, config=None, pdl=None,
+               w_uv=None, early_keys=False):
     """Triton flash-decoding MLA attention; same result as mla_decode_reference (scale defaults to D ** -0.5, the MLA
     forward passes (qk_nope + qk_rope) ** -0.5). q [heads, n, D] and cache [rows >= length, D] need unit stride
     along D (other strides are free). num_splits: context splits (it is lowered so that no split is empty).
@@ -304,7 +396,14 @@ def mla_decode(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, ou
     (block_rows, block_keys: powers of two >= 16; num_warps, num_stages; num_splits, which the argument
     overrides). Neither num_splits nor config given: select_config (the tuned table for this GPU, else the
     defaults); config without num_splits: default_num_splits for its block_rows. pdl (None: kernels.pdl.enabled):
-    both launches with programmatic dependent launch (kernels/pdl.py); each waits before reading anything."""
+    both launches with programmatic dependent launch (kernels/pdl.py); each waits before reading anything but
+    static weights, except that early_keys=True lets stage 1 issue its first key tile before the wait: the caller
+    promises the cache rows were complete before the kernel just before this call started (e.g. written two or more
+    launches earlier: every PDL kernel here waits before it lets its dependents start, so a kernel starts only once
+    the one two launches back has completed); the tile is read at L2 (.cg), where those writes are visible.
+    w_uv [heads, kv_lora, v_head] (contiguous, q's dtype): return mla_glue.v_up(o, w_uv) -> [n, heads * v_head]
+    instead of o, with the up-projection folded into stage 2 (no launch of its own; one split: stage 1, then v_up);
+    `out` must then be None."""
     length, scale = _check(q, cache, length, kv_lora, scale)
     heads, n, d = q.shape
     if q.stride(2) != 1 or cache.stride(1) != 1:
@@ -320,6 +419,15 @@ def mla_decode(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, ou
         num_splits = default_num_splits(length, rows, cfg["block_rows"], _sm_count(q.device))
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
         raise ValueError(f"num_splits must be an int >= 1, got {num_splits!r}")
+    if w_uv is not None:
+        if out is not None:
+            raise ValueError("out and w_uv cannot both be given: with w_uv the result is [n, heads * v_head]")
+        if (not isinstance(w_uv, torch.Tensor) or w_uv.dim() != 3 or w_uv.shape[:2] != (heads, kv_lora)
+                or w_uv.dtype != q.dtype or w_uv.device != q.device or not w_uv.is_contiguous() or w_uv.shape[2] < 1):
+            raise ValueError(f"w_uv must be a contiguous [{heads}, {kv_lora}, v_head] {q.dtype} tensor on {q.device}, "
+                             f"got {getattr(w_uv, 'shape', type(w_uv))}")
+    if not isinstance(early_keys, bool):
+        raise ValueError(f"early_keys must be True or False, got {early_keys!r}")
     if out is None:
         out = torch.empty(heads, n, kv_lora, dtype=q.dtype, device=q.device)
     elif (not isinstance(out, torch.Tensor) or out.shape != (heads, n, kv_lora) or out.dtype != q.dtype
@@ -332,6 +440,8 @@ def mla_decode(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, ou
     block_dv = max(16, triton.next_power_of_2(kv_lora))
     block_dr = max(16, triton.next_power_of_2(d - kv_lora)) if d > kv_lora else 0
     single = splits == 1
+    if w_uv is not None and not single:
+        out = torch.empty(n, heads * w_uv.shape[2], dtype=q.dtype, device=q.device)  # the fused stage 2 writes it
     if single:
         part_o = part_lse = out  # unused pointers
     else:
@@ -342,13 +452,24 @@ def mla_decode(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, ou
     _split_kernel[grid](q, cache, part_o, part_lse, out, length, split_keys, q.stride(0), q.stride(1),
                         cache.stride(0), out.stride(0), out.stride(1), scale * LOG2E, ROWS=rows, NQ=n, D=d,
                         DV=kv_lora, BLOCK_M=cfg["block_rows"], BLOCK_N=bn, BLOCK_DV=block_dv, BLOCK_DR=block_dr,
-                        SINGLE=single, PDL=on, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-                        **_pdl.launch_kwargs(on))
-    if not single:
-        block_s = min(COMBINE_SPLITS, triton.next_power_of_2(splits))
-        block_c = min(COMBINE_COLS, triton.next_power_of_2(kv_lora), max(16, COMBINE_TILE // block_s))
-        _combine_kernel[(rows, triton.cdiv(kv_lora, block_c))](
-            part_o, part_lse, out, splits, out.stride(0), out.stride(1), ROWS=rows, NQ=n, DV=kv_lora,
-            BLOCK_S=block_s, BLOCK_C=block_c, PDL=on, num_warps=4,
+                        SINGLE=single, PDL=on, EARLY=early_keys, num_warps=cfg["num_warps"],
+                        num_stages=cfg["num_stages"], **_pdl.launch_kwargs(on))
+    if single:
+        return out if w_uv is None else mla_glue.v_up(out, w_uv, pdl=on)
+    block_s = min(COMBINE_SPLITS, triton.next_power_of_2(splits))
+    if w_uv is not None:
+        v_head = w_uv.shape[2]
+        block_v = v_up_blocks(rows, v_head)
+        # o chunk [BLOCK_S, BLOCK_C] and w chunk [BLOCK_C, BLOCK_V] each within COMBINE_TILE values
+        block_c = min(COMBINE_COLS, triton.next_power_of_2(kv_lora), max(16, COMBINE_TILE // block_s),
+                      max(16, COMBINE_TILE // block_v))
+        _combine_v_up_kernel[(rows, triton.cdiv(v_head, block_v))](
+            part_o, part_lse, w_uv, out, splits, ROWS=rows, NQ=n, DV=kv_lora, V=v_head, BLOCK_S=block_s,
+            BLOCK_C=block_c, BLOCK_V=block_v, PDL=on, num_warps=8 if block_c * block_v >= 4096 else 4,
             **_pdl.launch_kwargs(on))
+        return out
+    block_c = min(COMBINE_COLS, triton.next_power_of_2(kv_lora), max(16, COMBINE_TILE // block_s))
+    _combine_kernel[(rows, triton.cdiv(kv_lora, block_c))](
+        part_o, part_lse, out, splits, out.stride(0), out.stride(1), ROWS=rows, NQ=n, DV=kv_lora,
+        BLOCK_S=block_s, BLOCK_C=block_c, PDL=on, num_warps=4, **_pdl.launch_kwargs(on))
     return out
