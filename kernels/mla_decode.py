@@ -19,9 +19,6 @@ Stage 1, grid (row blocks, splits): the heads x n query rows are one [heads * n,
   cache is read from DRAM about once and the repeats hit L2.
 Stage 2, grid (rows, kv_lora chunks): combines the splits by log-sum-exp weights and writes o in q's dtype.
 With one split, stage 1 writes o itself (one launch).
-Fused value up-projection (w_uv given, the verify forward's path): v_up is linear, so it is applied to the combined
-  o in stage 2, grid (rows, v_head blocks): each program combines its row's partials chunk by chunk and multiplies
-  the chunk (rounded to q's dtype, as o is) by its slice of w_uv[head]; the separate v_up launch disappears.
 No host syncs and no data-dependent host logic (`length` is a Python int, fixed per captured graph), so a call is
 CUDA-graph capturable; the scratch comes from torch's caching allocator (the graph's pool when capturing).
 
@@ -42,7 +39,6 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels import config_tables
-from kernels import mla_glue
 from kernels import pdl as _pdl
 from kernels.config_tables import device_name
 
@@ -95,14 +91,13 @@ def _check(q, cache, length, kv_lora, scale):
     return length, float(scale)
 
 
-def mla_decode_reference(q, cache, length, kv_lora=512, scale=None, w_uv=None):
+def mla_decode_reference(q, cache, length, kv_lora=512, scale=None):
     """fp32 torch reference: o [heads, n, kv_lora] in q's dtype (see the module docstring; scale defaults to
-    D ** -0.5, the MLA forward passes (qk_nope + qk_rope) ** -0.5); with w_uv, mla_glue.v_up_reference(o, w_uv)."""
+    D ** -0.5, the MLA forward passes (qk_nope + qk_rope) ** -0.5)."""
     length, scale = _check(q, cache, length, kv_lora, scale)
     keys = cache[:length].float()
     p = torch.softmax((q.float() @ keys.T) * scale, dim=-1)
-    o = (p @ keys[:, :kv_lora]).to(q.dtype)
-    return o if w_uv is None else mla_glue.v_up_reference(o, w_uv)
+    return (p @ keys[:, :kv_lora]).to(q.dtype)
 
 
 @functools.lru_cache(maxsize=None)
@@ -335,60 +330,8 @@ def _combine_kernel(part_o, part_lse, out, num_splits, stride_oh, stride_on, ROW
     tl.store(out + o_row + c, (acc / tl.sum(total, axis=0)).to(out.dtype.element_ty), mask=c_ok)
 
 
-@triton.jit
-def _combine_v_up_kernel(part_o, part_lse, w_uv, out, num_splits, ROWS: tl.constexpr, NQ: tl.constexpr,
-                         DV: tl.constexpr, V: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
-                         BLOCK_V: tl.constexpr, PDL: tl.constexpr):
-    """Stage 2 with the value up-projection (mla_glue.v_up) folded in: program (r, vb) combines query row r =
-    head * NQ + token over all kv_lora columns, BLOCK_C at a time (as _combine_kernel, rounded to out's dtype like
-    its o), and multiplies each chunk by w_uv[head][chunk, vb * BLOCK_V:+BLOCK_V] -> out[token, head * V + v]."""
-    r = tl.program_id(0)
-    h = r // NQ
-    v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
-    v_ok = v < V
-    c = tl.arange(0, BLOCK_C)
-    w_at = w_uv + h.to(tl.int64) * (DV * V) + v[None, :]
-    w = tl.load(w_at + c[:, None] * V, mask=(c[:, None] < DV) & v_ok[None, :], other=0.0)  # static: before the wait
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
-    s = tl.arange(0, BLOCK_S)
-    top = tl.full([BLOCK_S], float("-inf"), tl.float32)
-    for s0 in range(0, num_splits, BLOCK_S):
-        top = tl.maximum(top, tl.load(part_lse + (s0 + s) * ROWS + r, mask=s0 + s < num_splits,
-                                      other=float("-inf")))
-    top_all = tl.max(top, axis=0)
-    acc = tl.zeros([BLOCK_C, BLOCK_V], dtype=tl.float32)
-    for c0 in range(0, DV, BLOCK_C):
-        cc = c0 + c
-        c_ok = cc < DV
-        w_next = tl.load(w_at + (cc + BLOCK_C)[:, None] * V, mask=((cc + BLOCK_C) < DV)[:, None] & v_ok[None, :],
-                         other=0.0)
-        o = tl.zeros([BLOCK_C], dtype=tl.float32)
-        total = tl.zeros([BLOCK_S], dtype=tl.float32)
-        for s0 in range(0, num_splits, BLOCK_S):
-            ok = s0 + s < num_splits
-            wt = tl.exp2(tl.load(part_lse + (s0 + s) * ROWS + r, mask=ok, other=float("-inf")) - top_all)
-            part = ((s0 + s) * ROWS + r).to(tl.int64)
-            po = tl.load(part_o + part[:, None] * DV + cc[None, :], mask=ok[:, None] & c_ok[None, :], other=0.0)
-            o += tl.sum(wt[:, None] * po, axis=0)
-            total += wt
-        o_lat = (o / tl.sum(total, axis=0)).to(out.dtype.element_ty).to(tl.float32)  # attention's output rounding
-        acc += o_lat[:, None] * w.to(tl.float32)
-        w = w_next
-    tok = r % NQ
-    tl.store(out + tok * (ROWS // NQ * V) + h * V + v, tl.sum(acc, axis=0).to(out.dtype.element_ty), mask=v_ok)
-
-
-def v_up_blocks(rows: int, v_head: int) -> int:
-    """BLOCK_V of the fused combine + v_up: output columns per program. Every program re-reads its row's partials
-    for all kv_lora columns, so columns split across programs only until rows x blocks reaches ~64 programs."""
-    blocks = min(triton.next_power_of_2(triton.cdiv(64, rows)), max(1, v_head // 16))
-    return max(16, triton.next_power_of_2(triton.cdiv(v_head, blocks)))
-
-
 def mla_decode(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, out=None, config=None, pdl=None,
-               w_uv=None, early_keys=False):
+               early_keys=False):
     """Triton flash-decoding MLA attention; same result as mla_decode_reference (scale defaults to D ** -0.5, the MLA
     forward passes (qk_nope + qk_rope) ** -0.5). q [heads, n, D] and cache [rows >= length, D] need unit stride
     along D (other strides are free). num_splits: context splits (it is lowered so that no split is empty).
@@ -400,10 +343,7 @@ def mla_decode(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, ou
     static weights, except that early_keys=True lets stage 1 issue its first key tile before the wait: the caller
     promises the cache rows were complete before the kernel just before this call started (e.g. written two or more
     launches earlier: every PDL kernel here waits before it lets its dependents start, so a kernel starts only once
-    the one two launches back has completed); the tile is read at L2 (.cg), where those writes are visible.
-    w_uv [heads, kv_lora, v_head] (contiguous, q's dtype): return mla_glue.v_up(o, w_uv) -> [n, heads * v_head]
-    instead of o, with the up-projection folded into stage 2 (no launch of its own; one split: stage 1, then v_up);
-    `out` must then be None."""
+    the one two launches back has completed); the tile is read at L2 (.cg), where those writes are visible."""
     length, scale = _check(q, cache, length, kv_lora, scale)
     heads, n, d = q.shape
     if q.stride(2) != 1 or cache.stride(1) != 1:
@@ -419,13 +359,6 @@ def mla_decode(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, ou
         num_splits = default_num_splits(length, rows, cfg["block_rows"], _sm_count(q.device))
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
         raise ValueError(f"num_splits must be an int >= 1, got {num_splits!r}")
-    if w_uv is not None:
-        if out is not None:
-            raise ValueError("out and w_uv cannot both be given: with w_uv the result is [n, heads * v_head]")
-        if (not isinstance(w_uv, torch.Tensor) or w_uv.dim() != 3 or w_uv.shape[:2] != (heads, kv_lora)
-                or w_uv.dtype != q.dtype or w_uv.device != q.device or not w_uv.is_contiguous() or w_uv.shape[2] < 1):
-            raise ValueError(f"w_uv must be a contiguous [{heads}, {kv_lora}, v_head] {q.dtype} tensor on {q.device}, "
-                             f"got {getattr(w_uv, 'shape', type(w_uv))}")
     if not isinstance(early_keys, bool):
         raise ValueError(f"early_keys must be True or False, got {early_keys!r}")
     if out is None:
@@ -440,8 +373,6 @@ def mla_decode(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, ou
     block_dv = max(16, triton.next_power_of_2(kv_lora))
     block_dr = max(16, triton.next_power_of_2(d - kv_lora)) if d > kv_lora else 0
     single = splits == 1
-    if w_uv is not None and not single:
-        out = torch.empty(n, heads * w_uv.shape[2], dtype=q.dtype, device=q.device)  # the fused stage 2 writes it
     if single:
         part_o = part_lse = out  # unused pointers
     else:
@@ -455,19 +386,8 @@ def mla_decode(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, ou
                         SINGLE=single, PDL=on, EARLY=early_keys, num_warps=cfg["num_warps"],
                         num_stages=cfg["num_stages"], **_pdl.launch_kwargs(on))
     if single:
-        return out if w_uv is None else mla_glue.v_up(out, w_uv, pdl=on)
-    block_s = min(COMBINE_SPLITS, triton.next_power_of_2(splits))
-    if w_uv is not None:
-        v_head = w_uv.shape[2]
-        block_v = v_up_blocks(rows, v_head)
-        # o chunk [BLOCK_S, BLOCK_C] and w chunk [BLOCK_C, BLOCK_V] each within COMBINE_TILE values
-        block_c = min(COMBINE_COLS, triton.next_power_of_2(kv_lora), max(16, COMBINE_TILE // block_s),
-                      max(16, COMBINE_TILE // block_v))
-        _combine_v_up_kernel[(rows, triton.cdiv(v_head, block_v))](
-            part_o, part_lse, w_uv, out, splits, ROWS=rows, NQ=n, DV=kv_lora, V=v_head, BLOCK_S=block_s,
-            BLOCK_C=block_c, BLOCK_V=block_v, PDL=on, num_warps=8 if block_c * block_v >= 4096 else 4,
-            **_pdl.launch_kwargs(on))
         return out
+    block_s = min(COMBINE_SPLITS, triton.next_power_of_2(splits))
     block_c = min(COMBINE_COLS, triton.next_power_of_2(kv_lora), max(16, COMBINE_TILE // block_s))
     _combine_kernel[(rows, triton.cdiv(kv_lora, block_c))](
         part_o, part_lse, out, splits, out.stride(0), out.stride(1), ROWS=rows, NQ=n, DV=kv_lora,

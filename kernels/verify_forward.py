@@ -11,10 +11,9 @@ A switched-off component's consumers read static buffers of the right shape, so 
 The small ops come from an `Ops` set: `TORCH_OPS` is plain torch (one kernel per torch op: an RMSNorm is ~8 kernels);
 `fused_ops()` is what serving engines run, fused a step further where that saves a launch: one kernel each for
 add+RMSNorm, softmax+top-k, the q/kv norms with the KV write (summing the qkv GEMM's split-K partials as it loads
-them), the query-side kv_b absorption, MLA decode attention (split, then combine with the value-side kv_b
-absorption folded in), and a weight-streaming GEMM for the n <= 16 projections (the router and the shared expert's
-gate_up share one, as both read the same x; the down projections compute SiLU*up as they load x); 14 launches per
-MoE layer plus its 2 allreduces, chained with programmatic dependent launch (kernels/pdl.py) so that each kernel's
+them), the kv_b absorption on each side of attention, MLA decode attention (split + combine), and a weight-streaming
+GEMM for the n <= 16 projections (the router and the shared expert's gate_up share one, as both read the same x; the
+down projections compute SiLU*up as they load x); 15 launches per MoE layer plus its 2 allreduces, chained with programmatic dependent launch (kernels/pdl.py) so that each kernel's
 launch and weight loads overlap the one before. A kernel whose inputs were written two or more launches back may
 do more before its PDL wait (each kernel waits before it lets the next start, so the one two back has completed):
 attention's first key tile, and the routed experts' whole gate_up, which then runs beside the shared expert's down
@@ -63,9 +62,8 @@ class Ops:
     partials [S, n, N] where the GEMM would reduce them in a launch of its own (mla_prep sums them);
     mla_prep(qkv, q_ln, kv_ln, cache, pos, q_lora, kv_lora) -> rmsnorm(q_a), and writes the n tokens' cache rows
     pos.. with rmsnorm(kv latent) and the rope part; q_absorb(qh [n, heads, nope + rope], w_uk, rope) -> q [heads,
-    n, kv_lora + rope]; mla(q, cache, length, kv_lora, scale, w_uv=None, early_keys=False) -> [heads, n, kv_lora],
-    or v_up(that, w_uv) with w_uv (early_keys: the cache rows were written two or more launches before, see
-    kernels/mla_decode.py); v_up(o_lat, w_uv) -> [n, heads * v_head]; act_linear(gate_up, w) = silu(gate) * up @
+    n, kv_lora + rope]; mla(q, cache, length, kv_lora, scale, early_keys=False) -> [heads, n, kv_lora]
+    (early_keys: the cache rows were written two or more launches before, see kernels/mla_decode.py); v_up(o_lat, w_uv) -> [n, heads * v_head]; act_linear(gate_up, w) = silu(gate) * up @
     w.T."""
 
     name: str
@@ -101,12 +99,11 @@ def _softmax_topk(logits, k):
     return weights, ids.to(torch.int32)
 
 
-def _mla(q, cache, length, kv_lora, scale, w_uv=None, early_keys=False):
+def _mla(q, cache, length, kv_lora, scale, early_keys=False):
     keys = cache[:length]
     # scores in fp32: rounded to bf16 (~3 significant digits) the output missed 1e-2 on some draws (1.11e-2 at n=8)
     scores = torch.matmul(q.float(), keys.float().t()) * scale
-    o = torch.matmul(torch.softmax(scores, -1).to(q.dtype), keys[:, :kv_lora])
-    return o if w_uv is None else _v_up(o, w_uv)
+    return torch.matmul(torch.softmax(scores, -1).to(q.dtype), keys[:, :kv_lora])
 
 
 def _mla_prep(qkv, q_ln, kv_ln, cache, pos, q_lora, kv_lora):
@@ -138,8 +135,8 @@ def fused_ops() -> Ops:
     from kernels.skinny_gemm import linear
 
     return Ops("fused", linear, lambda x, w: linear(x, w, defer_reduce=True), fo.rmsnorm, fo.add_rmsnorm, fo.softmax_topk, mla_glue.mla_prep, mla_glue.q_absorb,
-               lambda q, cache, length, kv_lora, scale, w_uv=None, early_keys=False: mla_decode(
-                   q, cache, length, kv_lora=kv_lora, scale=scale, w_uv=w_uv, early_keys=early_keys),
+               lambda q, cache, length, kv_lora, scale, early_keys=False: mla_decode(
+                   q, cache, length, kv_lora=kv_lora, scale=scale, early_keys=early_keys),
                mla_glue.v_up,
                # silu_mul in the down projection's x loads: no launch of its own
                lambda gate_up, w: linear(gate_up, w, act="silu_mul"))
@@ -235,15 +232,12 @@ class VerifyForward:
                 qh = ops.linear(q_a, L["q_b"]).view(n, s.heads, s.qk_nope + s.qk_rope)
                 q = ops.q_absorb(qh, L["w_uk"], s.qk_rope)  # [heads, n, kv_lora + rope]
             o_lat = b["o_lat"]
-            # with both on, the value up-projection (attn_proj) rides in attention's combine stage; with attn_proj
-            # on, q_b and q_absorb run between the KV-slot write and attention, so its key loads may go early
-            fused_v = on("attn_core") and on("attn_proj")
-            if on("attn_core"):
+            if on("attn_core"):  # with attn_proj on, q_b and q_absorb run after the KV-slot write: keys may go early
                 o_lat = ops.mla(q, L["kv_cache"], self.context + n, s.kv_lora, (s.qk_nope + s.qk_rope) ** -0.5,
-                                w_uv=L["w_uv"] if fused_v else None, early_keys=on("attn_proj"))
+                                early_keys=on("attn_proj"))
             attn_out = b["attn_out"]
             if on("attn_proj"):
-                attn_out = ops.linear(o_lat if fused_v else ops.v_up(o_lat, L["w_uv"]), L["o_proj"])
+                attn_out = ops.linear(ops.v_up(o_lat, L["w_uv"]), L["o_proj"])
             if on("allreduce"):
                 self.allreduce_fn(attn_out)
             if on("misc"):

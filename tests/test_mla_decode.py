@@ -124,25 +124,6 @@ def test_out_argument_and_strided_query_views():
     assert not big[:, :, :8].any() and not big[:, :, 40:].any()
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float16, 1e-2), (torch.float32, 1e-5)])
-@pytest.mark.parametrize("heads,n,length,num_splits,v_head", [
-    (2, 1, 77, 1, 32),  # one split: stage 1 writes o, then the v_up kernel
-    (2, 1, 200, 3, 64),  # 2 rows: v_head over 4 programs of 16 columns each
-    (3, 3, 150, 4, 48),  # v_head not a power of two
-    (2, 8, 130, 2, 128),  # 16 rows: 4 programs of 32 columns each
-])
-def test_fused_v_up_equals_attention_then_v_up(dtype, tol, heads, n, length, num_splits, v_head):
-    q, cache = _inputs(heads, n, 80, length, dtype, seed=n + v_head, peak=4.0)
-    w_uv = (torch.randn(heads, 64, v_head, generator=torch.Generator().manual_seed(v_head)) / 8).to(dtype).to(DEV)
-    got = mla_decode(q, cache, length, 64, num_splits=num_splits, w_uv=w_uv)
-    assert got.shape == (n, heads * v_head) and got.dtype == dtype
-    want = mla_decode_reference(q.float(), cache.float(), length, 64, w_uv=w_uv.float())
-    assert rel_error(got.float(), want) <= tol
-    # the reference is attention, rounded to the dtype, then mla_glue's v_up reference
-    o = mla_decode_reference(q, cache, length, 64)
-    assert torch.equal(mla_decode_reference(q, cache, length, 64, w_uv=w_uv), md.mla_glue.v_up_reference(o, w_uv))
-
-
 def test_early_keys_changes_no_result():
     # on the CPU there is no PDL wait to move the loads across; the peeled, .cg first tile must give the same bits
     q, cache = _inputs(2, 3, 48, 150, torch.float16)
@@ -195,12 +176,6 @@ KERNEL_BAD_INPUTS = {
     "block_rows 8": ({"config": lambda a: {"block_rows": 8}}, "power of two >= 16"),
     "block_keys 24": ({"config": lambda a: {"block_keys": 24}}, "power of two >= 16"),
     "unknown config key": ({"config": lambda a: {"BLOCK_N": 32}}, "unknown config key"),
-    "w_uv wrong shape": ({"w_uv": lambda a: torch.zeros(2, 16, 8, dtype=torch.float16, device=DEV)}, "w_uv must be"),
-    "w_uv wrong dtype": ({"w_uv": lambda a: torch.zeros(2, 32, 8, device=DEV)}, "w_uv must be"),
-    "w_uv strided": ({"w_uv": lambda a: torch.zeros(2, 8, 32, dtype=torch.float16, device=DEV).transpose(1, 2)},
-                     "w_uv must be"),
-    "w_uv with out": ({"w_uv": lambda a: torch.zeros(2, 32, 8, dtype=torch.float16, device=DEV),
-                       "out": lambda a: torch.empty(2, 2, 32, dtype=torch.float16, device=DEV)}, "cannot both"),
     "early_keys not a bool": ({"early_keys": lambda a: 1}, "early_keys must be"),
 }
 
@@ -396,14 +371,13 @@ def test_alternative_configs_compile_and_match_on_gpu(config):
 
 
 @pytest.mark.gpu
-def test_kimi_fused_v_up_and_early_keys_on_gpu_match_reference():
-    w_uv = (torch.randn(8, 512, 128, device="cuda") / 512 ** 0.5).to(torch.bfloat16)
-    for n in range(1, 9):
+def test_kimi_early_keys_on_gpu_match_reference():
+    for n in (1, 8):
         length = 4096 + n
         q, cache = _inputs(8, n, 576, length, torch.bfloat16, seed=n)
-        want = mla_decode_reference(q.float(), cache.float(), length, 512, KIMI_SCALE, w_uv=w_uv.float())
+        want = mla_decode_reference(q.float(), cache.float(), length, 512, KIMI_SCALE)
         for splits in (None, 1):
-            got = mla_decode(q, cache, length, 512, KIMI_SCALE, splits, w_uv=w_uv, early_keys=True, pdl=True)
+            got = mla_decode(q, cache, length, 512, KIMI_SCALE, splits, early_keys=True, pdl=True)
             assert rel_error(got.float(), want) <= 1e-2, (n, splits)
 
 
