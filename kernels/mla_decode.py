@@ -215,81 +215,47 @@ def _selected(n, heads, length, d, kv_lora, dtype, device) -> dict:
 # ---------------------------------------------------------------------------------------------------- kernels
 
 @triton.jit
-def _keys(cache, start, hi, dv, dv_ok, dr, dr_ok, stride_c, BLOCK_N: tl.constexpr, BLOCK_DR: tl.constexpr,
-          CG: tl.constexpr):
-    """Key tile [start, start + BLOCK_N): latent columns, the rope columns (BLOCK_DR > 0; else k_lat again) and the
-    in-range mask. CG: read at L2, the point of coherence (loads issued before the PDL wait, see EARLY)."""
-    key = start + tl.arange(0, BLOCK_N)
-    key_ok = key < hi
-    rows_at = cache + key.to(tl.int64)[:, None] * stride_c
-    if CG:
-        k_lat = tl.load(rows_at + dv[None, :], mask=key_ok[:, None] & dv_ok[None, :], other=0.0, cache_modifier=".cg")
-    else:
-        k_lat = tl.load(rows_at + dv[None, :], mask=key_ok[:, None] & dv_ok[None, :], other=0.0)
-    k_rope = k_lat
-    if BLOCK_DR > 0:
-        if CG:
-            k_rope = tl.load(rows_at + dr[None, :], mask=key_ok[:, None] & dr_ok[None, :], other=0.0,
-                             cache_modifier=".cg")
-        else:
-            k_rope = tl.load(rows_at + dr[None, :], mask=key_ok[:, None] & dr_ok[None, :], other=0.0)
-    return k_lat, k_rope, key_ok
-
-
-@triton.jit
-def _attend(m, l, acc, q_lat, q_rope, k_lat, k_rope, key_ok, scale_log2, BLOCK_DR: tl.constexpr):
-    """One key tile of the online softmax (exp2 domain): the updated row max m, sum l and output accumulator."""
-    s = tl.dot(q_lat, tl.trans(k_lat))
-    if BLOCK_DR > 0:
-        s += tl.dot(q_rope, tl.trans(k_rope))
-    # every tile holds at least one valid key (start < hi), so each row's max is finite
-    s = tl.where(key_ok[None, :], s * scale_log2, float("-inf"))
-    m_new = tl.maximum(m, tl.max(s, axis=1))
-    alpha = tl.exp2(m - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l = l * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(k_lat.dtype), k_lat)
-    return m_new, l, acc
-
-
-@triton.jit
 def _split_kernel(q, cache, part_o, part_lse, out, length, split_keys, stride_qh, stride_qn, stride_c, stride_oh,
                   stride_on, scale_log2, ROWS: tl.constexpr, NQ: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr,
-                  SINGLE: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
-    if PDL and not EARLY:  # q and the verify tokens' cache rows come from the kernels just before
+                  SINGLE: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # q and the verify tokens' cache rows come from the kernels just before
         gdc_wait()
         gdc_launch_dependents()
     rb = tl.program_id(0)
     sp = tl.program_id(1)
-    dv = tl.arange(0, BLOCK_DV)
-    dv_ok = dv < DV
-    if BLOCK_DR > 0:
-        dr = DV + tl.arange(0, BLOCK_DR)  # the rope columns DV..D-1 only enter the scores
-    else:
-        dr = dv  # unused
-    dr_ok = dr < D
-    lo = sp * split_keys
-    hi = tl.minimum(lo + split_keys, length)
-    # the first key tile (every split has one), peeled off the loop so that EARLY can issue it before the wait
-    k_lat, k_rope, key_ok = _keys(cache, lo, hi, dv, dv_ok, dr, dr_ok, stride_c, BLOCK_N, BLOCK_DR, EARLY)
-    if PDL and EARLY:  # the cache was complete before the previous kernel started; q is that kernel's output
-        gdc_wait()
-        gdc_launch_dependents()
     r = rb * BLOCK_M + tl.arange(0, BLOCK_M)  # query row = head * NQ + token; rows past ROWS are zero padding
     row_ok = r < ROWS
     q_row = (r // NQ).to(tl.int64) * stride_qh + (r % NQ) * stride_qn
+    dv = tl.arange(0, BLOCK_DV)
+    dv_ok = dv < DV
     q_lat = tl.load(q + q_row[:, None] + dv[None, :], mask=row_ok[:, None] & dv_ok[None, :], other=0.0)
-    q_rope = q_lat
-    if BLOCK_DR > 0:
+    if BLOCK_DR > 0:  # the rope columns DV..D-1 only enter the scores
+        dr = DV + tl.arange(0, BLOCK_DR)
+        dr_ok = dr < D
         q_rope = tl.load(q + q_row[:, None] + dr[None, :], mask=row_ok[:, None] & dr_ok[None, :], other=0.0)
+    lo = sp * split_keys
+    hi = tl.minimum(lo + split_keys, length)
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running row max of the scores, log2 units
     l = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of 2^(score - m)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    m, l, acc = _attend(m, l, acc, q_lat, q_rope, k_lat, k_rope, key_ok, scale_log2, BLOCK_DR)
-    for start in range(lo + BLOCK_N, hi, BLOCK_N):
-        k_lat, k_rope, key_ok = _keys(cache, start, hi, dv, dv_ok, dr, dr_ok, stride_c, BLOCK_N, BLOCK_DR, False)
-        m, l, acc = _attend(m, l, acc, q_lat, q_rope, k_lat, k_rope, key_ok, scale_log2, BLOCK_DR)
+    for start in range(lo, hi, BLOCK_N):
+        key = start + tl.arange(0, BLOCK_N)
+        key_ok = key < hi
+        rows_at = cache + key.to(tl.int64)[:, None] * stride_c
+        k_lat = tl.load(rows_at + dv[None, :], mask=key_ok[:, None] & dv_ok[None, :], other=0.0)
+        s = tl.dot(q_lat, tl.trans(k_lat))
+        if BLOCK_DR > 0:
+            k_rope = tl.load(rows_at + dr[None, :], mask=key_ok[:, None] & dr_ok[None, :], other=0.0)
+            s += tl.dot(q_rope, tl.trans(k_rope))
+        # every tile holds at least one valid key (start < hi), so each row's max is finite
+        s = tl.where(key_ok[None, :], s * scale_log2, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(k_lat.dtype), k_lat)
+        m = m_new
     has = l > 0  # false only for an empty split, which the host never launches
     o = acc / tl.where(has, l, 1.0)[:, None]
     if SINGLE:
@@ -330,8 +296,7 @@ def _combine_kernel(part_o, part_lse, out, num_splits, stride_oh, stride_on, ROW
     tl.store(out + o_row + c, (acc / tl.sum(total, axis=0)).to(out.dtype.element_ty), mask=c_ok)
 
 
-def mla_decode(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, out=None, config=None, pdl=None,
-               early_keys=False):
+def mla_decode(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, out=None, config=None, pdl=None):
     """Triton flash-decoding MLA attention; same result as mla_decode_reference (scale defaults to D ** -0.5, the MLA
     forward passes (qk_nope + qk_rope) ** -0.5). q [heads, n, D] and cache [rows >= length, D] need unit stride
     along D (other strides are free). num_splits: context splits (it is lowered so that no split is empty).
@@ -339,11 +304,7 @@ def mla_decode(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, ou
     (block_rows, block_keys: powers of two >= 16; num_warps, num_stages; num_splits, which the argument
     overrides). Neither num_splits nor config given: select_config (the tuned table for this GPU, else the
     defaults); config without num_splits: default_num_splits for its block_rows. pdl (None: kernels.pdl.enabled):
-    both launches with programmatic dependent launch (kernels/pdl.py); each waits before reading anything but
-    static weights, except that early_keys=True lets stage 1 issue its first key tile before the wait: the caller
-    promises the cache rows were complete before the kernel just before this call started (e.g. written two or more
-    launches earlier: every PDL kernel here waits before it lets its dependents start, so a kernel starts only once
-    the one two launches back has completed); the tile is read at L2 (.cg), where those writes are visible."""
+    both launches with programmatic dependent launch (kernels/pdl.py); each waits before reading anything."""
     length, scale = _check(q, cache, length, kv_lora, scale)
     heads, n, d = q.shape
     if q.stride(2) != 1 or cache.stride(1) != 1:
@@ -359,8 +320,6 @@ def mla_decode(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, ou
         num_splits = default_num_splits(length, rows, cfg["block_rows"], _sm_count(q.device))
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
         raise ValueError(f"num_splits must be an int >= 1, got {num_splits!r}")
-    if not isinstance(early_keys, bool):
-        raise ValueError(f"early_keys must be True or False, got {early_keys!r}")
     if out is None:
         out = torch.empty(heads, n, kv_lora, dtype=q.dtype, device=q.device)
     elif (not isinstance(out, torch.Tensor) or out.shape != (heads, n, kv_lora) or out.dtype != q.dtype
@@ -383,13 +342,13 @@ def mla_decode(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, ou
     _split_kernel[grid](q, cache, part_o, part_lse, out, length, split_keys, q.stride(0), q.stride(1),
                         cache.stride(0), out.stride(0), out.stride(1), scale * LOG2E, ROWS=rows, NQ=n, D=d,
                         DV=kv_lora, BLOCK_M=cfg["block_rows"], BLOCK_N=bn, BLOCK_DV=block_dv, BLOCK_DR=block_dr,
-                        SINGLE=single, PDL=on, EARLY=early_keys, num_warps=cfg["num_warps"],
-                        num_stages=cfg["num_stages"], **_pdl.launch_kwargs(on))
-    if single:
-        return out
-    block_s = min(COMBINE_SPLITS, triton.next_power_of_2(splits))
-    block_c = min(COMBINE_COLS, triton.next_power_of_2(kv_lora), max(16, COMBINE_TILE // block_s))
-    _combine_kernel[(rows, triton.cdiv(kv_lora, block_c))](
-        part_o, part_lse, out, splits, out.stride(0), out.stride(1), ROWS=rows, NQ=n, DV=kv_lora,
-        BLOCK_S=block_s, BLOCK_C=block_c, PDL=on, num_warps=4, **_pdl.launch_kwargs(on))
+                        SINGLE=single, PDL=on, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                        **_pdl.launch_kwargs(on))
+    if not single:
+        block_s = min(COMBINE_SPLITS, triton.next_power_of_2(splits))
+        block_c = min(COMBINE_COLS, triton.next_power_of_2(kv_lora), max(16, COMBINE_TILE // block_s))
+        _combine_kernel[(rows, triton.cdiv(kv_lora, block_c))](
+            part_o, part_lse, out, splits, out.stride(0), out.stride(1), ROWS=rows, NQ=n, DV=kv_lora,
+            BLOCK_S=block_s, BLOCK_C=block_c, PDL=on, num_warps=4,
+            **_pdl.launch_kwargs(on))
     return out

@@ -10,10 +10,7 @@ Semantics (the references are the definition; kernels differ only by fp32 reduct
   q_a = rmsnorm(qkv[:, :q_lora], q_ln); cache[pos + i, :kv_lora] = rmsnorm(qkv[i, q_lora:q_lora + kv_lora], kv_ln);
   cache[pos + i, kv_lora:] = qkv[i, q_lora + kv_lora:] (the rope part, copied). rmsnorm is
   kernels.fused_ops.rmsnorm_reference (normalize in fp32, round to the dtype, times the weight, round again). Cache
-  rows outside [pos, pos + n) are not touched. qkv may instead be the projection's fp32 split-K partials
-  [S, n, q_lora + kv_lora + rope] (skinny_gemm.linear(..., defer_reduce=True)): qkv is then their sum in split order,
-  rounded to the cache's dtype (skinny_gemm.reduce_partials_reference, bit-identical to its reduce launch), which
-  this launch does as it loads, so the reduce launch goes away. q_a has the cache's dtype.
+  rows outside [pos, pos + n) are not touched.
 - q_absorb(qh [n, heads, nope + rope], w_uk [heads, nope, kv_lora], rope) -> q [heads, n, kv_lora + rope]:
   q[h, i, :kv_lora] = qh[i, h, :nope] @ w_uk[h] (fp32 sum, rounded once to qh's dtype); q[h, i, kv_lora:] =
   qh[i, h, nope:].
@@ -37,7 +34,6 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # PDL (s
 
 from kernels import pdl as pdl_mod
 from kernels.fused_ops import FLOAT_DTYPES, MAX_ROW, rmsnorm_reference
-from kernels.skinny_gemm import reduce_partials_reference
 
 MAX_NOPE = 256  # q_absorb holds a head's whole [nope, BLOCK_C] w_uk tile in registers
 MAX_KV_LORA = 1024  # v_up holds a head's whole [kv_lora, BLOCK_V] w_uv tile in registers
@@ -57,23 +53,10 @@ def _rms_row(x, w, H: tl.constexpr, eps, dtype: tl.constexpr):
     return (normed * w).to(dtype)
 
 
-@triton.jit
-def _qkv_load(ptrs, mask, n_split, stride_split, PARTIALS: tl.constexpr, dtype: tl.constexpr):
-    """qkv values in the cache's dtype; PARTIALS: fp32 split-K partials, summed in split order in fp32 and rounded
-    once, exactly as skinny_gemm's _reduce_kernel does."""
-    x = tl.load(ptrs, mask=mask, other=0.0)
-    if PARTIALS:
-        for s in range(1, n_split):
-            x += tl.load(ptrs + s * stride_split, mask=mask, other=0.0)
-        x = x.to(dtype)
-    return x
-
-
-@triton.jit(do_not_specialize=["pos", "n_split", "stride_split"])  # one compile for every position, n and split
-def _mla_prep_kernel(qkv_ptr, q_ln_ptr, kv_ln_ptr, cache_ptr, q_a_ptr, stride_qkv, stride_cache, pos, eps, n_split,
-                     stride_split, Q_LORA: tl.constexpr, KV_LORA: tl.constexpr, ROPE: tl.constexpr,
-                     BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_R: tl.constexpr, PARTIALS: tl.constexpr,
-                     PDL: tl.constexpr):
+@triton.jit(do_not_specialize=["pos"])  # one compile for every cache position
+def _mla_prep_kernel(qkv_ptr, q_ln_ptr, kv_ln_ptr, cache_ptr, q_a_ptr, stride_qkv, stride_cache, pos, eps,
+                     Q_LORA: tl.constexpr, KV_LORA: tl.constexpr, ROPE: tl.constexpr, BLOCK_Q: tl.constexpr,
+                     BLOCK_KV: tl.constexpr, BLOCK_R: tl.constexpr, PDL: tl.constexpr):
     # program (i, 0): the q row of token i; (i, 1): its kv row and rope part, written into cache row pos + i
     row = tl.program_id(0).to(tl.int64)
     src = qkv_ptr + row * stride_qkv
@@ -85,7 +68,7 @@ def _mla_prep_kernel(qkv_ptr, q_ln_ptr, kv_ln_ptr, cache_ptr, q_a_ptr, stride_qk
         if PDL:  # the norm weight is static; qkv comes from the kernel before
             gdc_wait()
             gdc_launch_dependents()
-        xq = _qkv_load(src + iq, iq < Q_LORA, n_split, stride_split, PARTIALS, dtype).to(tl.float32)
+        xq = tl.load(src + iq, mask=iq < Q_LORA, other=0.0).to(tl.float32)
         tl.store(q_a_ptr + row * Q_LORA + iq, _rms_row(xq, wq, Q_LORA, eps, dtype), mask=iq < Q_LORA)
     else:
         ik = tl.arange(0, BLOCK_KV)
@@ -94,12 +77,11 @@ def _mla_prep_kernel(qkv_ptr, q_ln_ptr, kv_ln_ptr, cache_ptr, q_a_ptr, stride_qk
             gdc_wait()
             gdc_launch_dependents()
         dst = cache_ptr + (pos + row) * stride_cache
-        xk = _qkv_load(src + Q_LORA + ik, ik < KV_LORA, n_split, stride_split, PARTIALS, dtype).to(tl.float32)
+        xk = tl.load(src + Q_LORA + ik, mask=ik < KV_LORA, other=0.0).to(tl.float32)
         tl.store(dst + ik, _rms_row(xk, wk, KV_LORA, eps, dtype), mask=ik < KV_LORA)
         if ROPE > 0:
             j = tl.arange(0, BLOCK_R)
-            rope = _qkv_load(src + Q_LORA + KV_LORA + j, j < ROPE, n_split, stride_split, PARTIALS, dtype)
-            tl.store(dst + KV_LORA + j, rope, mask=j < ROPE)
+            tl.store(dst + KV_LORA + j, tl.load(src + Q_LORA + KV_LORA + j, mask=j < ROPE), mask=j < ROPE)
 
 
 @triton.jit(do_not_specialize=["n"])  # one compile for every token count
@@ -197,35 +179,20 @@ def _pdl_on(pdl, t: torch.Tensor) -> bool:
 def mla_prep(qkv: torch.Tensor, q_ln: torch.Tensor, kv_ln: torch.Tensor, cache: torch.Tensor, pos: int, q_lora: int,
              kv_lora: int, eps: float = 1e-6, *, pdl: bool | None = None) -> torch.Tensor:
     """qkv [n, q_lora + kv_lora + rope] (last-dim stride 1, any row stride) -> q_a = rmsnorm(q part) [n, q_lora];
-    writes rmsnorm(kv part) and the rope part into cache [rows, kv_lora + rope] rows pos..pos+n-1. One launch.
-    qkv may be fp32 split-K partials [S, n, q_lora + kv_lora + rope] (contiguous, S >= 1; skinny_gemm.linear with
-    defer_reduce=True), summed in split order and rounded to the cache's dtype as they load: bit-identical to
-    mla_prep of the reduced y. q_a has the cache's dtype."""
-    partials = isinstance(qkv, torch.Tensor) and qkv.dim() == 3
-    if partials:
-        _check("qkv", qkv, 3, "fp32 partials [S, n, q_lora + kv_lora + rope]")
-        if qkv.dtype != torch.float32:
-            raise ValueError(f"qkv partials [S, n, q_lora + kv_lora + rope] must be float32, got {qkv.dtype}")
-        if not qkv.is_contiguous():
-            raise ValueError(f"qkv partials must be contiguous (got strides {qkv.stride()})")
-        if qkv.shape[0] < 1:
-            raise ValueError(f"qkv partials need S >= 1 splits, got shape {list(qkv.shape)}")
-    else:
-        _check("qkv", qkv, 2, "[n, q_lora + kv_lora + rope] (or 3-D fp32 partials [S, n, ...])")
+    writes rmsnorm(kv part) and the rope part into cache [rows, kv_lora + rope] rows pos..pos+n-1. One launch."""
+    _check("qkv", qkv, 2, "[n, q_lora + kv_lora + rope]")
     _check_int("q_lora", q_lora, 1, MAX_ROW)
     _check_int("kv_lora", kv_lora, 1, MAX_ROW)
     _check("cache", cache, 2, "[rows, kv_lora + rope]", qkv, "qkv")
-    if not partials:  # partials are fp32 whatever the cache's dtype
-        _check_same_dtype("cache", cache, qkv, "qkv")
-    n, width = qkv.shape[-2:]
+    _check_same_dtype("cache", cache, qkv, "qkv")
+    n, width = qkv.shape
     rows, latent = cache.shape
     rope = latent - kv_lora
     if not 0 <= rope <= MAX_ROW:
         raise ValueError(f"cache must be [rows, kv_lora + rope] with kv_lora = {kv_lora} and rope in 0..{MAX_ROW}, "
                          f"got {list(cache.shape)}")
     if width != q_lora + latent:
-        lead = "S, n" if partials else "n"
-        raise ValueError(f"qkv must be [{lead}, q_lora + kv_lora + rope] = [{lead}, {q_lora + latent}] (cache width "
+        raise ValueError(f"qkv must be [n, q_lora + kv_lora + rope] = [n, {q_lora + latent}] (cache width "
                          f"{latent}), got {list(qkv.shape)}")
     if rows > 1 and cache.stride(0) < latent:
         raise ValueError(f"rows of cache overlap (row stride {cache.stride(0)} < {latent})")
@@ -238,16 +205,14 @@ def mla_prep(qkv: torch.Tensor, q_ln: torch.Tensor, kv_ln: torch.Tensor, cache: 
     pdl = _pdl_on(pdl, qkv)
     if not _use_kernel(qkv):
         return mla_prep_reference(qkv, q_ln, kv_ln, cache, pos, q_lora, kv_lora, eps)
-    q_a = torch.empty(n, q_lora, dtype=cache.dtype, device=qkv.device)
+    q_a = torch.empty(n, q_lora, dtype=qkv.dtype, device=qkv.device)
     if n:
         block_q, block_kv = triton.next_power_of_2(q_lora), triton.next_power_of_2(kv_lora)
         warps = max(1, min(16, max(block_q, block_kv) // 512))  # 16 values per thread, as fused_ops' rmsnorm
-        # partials: strides from the shape (a contiguous tensor may report any stride for a size-1 dim)
-        row_stride, n_split = (width, qkv.shape[0]) if partials else (qkv.stride(0), 1)
-        _mla_prep_kernel[(n, 2)](qkv, q_ln, kv_ln, cache, q_a, row_stride, cache.stride(0), pos, eps, n_split,
-                                 n * width, Q_LORA=q_lora, KV_LORA=kv_lora, ROPE=rope, BLOCK_Q=block_q,
-                                 BLOCK_KV=block_kv, BLOCK_R=triton.next_power_of_2(max(rope, 1)), PARTIALS=partials,
-                                 PDL=pdl, num_warps=warps, **pdl_mod.launch_kwargs(pdl))
+        _mla_prep_kernel[(n, 2)](qkv, q_ln, kv_ln, cache, q_a, qkv.stride(0), cache.stride(0), pos, eps,
+                                 Q_LORA=q_lora, KV_LORA=kv_lora, ROPE=rope, BLOCK_Q=block_q, BLOCK_KV=block_kv,
+                                 BLOCK_R=triton.next_power_of_2(max(rope, 1)), PDL=pdl, num_warps=warps,
+                                 **pdl_mod.launch_kwargs(pdl))
     return q_a
 
 
@@ -309,8 +274,6 @@ def v_up(o_lat: torch.Tensor, w_uv: torch.Tensor, *, pdl: bool | None = None) ->
 
 def mla_prep_reference(qkv: torch.Tensor, q_ln: torch.Tensor, kv_ln: torch.Tensor, cache: torch.Tensor, pos: int,
                        q_lora: int, kv_lora: int, eps: float = 1e-6) -> torch.Tensor:
-    if qkv.dim() == 3:  # fp32 split-K partials: reduced as skinny_gemm's reduce launch does
-        qkv = reduce_partials_reference(qkv, cache.dtype)
     slots = cache[pos: pos + qkv.shape[0]]
     slots[:, :kv_lora] = rmsnorm_reference(qkv[:, q_lora: q_lora + kv_lora], kv_ln, eps)
     slots[:, kv_lora:] = qkv[:, q_lora + kv_lora:]

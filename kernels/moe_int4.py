@@ -148,11 +148,9 @@ def check_moe_inputs(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weigh
 
 # ---------------------------------------------------------------------------------------------------- reference
 
-def reference_moe_w4a16(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weights, topk_ids,
-                        add=None) -> torch.Tensor:
+def reference_moe_w4a16(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weights, topk_ids) -> torch.Tensor:
     """y[t] = sum_j w[t,j] * W2_e(silu(Gate_e x_t) * Up_e x_t), e = ids[t,j]; fp32 math on dequantized weights of
-    the touched experts only; w13 rows are gate then up; output [M, H] in x's dtype (with add [M, H]: y + add,
-    rounded once). Not graph-capturable."""
+    the touched experts only; w13 rows are gate then up; output [M, H] in x's dtype. Not graph-capturable."""
     s = check_moe_inputs(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weights, topk_ids,
                          act_dtypes=REF_ACT_DTYPES)
     x32 = x.float()
@@ -164,7 +162,7 @@ def reference_moe_w4a16(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_we
         gate_up = x32[tok] @ w13.T
         act = torch.nn.functional.silu(gate_up[:, :s.inter]) * gate_up[:, s.inter:]
         out.index_add_(0, tok, (act @ w2.T) * topk_weights[tok, slot].float().unsqueeze(1))
-    return (out if add is None else out + add.float()).to(x.dtype)
+    return out.to(x.dtype)
 
 
 def moe_dense_torch(x, w13, w2, topk_weights, topk_ids) -> torch.Tensor:

@@ -440,21 +440,19 @@ def _gate_up_split_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, p_ptr, tw_ptr, num_pairs
                           TOPK: tl.constexpr, WPG: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
                           SPLIT_K: tl.constexpr, PREFETCH: tl.constexpr, PLANAR: tl.constexpr,
                           DENORMAL: tl.constexpr, PDL: tl.constexpr, WAIT: tl.constexpr,
-                          HALF2: tl.constexpr = False, EARLY: tl.constexpr = False):
+                          HALF2: tl.constexpr = False):
     """Split-K gate_up: program (pair, split ks, row block) sums words [ks, ks + 1) * words_per_row / SPLIT_K of
     BLOCK_N gate and BLOCK_N up rows -> fp32 partials p[ks, pair, 0 (gate) | 1 (up), row]; kernel 2 adds them.
     SPLIT_K == 1: the sums are complete here, so it stores SiLU(g) * u * topk_weight in p[0, pair, 0, row] instead.
     Scales are loaded and applied once per (row, group): the [rows, words] products are summed over each thread's
-    own group first (a reshape that keeps every value in its thread).
-    EARLY (with WAIT): x, ids and topk weights were complete before the kernel just before this one started, so
-    everything up to the stores runs before the PDL wait, beside that kernel."""
+    own group first (a reshape that keeps every value in its thread)."""
     pid = tl.program_id(0)
     pair = pid % num_pairs
     ks = (pid // num_pairs) % SPLIT_K
     nb = pid // (num_pairs * SPLIT_K)
-    if WAIT and not EARLY:  # launched with PDL itself (kernels/pdl.py): x, ids and weights come from kernels before
+    if WAIT:  # launched with PDL itself (kernels/pdl.py): x, ids and weights come from the kernels before
         gdc_wait()
-    if PDL and not (WAIT and EARLY):  # kernel 2 may start (and stream its weights) once every program has started
+    if PDL:  # kernel 2 may start (and stream its weights) once every program of this one has started
         gdc_launch_dependents()
     WPS: tl.constexpr = words_per_row // SPLIT_K
     G: tl.constexpr = BLOCK_W // WPG
@@ -502,12 +500,7 @@ def _gate_up_split_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, p_ptr, tw_ptr, num_pairs
         up = up * UNDO_DENORMAL
     out = p_ptr + (ks * num_pairs + pair).to(tl.int64) * (2 * inter) + rows
     if SPLIT_K == 1:
-        gate = _silu_mul(gate, up) * tl.load(tw_ptr + pair).to(tl.float32)
-    if WAIT and EARLY:  # nothing is stored before the wait; then kernel 2 may start
-        gdc_wait()
-        gdc_launch_dependents()
-    if SPLIT_K == 1:
-        tl.store(out, gate, mask=rows < inter)
+        tl.store(out, _silu_mul(gate, up) * tl.load(tw_ptr + pair).to(tl.float32), mask=rows < inter)
     else:
         tl.store(out, gate, mask=rows < inter)
         tl.store(out + inter, up, mask=rows < inter)
@@ -538,12 +531,10 @@ def _down_split_kernel(p_ptr, tw_ptr, w_ptr, s_ptr, ids_ptr, out_ptr, num_pairs,
                        magic, inter: tl.constexpr, words_per_row: tl.constexpr, n_groups: tl.constexpr,
                        TOPK: tl.constexpr, BLOCK_TOPK: tl.constexpr, WPG: tl.constexpr, BLOCK_N: tl.constexpr,
                        ROW_ITERS: tl.constexpr, WORDS: tl.constexpr, SPLIT_K: tl.constexpr, PLANAR: tl.constexpr,
-                       DENORMAL: tl.constexpr, PDL: tl.constexpr, HALF2: tl.constexpr = False,
-                       add_ptr=None, stride_am=0, ADD: tl.constexpr = False):  # add_ptr: a placeholder unless ADD
+                       DENORMAL: tl.constexpr, PDL: tl.constexpr, HALF2: tl.constexpr = False):
     """Kernel 2 of the split-K path: as _down_kernel (columns = (expert slot, word)), but it builds the activations
     itself from kernel 1's partials (sum over splits in a fixed order, SiLU(g) * u * topk_weight), applies scales per
-    (row, group) like _gate_up_split_kernel, and loads its first weight tile before waiting for kernel 1 (PDL).
-    ADD: out = the MoE output + add[tok] (added in fp32, rounded once)."""
+    (row, group) like _gate_up_split_kernel, and loads its first weight tile before waiting for kernel 1 (PDL)."""
     pid = tl.program_id(0)
     tok = pid % M
     hb = pid // M
@@ -609,8 +600,6 @@ def _down_split_kernel(p_ptr, tw_ptr, w_ptr, s_ptr, ids_ptr, out_ptr, num_pairs,
             if DENORMAL:
                 y = y * UNDO_DENORMAL
         out_rows = rows + tl.arange(0, BLOCK_N)
-        if ADD:
-            y += tl.load(add_ptr + tok * stride_am + out_rows, mask=out_rows < hidden, other=0.0).to(tl.float32)
         tl.store(out_ptr + tok * stride_om + out_rows, y.to(out_ptr.dtype.element_ty), mask=out_rows < hidden)
         if it + 1 < ROW_ITERS:
             wt, sc = wt_n, sc_n
@@ -737,8 +726,7 @@ def check_config(cfg: dict, s, device: torch.device) -> None:
 
 
 def fused_moe_w4a16(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weights, topk_ids, *,
-                    config: dict | None = None, check_ids: bool = True, prepacked: bool = False,
-                    add: torch.Tensor | None = None, early: bool = False) -> torch.Tensor:
+                    config: dict | None = None, check_ids: bool = True, prepacked: bool = False) -> torch.Tensor:
     """The reference's signature and result ([M, H] in x's dtype, fp16 or bf16 x), in two Triton launches.
 
     config (default: select_config(M, device)): {"layout": "planar" | "checkpoint", "dequant": "denormal" |
@@ -759,11 +747,6 @@ def fused_moe_w4a16(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weight
     clamped in the kernels. prepacked=True: the packed weights are already in the config's layout (repack_planar
     once at load, drop the checkpoint copy): nothing is repacked or cached, so a whole model's experts fit without
     a second copy.
-    add [M, H] (x's dtype and device, last-dim stride 1): the result is MoE(x) + add, added in fp32 in kernel 2 and
-    rounded once (kernel "v3": a torch add after, rounded twice); e.g. the shared expert's output.
-    early=True (kernel "split" with PDL chained): the caller promises x, topk_ids and topk_weights were complete before
-    the kernel just before this call started (written two or more launches back; kernels/pdl.py), so kernel 1 runs
-    everything but its stores before its PDL wait, beside that kernel.
     """
     s = check_moe_inputs(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weights, topk_ids,
                          check_ids=check_ids)
@@ -780,12 +763,6 @@ def fused_moe_w4a16(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weight
     planar, denormal, half2 = cfg["layout"] == "planar", cfg["dequant"] == "denormal", cfg["dequant"] == "half2"
     if half2 and interpret:
         raise ValueError("dequant 'half2' runs inline PTX, which the Triton interpreter cannot: it needs a CUDA GPU")
-    if add is not None and (not isinstance(add, torch.Tensor) or add.shape != (s.tokens, s.hidden)
-                            or add.dtype != x.dtype or add.device != x.device or add.stride(1) != 1):
-        raise ValueError(f"add must be a [{s.tokens}, {s.hidden}] {x.dtype} tensor on {x.device} with last-dim stride "
-                         f"1, got {getattr(add, 'shape', type(add))}")
-    if not isinstance(early, bool):
-        raise ValueError(f"early must be True or False, got {early!r}")
     x = x if x.stride(1) == 1 else x.contiguous()
     ids = topk_ids.to(torch.int32).contiguous()
     tw = topk_weights.contiguous()  # before kernel 1: nothing may run between the two launches (PDL)
@@ -808,15 +785,13 @@ def fused_moe_w4a16(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weight
             x, w13, s13, ids, partials, tw, pairs, s.experts, x.stride(0), MAGIC, inter=s.inter, words_per_row=words1,
             n_groups=s.hidden // s.group_size, TOPK=s.topk, WPG=wpg, BLOCK_N=c1["BLOCK_N"], BLOCK_W=block_w,
             SPLIT_K=split, PREFETCH=int(c1.get("PREFETCH", 1)), PLANAR=planar, DENORMAL=denormal, PDL=pdl,
-            WAIT=chain, HALF2=half2, EARLY=early and chain, num_warps=warps1, num_stages=c1.get("num_stages", 1),
-            **_pdl.launch_kwargs(chain))
+            WAIT=chain, HALF2=half2, num_warps=warps1, num_stages=c1.get("num_stages", 1), **_pdl.launch_kwargs(chain))
         _down_split_kernel[(s.tokens * triton.cdiv(s.hidden, c2["BLOCK_N"] * c2.get("ROW_ITERS", 1)),)](
             partials, tw, w2, s2, ids, out, pairs, s.experts, s.hidden, out.stride(0), s.tokens,
             MAGIC, inter=s.inter, words_per_row=s.inter // PACK, n_groups=s.inter // s.group_size, TOPK=s.topk,
             BLOCK_TOPK=block_topk, WPG=wpg, BLOCK_N=c2["BLOCK_N"], ROW_ITERS=c2.get("ROW_ITERS", 1), WORDS=words2,
             SPLIT_K=split, PLANAR=planar, DENORMAL=denormal, PDL=pdl, HALF2=half2, num_warps=warps2,
-            num_stages=c2.get("num_stages", 1), add_ptr=out if add is None else add,
-            stride_am=0 if add is None else add.stride(0), ADD=add is not None, **extra)
+            num_stages=c2.get("num_stages", 1), **extra)
         return out
     h = torch.empty(pairs, 4, s.inter, dtype=torch.float32, device=x.device)
     _gate_up_kernel[(pairs * triton.cdiv(s.inter, c1["BLOCK_N"]),)](
@@ -829,4 +804,4 @@ def fused_moe_w4a16(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weight
         words_per_row=s.inter // PACK, n_groups=s.inter // s.group_size, TOPK=s.topk, BLOCK_TOPK=block_topk,
         WPG=wpg, BLOCK_N=c2["BLOCK_N"], ROW_ITERS=c2.get("ROW_ITERS", 1), WORDS=words2, PLANAR=planar,
         DENORMAL=denormal, num_warps=warps2, num_stages=c2.get("num_stages", 1))
-    return out if add is None else out.add_(add)
+    return out

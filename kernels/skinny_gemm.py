@@ -8,9 +8,7 @@ its own program, and the fp32 partials [SPLIT_K, n, N] are summed in split order
 - reduce "serial" (one launch): each program stores its partial, bumps a per-column-block counter (acq_rel), and
   the program that finishes last sums the partials and writes y, then resets the counter to 0 for the next launch
   or graph replay. The counters live in a per-device int32 buffer zeroed once outside any capture.
-- reduce "kernel": a second tiny launch sums the partials (one graph node more, no counters). linear(...,
-  defer_reduce=True) skips that launch and returns the partials, for a consumer that sums them as it loads
-  (mla_glue.mla_prep: the q_a/kv_a projection's reduce rides in the next kernel; reduce_partials_reference).
+- reduce "kernel": a second tiny launch sums the partials (one graph node more, no counters).
 Kinds (config "kind"):
 - "dot": swap-AB tensor-core tile, tl.dot(w [BLOCK_N, BLOCK_K], x^T [BLOCK_K, 16]) (tokens padded to 16; masked
   rows are never read); Triton's software pipeliner keeps num_stages - 1 tiles of w in flight (cp.async to shared
@@ -420,15 +418,6 @@ def linear_reference(x: torch.Tensor, w: torch.Tensor, add: torch.Tensor | None 
     return y if add is None else y + add.float()
 
 
-def reduce_partials_reference(p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """fp32 partials [S, n, N] -> y [n, N] in dtype as reduce "kernel" makes it: summed in split order s = 0..S-1
-    in fp32 (elementwise adds, not torch.sum, whose order is its own), rounded once."""
-    total = p[0].to(torch.float32, copy=True)
-    for s in range(1, p.shape[0]):
-        total += p[s]
-    return total.to(dtype)
-
-
 def bytes_moved(n: int, N: int, K: int, itemsize: int = 2) -> int:
     """Bytes a call must move: w once, x, and y (split-K partials are overhead, not counted)."""
     return (N * K + n * K + n * N) * itemsize
@@ -500,7 +489,7 @@ def plan(n: int, N: int, K: int, cfg: dict, sms: int = DEFAULT_SMS) -> dict:
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, config: dict | None = None, *, add: torch.Tensor | None = None,
-           act: str | None = None, pdl: bool | None = None, defer_reduce: bool = False) -> torch.Tensor:
+           act: str | None = None, pdl: bool | None = None) -> torch.Tensor:
     """y = x @ w.T (+ add): x [n, K] (n <= 16; bf16, fp16 or fp32; any row stride, last-dim stride 1), w [N, K]
     contiguous, same dtype -> y [n, N] in x's dtype, fp32 accumulation.
 
@@ -512,16 +501,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, config: dict | None = None, *, add:
     activation computed as each x tile loads (fp32, rounded once to x's dtype: fused_ops.silu_mul_reference):
     the shared expert's and dense MLP's down projections without a separate activation launch.
     pdl: launch with programmatic dependent launch (None: kernels.pdl.enabled(x.device)); True where PDL cannot
-    run (CPU, the interpreter, pre-sm_90, VERIFYBENCH_PDL=0) silently runs without it; kind "torch" ignores it.
-    defer_reduce: where the config would launch the reduce "kernel" (split > 1, not serial), skip it and return the
-    fp32 partials [split, n, N] (contiguous) for the consumer to sum in split order; every other path returns y
-    [n, N] (callers tell them apart by .dim()). Not with add or act (the deferred sum would have to carry them)."""
+    run (CPU, the interpreter, pre-sm_90, VERIFYBENCH_PDL=0) silently runs without it; kind "torch" ignores it."""
     _check_inputs(x, w, act)
-    if not isinstance(defer_reduce, bool):
-        raise ValueError(f"defer_reduce must be True or False, got {defer_reduce!r}")
-    if defer_reduce and (add is not None or act):
-        raise ValueError("defer_reduce=True cannot take add or act: the consumer's sum of the partials would have to "
-                         "apply them")
     n, K = x.shape[0], w.shape[1]
     N = w.shape[0]
     if add is not None:
@@ -556,8 +537,6 @@ def linear(x: torch.Tensor, w: torch.Tensor, config: dict | None = None, *, add:
         _fma_kernel[(blocks, split)](*args, BLOCK_M=triton.next_power_of_2(n), VEC=16 // x.element_size(),
                                      **common)
     if split > 1 and not serial:
-        if defer_reduce:
-            return partials
         block = 1024
         _reduce_kernel[(triton.cdiv(n * N, block),)](partials, y, add_t, n, N, y.stride(0), stride_am, split,
                                                      BLOCK=block, ADD=has_add, PDL=on, num_warps=4,

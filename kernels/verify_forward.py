@@ -4,20 +4,17 @@ bytes and order of a Kimi-K2.5-style MLA + MoE model, with every component switc
 Components: misc (norms, residuals, activations, and the verify tokens' KV-slot write, which rides in the q/kv norm
 kernel as engines fuse it), attn_proj (MLA projections, with the per-head kv_b absorption), attn_core (attention over
 the latent cache), allreduce (2 per layer), router (router GEMM + top-k), moe (routed INT4 experts), dense (layer-0
-dense MLP and the shared experts; the shared expert runs before the routed ones, whose down kernel adds its output in
-the epilogue), head (final norm, lm_head, argmax, tree verification).
+dense MLP and the shared experts; the shared down projection adds the routed output in its epilogue), head (final
+norm, lm_head, argmax, tree verification).
 A switched-off component's consumers read static buffers of the right shape, so the rest still does its real work.
 
 The small ops come from an `Ops` set: `TORCH_OPS` is plain torch (one kernel per torch op: an RMSNorm is ~8 kernels);
-`fused_ops()` is what serving engines run, fused a step further where that saves a launch: one kernel each for
-add+RMSNorm, softmax+top-k, the q/kv norms with the KV write (summing the qkv GEMM's split-K partials as it loads
-them), the kv_b absorption on each side of attention, MLA decode attention (split + combine), and a weight-streaming
-GEMM for the n <= 16 projections (the router and the shared expert's gate_up share one, as both read the same x; the
-down projections compute SiLU*up as they load x); 15 launches per MoE layer plus its 2 allreduces, chained with programmatic dependent launch (kernels/pdl.py) so that each kernel's
-launch and weight loads overlap the one before. A kernel whose inputs were written two or more launches back may
-do more before its PDL wait (each kernel waits before it lets the next start, so the one two back has completed):
-attention's first key tile, and the routed experts' whole gate_up, which then runs beside the shared expert's down
-projection. On a GPU the kernel count costs milliseconds, so the report says which set ran.
+`fused_ops()` is what serving engines run: one kernel each for add+RMSNorm, SiLU*up, softmax+top-k, the q/kv norms
+with the KV write, the kv_b absorption on each side of attention, MLA decode attention (split + combine), and a
+weight-streaming GEMM for the n <= 16 projections (the router and the shared expert's gate_up share one, as both
+read the same x); 18 launches per MoE layer (19 where a tuned GEMM reduces its split-K in a second launch), chained
+with programmatic dependent launch (kernels/pdl.py) so that each kernel's launch and weight loads overlap the one
+before. On a GPU the kernel count costs milliseconds, so the report says which set ran.
 """
 from __future__ import annotations
 
@@ -58,17 +55,15 @@ class RankShapes:
 @dataclass(frozen=True)
 class Ops:
     """The forward's small ops. add_rmsnorm(h, delta, w) adds delta into h in place and returns rmsnorm(h);
-    softmax_topk(logits, k) -> (fp32 weights, int32 ids); linear_partials(x, w): x @ w.T, or its fp32 split-K
-    partials [S, n, N] where the GEMM would reduce them in a launch of its own (mla_prep sums them);
+    linear_add(x, w, r) = x @ w.T + r; softmax_topk(logits, k) -> (fp32 weights, int32 ids);
     mla_prep(qkv, q_ln, kv_ln, cache, pos, q_lora, kv_lora) -> rmsnorm(q_a), and writes the n tokens' cache rows
     pos.. with rmsnorm(kv latent) and the rope part; q_absorb(qh [n, heads, nope + rope], w_uk, rope) -> q [heads,
-    n, kv_lora + rope]; mla(q, cache, length, kv_lora, scale, early_keys=False) -> [heads, n, kv_lora]
-    (early_keys: the cache rows were written two or more launches before, see kernels/mla_decode.py); v_up(o_lat, w_uv) -> [n, heads * v_head]; act_linear(gate_up, w) = silu(gate) * up @
-    w.T."""
+    n, kv_lora + rope]; mla(q, cache, length, kv_lora, scale) -> [heads, n, kv_lora]; v_up(o_lat, w_uv) -> [n,
+    heads * v_head]; act_linear(gate_up, w, r) = silu(gate) * up @ w.T (+ r unless None)."""
 
     name: str
     linear: Callable
-    linear_partials: Callable
+    linear_add: Callable
     rmsnorm: Callable
     add_rmsnorm: Callable
     softmax_topk: Callable
@@ -89,9 +84,10 @@ def _add_rmsnorm(h, delta, w):
     return _rmsnorm(h, w)
 
 
-def _act_linear(gate_up, w):
+def _act_linear(gate_up, w, r):
     g, u = gate_up.chunk(2, dim=-1)
-    return F.linear(F.silu(g) * u, w)
+    y = F.linear(F.silu(g) * u, w)
+    return y if r is None else y + r
 
 
 def _softmax_topk(logits, k):
@@ -99,7 +95,7 @@ def _softmax_topk(logits, k):
     return weights, ids.to(torch.int32)
 
 
-def _mla(q, cache, length, kv_lora, scale, early_keys=False):
+def _mla(q, cache, length, kv_lora, scale):
     keys = cache[:length]
     # scores in fp32: rounded to bf16 (~3 significant digits) the output missed 1e-2 on some draws (1.11e-2 at n=8)
     scores = torch.matmul(q.float(), keys.float().t()) * scale
@@ -122,8 +118,8 @@ def _v_up(o_lat, w_uv):
     return torch.bmm(o_lat, w_uv).transpose(0, 1).reshape(o_lat.shape[1], -1)
 
 
-TORCH_OPS = Ops("torch", F.linear, F.linear, _rmsnorm, _add_rmsnorm, _softmax_topk, _mla_prep, _q_absorb, _mla, _v_up,
-                _act_linear)
+TORCH_OPS = Ops("torch", F.linear, lambda x, w, r: F.linear(x, w) + r, _rmsnorm, _add_rmsnorm, _softmax_topk,
+                _mla_prep, _q_absorb, _mla, _v_up, _act_linear)
 
 
 def fused_ops() -> Ops:
@@ -134,12 +130,12 @@ def fused_ops() -> Ops:
     from kernels.mla_decode import mla_decode
     from kernels.skinny_gemm import linear
 
-    return Ops("fused", linear, lambda x, w: linear(x, w, defer_reduce=True), fo.rmsnorm, fo.add_rmsnorm, fo.softmax_topk, mla_glue.mla_prep, mla_glue.q_absorb,
-               lambda q, cache, length, kv_lora, scale, early_keys=False: mla_decode(
-                   q, cache, length, kv_lora=kv_lora, scale=scale, early_keys=early_keys),
+    return Ops("fused", linear, lambda x, w, r: linear(x, w, add=r), fo.rmsnorm, fo.add_rmsnorm, fo.softmax_topk,
+               mla_glue.mla_prep, mla_glue.q_absorb,
+               lambda q, cache, length, kv_lora, scale: mla_decode(q, cache, length, kv_lora=kv_lora, scale=scale),
                mla_glue.v_up,
                # silu_mul in the down projection's x loads: no launch of its own
-               lambda gate_up, w: linear(gate_up, w, act="silu_mul"))
+               lambda gate_up, w, r: linear(gate_up, w, add=r, act="silu_mul"))
 
 
 def _rand(*shape, device, dtype, fan_in=None):
@@ -148,8 +144,7 @@ def _rand(*shape, device, dtype, fan_in=None):
 
 class VerifyForward:
     """Weights of every layer, a latent KV cache of `context` tokens per layer, and forward(n, active) for
-    n = 1..max_tokens. `moe_fn(x, w13p, w13s, w2p, w2s, topk_w, topk_ids, add=None, early=False)` runs the routed
-    experts (+ add, rounded once; early: see kernels/moe_int4_triton.fused_moe_w4a16);
+    n = 1..max_tokens. `moe_fn(x, w13p, w13s, w2p, w2s, topk_w, topk_ids)` runs the routed experts;
     `allreduce_fn(t)` reduces a tensor in place (a real collective, or a calibrated device wait on one GPU);
     `verify_fn(candidates, target_predict)` walks the draft chain; `ops` the small ops (TORCH_OPS by default)."""
 
@@ -223,8 +218,8 @@ class VerifyForward:
         for i, L in enumerate(self.layers):
             # --- attention (MLA, weight-absorbed as engines run it at decode/verify sizes)
             q_a, qkv = b["q_a"], b["qkv"]
-            if on("attn_proj"):  # with misc on, the norm kernel sums this GEMM's split-K partials (if any)
-                qkv = ops.linear_partials(x, L["q_a_kv_a"]) if on("misc") else ops.linear(x, L["q_a_kv_a"])
+            if on("attn_proj"):
+                qkv = ops.linear(x, L["q_a_kv_a"])
             if on("misc"):  # both norms and the verify tokens' KV-slot write, one kernel when fused
                 q_a = ops.mla_prep(qkv, L["q_ln"], L["kv_ln"], L["kv_cache"], self.context, s.q_lora, s.kv_lora)
             q = b["q"]
@@ -232,9 +227,8 @@ class VerifyForward:
                 qh = ops.linear(q_a, L["q_b"]).view(n, s.heads, s.qk_nope + s.qk_rope)
                 q = ops.q_absorb(qh, L["w_uk"], s.qk_rope)  # [heads, n, kv_lora + rope]
             o_lat = b["o_lat"]
-            if on("attn_core"):  # with attn_proj on, q_b and q_absorb run after the KV-slot write: keys may go early
-                o_lat = ops.mla(q, L["kv_cache"], self.context + n, s.kv_lora, (s.qk_nope + s.qk_rope) ** -0.5,
-                                early_keys=on("attn_proj"))
+            if on("attn_core"):
+                o_lat = ops.mla(q, L["kv_cache"], self.context + n, s.kv_lora, (s.qk_nope + s.qk_rope) ** -0.5)
             attn_out = b["attn_out"]
             if on("attn_proj"):
                 attn_out = ops.linear(ops.v_up(o_lat, L["w_uv"]), L["o_proj"])
@@ -246,7 +240,7 @@ class VerifyForward:
             mlp_out = b["attn_out"]
             if i < s.dense_layers:
                 if on("dense"):
-                    mlp_out = self._down(ops.linear(x, L["gate_up"]), L["down"], b, on)
+                    mlp_out = self._down(ops.linear(x, L["gate_up"]), L["down"], None, b, on)
             else:
                 topk_w, topk_ids = b["topk_w"], b["topk_ids"]
                 both = ops.linear(x, L["router_gate_up"]) if on("router") and on("dense") else None
@@ -255,15 +249,11 @@ class VerifyForward:
                     topk_w, topk_ids = ops.softmax_topk(logits, s.topk)
                     if self._recording:
                         b["ids_seen"][i].copy_(topk_ids)
-                shared = None
-                if on("dense"):  # the shared expert first: the routed experts add its output in their epilogue
-                    gate_up = both[:, s.experts:] if both is not None else ops.linear(x, L["shared_gate_up"])
-                    mlp_out = shared = self._down(gate_up, L["shared_down"], b, on)
                 if on("moe"):
-                    # after the shared expert, routing and x are two or more launches old: the experts' gate_up
-                    # may compute beside the shared down projection (PDL, early)
-                    mlp_out = self.moe_fn(x, L["w13p"], L["w13s"], L["w2p"], L["w2s"], topk_w, topk_ids, add=shared,
-                                          early=shared is not None)
+                    mlp_out = self.moe_fn(x, L["w13p"], L["w13s"], L["w2p"], L["w2s"], topk_w, topk_ids)
+                if on("dense"):  # the shared expert; its down projection adds the routed output in its epilogue
+                    gate_up = both[:, s.experts:] if both is not None else ops.linear(x, L["shared_gate_up"])
+                    mlp_out = self._down(gate_up, L["shared_down"], mlp_out if on("moe") else None, b, on)
             if on("allreduce"):
                 self.allreduce_fn(mlp_out)
             if on("misc"):
@@ -275,12 +265,13 @@ class VerifyForward:
             return self.verify_fn(b["candidates"], b["predict"])
         return h
 
-    def _down(self, gate_up, w, b, on):
-        """The MLP's down projection: of silu(gate) * up with misc on (the activation is a misc op), of a static
-        activation without it."""
+    def _down(self, gate_up, w, add, b, on):
+        """The MLP's down projection (+ add): of silu(gate) * up with misc on (the activation is a misc op), of a
+        static activation without it."""
         if on("misc"):
-            return self.ops.act_linear(gate_up, w)
-        return self.ops.linear(b["mlp_act"][:, : gate_up.shape[1] // 2], w)
+            return self.ops.act_linear(gate_up, w, add)
+        act = b["mlp_act"][:, : gate_up.shape[1] // 2]
+        return self.ops.linear(act, w) if add is None else self.ops.linear_add(act, w, add)
 
     def component_bytes(self, n: int, distinct_experts_per_layer: list[int]) -> dict[str, int]:
         """Bytes each component must read in one forward: its weights (the routed experts actually touched) and,

@@ -91,12 +91,12 @@ def _moe_fn(device: str):
     if device == "cuda":
         from kernels.moe_int4_triton import fused_moe_w4a16, select_config
 
-        def moe(x, *rest, add=None, early=False):  # the tuned config for this n, in the weights' layout
+        def moe(x, *rest):  # the tuned config for this n, in the layout the weights were generated in
             cfg = {**select_config(x.shape[0], x.device), "layout": "planar"}
-            return fused_moe_w4a16(x, *rest, check_ids=False, prepacked=True, config=cfg, add=add, early=early)
+            return fused_moe_w4a16(x, *rest, check_ids=False, prepacked=True, config=cfg)
 
         return moe
-    return lambda x, *rest, add=None, early=False: reference_moe_w4a16(x, *rest, add=add)
+    return reference_moe_w4a16
 
 
 def _as_checkpoint(packed, device: str, group_size: int):

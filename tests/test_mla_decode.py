@@ -124,15 +124,6 @@ def test_out_argument_and_strided_query_views():
     assert not big[:, :, :8].any() and not big[:, :, 40:].any()
 
 
-def test_early_keys_changes_no_result():
-    # on the CPU there is no PDL wait to move the loads across; the peeled, .cg first tile must give the same bits
-    q, cache = _inputs(2, 3, 48, 150, torch.float16)
-    for splits in (1, 3):
-        a = mla_decode(q, cache, 150, 32, num_splits=splits)
-        b = mla_decode(q, cache, 150, 32, num_splits=splits, early_keys=True)
-        assert torch.equal(a, b)
-
-
 def test_default_splits_fill_the_sms_and_keep_splits_long():
     assert default_num_splits(4096 + 1, 8, 16, 132) == 33  # one row block: 4097 / 128 keys
     assert default_num_splits(32768 + 8, 64, 16, 132) == 66  # 4 row blocks: 2 x 132 programs
@@ -176,7 +167,6 @@ KERNEL_BAD_INPUTS = {
     "block_rows 8": ({"config": lambda a: {"block_rows": 8}}, "power of two >= 16"),
     "block_keys 24": ({"config": lambda a: {"block_keys": 24}}, "power of two >= 16"),
     "unknown config key": ({"config": lambda a: {"BLOCK_N": 32}}, "unknown config key"),
-    "early_keys not a bool": ({"early_keys": lambda a: 1}, "early_keys must be"),
 }
 
 
@@ -368,17 +358,6 @@ def test_kimi_shapes_bf16_on_gpu_match_reference_and_the_torch_path(context):
 def test_alternative_configs_compile_and_match_on_gpu(config):
     for n, splits in ((1, None), (8, None), (8, 1)):
         _check_kernel(8, n, 576, 512, 4096 + n, torch.bfloat16, splits, scale=KIMI_SCALE, config=config)
-
-
-@pytest.mark.gpu
-def test_kimi_early_keys_on_gpu_match_reference():
-    for n in (1, 8):
-        length = 4096 + n
-        q, cache = _inputs(8, n, 576, length, torch.bfloat16, seed=n)
-        want = mla_decode_reference(q.float(), cache.float(), length, 512, KIMI_SCALE)
-        for splits in (None, 1):
-            got = mla_decode(q, cache, length, 512, KIMI_SCALE, splits, early_keys=True, pdl=True)
-            assert rel_error(got.float(), want) <= 1e-2, (n, splits)
 
 
 @pytest.mark.gpu

@@ -32,16 +32,6 @@ def mg():
     return module
 
 
-@pytest.fixture(scope="module")
-def sg():
-    """kernels.skinny_gemm, interpreted on a CPU-only machine as mg is (it makes the partials mla_prep reads)."""
-    module = importlib.import_module("kernels.skinny_gemm")
-    if not torch.cuda.is_available() and not module._INTERPRET:
-        os.environ["TRITON_INTERPRET"] = "1"
-        module = importlib.reload(module)
-    return module
-
-
 def _qkv(n, q_lora, kv_lora, rope, dtype, device=DEV, pad=5):
     """qkv as a column slice of a wider buffer: row stride > width, row starts off alignment."""
     return (torch.randn(n, q_lora + kv_lora + rope + 2 * pad, device=device, dtype=dtype) * 3)[:, pad:-pad]
@@ -143,58 +133,6 @@ def test_v_up_matches_reference(mg, dtype):
     _check_v_up(mg, wide[:, :, 3:35].transpose(0, 1), w_uv)
 
 
-def _prep_both(mg, qkv, y, q_ln, kv_ln, cache, pos, q_lora, kv_lora, pdl=None):
-    """mla_prep of the partials qkv and of the reduced y, each on its own copy of cache: bit-identical."""
-    got_cache, want_cache = cache.clone(), cache.clone()
-    got = mg.mla_prep(qkv, q_ln, kv_ln, got_cache, pos, q_lora, kv_lora, pdl=pdl)
-    want = mg.mla_prep(y, q_ln, kv_ln, want_cache, pos, q_lora, kv_lora, pdl=pdl)
-    assert got.dtype == cache.dtype and got.shape == want.shape and got.is_contiguous()
-    assert torch.equal(got, want) and torch.equal(got_cache, want_cache)
-    return got, got_cache
-
-
-@pytest.mark.parametrize("dtype", CPU_DTYPES)
-def test_mla_prep_reads_split_k_partials(mg, dtype):
-    """fp32 partials [S, n, width]: summed in split order, rounded to the cache's dtype, then as today: the same bits
-    as mla_prep of skinny_gemm's reduce (its reference), and the reference on the partials."""
-    from kernels.skinny_gemm import reduce_partials_reference
-
-    for splits, n, q_lora, kv_lora, rope, pos, rows in [(3, 1, 64, 32, 8, 2, 6), (2, 3, 64, 32, 8, 0, 3),
-                                                        (1, 2, 48, 20, 5, 4, 9), (4, 2, 16, 8, 0, 1, 4)]:
-        width = q_lora + kv_lora + rope
-        p = torch.randn(splits, n, width, device=DEV) * 3
-        q_ln = torch.rand(q_lora, device=DEV, dtype=dtype) + 0.5
-        kv_ln = torch.rand(kv_lora, device=DEV, dtype=dtype) + 0.5
-        cache = torch.randn(rows, kv_lora + rope, device=DEV, dtype=dtype)
-        y = reduce_partials_reference(p, dtype)
-        q_a, got_cache = _prep_both(mg, p, y, q_ln, kv_ln, cache, pos, q_lora, kv_lora)
-        ref_cache = cache.clone()
-        ref = mg.mla_prep_reference(p, q_ln, kv_ln, ref_cache, pos, q_lora, kv_lora)
-        where = (splits, n, q_lora, kv_lora, rope)
-        assert ref.dtype == dtype and rel_error(q_a, ref) <= TOL[dtype], where
-        assert rel_error(got_cache, ref_cache) <= TOL[dtype], where
-        assert torch.equal(got_cache[pos: pos + n, kv_lora:], y[:, q_lora + kv_lora:]), where  # rope: y's bits
-        assert torch.equal(got_cache[:pos], cache[:pos]) and torch.equal(got_cache[pos + n:], cache[pos + n:]), where
-
-
-@pytest.mark.parametrize("dtype", CPU_DTYPES)
-def test_mla_prep_of_deferred_linear_equals_the_two_launch_path(mg, sg, dtype):
-    """linear(defer_reduce=True) -> mla_prep equals linear (with its reduce launch) -> mla_prep, bit for bit."""
-    t = TINY
-    width = t["q_lora"] + t["kv_lora"] + t["rope"]
-    cfg = {"kind": "dot", "BLOCK_N": 64, "BLOCK_K": 64, "SPLIT_K": 3, "reduce": "kernel", "num_warps": 4,
-           "num_stages": 2}
-    for n in (1, 3):
-        x = torch.randn(n, 192, device=DEV, dtype=dtype)
-        w = (torch.randn(width, 192, device=DEV) / 192 ** 0.5).to(dtype)
-        p = sg.linear(x, w, cfg, defer_reduce=True)
-        assert p.shape == (3, n, width) and p.dtype == torch.float32
-        q_ln = torch.rand(t["q_lora"], device=DEV, dtype=dtype) + 0.5
-        kv_ln = torch.rand(t["kv_lora"], device=DEV, dtype=dtype) + 0.5
-        cache = torch.randn(8, t["kv_lora"] + t["rope"], device=DEV, dtype=dtype)
-        _prep_both(mg, p, sg.linear(x, w, cfg), q_ln, kv_ln, cache, 2, t["q_lora"], t["kv_lora"])
-
-
 def test_empty_batches_give_empty_outputs(mg):
     t = TINY
     cache = torch.randn(6, t["kv_lora"] + t["rope"], device=DEV)
@@ -222,13 +160,6 @@ def test_cpu_tensors_without_the_interpreter_take_the_reference(mg, monkeypatch)
     assert torch.equal(mg.q_absorb(qh, w_uk, t["rope"]), mg.q_absorb_reference(qh, w_uk, t["rope"]))
     o_lat, w_uv = _v_up_inputs(3, t["heads"], t["kv_lora"], t["v_head"], torch.float32, "cpu")
     assert torch.equal(mg.v_up(o_lat, w_uv), mg.v_up_reference(o_lat, w_uv))
-    p = torch.randn(3, 2, t["q_lora"] + t["kv_lora"] + t["rope"])  # split-K partials, an fp16 cache
-    cache, q_ln, kv_ln = cache.half(), q_ln.half(), kv_ln.half()
-    want_cache = cache.clone()
-    want = mg.mla_prep_reference(p, q_ln, kv_ln, want_cache, 2, t["q_lora"], t["kv_lora"])
-    assert want.dtype == torch.float16
-    assert torch.equal(mg.mla_prep(p, q_ln, kv_ln, cache, 2, t["q_lora"], t["kv_lora"]), want)
-    assert torch.equal(cache, want_cache)
 
 
 def test_pdl_is_off_on_cpu_even_when_asked(mg):
@@ -260,15 +191,6 @@ def _error_cases(mg):
         (prep(qkv=qkv[0]), r"qkv must be 2-D \[n, q_lora \+ kv_lora \+ rope\]"),
         (prep(qkv=torch.randn(14, 2).t()), "qkv needs last-dim stride 1"),
         (prep(qkv=torch.randn(2, 15)), r"qkv must be \[n, q_lora \+ kv_lora \+ rope\] = \[n, 14\]"),
-        (prep(qkv=torch.randn(2, 2, 2, 14)), r"qkv must be 2-D \[n, q_lora \+ kv_lora \+ rope\] \(or 3-D fp32"),
-        (prep(qkv=torch.randn(3, 2, 14).half()), "qkv partials .* must be float32, got torch.float16"),
-        (prep(qkv=torch.randn(3, 2, 14).double()), "qkv must be float16, bfloat16 or float32"),
-        (prep(qkv=torch.randn(3, 3, 14)[:, :2]), "qkv partials must be contiguous"),
-        (prep(qkv=torch.randn(3, 14, 2).transpose(1, 2)), "qkv needs last-dim stride 1"),
-        (prep(qkv=torch.randn(0, 2, 14)), "qkv partials need S >= 1"),
-        (prep(qkv=torch.randn(3, 2, 15)), r"qkv must be \[S, n, q_lora \+ kv_lora \+ rope\] = \[S, n, 14\]"),
-        (prep(qkv=torch.randn(3, 5, 14)), "pos \\+ n <= cache rows"),
-        (prep(qkv=torch.randn(3, 2, 14), cache=cache.to("meta")), "cache is on meta, qkv on cpu"),
         (prep(q_lora=0), "q_lora must be an int"),
         (prep(q_lora=6.0), "q_lora must be an int"),
         (prep(kv_lora=True), "kv_lora must be an int"),
@@ -380,48 +302,3 @@ def test_ops_replay_in_a_cuda_graph(mg, pdl):
         assert torch.equal(cache[KIMI_CONTEXT + n:], want_cache[KIMI_CONTEXT + n:])
         assert rel_error(q, mg.q_absorb_reference(q_a.view(n, k["heads"], -1), w_uk, k["rope"])) <= 1e-2
         assert rel_error(o, mg.v_up_reference(q[:, :, :k["kv_lora"]], w_uv)) <= 1e-2
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("pdl", (False, True))
-def test_deferred_qkv_reduce_replays_in_a_cuda_graph(mg, sg, pdl):
-    """The q_a/kv_a projection (Kimi 2112 x 7168, bf16) with defer_reduce, then mla_prep on its partials, captured
-    and replayed with fresh x: equal bit for bit to linear (its reduce launch) -> mla_prep. With PDL, mla_prep
-    reading a partial before gdc_wait would read the last replay's values."""
-    if pdl and torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("PDL needs sm_90")
-    torch.manual_seed(6)
-    k, bf = KIMI, torch.bfloat16
-    width = k["q_lora"] + k["kv_lora"] + k["rope"]
-    w = (torch.randn(width, 7168, device="cuda") / 7168 ** 0.5).to(bf)
-    q_ln = torch.rand(k["q_lora"], device="cuda", dtype=bf) + 0.5
-    kv_ln = torch.rand(k["kv_lora"], device="cuda", dtype=bf) + 0.5
-    cfg = {"kind": "dot", "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 4, "reduce": "kernel", "num_warps": 4,
-           "num_stages": 4}
-    for n in (1, 4, 16):
-        x = torch.randn(n, 7168, device="cuda", dtype=bf)
-        cache = torch.randn(KIMI_CONTEXT + 16, k["kv_lora"] + k["rope"], device="cuda", dtype=bf)
-
-        def step(defer, c):
-            qkv = sg.linear(x, w, cfg, pdl=pdl, defer_reduce=defer)
-            return mg.mla_prep(qkv, q_ln, kv_ln, c, KIMI_CONTEXT, k["q_lora"], k["kv_lora"], pdl=pdl)
-
-        assert sg.linear(x, w, cfg, defer_reduce=True).shape == (4, n, width)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            step(True, cache.clone())  # compile outside the capture
-        torch.cuda.current_stream().wait_stream(side)
-        got_cache = cache.clone()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            q_a = step(True, got_cache)
-        for _ in range(3):
-            x.copy_(torch.randn_like(x))
-            want_cache = cache.clone()
-            want = step(False, want_cache)
-            graph.replay()
-            torch.cuda.synchronize()
-            assert torch.equal(q_a, want) and torch.equal(got_cache, want_cache), (n, pdl)
-            assert rel_error(q_a, mg.mla_prep_reference(sg.linear_reference(x, w).to(bf), q_ln, kv_ln, cache.clone(),
-                                                        KIMI_CONTEXT, k["q_lora"], k["kv_lora"])) <= 1e-2

@@ -212,26 +212,6 @@ def test_prepacked_planar_weights_match_reference_without_caching(mt, weights, k
     assert rel_error(out.float(), moe.reference_moe_w4a16(x.float(), w13, s13, w2, s2, tw, ids)) <= 1e-2
 
 
-@pytest.mark.parametrize("kernel", ["v3", "split"])
-def test_add_is_summed_into_the_output_and_early_changes_nothing(mt, weights, kernel):
-    """The verify forward's call: the shared expert's output added by kernel 2 (rounded once, as the reference)."""
-    dev = _device()
-    ws = _on(dev, weights)
-    cfg = SMALL_CFG if kernel == "v3" else SPLIT_CFGS["K2 no prefetch"]
-    x = torch.randn(3, H, dtype=torch.float16, device=dev)
-    add = torch.randn(3, H, dtype=torch.float16, device=dev)
-    tw, ids = moe.route_uniform(3, E, TOPK, seed=33, device=dev)
-    out = mt.fused_moe_w4a16(x, *ws, tw, ids, config=cfg, add=add, early=kernel == "split")
-    want = moe.reference_moe_w4a16(x.float(), *ws, tw, ids, add=add.float())
-    assert rel_error(out.float(), want) <= 1e-2
-    assert rel_error(out.float() - add.float(), moe.reference_moe_w4a16(x.float(), *ws, tw, ids)) <= 2e-2
-    for bad in (add[:2], add.float(), torch.randn(H, 3, dtype=torch.float16, device=dev).t()):
-        with pytest.raises(ValueError, match="add must be"):
-            mt.fused_moe_w4a16(x, *ws, tw, ids, config=cfg, add=bad)
-    with pytest.raises(ValueError, match="early must be"):
-        mt.fused_moe_w4a16(x, *ws, tw, ids, config=cfg, early=1)
-
-
 _SPLIT = SPLIT_CFGS["K2 no prefetch"]
 BAD_CONFIGS = {
     "SPLIT_K not dividing the groups": ({**_SPLIT, "gate_up": {**_SPLIT["gate_up"], "SPLIT_K": 3}}, "SPLIT_K must divide"),
@@ -481,25 +461,6 @@ def test_half2_dequant_on_gpu_matches_reference(mt, name):
         tw, ids = moe.route_uniform(m, 16, 4, seed=m, device="cuda")
         out = mt.fused_moe_w4a16(x, *ws, tw, ids, config=HALF2_CFGS[name])
         assert rel_error(out.float(), moe.reference_moe_w4a16(x.float(), *ws, tw, ids)) <= 1e-2, (m, dtype)
-
-
-@pytest.mark.gpu
-def test_early_kernel_1_with_add_on_gpu_matches_reference(mt):
-    """The verify forward's call on a GPU: kernel 1 computes before its PDL wait (early), kernel 2 adds `add`; x is
-    made two launches before the MoE and `add` just before it, as in the forward (the overlap itself is covered by
-    tests/test_verify_forward.py's graph against the torch ops)."""
-    torch.manual_seed(8)
-    ws = tuple(w.cuda() for w in (*moe.quantize_w4a16(torch.randn(16, 512, 1024) * 0.05),
-                                  *moe.quantize_w4a16(torch.randn(16, 1024, 256) * 0.05)))
-    for m in (1, 8):
-        x0 = torch.randn(m, 1024, dtype=torch.bfloat16, device="cuda")
-        add0 = torch.randn(m, 1024, dtype=torch.bfloat16, device="cuda")
-        tw, ids = moe.route_uniform(m, 16, 4, seed=m, device="cuda")
-        for name in ("BN4 pf1 pdl", "BN16 K4"):
-            x, add = x0 * 1, add0 * 1  # fresh kernels' outputs just before the call
-            out = mt.fused_moe_w4a16(x, *ws, tw, ids, config={**HALF2_CFGS[name], "pdl": True}, add=add, early=True)
-            want = moe.reference_moe_w4a16(x0.float(), *ws, tw, ids, add=add0.float())
-            assert rel_error(out.float(), want) <= 1e-2, (m, name)
 
 
 @pytest.mark.gpu

@@ -204,59 +204,6 @@ def test_cpu_without_interpreter_takes_the_reference(monkeypatch):
     assert torch.equal(sg.linear(x, w, add=add, pdl=True), sg.linear_reference(x, w, add))
 
 
-@needs_kernel
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
-@pytest.mark.parametrize("base", [DOT, FMA], ids=["dot", "fma"])
-def test_defer_reduce_returns_the_partials_the_reduce_launch_sums(dtype, base):
-    """defer_reduce with a reduce "kernel" config: the fp32 partials [split, n, N], whose ordered sum rounded to x's
-    dtype is the two-launch y bit for bit."""
-    cfg = {**base, "SPLIT_K": 3, "reduce": "kernel"}
-    for n in (1, 3):
-        x, w = _inputs(n, dtype=dtype)
-        p = sg.linear(x, w, cfg, defer_reduce=True)
-        assert p.shape == (3, n, N) and p.dtype == torch.float32 and p.is_contiguous()
-        assert rel_error(p.sum(0), sg.linear_reference(x, w)) <= TOL
-        assert torch.equal(sg.reduce_partials_reference(p, dtype), sg.linear(x, w, cfg)), n
-
-
-@needs_kernel
-def test_defer_reduce_returns_y_where_there_is_no_reduce_launch(monkeypatch):
-    x, w = _inputs(2, seed=17)
-    cases = {"no split": DOT, "serial": {**DOT, "SPLIT_K": 3}, "fma serial": {**FMA, "SPLIT_K": 3},
-             "torch": {"kind": "torch"}}
-    for name, cfg in cases.items():
-        y = sg.linear(x, w, cfg, defer_reduce=True)
-        assert y.shape == (2, N) and y.dtype == x.dtype and torch.equal(y, sg.linear(x, w, cfg)), name
-    x64, w64 = _inputs(2, k=64, seed=18)  # one BLOCK_K step: SPLIT_K 3 plans a single split
-    cfg = {**DOT, "SPLIT_K": 3, "reduce": "kernel"}
-    assert torch.equal(sg.linear(x64, w64, cfg, defer_reduce=True), sg.linear(x64, w64, cfg))
-    monkeypatch.setattr(sg, "_INTERPRET", False)  # the CPU reference path
-    xc, wc = torch.randn(2, 64), torch.randn(8, 64)
-    assert torch.equal(sg.linear(xc, wc, cfg, defer_reduce=True), sg.linear_reference(xc, wc))
-
-
-def test_defer_reduce_rejects_add_act_and_non_bools():
-    x, w = _inputs(2)
-    add = torch.zeros(2, N, device=DEV, dtype=x.dtype)
-    cfg = {**DOT, "SPLIT_K": 3, "reduce": "kernel"}
-    for kw in ({"add": add}, {"act": "silu_mul"}):
-        xs = torch.cat([x, x], 1) if "act" in kw else x
-        with pytest.raises(ValueError, match="defer_reduce=True cannot take add or act"):
-            sg.linear(xs, w, cfg, defer_reduce=True, **kw)
-    with pytest.raises(ValueError, match="defer_reduce must be True or False"):
-        sg.linear(x, w, cfg, defer_reduce=1)
-
-
-def test_reduce_partials_reference_sums_in_split_order():
-    p = torch.tensor([[[1.0, 2.0**24]], [[2.0**-30, 1.0]], [[-1.0, -(2.0**24)]]])
-    # in split order (1 + 2^-30) - 1 and (2^24 + 1) - 2^24 are 0 in fp32; another order keeps 2^-30 or the 1
-    assert torch.equal(sg.reduce_partials_reference(p, torch.float32), torch.tensor([[0.0, 0.0]]))
-    q = torch.randn(4, 3, 40) * 100
-    want = ((q[0] + q[1]) + q[2]) + q[3]
-    assert torch.equal(sg.reduce_partials_reference(q, torch.float16), want.half())
-    assert sg.reduce_partials_reference(q[:1], torch.float32).data_ptr() != q.data_ptr()  # never a view of p
-
-
 # ---------------------------------------------------------------------------------------------------- configs
 
 def _table(buckets):
