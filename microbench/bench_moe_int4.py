@@ -236,7 +236,8 @@ SPLIT_GATE_UP_CANDIDATES = [{"BLOCK_N": bn, "num_warps": 1, "num_stages": 1, "SP
                                                (2, 7, 0), (4, 7, 0), (8, 7, 0), (16, 7, 0), (8, 8, 0), (8, 14, 0))]
 # kernel 2 of the split path: 2 warps (the columns are topk x I/8 words); 32 rows or 4+ warps go through shared memory.
 # Every program rebuilds the token's activations (2 x SPLIT_K x topk x I fp32 from L2): more rows per program
-# (ROW_ITERS) amortize that when SPLIT_K > 1
+# (ROW_ITERS) amortize that when SPLIT_K > 1. The last three (4 x 8, 4 x 16, 8 x 16) won nowhere on the H200 beyond
+# run-to-run noise (results/nvidia-h200-x1/tune-a9bf804/moe_int4-tune-half2.log).
 SPLIT_DOWN_CANDIDATES = [{"BLOCK_N": bn, "ROW_ITERS": it, "num_stages": 1} for bn, it in
                          ((16, 1), (8, 1), (4, 1), (8, 2), (16, 2), (8, 4), (8, 8), (4, 8), (4, 16), (8, 16))]
 # Space "half2" (kernel split, fp16-pair dequant, CUDA only): ~25% fewer SASS instructions per weight and far fewer

@@ -207,7 +207,8 @@ def test_skinny_gemm(device_benchmark, spec):
 # smem per CTA = stages x (BLOCK_N + 16) x BLOCK_K x 2 B (one tile more with PDL: the peeled first step), so these
 # range over 1-3 CTAs per SM and 64-144 KB of w in flight per SM. The last three go deeper (6-8 stages, 120-180 KB
 # with PDL on sm_90, triton 3.6): ncu showed the tuned tiles long-scoreboard-bound at one 4-warp CTA per SM
-# (results/nvidia-h200-x1/verify-half2/ncu-layer-n8.txt); not yet timed on a GPU.
+# (results/nvidia-h200-x1/verify-half2/ncu-layer-n8.txt). Timed on the H200 (results/nvidia-h200-x1/tune-a9bf804/):
+# only lm_head picks one (8 stages, -3%); every projection of a layer keeps its 3-4 stage tile.
 DOT_TILES = [(64, 128, 4, 4), (64, 256, 4, 3), (128, 128, 4, 3), (32, 256, 4, 4), (64, 128, 8, 5), (64, 128, 4, 6),
              (64, 128, 4, 8), (32, 256, 4, 8)]
 # (BLOCK_N, BLOCK_K, num_warps) per token bucket: BLOCK_K = 8 x 32 x warps x U, so each thread streams U 16-byte
