@@ -208,9 +208,11 @@ def test_skinny_gemm(device_benchmark, spec):
 # range over 1-3 CTAs per SM and 64-144 KB of w in flight per SM. The last three go deeper (6-8 stages, 120-180 KB
 # with PDL on sm_90, triton 3.6): ncu showed the tuned tiles long-scoreboard-bound at one 4-warp CTA per SM
 # (results/nvidia-h200-x1/verify-half2/ncu-layer-n8.txt). Timed on the H200 (results/nvidia-h200-x1/tune-a9bf804/):
-# only lm_head picks one (8 stages, -3%); every projection of a layer keeps its 3-4 stage tile.
+# only lm_head picks one (8 stages, -3%); every projection of a layer keeps its 3-4 stage tile. The BLOCK_N = 16 tiles
+# (mma.sync, 48-160 KB of shared memory with PDL) give the 2112-row q_a/kv_a projection one column block per SM
+# without split-K (no reduce launch), and the 384-1536-row GEMMs 4x the blocks of BLOCK_N = 64 at less split-K.
 DOT_TILES = [(64, 128, 4, 4), (64, 256, 4, 3), (128, 128, 4, 3), (32, 256, 4, 4), (64, 128, 8, 5), (64, 128, 4, 6),
-             (64, 128, 4, 8), (32, 256, 4, 8)]
+             (64, 128, 4, 8), (32, 256, 4, 8), (16, 256, 4, 4), (16, 512, 4, 4), (16, 256, 2, 6)]
 # (BLOCK_N, BLOCK_K, num_warps) per token bucket: BLOCK_K = 8 x 32 x warps x U, so each thread streams U 16-byte
 # slices of BLOCK_N rows per step; registers grow with the tokens (x and accumulators are per token).
 FMA_TILES = {1: [(4, 1024, 4), (8, 1024, 4)], 2: [(4, 1024, 4), (8, 1024, 4)], 4: [(4, 1024, 4), (2, 2048, 8)],
@@ -286,9 +288,9 @@ def tune_shape(shape: Shape, device: str, ns=TUNE_NS, measure_kw: dict | None = 
     dot, dot_us = t.best(n_dot, [_dot(tile) for tile in tiles])
     if dot is None:
         return {}
-    # split-K around the heuristic's choice, then the other reduction
+    # split-K around the heuristic's choice and none at all (one launch, no partials), then the other reduction
     s = t.full(dot)["SPLIT_K"]
-    cands = {t.full({**dot, "SPLIT_K": v})["SPLIT_K"]: v for v in ([max(1, s // 2), s * 2] if s > 1 else [2, 4])}
+    cands = {t.full({**dot, "SPLIT_K": v})["SPLIT_K"]: v for v in ([1, max(1, s // 2), s * 2] if s > 1 else [2, 4])}
     cands.pop(s, None)  # what runs after rounding to whole steps per split, minus the one timed already
     if cands:
         cand, us = t.best(n_dot, [{**dot, "SPLIT_K": v} for v in cands.values()])

@@ -44,7 +44,7 @@ def _err(y, x, w):
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
-@pytest.mark.parametrize("base", [DOT, FMA], ids=["dot", "fma"])
+@pytest.mark.parametrize("base", [DOT, {**DOT, "BLOCK_N": 16, "num_warps": 2}, FMA], ids=["dot", "dot-bn16", "fma"])
 @pytest.mark.parametrize("n", [1, 5])
 @pytest.mark.parametrize("split,reduce", [(1, "serial"), (3, "serial"), (3, "kernel")])
 def test_kernel_matches_fp32_reference(dtype, base, n, split, reduce):
@@ -427,6 +427,7 @@ PDL_CASES = {"table": (None, None),
              "dot-serial": ({**_D, "SPLIT_K": 7}, {**_D, "BLOCK_K": 128, "SPLIT_K": 2}),
              "dot-kernel": ({**_D, "SPLIT_K": 7, "reduce": "kernel"},
                             {**_D, "BLOCK_K": 128, "SPLIT_K": 2, "reduce": "kernel"}),
+             "dot-bn16": ({**_D, "BLOCK_N": 16, "BLOCK_K": 512, "SPLIT_K": 2}, {**_D, "BLOCK_N": 16, "SPLIT_K": 1}),
              "fma-serial": (_F, _F),
              "fma-kernel": ({**_F, "reduce": "kernel"},) * 2}
 
