@@ -248,7 +248,9 @@ HALF2_GATE_UP_CANDIDATES = [{"BLOCK_N": bn, "num_warps": 1, "num_stages": 1, "SP
                             for bn, sk, pf in ((8, 1, 0), (4, 1, 1), (4, 1, 0), (16, 1, 0), (32, 1, 0), (2, 1, 1),
                                                (8, 2, 0), (4, 7, 0), (8, 7, 0), (16, 7, 0), (8, 14, 0))]
 # two warps over 256 words: twice the bytes per step at n = 1-4, where a program's 7 dependent steps set its time
-# (76-168 registers, no spills: sm_90, triton 3.6; the last of the 3.5 steps per row is half masked)
+# (76-168 registers, no spills: sm_90, triton 3.6; the last of the 3.5 steps per row is half masked). On the H200
+# BN 4 with prefetch wins n = 1 only: 14.39 against 14.91 us for the committed BN 2 in the same sweep
+# (results/nvidia-h200-x1/tune-669a51f/moe_int4-tune-half2.log; the committed table was kept: -0.6% of a forward).
 HALF2_GATE_UP_CANDIDATES += [{"BLOCK_N": bn, "num_warps": 2, "num_stages": 1, "SPLIT_K": 1, "PREFETCH": pf,
                               "BLOCK_W": 256} for bn, pf in ((2, 1), (4, 0), (4, 1))]
 OLD_BASE = {"layout": "planar", "dequant": "denormal", "kernel": "v3", "gate_up": GATE_UP_CANDIDATES[1],

@@ -211,6 +211,9 @@ def test_skinny_gemm(device_benchmark, spec):
 # only lm_head picks one (8 stages, -3%); every projection of a layer keeps its 3-4 stage tile. The BLOCK_N = 16 tiles
 # (mma.sync, 48-160 KB of shared memory with PDL) give the 2112-row q_a/kv_a projection one column block per SM
 # without split-K (no reduce launch), and the 384-1536-row GEMMs 4x the blocks of BLOCK_N = 64 at less split-K.
+# Timed on the H200 (results/nvidia-h200-x1/tune-669a51f/): they win only the router and shared gate_up run alone
+# (-2%); q_a/kv_a keeps BLOCK_N 64 with split-K 4. That sweep timed o_proj's dot tiles ~10% slower than the one
+# before, so the committed table was kept.
 DOT_TILES = [(64, 128, 4, 4), (64, 256, 4, 3), (128, 128, 4, 3), (32, 256, 4, 4), (64, 128, 8, 5), (64, 128, 4, 6),
              (64, 128, 4, 8), (32, 256, 4, 8), (16, 256, 4, 4), (16, 512, 4, 4), (16, 256, 2, 6)]
 # (BLOCK_N, BLOCK_K, num_warps) per token bucket: BLOCK_K = 8 x 32 x warps x U, so each thread streams U 16-byte
