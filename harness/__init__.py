@@ -1,2 +1,2 @@
-"""verifybench harness: the timing engine, statistics, fingerprint, results store, compare and CLI."""
-__version__ = "0.1.0"
+"""verifybench: device-timed microbenchmarks of the speculative-decoding verify step (engine, components, CLI)."""
+__version__ = "0.2.0"

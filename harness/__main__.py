@@ -1,6 +1,6 @@
-"""`python -m harness ...` is `verifybench ...` without installing the package."""
+"""`python3 -m verifybench.harness ...` is the `verifybench` command."""
 import sys
 
-from harness.cli import main
+from verifybench.harness.cli import main
 
 sys.exit(main())

@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kernels import pdl as _pdl
+from verifybench.kernels import pdl as _pdl
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_ROW = 16384  # a whole row lives in registers: 16384 fp32 over 16 warps = 32 values per thread

@@ -21,27 +21,10 @@ def straight_line(x: torch.Tensor, kernels: int) -> None:
 
 @dataclass(frozen=True)
 class LayerShapes:
-    """Per-rank (in_features, out_features) of each bf16 projection of one MoE layer, in forward order.
-
-    From DESIGN.md 4.5 (Kimi-K2.5 at TP8: fused q_a/kv_a 7168->2112 replicated, q_b 1536->8x192, kv_b absorbed
-    512->8x256, o_proj 8x128->7168, router 7168->384 replicated, shared expert 7168->2x256 and 256->7168).
-    The routed INT4 experts are their own component and are not in this stack.
-    """
+    """(name, in_features, out_features) of each bf16 projection of one layer, in forward order (the model
+    preset says which: Preset.projections())."""
 
     projections: tuple[tuple[str, int, int], ...]
-
-    @classmethod
-    def mla_moe(cls, hidden: int, heads: int, q_lora: int, kv_lora: int, qk_nope: int, qk_rope: int, v_head: int,
-                experts: int, shared_intermediate: int) -> "LayerShapes":
-        return cls((
-            ("q_a_kv_a", hidden, q_lora + kv_lora + qk_rope),
-            ("q_b", q_lora, heads * (qk_nope + qk_rope)),
-            ("kv_b", kv_lora, heads * (qk_nope + v_head)),
-            ("o_proj", heads * v_head, hidden),
-            ("router", hidden, experts),
-            ("shared_gate_up", hidden, 2 * shared_intermediate),
-            ("shared_down", shared_intermediate, hidden),
-        ))
 
     @property
     def weight_bytes(self) -> int:

@@ -38,9 +38,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kernels import config_tables
-from kernels import pdl as _pdl
-from kernels.config_tables import device_name
+from verifybench.kernels import config_tables
+from verifybench.kernels import pdl as _pdl
+from verifybench.kernels.config_tables import device_name
 
 # Starting points, not timed on a GPU: SGLang's grouped MLA decode kernel runs 16 query rows x 32 keys per tile
 # with 4 warps and 2 stages at 576/512. Larger block_rows (32 or 64, 8 warps) read the cache fewer times per split

@@ -32,8 +32,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # PDL (sm_90+; triton >= 3.3)
 
-from kernels import pdl as pdl_mod
-from kernels.fused_ops import FLOAT_DTYPES, MAX_ROW, rmsnorm_reference
+from verifybench.kernels import pdl as pdl_mod
+from verifybench.kernels.fused_ops import FLOAT_DTYPES, MAX_ROW, rmsnorm_reference
 
 MAX_NOPE = 256  # q_absorb holds a head's whole [nope, BLOCK_C] w_uk tile in registers
 MAX_KV_LORA = 1024  # v_up holds a head's whole [kv_lora, BLOCK_V] w_uv tile in registers

@@ -42,10 +42,10 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # PDL (sm_90+; triton >= 3.3)
 
-from kernels import config_tables
-from kernels import pdl as _pdl
-from kernels.config_tables import device_name
-from kernels.moe_int4 import PACK, check_moe_inputs, pack_nibbles, unpack_nibbles
+from verifybench.kernels import config_tables
+from verifybench.kernels import pdl as _pdl
+from verifybench.kernels.config_tables import device_name
+from verifybench.kernels.moe_int4 import PACK, check_moe_inputs, pack_nibbles, unpack_nibbles
 
 CONFIG_PATH = Path(__file__).with_name("moe_int4_configs.json")
 LAYOUTS = ("planar", "checkpoint")

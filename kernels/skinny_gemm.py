@@ -44,10 +44,10 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from kernels import config_tables
-from kernels import pdl as _pdl
-from kernels.config_tables import device_name
-from kernels.fused_ops import silu_mul_reference
+from verifybench.kernels import config_tables
+from verifybench.kernels import pdl as _pdl
+from verifybench.kernels.config_tables import device_name
+from verifybench.kernels.fused_ops import silu_mul_reference
 
 CONFIG_PATH = Path(__file__).with_name("skinny_gemm_configs.json")
 MAX_TOKENS = 16

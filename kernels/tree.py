@@ -13,8 +13,8 @@ from collections import Counter
 
 import torch
 
-from kernels import tree_triton as _tt
-from kernels.tree_triton import (FLAG_CYCLE, FLAG_ID_RANGE, FLAG_MISSING_PARENT,  # noqa: F401 (re-exported)
+from verifybench.kernels import tree_triton as _tt
+from verifybench.kernels.tree_triton import (FLAG_CYCLE, FLAG_ID_RANGE, FLAG_MISSING_PARENT,  # noqa: F401 (re-exported)
                                  FLAG_NAN_SCORE, MASK_MODES)
 
 BACKENDS = ("reference", "kernel")

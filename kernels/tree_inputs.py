@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.tree import organize_draft_results
+from verifybench.kernels.tree import organize_draft_results
 
 
 def random_draft(batch: int, topk: int, spec_steps: int, vocab: int, *, seed: int = 0, device="cpu"):

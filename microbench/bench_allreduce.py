@@ -1,113 +1,17 @@
-"""Allreduce in one process: a 1-rank process group, so each number is a backend's call floor (launch plus the
-collective's fixed cost with no peer to wait for) at the preset's verify sizes.
-
-At one rank torch's NCCL group has nothing to do for an in-place allreduce: its graph capture is empty, so it has
-eager cases only (an empty graph's replay / K read 0.003-0.1 us, noise around nothing); pynccl's out-of-place op
-still runs a kernel. Multi-GPU numbers come from
-`torchrun --nproc-per-node=N -m harness.allreduce`; under a multi-rank launch this module skips.
-Run: pytest --benchmark-only microbench/bench_allreduce.py (CPU: gloo, perf_counter, tiny preset).
-"""
-from __future__ import annotations
-
+"""pytest-benchmark over the allreduce component's cases (harness/components/allreduce.py), device-timed: a 1-rank
+group; under a multi-rank launch the module skips (torchrun -m verifybench.harness.dist.allreduce measures that)."""
 import os
-from datetime import timedelta
 
 import pytest
-import torch
-import torch.distributed as dist
 
-from harness import presets
-from harness.allreduce_results import ENGINE_MODE, busbw_factor, table_rows
-from harness.allreduce_backends import (ELEMENT_BYTES, Comm, check_eager, check_graph, expected_sum, make_backend,
-                                        prepare_for_timing, unavailable_reason)
-from harness.runner import CaseSpec
-from harness.timing import cuda_available
+from verifybench.harness.components import bench_cases
 
-COMPONENT = "allreduce_1rank"
-TOKENS = (1, 4, 8)
-_state: dict = {}  # the 1-rank group, its store and one communicator per backend, made on first use
+COMPONENT = "allreduce"
+if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    pytest.skip("multi-rank launch: the 1-rank cases need their own group", allow_module_level=True)
+CASES = bench_cases(COMPONENT)
 
 
-def _comm(device: str) -> Comm:
-    if "store" not in _state:
-        if dist.is_initialized():
-            raise RuntimeError("a process group already exists in this process; the 1-rank cases need their own")
-        store = dist.TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=60), wait_for_workers=False)
-        gpu = cuda_available()
-        dist.init_process_group("cpu:gloo,cuda:nccl" if gpu else "gloo", store=dist.PrefixStore("pg/", store),
-                                rank=0, world_size=1, device_id=torch.device("cuda", torch.cuda.current_device())
-                                if gpu else None)
-        _state["store"] = store
-    dev = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
-    return Comm(0, 1, 1, dev, _state["store"])
-
-
-def _backend(name: str, comm: Comm, max_numel: int):
-    key = (name, max_numel)
-    if key not in _state:
-        _state[key] = make_backend(name, comm, max_numel)
-    return _state[key]
-
-
-def _case(backend: str, size: int, max_size: int, mode: str, device: str) -> CaseSpec:
-    numel = size // ELEMENT_BYTES
-
-    def setup():
-        comm = _comm(device)
-        reason = unavailable_reason(backend, comm)
-        if reason:
-            pytest.skip(f"{backend}: {reason}")
-        op = _backend(backend, comm, max_size // ELEMENT_BYTES)(numel)
-        expected = expected_sum(numel, 1, comm.device)
-
-        def check():
-            wrong = check_eager(op, comm, expected)
-            graphed = comm.device.type == "cuda"
-            if graphed:
-                wrong += check_graph(op, comm, expected)
-            prepare_for_timing(op, comm)
-            return wrong == 0, f"#wrong {wrong} of {numel} (eager{', graph replay x2' if graphed else ''})"
-
-        def derive(m):
-            t = m.median_us
-            algbw = size / t / 1e3
-            return {"time_us": t, "algbw_gbps": algbw, "busbw_gbps": algbw * busbw_factor(1), "wrong": 0,
-                    "p99_us": sorted(m.samples_us)[int(0.99 * (len(m.samples_us) - 1))], "slowest_rank": 0}
-
-        return op.run, check, derive
-
-    params = {"size_bytes": size, "count": numel, "dtype": "bf16", "backend": backend, "mode": mode,
-              "world_size": 1}
-    return CaseSpec(name=f"allreduce1/{backend}/{size}B/{mode}", params=params, mode=ENGINE_MODE[mode],
-                    setup=setup, measure_kw={"device": device})
-
-
-def cases(preset: str = "kimi-k2.5", tp: int = 8) -> list[CaseSpec]:
-    """Per backend and verify size (1, 4, 8 tokens): graph and eager. CPU: gloo at the tiny preset."""
-    gpu = cuda_available()
-    hidden = presets.get(preset if gpu else "tiny").hidden
-    sizes = [hidden * t * ELEMENT_BYTES for t in TOKENS]
-    backends = [("nccl", "cuda"), ("pynccl", "cuda"), ("gloo", "cpu")] if gpu else [("gloo", "cpu")]
-    return [_case(b, s, max(sizes), mode, dev) for b, dev in backends for s in sizes for mode in ("graph", "eager")
-            if not (b == "nccl" and mode == "graph")]
-
-
-def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
-    return [("allreduce, 1 rank: the call floor of each backend", table_rows(records))]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_rank_group():
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        pytest.skip("multi-rank launch: use `torchrun -m harness.allreduce` for collectives across ranks")
-    yield
-    if "store" in _state and dist.is_initialized():
-        torch.cuda.synchronize() if cuda_available() else None
-        dist.destroy_process_group()  # one rank: no peer to wait for, so teardown cannot hang here
-    _state.clear()
-
-
-@pytest.mark.parametrize("spec", cases(), ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", CASES, ids=lambda s: s.name)
 def test_allreduce_one_rank(device_benchmark, spec):
-    case = device_benchmark(spec)
-    assert case.check_ok
+    device_benchmark(spec)

@@ -10,11 +10,11 @@ import sys
 import pytest
 import torch
 
-from harness.allreduce import parse_bytes, parse_int_list, plan_sizes
-from harness.allreduce_results import build_cases, busbw_factor, table_rows
-from harness.allreduce_backends import BF16_EXACT_MAX, expected_sum, pattern_modulus
-from harness.allreduce_sweep import parse_nccl_log, parse_setting
-from harness.results import load_run
+from verifybench.harness.dist.allreduce import parse_bytes, parse_int_list, plan_sizes
+from verifybench.harness.dist.allreduce_results import build_cases, busbw_factor, table_rows
+from verifybench.harness.dist.backends import BF16_EXACT_MAX, expected_sum, pattern_modulus
+from verifybench.harness.dist.sweep import parse_nccl_log, parse_setting
+from verifybench.harness.engine.results import load_run
 from torchrun_jobs import BOUND_S, TORCHRUN, assert_no_orphans
 from torchrun_jobs import run_job
 
@@ -23,7 +23,7 @@ FAST = ["--backend", "gloo", "--preset", "tiny", "--tokens", "1,2", "--warmup", 
 
 
 def test_gloo_two_rank_run_prints_table_and_saves_checked_json(tmp_path):
-    rc, out, _, tag = _run(TORCHRUN + ["-m", "harness.allreduce", *FAST, "--out", str(tmp_path), "--name", "r.json"])
+    rc, out, _, tag = _run(TORCHRUN + ["-m", "verifybench.harness.dist.allreduce", *FAST, "--out", str(tmp_path), "--name", "r.json"])
     assert rc == 0, out[-3000:]
     assert re.search(r"size\(B\)\s+count\s+type\s+backend\s+mode\s+time\(us\)\s+algbw\(GB/s\)\s+busbw\(GB/s\)\s+#wrong",
                      out), out[-3000:]
@@ -45,7 +45,7 @@ def test_gloo_two_rank_run_prints_table_and_saves_checked_json(tmp_path):
 
 
 def test_rank_exiting_early_ends_job_nonzero_within_bound_naming_it(tmp_path):
-    rc, out, wall_s, tag = _run(TORCHRUN + ["-m", "harness.allreduce", *FAST, "--out", str(tmp_path),
+    rc, out, wall_s, tag = _run(TORCHRUN + ["-m", "verifybench.harness.dist.allreduce", *FAST, "--out", str(tmp_path),
                                             "--fault", "exit-early:1@1"])
     assert rc != 0
     assert wall_s < BOUND_S
@@ -55,7 +55,7 @@ def test_rank_exiting_early_ends_job_nonzero_within_bound_naming_it(tmp_path):
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_rank_hanging_ends_job_nonzero_within_bound_naming_it(tmp_path, rank):
-    rc, out, wall_s, tag = _run(TORCHRUN + ["-m", "harness.allreduce", *FAST, "--out", str(tmp_path),
+    rc, out, wall_s, tag = _run(TORCHRUN + ["-m", "verifybench.harness.dist.allreduce", *FAST, "--out", str(tmp_path),
                                             "--fault", f"hang:{rank}@1", "--hang-timeout", "4"])
     assert rc != 0
     assert wall_s < BOUND_S
@@ -65,7 +65,7 @@ def test_rank_hanging_ends_job_nonzero_within_bound_naming_it(tmp_path, rank):
 
 
 def test_nccl_sweep_runs_each_setting_in_a_fresh_torchrun(tmp_path):
-    rc, out, _, tag = _run([sys.executable, "-m", "harness.allreduce", "--nccl-sweep", "--setting", "default",
+    rc, out, _, tag = _run([sys.executable, "-m", "verifybench.harness.dist.allreduce", "--nccl-sweep", "--setting", "default",
                             "--setting", "NCCL_PROTO=LL,NCCL_MAX_NCHANNELS=2", *FAST, "--mode", "graph",
                             "--nproc-per-node", "2", "--out", str(tmp_path)], timeout_s=150)
     assert rc == 0, out[-3000:]
@@ -127,7 +127,7 @@ def test_busbw_uses_the_nccl_tests_factor():
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 8, 16, 64, 256])
 def test_check_pattern_sums_are_exact_in_bf16_in_any_order(world_size):
-    from harness.allreduce_backends import _pattern_int
+    from verifybench.harness.dist.backends import _pattern_int
 
     numel = 1000
     exact = sum(_pattern_int(numel, r, world_size, "cpu") for r in range(world_size))

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.fit import linear_fit
-from microbench import bench_verify
+from verifybench.harness.analysis.fit import linear_fit
+from verifybench.harness.components import verify as bench_verify
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
     env = dict(os.environ, VERIFYBENCH_MAX_TIME_S="0.05")
-    r = subprocess.run([sys.executable, "-m", "harness", "run", "--out", str(out)], cwd=REPO, env=env,
+    r = subprocess.run([sys.executable, "-m", "verifybench.harness", "run", "--out", str(out)], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "CPU smoke profile" in r.stdout
@@ -25,11 +25,16 @@ def run_dir(tmp_path_factory):
 
 
 def test_run_writes_every_component_report_and_charts(run_dir):
+    from verifybench.harness.components import REGISTRY
+
     names = {p.name.split("-2")[0] for p in run_dir.glob("*.json")}
-    assert names == {"baseline", "graph_replay", "kv_tree", "skinny_gemm", "mla_decode", "moe_int4", "allreduce_1rank", "verify"}
-    report = next(run_dir.glob("run-*.md")).read_text()
-    assert "CPU numbers" in report and "verify_components.png" in report
-    assert (run_dir / "verify_components.png").stat().st_size > 0
+    assert names == set(REGISTRY)
+    report_path = next(run_dir.glob("run-*.md"))
+    stamp = report_path.stem.rsplit("-", 1)[1]
+    report = report_path.read_text()
+    chart = run_dir / f"verify_components-{stamp}.png"  # charts carry the run's time, like the JSON and the report
+    assert "CPU numbers" in report and chart.name in report
+    assert chart.stat().st_size > 0
 
 
 def test_report_parts_add_up_and_fit_matches_its_points(run_dir):
@@ -45,7 +50,7 @@ def test_report_parts_add_up_and_fit_matches_its_points(run_dir):
 
 
 def test_run_rejects_an_unknown_component(tmp_path, capsys):
-    from harness.cli import main
+    from verifybench.harness.cli import main
 
     assert main(["run", "--components", "verify,nope", "--out", str(tmp_path)]) == 2
     assert "unknown component(s) nope" in capsys.readouterr().err

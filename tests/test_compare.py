@@ -4,10 +4,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from harness import compare, results
-from harness.cli import main as cli_main
-from harness.results import Case
-from harness.timing import Measurement
+from verifybench.harness.engine import compare
+from verifybench.harness.engine import results
+from verifybench.harness.cli import main as cli_main
+from verifybench.harness.engine.results import Case
+from verifybench.harness.engine.timing import Measurement
 
 FP = {"gpu_model": "NVIDIA H200", "slug": "nvidia-h200-x1", "env": {"NCCL_PROTO": "Simple"},
       "gpus": [{"name": "NVIDIA H200", "uuid": "GPU-1"}]}
@@ -125,7 +126,7 @@ def test_fingerprint_diff_ignores_clock_readings_only():
 def test_bad_thresholds_exit_2(tmp_path, effect, alpha):
     base = _write(tmp_path / "a.json", {"x": _samples(1)})
     args = SimpleNamespace(base=base, new=base, min_effect=effect, alpha=alpha, allow_different_hardware=False)
-    assert compare.main(args) == 2
+    assert compare.run(args) == 2
 
 
 def test_a_slow_host_timed_case_is_still_slow_but_named_as_host_bound(tmp_path, capsys):

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from harness.fit import linear_fit
+from verifybench.harness.analysis.fit import linear_fit
 
 
 def test_exact_line_is_recovered_with_zero_width():

@@ -11,7 +11,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels module is first imported (conftest too)
 
-from harness.runner import rel_error  # noqa: E402
+from verifybench.harness.engine.runner import rel_error  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 CPU_DTYPES = (torch.float16, torch.float32)
@@ -64,7 +64,7 @@ def test_rmsnorm_matches_reference(fo, dtype):
 
 
 def test_rmsnorm_reference_is_the_verify_forwards_unfused_norm(fo):
-    from kernels.verify_forward import _rmsnorm
+    from verifybench.harness.model.forward import _rmsnorm
 
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         x, w = torch.randn(4, 96, dtype=dtype), torch.randn(96, dtype=dtype)

@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from harness.fit import linear_fit
-from kernels.graph_replay import LayerShapes, ModelStack, straight_line
-from microbench import bench_graph_replay as gr
+from verifybench.harness.analysis.fit import linear_fit
+from verifybench.kernels.graph_replay import LayerShapes, ModelStack, straight_line
+from verifybench.harness.components import graph_replay as gr
 
 
 def _record(name, median_us, calls=1, **derived):
@@ -26,11 +26,10 @@ def test_fit_recovers_fixed_and_per_node_cost_from_replay_times():
 
 
 def test_kimi_tp8_layer_shapes_match_design_bytes():
-    from harness import presets
+    from verifybench.harness.model import presets
 
     p = presets.get("kimi-k2.5", 8)
-    s = LayerShapes.mla_moe(p.hidden, p.heads, p.q_lora, p.kv_lora, p.qk_nope, p.qk_rope, p.v_head, p.experts,
-                            p.expert_intermediate)
+    s = LayerShapes(p.projections())
     mb = {name: k * n * 2 / 1e6 for name, k, n in s.projections}
     assert mb["q_a_kv_a"] == pytest.approx(30.3, abs=0.05)
     assert mb["q_b"] == pytest.approx(4.7, abs=0.05)
@@ -39,7 +38,9 @@ def test_kimi_tp8_layer_shapes_match_design_bytes():
 
 
 def test_model_stack_last_layer_matches_float64_reference():
-    s = LayerShapes.mla_moe(64, 2, 16, 8, 8, 4, 8, 4, 16)
+    from verifybench.harness.model import presets
+
+    s = LayerShapes(presets.get("tiny", 1).projections())
     stack = ModelStack(s, layers=3, device="cpu", dtype=torch.float32)
     xs = stack.inputs(3)
     for out, ref in zip(stack.forward(xs), stack.reference_last_layer(xs)):
@@ -51,7 +52,7 @@ def test_every_cpu_case_passes_its_check_and_tables_are_consistent(monkeypatch):
     monkeypatch.setenv("VERIFYBENCH_MAX_TIME_S", "0.1")
     monkeypatch.setattr(gr, "STRAIGHT_MAX_TIME_S", 0.1)
     recs = []
-    for spec in gr.cases("tiny", 1):
+    for spec in gr.cases("tiny", 1, 64):
         spec.measure_kw["max_time_s"] = 0.1
         case = spec.run()
         assert case.check_ok, (spec.name, case.check_detail)

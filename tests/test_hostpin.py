@@ -3,7 +3,8 @@ import os
 import pytest
 import torch
 
-from harness import fingerprint, hostpin
+from verifybench.harness.engine import fingerprint
+from verifybench.harness.engine import hostpin
 
 needs_affinity = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no sched_setaffinity")
 

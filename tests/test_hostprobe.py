@@ -1,6 +1,7 @@
 import pytest
 
-from harness import hostprobe, timing
+from verifybench.harness.cli import main as cli_main
+from verifybench.harness.engine import hostnoise, hostprobe, timing
 
 
 def test_probe_is_a_positive_time_and_the_engine_records_it_around_each_case():
@@ -13,7 +14,7 @@ def test_probe_is_a_positive_time_and_the_engine_records_it_around_each_case():
 def test_series_summary_spread_and_rank_correlation():
     rows = [{"t_s": i, "probe_us": p, "replay_us": 2 * p} for i, p in enumerate([10, 20, 30, 40, 50, 60, 70, 80, 90,
                                                                                  100, 110])]
-    s = hostprobe.summarize_series(rows)
+    s = hostnoise.summarize_series(rows)
     assert s["slots"] == 11
     assert s["probe_us"]["p10"] == pytest.approx(20) and s["probe_us"]["p90"] == pytest.approx(100)
     assert s["probe_us"]["p90_over_p10"] == pytest.approx(5)
@@ -22,10 +23,10 @@ def test_series_summary_spread_and_rank_correlation():
 
 
 def test_cli_on_cpu_writes_the_series(tmp_path, capsys):
-    assert hostprobe.main(["--seconds", "0.2", "--json", str(tmp_path / "h.json")]) == 0
+    assert cli_main(["hostprobe", "--seconds", "0.2", "--json", str(tmp_path / "h.json")]) == 0
     assert "probe_us" in capsys.readouterr().out and (tmp_path / "h.json").exists()
-    with pytest.raises(SystemExit):
-        hostprobe.main(["--seconds", "0"])
+    assert cli_main(["hostprobe", "--seconds", "0"]) == 2
+    assert cli_main(["hostprobe", "--seconds", "nan"]) == 2
 
 
 def test_gate_calibrates_to_the_fastest_read_and_splits_states_at_the_factor():

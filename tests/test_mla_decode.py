@@ -12,9 +12,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels module is first imported (conftest too)
 
-from harness.runner import rel_error  # noqa: E402
-from kernels import mla_decode as md  # noqa: E402
-from kernels.mla_decode import DEFAULT_CONFIG, default_num_splits, mla_decode, mla_decode_reference  # noqa: E402
+from verifybench.harness.engine.runner import rel_error  # noqa: E402
+from verifybench.kernels import mla_decode as md  # noqa: E402
+from verifybench.kernels.mla_decode import DEFAULT_CONFIG, default_num_splits, mla_decode, mla_decode_reference  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 KIMI_SCALE = 192 ** -0.5  # (qk_nope + qk_rope) ** -0.5, what the verify forward passes
@@ -292,7 +292,7 @@ def test_mla_decode_selects_from_the_table_unless_told(monkeypatch, fresh_select
 # ---------------------------------------------------------------------------------------------------- bench
 
 def test_bench_shape_and_bytes_are_kimi_tp8():
-    from microbench import bench_mla_decode as bench
+    from verifybench.harness.components import mla_decode as bench
 
     a = bench.attn_shape("kimi-k2.5", 8)
     assert (a.heads, a.d, a.kv_lora) == (8, 576, 512) and a.scale == KIMI_SCALE
@@ -303,12 +303,12 @@ def test_bench_shape_and_bytes_are_kimi_tp8():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke profile")
 def test_bench_cpu_cases_run_and_tables_pair_the_impls(monkeypatch):
-    from microbench import bench_mla_decode as bench
+    from verifybench.harness.components import mla_decode as bench
 
     monkeypatch.setenv("VERIFYBENCH_MAX_TIME_S", "0.1")  # the copy ceiling's time cap
     a = bench.attn_shape("tiny", 1)
     quick = {"max_time_s": 0.05, "warmup_s": 0.0, "min_samples": 2}
-    records = [bench._case(a, 2, 64, impl, "cpu", quick, "tiny", 1).run().as_dict() for impl in bench.IMPLS]
+    records = [bench.make_case(a, 2, 64, impl, "cpu", quick, "tiny", 1).run().as_dict() for impl in bench.IMPLS]
     assert all(r["check"]["ok"] for r in records)
     side = dict(bench.tables(records))["MLA decode: Triton (tuned / default config) vs the torch path"]
     assert len(side) == 1 and side[0]["speedup"] > 0 and side[0]["default_us"] > 0
@@ -317,7 +317,7 @@ def test_bench_cpu_cases_run_and_tables_pair_the_impls(monkeypatch):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke path")
 def test_tune_smoke_writes_a_table_select_config_reads(tmp_path, monkeypatch):
-    from microbench import bench_mla_decode as bench
+    from verifybench.harness.tune import mla_decode as bench
 
     monkeypatch.setattr(bench, "SMOKE_SPLITS", (2,))
     monkeypatch.setattr(bench, "SMOKE_TILES", [(16, 32, 4, 2), (16, 16, 4, 3)])

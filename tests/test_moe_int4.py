@@ -11,8 +11,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels module is first imported (conftest too)
 
-from harness.runner import rel_error  # noqa: E402
-from kernels import moe_int4 as moe  # noqa: E402
+from verifybench.harness.engine.runner import rel_error  # noqa: E402
+from verifybench.kernels import moe_int4 as moe  # noqa: E402
 
 E, H, I, TOPK = 8, 64, 32, 2
 # few, large blocks: the interpreter's cost is per program
@@ -412,8 +412,8 @@ def test_dense_torch_path_matches_reference_on_dequantized_weights(weights):
 # ---------------------------------------------------------------------------------------------------- bench
 
 def test_bench_cases_for_tiny_check_on_cpu_and_build_tables():
-    bench = importlib.import_module("microbench.bench_moe_int4")
-    specs = bench.cases("tiny", 1) if not torch.cuda.is_available() else []
+    bench = importlib.import_module("verifybench.harness.components.moe_int4")
+    specs = bench.cases("tiny", 1, 64) if not torch.cuda.is_available() else []
     records = []
     for spec in specs:
         fns, check, derive = spec.setup()
@@ -431,9 +431,9 @@ def test_bench_cases_for_tiny_check_on_cpu_and_build_tables():
 def test_bench_cases_refuse_a_gpu_preset_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("has CUDA")
-    bench = importlib.import_module("microbench.bench_moe_int4")
+    bench = importlib.import_module("verifybench.harness.components.moe_int4")
     with pytest.raises(ValueError, match="needs a GPU"):
-        bench.cases("kimi-k2.5", 8)
+        bench.cases("kimi-k2.5", 8, 4096)
 
 
 HALF2_CFGS = {  # kernel split, fp16-pair dequant: prefetch or not, split-K, masked rows, row iterations, pdl
@@ -479,7 +479,7 @@ def test_fused_bf16_on_gpu_matches_reference(mt):
 
 
 def test_checkpoint_from_planar_inverts_the_repack():
-    from kernels.moe_int4_triton import checkpoint_from_planar, repack_planar
+    from verifybench.kernels.moe_int4_triton import checkpoint_from_planar, repack_planar
 
     packed = torch.randint(-2**31, 2**31 - 1, (3, 5, 64 // 8), dtype=torch.int32)
     planar = repack_planar(packed, 32)
@@ -491,8 +491,8 @@ def test_checkpoint_from_planar_inverts_the_repack():
 
 def test_tuning_candidates_fit_the_k25_tp8_shapes():
     """Every GPU candidate passes check_config at K2.5 TP8 (a bad one would only be skipped on the H200)."""
-    bench = importlib.import_module("microbench.bench_moe_int4")
-    p = bench._shape("kimi-k2.5", 8)
+    bench = importlib.import_module("verifybench.harness.tune.moe_int4")
+    p = bench.preset_shape("kimi-k2.5", 8)
     for base, key, cands in ((bench.OLD_BASE, "gate_up", bench.GATE_UP_CANDIDATES),
                              (bench.OLD_BASE, "down", bench.DOWN_CANDIDATES),
                              (bench.NEW_BASE, "gate_up", bench.SPLIT_GATE_UP_CANDIDATES),
@@ -514,7 +514,7 @@ def test_tune_that_measures_nothing_writes_no_table(mt, tmp_path, monkeypatch):
     """A cap reached while compiling must not replace this GPU's tuning with an empty entry (seen on an H200)."""
     if torch.cuda.is_available():
         pytest.skip("the dry run is the CPU path")
-    bench = importlib.import_module("microbench.bench_moe_int4")
+    bench = importlib.import_module("verifybench.harness.tune.moe_int4")
     monkeypatch.setattr(bench._Tuner, "out_of_time", lambda self: True)
     out, lines = tmp_path / "table.json", []
     with pytest.raises(RuntimeError, match="measured no n"):
@@ -525,7 +525,7 @@ def test_tune_that_measures_nothing_writes_no_table(mt, tmp_path, monkeypatch):
 def test_tune_dry_run_on_cpu_writes_a_table_select_config_can_use(mt, tmp_path):
     if torch.cuda.is_available():
         pytest.skip("the dry run is the CPU path")
-    bench = importlib.import_module("microbench.bench_moe_int4")
+    bench = importlib.import_module("verifybench.harness.tune.moe_int4")
     lines = []
     out = tmp_path / "table.json"
     table = bench.tune("tiny", 1, (1,), out=str(out), jobs=0, log=lines.append)
@@ -537,8 +537,10 @@ def test_tune_dry_run_on_cpu_writes_a_table_select_config_can_use(mt, tmp_path):
     assert lines[-1].startswith(f"wrote {out}")
     assert set(table) >= set(mt.load_configs())  # other GPUs' entries are kept
     # the chosen config runs and matches the reference at the tiny shapes
-    p = bench._shape("tiny", 1)
-    ws = bench._int4_layers("tiny", 1, "cpu", bench.LAYERS)[0]
+    p = bench.preset_shape("tiny", 1)
+    from verifybench.harness.components import moe_int4 as component
+
+    ws = component.int4_layers("tiny", 1, "cpu", component.LAYERS)[0]
     x = torch.randn(1, p.hidden, dtype=torch.float16)
     tw, ids = moe.route_uniform(1, p.experts, p.topk, seed=3)
     cfg = mt.select_config(1, torch.device("cpu"), table)
@@ -549,7 +551,7 @@ def test_tune_dry_run_on_cpu_writes_a_table_select_config_can_use(mt, tmp_path):
 def test_prewarm_compiles_in_a_spawned_process(mt):
     if torch.cuda.is_available():
         pytest.skip("the CPU path of the prewarm")
-    bench = importlib.import_module("microbench.bench_moe_int4")
+    bench = importlib.import_module("verifybench.harness.tune.moe_int4")
     cfg = {**bench.NEW_BASE, **{k: bench.SMOKE[k][0] for k in ("gate_up", "down")}}
     assert bench._prewarm_worker("tiny", 1, [(1, cfg)]) == []
     bad = {**cfg, "gate_up": {**cfg["gate_up"], "SPLIT_K": 3}}
@@ -560,7 +562,7 @@ def test_prewarm_compiles_in_a_spawned_process(mt):
 
 
 def test_tune_cli_help_and_refusals(capsys):
-    bench = importlib.import_module("microbench.bench_moe_int4")
+    bench = importlib.import_module("verifybench.harness.tune.moe_int4")
     with pytest.raises(SystemExit) as e:
         bench.main(["--help"])
     assert e.value.code == 0 and "--max-minutes" in capsys.readouterr().out

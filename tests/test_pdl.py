@@ -3,7 +3,7 @@ interpreter; VERIFYBENCH_PDL and forced() on a capable GPU), and the wrappers' `
 import pytest
 import torch
 
-from kernels import pdl
+from verifybench.kernels import pdl
 
 
 def test_off_on_cpu_whatever_is_asked(monkeypatch):

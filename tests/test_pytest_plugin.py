@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main as cli_main
+from verifybench.harness.cli import main as cli_main
 
 REPO = Path(__file__).resolve().parent.parent
 ALT_RELEASES = sorted((REPO / ".ci").glob("pytest-benchmark-*"))
@@ -22,7 +22,7 @@ def _pytest(tmp_path, *args, pythonpath=None):
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), str(REPO)])
     cmd = [sys.executable, "-m", "pytest", "--benchmark-only", "-q", "-p", "no:cacheprovider",
-           "microbench/bench_harness.py", "-k", "sync and add",
+           "microbench/bench_baseline.py", "-k", "sync and add",
            f"--benchmark-storage=file://{tmp_path / 'storage'}", *args]
     r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -87,9 +87,10 @@ def test_release_under_test_is_reported(saved):
 def test_pytest_and_cli_results_of_a_case_line_up_in_compare(saved, tmp_path, capsys):
     _, data, _, _ = saved
     names = {b["extra_info"]["case"] for b in data["benchmarks"]}
-    from harness import baseline, results
+    from verifybench.harness.components import baseline
+    from verifybench.harness.engine import results
 
-    specs = [s for s in baseline.cases() if s.name in names]
+    specs = [s for s in baseline.cases("tiny", 1, 64) if s.name in names]
     run = results.make_run("baseline", [s.run(max_time_s=0.3) for s in specs], {"gpu_model": "cpu", "env": {}})
     suite = results.save_run(run, tmp_path)
     pb = tmp_path / "pb.json"

@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from harness import results
-from harness.results import Case, ResultsError
-from harness.timing import Measurement
+from verifybench.harness.engine import results
+from verifybench.harness.engine.results import Case, ResultsError
+from verifybench.harness.engine.timing import Measurement
 
 
 def _measurement(samples):
@@ -97,10 +97,11 @@ def test_non_finite_numbers_are_stored_as_null(tmp_path):
     assert results.load_run(path)["cases"][0]["derived"]["eta"] is None
 
 
-def test_default_folder_is_the_machine_slug(tmp_path, monkeypatch):
-    monkeypatch.setattr(results, "RESULTS_DIR", tmp_path)
+def test_default_folder_is_outside_the_checkout_under_the_machine_slug(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     path = results.save_run(_run())
-    assert path.parent == tmp_path / "cpu" and path.name.startswith("demo-")
+    assert path.resolve().parent == tmp_path / results.DEFAULT_OUT / "cpu" and path.name.startswith("demo-")
+    assert results.load_run(path)["method_version"] == results.METHOD_VERSION
 
 
 def test_gzipped_results_load_and_a_broken_gzip_fails_clearly(tmp_path):

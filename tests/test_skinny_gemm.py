@@ -11,10 +11,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels module is first imported (conftest too)
 
-from harness.runner import rel_error  # noqa: E402
-from kernels import pdl  # noqa: E402
-from kernels import skinny_gemm as sg  # noqa: E402
-from kernels.fused_ops import silu_mul_reference  # noqa: E402
+from verifybench.harness.engine.runner import rel_error  # noqa: E402
+from verifybench.kernels import pdl  # noqa: E402
+from verifybench.kernels import skinny_gemm as sg  # noqa: E402
+from verifybench.kernels.fused_ops import silu_mul_reference  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 N, K = 48, 320  # 5 steps of BLOCK_K 64: SPLIT_K 3 runs as splits of 2, 2 and 1 steps
@@ -310,7 +310,7 @@ def test_bytes_moved_counts_w_x_and_y():
 # ---------------------------------------------------------------------------------------------------- bench
 
 def test_bench_shapes_are_the_kimi_tp8_projections():
-    from microbench import bench_skinny_gemm as bench
+    from verifybench.harness.components import skinny_gemm as bench
 
     got = {s.name: (s.N, s.K) for s in bench.shapes("kimi-k2.5", 8)}
     assert got == {"q_a_kv_a": (2112, 7168), "q_b": (1536, 1536), "o_proj": (7168, 1024), "router": (384, 7168),
@@ -320,13 +320,13 @@ def test_bench_shapes_are_the_kimi_tp8_projections():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke profile")
 def test_bench_cpu_case_runs_and_tables_pair_the_impls(monkeypatch):
-    from microbench import bench_skinny_gemm as bench
+    from verifybench.harness.components import skinny_gemm as bench
 
     monkeypatch.setenv("VERIFYBENCH_MAX_TIME_S", "0.1")  # the copy ceiling's time cap
 
     shape = bench.shapes("tiny", 1)[0]
     quick = {"max_time_s": 0.05, "warmup_s": 0.0, "min_samples": 2}
-    records = [bench._case(shape, 2, impl, "cpu", quick, "tiny", 1).run().as_dict() for impl in bench.IMPLS]
+    records = [bench.make_case(shape, 2, impl, "cpu", quick, "tiny", 1).run().as_dict() for impl in bench.IMPLS]
     assert all(r["check"]["ok"] for r in records)
     side = dict(bench.tables(records))["Skinny GEMM: Triton vs F.linear (cuBLAS on GPU)"]
     assert len(side) == 1 and side[0]["speedup"] > 0 and side[0]["config"].startswith("dot")
@@ -335,7 +335,7 @@ def test_bench_cpu_case_runs_and_tables_pair_the_impls(monkeypatch):
 @needs_kernel
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke path")
 def test_tune_smoke_writes_a_table_select_config_reads(tmp_path, monkeypatch):
-    from microbench import bench_skinny_gemm as bench
+    from verifybench.harness.tune import skinny_gemm as bench
 
     monkeypatch.setattr(bench, "SMOKE_SHAPES", [bench.Shape("smoke", 48, 128, 1)])
     monkeypatch.setenv("VERIFYBENCH_MAX_TIME_S", "0.1")

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from harness import timing
-from harness.timing import MODES, measure
+from verifybench.harness.engine import timing
+from verifybench.harness.engine.timing import MODES, measure
 
 
 @pytest.fixture
@@ -132,7 +132,7 @@ def test_no_gate_without_a_gpu_and_when_switched_off(fake_samples, monkeypatch):
     monkeypatch.setattr(timing, "cuda_available", lambda: False)  # a CPU-only box: CPU timers are not gated
     assert measure(lambda: None, mode="hot", device="cpu", warmup_calls=1, max_time_s=0.1).host_gate is None
     monkeypatch.setenv("VERIFYBENCH_HOST_GATE", "off")
-    from harness import hostprobe
+    from verifybench.harness.engine import hostprobe
     assert hostprobe.process_gate() is None
     monkeypatch.setenv("VERIFYBENCH_HOST_GATE", "maybe")
     with pytest.raises(ValueError, match="VERIFYBENCH_HOST_GATE"):

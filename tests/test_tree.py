@@ -5,8 +5,8 @@ Without CUDA the Triton kernels run in the interpreter (tests/conftest.py sets T
 import pytest
 import torch
 
-from kernels import tree
-from kernels.tree_inputs import random_draft, random_target_predict, random_tree
+from verifybench.kernels import tree
+from verifybench.kernels.tree_inputs import random_draft, random_target_predict, random_tree
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 MODES = ("full", "qlen_only", "qlen_only_bitpacking")

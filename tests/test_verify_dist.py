@@ -1,4 +1,4 @@
-"""The verify forward on several ranks (harness.verify_dist) on CPU: a 2-rank gloo run under torchrun (checks, both
+"""The verify forward on several ranks (verifybench.harness.dist.verify) on CPU: a 2-rank gloo run under torchrun (checks, both
 timed variants and the allreduces alone per n, agreed counts, rank 0's JSON and table), the debug run without an
 allreduce that the cross-rank check must fail, a crashing rank ending the job within the bound, and the pure pieces.
 """
@@ -9,11 +9,11 @@ import re
 import pytest
 import torch
 
-from harness import verify_dist as vd
-from harness.results import load_run
+from verifybench.harness.dist import verify as vd
+from verifybench.harness.engine.results import load_run
 from torchrun_jobs import BOUND_S, TORCHRUN, assert_no_orphans, run_job
 
-VERIFY_DIST = TORCHRUN + ["-m", "harness.verify_dist"]
+VERIFY_DIST = TORCHRUN + ["-m", "verifybench.harness.dist.verify"]
 FAST = ["--allreduce", "gloo", "--preset", "tiny", "--tp", "1", "--context", "64", "--warmup", "2", "--samples", "3"]
 
 
@@ -112,7 +112,7 @@ def test_ranks_get_their_own_weights_replicated_ones_and_identical_inputs():
     assert vd.spread([h0, h1])["max_rel_diff"] > vd.CONTROL_MIN_REL
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for L in f0.layers
                 for k, t in L.items() if k not in ("ln1", "ln2", "q_ln", "kv_ln")}  # views (router) count once
-    assert vd.rank_bytes(f0.s, 16, 2) == sum(storages.values()) + f0.lm_head.numel() * 2
+    assert vd.allocated_bytes(f0.s, 16, 2) == sum(storages.values()) + f0.lm_head.numel() * 2
 
 
 @pytest.mark.parametrize("argv, message", [

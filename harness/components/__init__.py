@@ -1,0 +1,73 @@
+"""The components the suite measures: one protocol, one registry.
+
+A component is one module of this package with
+
+    NAME: str    the CLI subcommand, the results-file prefix and the report section
+    HELP: str    one line for --help
+    cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None) -> list[CaseSpec]
+        the cases for a model preset at TP degree `tp`, a KV-cache context length and the token counts to verify
+        (None: the component's own default set); listing cases allocates nothing (CaseSpec.setup does)
+    tables(records: list[dict]) -> list[tuple[str, list[dict]]]
+        (title, rows) from the stored case records of a run
+    charts(records: list[dict], directory: Path, stamp: str) -> list[Path]
+        PNG files written into `directory`, each name carrying `stamp` (the run's UTC time)
+    release() -> None
+        drop what the cases cached (weights, process groups), so the next component has the GPU's memory
+
+The CLI, `verifybench run` and the pytest-benchmark modules all loop over the same `cases`. To add a component:
+write the module and add its name to REGISTRY (docs/adding-a-component.md).
+"""
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+# In `verifybench run` order: the baseline first, so every results folder holds the copy ceiling.
+REGISTRY = ("baseline", "graph_replay", "kv_tree", "skinny_gemm", "mla_decode", "moe_int4", "allreduce", "verify")
+PROTOCOL = ("NAME", "HELP", "cases", "tables", "charts", "release")
+
+
+def load(name: str) -> ModuleType:
+    """The component module `name`; ValueError naming the known ones for anything else."""
+    if name not in REGISTRY:
+        raise ValueError(f"unknown component {name!r}; choose from {', '.join(REGISTRY)}")
+    module = importlib.import_module(f"{__name__}.{name}")
+    missing = [attr for attr in PROTOCOL if not hasattr(module, attr)]
+    if missing or module.NAME != name:
+        raise TypeError(f"component module {module.__name__} breaks the protocol: missing {missing}, "
+                        f"NAME={getattr(module, 'NAME', None)!r}")
+    return module
+
+
+def parse_names(text: str | None) -> list[str]:
+    """A comma-separated component list (None: all), checked: known names, no duplicates, not empty."""
+    if text is None:
+        return list(REGISTRY)
+    names = [n.strip() for n in text.split(",")]
+    if not all(names):
+        raise ValueError(f"--components {text!r}: empty name in the list")
+    unknown = [n for n in names if n not in REGISTRY]
+    if unknown:
+        raise ValueError(f"unknown component(s) {', '.join(unknown)}; choose from {', '.join(REGISTRY)}")
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"--components names {', '.join(dupes)} more than once")
+    return names
+
+
+def default_scope(gpu: bool) -> tuple[str, int, int]:
+    """(preset, tp, context) when none is given: the deployment's model on a GPU; the tiny preset at TP 1 and a
+    64-token context on a CPU (the smoke profile: it checks the plumbing, its numbers are CPU numbers)."""
+    return ("kimi-k2.5", 8, 4096) if gpu else ("tiny", 1, 64)
+
+
+def bench_cases(name: str, presets: tuple[str, ...] | None = None, keep=None) -> list:
+    """The cases a pytest-benchmark module parametrizes over: the component's cases at the default scope (or at each
+    of `presets` on a GPU), filtered by `keep(spec)`."""
+    import torch
+
+    gpu = torch.cuda.is_available()
+    preset, tp, context = default_scope(gpu)
+    module = load(name)
+    specs = [s for p in (presets if gpu and presets else (preset,)) for s in module.cases(p, tp, context, None)]
+    return [s for s in specs if keep is None or keep(s)]

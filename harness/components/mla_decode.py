@@ -1,0 +1,203 @@
+"""MLA decode attention of the verify forward (attn_core, DESIGN.md 4.5) at one rank's shape (Kimi-K2.5 TP8: 8 heads,
+n = 1..8 query tokens, D = 576 = 512 latent + 64 rope, over context + n keys, bf16): the Triton flash-decoding kernel
+(kernels/mla_decode.py) with the tuned table's config and with the untuned default, beside the plain-torch path the
+forward used before (q @ keys.T in bf16 -> float -> * scale -> softmax -> bf16 -> @ keys[:, :512]). Cold: every
+call reads another cache, >= 4 caches totalling >= 4x L2, inside the graph (DESIGN.md 3), as a forward reads each
+layer's cache once.
+
+Run: pytest --benchmark-only microbench/bench_mla_decode.py
+Tune: python3 -m microbench.bench_mla_decode tune [--out PATH] [--time-limit S]   (CPU check: tune --smoke)
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+
+from pathlib import Path
+
+import torch
+import triton
+
+from verifybench.harness.engine import ceiling
+from verifybench.harness.model import presets
+from verifybench.harness.engine.runner import CaseSpec, rel_error
+from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
+from verifybench.kernels import mla_decode as md
+from verifybench.harness.model.forward import TORCH_OPS
+
+NAME = "mla_decode"
+HELP = "MLA decode attention of n <= 8 tokens over the latent cache: Triton flash-decoding vs plain torch, cold"
+GPU_NS = (1, 4, 8)
+GPU_CONTEXTS = (4096, 32768)
+CPU_NS = (1, 4, 8)
+CPU_CONTEXTS = (256,)
+MAX_N = 8  # caches hold context + MAX_N rows, so every n of one context shares them
+MAX_COPIES = 64
+TOL = 1e-2  # bf16 output (DESIGN.md 3)
+IMPLS = ("triton", "triton-default", "torch")  # triton: select_config (tuned table); torch: verify_forward's path
+# triton.jit picks the interpreter at decoration time: CPU runs of the kernel need TRITON_INTERPRET=1 before import
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@dataclass(frozen=True)
+class Attn:
+    heads: int
+    d: int  # kv_lora + rope dims
+    kv_lora: int
+    scale: float  # (qk_nope + qk_rope) ** -0.5, what the MLA forward passes
+
+
+def attn_shape(preset: str = "kimi-k2.5", tp: int = 8) -> Attn:
+    p = presets.get(preset, tp)
+    return Attn(p.heads, p.kv_lora + p.qk_rope, p.kv_lora, (p.qk_nope + p.qk_rope) ** -0.5)
+
+
+def bytes_moved(a: Attn, n: int, length: int, itemsize: int = 2) -> int:
+    """What must move: the cache rows once (every head shares them), q and o."""
+    return (length * a.d + a.heads * n * (a.d + a.kv_lora)) * itemsize
+
+
+def splits_run(cfg: dict, length: int) -> int:
+    """The split count the kernel launches for cfg at `length` (whole key tiles per split, no empty split)."""
+    per = triton.cdiv(triton.cdiv(length, cfg["num_splits"]), cfg["block_keys"]) * cfg["block_keys"]
+    return triton.cdiv(length, per)
+
+
+def programs(cfg: dict, a: Attn, n: int, length: int) -> int:
+    """Stage-1 programs: row blocks x splits."""
+    return triton.cdiv(a.heads * n, cfg["block_rows"]) * splits_run(cfg, length)
+
+
+# ---------------------------------------------------------------------------------------------------- inputs
+
+@lru_cache(maxsize=2)  # the tuner holds both contexts' rotations (~0.4 GB on an H200)
+def cache_copies(rows: int, d: int, device: str, dtype: torch.dtype) -> tuple:
+    """The rotation's caches (one per layer a forward would read), random."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(1234)
+    count = cold_rotation_sets(rows * d * dtype.itemsize, device, MAX_COPIES)
+    return tuple(torch.randn(rows, d, device=device, generator=gen).to(dtype) for _ in range(count))
+
+
+def _dtype(impl: str, device: str) -> torch.dtype:
+    if device == "cuda":
+        return torch.bfloat16
+    return torch.float16 if impl != "torch" else torch.float32  # bf16 arithmetic is wrong in the interpreter
+
+
+def impl_fn(impl: str, a: Attn, length: int, cfg: dict | None):
+    if impl == "torch":
+        return lambda q, c: TORCH_OPS.mla(q, c, length, a.kv_lora, a.scale)
+    return lambda q, c: md.mla_decode(q, c, length, a.kv_lora, a.scale, config=cfg)
+
+
+def _check(fn, a: Attn, n: int, length: int, cache: torch.Tensor) -> tuple[bool, str]:
+    """Fresh random q against the fp32 reference."""
+    q = torch.randn(a.heads, n, a.d, device=cache.device).to(cache.dtype)
+    ref = md.mla_decode_reference(q.float(), cache.float(), length, a.kv_lora, a.scale)
+    out = fn(q, cache)
+    err = rel_error(out.float(), ref)
+    ok = tuple(out.shape) == tuple(ref.shape) and out.dtype == q.dtype and err <= TOL
+    return ok, f"rel_err={err:.2e} vs fp32 reference (tol {TOL:g}), {out.dtype} out"
+
+
+def _config(impl: str, a: Attn, n: int, length: int, device: str, dtype: torch.dtype) -> dict | None:
+    if impl == "triton":
+        return md.select_config(n, a.heads, length, device, d=a.d, kv_lora=a.kv_lora, dtype=dtype)
+    if impl == "triton-default":
+        return md.default_config(n, a.heads, length, device)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------- cases
+
+def make_case(a: Attn, n: int, context: int, impl: str, device: str, measure_kw: dict, preset: str, tp: int) -> CaseSpec:
+    dtype = _dtype(impl, device)
+    length = context + n  # the verify forward writes its n tokens' slots, then attends all of them
+    params = {"preset": preset, "tp": tp, "heads": a.heads, "D": a.d, "kv_lora": a.kv_lora, "n": n,
+              "context": context, "length": length, "impl": impl, "device": device,
+              "dtype": str(dtype).split(".")[1]}
+    name = f"mla/{preset}-tp{tp}/ctx{context}/{impl}/n{n}"
+
+    def setup():
+        caches = cache_copies(context + MAX_N, a.d, device, dtype)
+        cfg = _config(impl, a, n, length, device, dtype)
+        fn = impl_fn(impl, a, length, cfg)
+        qs = [torch.randn(a.heads, n, a.d, device=device).to(dtype) for _ in caches]  # one q per layer
+        fns = [lambda q=q, c=c: fn(q, c) for q, c in zip(qs, caches)]
+
+        def derive(m) -> dict:
+            moved = bytes_moved(a, n, length, dtype.itemsize)
+            cp = ceiling.copy_gbps(device)
+            d = {"bytes_moved": moved, "cache_bytes": length * a.d * dtype.itemsize,
+                 "gbps": ceiling.gbps(moved, m.median_us), "eta": ceiling.eta(moved, m.median_us, cp),
+                 "floor_us": moved / (cp * 1e3), "copy_gbps": cp, "rotation": len(fns)}
+            if cfg is not None:
+                d["config"] = cfg
+                d["splits_run"] = splits_run(cfg, length)
+                d["programs"] = programs(cfg, a, n, length)
+            return d
+
+        return fns, (lambda: _check(fn, a, n, length, caches[0])), derive
+
+    return CaseSpec(name=name, params=params, mode="graph", setup=setup, measure_kw={"device": device, **measure_kw})
+
+
+def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = None) -> list[CaseSpec]:
+    """GPU: n in GPU_NS at GPU_CONTEXTS, the kernel (tuned and default config) and the torch path, graph mode with
+    cache rotation. CPU (preset tiny): the torch path in fp32, plus the interpreted kernel when TRITON_INTERPRET=1
+    was set before import."""
+    a = attn_shape(preset, tp)
+    if not cuda_available():
+        if preset != "tiny":
+            raise ValueError(f"preset {preset!r} needs a GPU (a 37 MB cache per layer at 32k); use 'tiny' on CPU")
+        quick = {"max_time_s": 0.2, "warmup_s": 0.0, "min_samples": 3}
+        out = [make_case(a, n, c, "torch", "cpu", quick, preset, tp) for c in CPU_CONTEXTS for n in tokens or CPU_NS]
+        if INTERPRET:
+            out += [make_case(a, n, c, "triton", "cpu", quick, preset, tp) for c in CPU_CONTEXTS for n in (1, 4)]
+        return out
+    return [make_case(a, n, c, impl, "cuda", {"max_time_s": 0.5}, preset, tp)
+            for c in sorted({context, *GPU_CONTEXTS}) for n in tokens or GPU_NS for impl in IMPLS]
+
+
+# ---------------------------------------------------------------------------------------------------- tables
+
+def config_str(cfg: dict | None) -> str:
+    if not cfg:
+        return ""
+    return (f"s{cfg['num_splits']} {cfg['block_rows']}x{cfg['block_keys']} w{cfg['num_warps']} "
+            f"st{cfg['num_stages']}")
+
+
+def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
+    """Per case (us, GB/s, eta) and per (context, n) the tuned kernel beside the default config and the torch path."""
+    ok, per_case = ceiling.streaming_case_rows(records, "mla/")
+    by_key: dict[tuple, dict] = {}
+    for r in ok:
+        prm, d = r["params"], r["derived"]
+        row = by_key.setdefault((prm["preset"], prm["tp"], prm["context"], prm["n"]), {
+            "context": prm["context"], "n": prm["n"], "MB": d["bytes_moved"] / 1e6, "floor_us": d["floor_us"]})
+        us = r["summary"]["median_us"]
+        if prm["impl"] == "triton":
+            row.update({"triton_us": us, "triton_eta": d["eta"], "config": config_str(d.get("config")),
+                        "programs": d.get("programs")})
+        elif prm["impl"] == "triton-default":
+            row["default_us"] = us
+        else:
+            row.update({"torch_us": us, "torch_eta": d["eta"]})
+    side = list(by_key.values())
+    for row in side:
+        if row.get("triton_us") and row.get("torch_us"):
+            row["speedup"] = row["torch_us"] / row["triton_us"]
+    return [("MLA decode per case (graph mode, caches rotated)", per_case),
+            ("MLA decode: Triton (tuned / default config) vs the torch path", side)]
+
+
+def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
+    return []
+
+
+def release() -> None:
+    """Drop the cached KV-cache copies."""
+    cache_copies.cache_clear()

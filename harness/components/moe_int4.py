@@ -1,0 +1,216 @@
+"""INT4 (W4A16) routed-expert MoE layer at 1..8 (16, 32) tokens: the Triton kernel, the fp32 torch reference and
+dense bf16 weights through plain torch, side by side, cold (weights rotated over >= 4 layers inside the graph).
+
+Run: pytest --benchmark-only microbench/bench_moe_int4.py
+Tune: python3 -m microbench.bench_moe_int4 tune --out PATH   (--help for the options)
+"""
+from __future__ import annotations
+
+import math
+import os
+from functools import lru_cache
+
+from pathlib import Path
+
+import torch
+
+from verifybench.harness.engine import ceiling
+from verifybench.harness.model import presets
+from verifybench.harness.engine.runner import CaseSpec, rel_error
+from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
+from verifybench.kernels import moe_int4 as moe
+from verifybench.kernels import moe_int4_triton as mt
+
+NAME = "moe_int4"
+HELP = "INT4 W4A16 MoE layer at 1..8 (16, 32) tokens: Triton vs the fp32 reference vs bf16 torch"
+GPU_NS = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32)
+REF_NS = (1, 4, 8)
+CPU_NS = (1, 4, 8)
+LAYERS = 4  # distinct full weight sets in every rotation (DESIGN.md 3: a verify forward never re-reads a layer)
+MAX_SLOTS = 32
+TRACE_ENV = "VERIFYBENCH_MOE_TRACE"  # a routing trace file (moe.load_routing_trace formats) adds "trace" cases
+IDEAL_INT4_GAIN = 2 / (0.5 + 2 / 32)  # bf16 bytes / int4+scale bytes per weight = 3.56
+TOL = 1e-2
+
+
+# ---------------------------------------------------------------------------------------------------- inputs
+
+def preset_shape(preset: str, tp: int) -> presets.Preset:
+    return presets.get(preset, tp)
+
+
+@lru_cache(maxsize=1)
+def int4_layers(preset: str, tp: int, device: str, count: int) -> tuple:
+    """`count` layers of random INT4 experts (uniform nibbles; scales sized so every projection keeps unit
+    variance), each a full [E, ...] set: (w13_packed, w13_scales, w2_packed, w2_scales)."""
+    p = preset_shape(preset, tp)
+    e, h, i, gs = p.experts, p.hidden, p.expert_intermediate, p.expert_group_size
+    gen = torch.Generator(device=device)
+    gen.manual_seed(1234)
+
+    def linear(n, k):
+        packed = torch.randint(-(1 << 31), (1 << 31) - 1, (e, n, k // 8), dtype=torch.int32, device=device,
+                               generator=gen)
+        std = 1.0 / (4.6 * math.sqrt(k))  # (nibble - 8) has std 4.6
+        scales = (std * (0.5 + torch.rand(e, n, k // gs, device=device, generator=gen))).to(torch.bfloat16)
+        return packed, scales
+
+    return tuple((*linear(2 * i, h), *linear(h, i)) for _ in range(count))
+
+
+@lru_cache(maxsize=1)
+def dense_layers(preset: str, tp: int, device: str, count: int, dtype: torch.dtype) -> tuple:
+    """The same experts dequantized to `dtype` (bf16 on GPU): what the model would be without INT4."""
+    gs = preset_shape(preset, tp).expert_group_size
+    out = []
+    for w13p, w13s, w2p, w2s in int4_layers(preset, tp, device, count):
+        dense = []
+        for packed, scales in ((w13p, w13s), (w2p, w2s)):
+            w = torch.empty(*packed.shape[:-1], packed.shape[-1] * 8, dtype=dtype, device=device)
+            for e0 in range(0, packed.shape[0], 16):  # bounded fp32 temporaries
+                w[e0:e0 + 16] = moe.dequantize_w4a16(packed[e0:e0 + 16], scales[e0:e0 + 16], gs).to(dtype)
+            dense.append(w)
+        out.append(tuple(dense))
+    return tuple(out)
+
+
+def _routing(kind: str, m: int, p: presets.Preset, seed: int, device: str):
+    if kind == "uniform":
+        return moe.route_uniform(m, p.experts, p.topk, seed=seed, device=device)
+    if kind == "skewed":
+        return moe.route_skewed(m, p.experts, p.topk, seed=seed, device=device)
+    if kind == "trace":
+        trace = moe.load_routing_trace(os.environ[TRACE_ENV], p.experts, p.topk)
+        return moe.trace_windows(trace, m, 1, seed=seed, device=device)[0]
+    raise ValueError(f"unknown routing {kind!r}")
+
+
+def _slots(p: presets.Preset, n: int, device: str) -> int:
+    """Rotation length: >= LAYERS, and enough (layer, routing) pairs that the weights they touch are >= 4x L2."""
+    per_call = moe.expected_distinct_experts(n, p.experts, p.topk) * moe.expert_bytes_int4(
+        p.hidden, p.expert_intermediate, p.expert_group_size)
+    return cold_rotation_sets(math.ceil(per_call), device, MAX_SLOTS)
+
+
+# ---------------------------------------------------------------------------------------------------- cases
+
+def make_case(preset: str, tp: int, impl: str, n: int, routing: str, device: str, mode: str,
+          measure_kw: dict, config: dict | None = None) -> CaseSpec:
+    p = preset_shape(preset, tp)
+    act_dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    dense_dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    if impl == "triton":
+        act_dtype = torch.bfloat16 if device == "cuda" else torch.float16
+    weight_format = f"int4-g{p.expert_group_size}" if impl != "torch-dense" else str(dense_dtype).split(".")[1]
+    params = {"preset": preset, "tp": tp, "impl": impl, "n": n, "routing": routing, "device": device,
+              "act_dtype": str(act_dtype).split(".")[1], "weights": weight_format, "experts": p.experts,
+              "topk": p.topk, "hidden": p.hidden, "inter": p.expert_intermediate}
+    name = f"moe/{preset}-tp{tp}/{impl if impl != 'torch-dense' else 'torch-' + weight_format}/n{n}/{routing}"
+
+    def setup():
+        layers = int4_layers(preset, tp, device, LAYERS)
+        dense = dense_layers(preset, tp, device, LAYERS, dense_dtype) if impl == "torch-dense" else None
+        slots = _slots(p, n, device) if mode == "graph" else LAYERS
+        bytes_per_expert = (moe.expert_bytes_bf16(p.hidden, p.expert_intermediate) if impl == "torch-dense" else
+                            moe.expert_bytes_int4(p.hidden, p.expert_intermediate, p.expert_group_size))
+
+        def call(layer: int, x, tw, ids, *, check_ids: bool):
+            if impl == "triton":
+                return mt.fused_moe_w4a16(x, *layers[layer], tw, ids, config=config, check_ids=check_ids)
+            if impl == "reference":
+                return moe.reference_moe_w4a16(x, *layers[layer], tw, ids)
+            return moe.moe_dense_torch(x, *dense[layer], tw, ids)
+
+        fns, counts = [], []
+        for s in range(slots):
+            x = torch.randn(n, p.hidden, device=device).to(act_dtype)
+            tw, ids = _routing(routing, n, p, seed=1000 * n + s, device=device)
+            counts.append(moe.moe_bytes(ids, p.hidden, bytes_per_expert, act_dtype.itemsize))
+            fns.append(lambda layer=s % LAYERS, x=x, tw=tw, ids=ids: call(layer, x, tw, ids, check_ids=False))
+
+        def check():
+            x = torch.randn(n, p.hidden, device=device).to(act_dtype)
+            tw, ids = _routing(routing, n, p, seed=int(torch.randint(1 << 30, ())), device=device)
+            ref = moe.reference_moe_w4a16(x.float(), *layers[0], tw, ids)
+            out = call(0, x, tw, ids, check_ids=True)
+            err = rel_error(out.float(), ref)
+            ok = out.shape == ref.shape and out.dtype == x.dtype and err <= TOL
+            return ok, f"rel_err={err:.2e} vs fp32 reference (tol {TOL:g}), {out.dtype} out"
+
+        def derive(m) -> dict:
+            mean = {k: sum(c[k] for c in counts) / len(counts) for k in counts[0]}
+            copy = ceiling.copy_gbps(device)
+            return {"distinct_experts": mean["distinct_experts"],
+                    "expected_distinct_uniform": moe.expected_distinct_experts(n, p.experts, p.topk),
+                    "bytes_moved": mean["bytes_moved"], "weight_bytes": mean["weight_bytes"],
+                    "gbps": ceiling.gbps(mean["bytes_moved"], m.median_us),
+                    "eta": ceiling.eta(mean["bytes_moved"], m.median_us, copy),
+                    "floor_us": mean["bytes_moved"] / (copy * 1e3), "copy_gbps": copy, "rotation": len(fns)}
+
+        return fns, check, derive
+
+    return CaseSpec(name=name, params=params, mode=mode, setup=setup, measure_kw={"device": device, **measure_kw})
+
+
+def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = None) -> list[CaseSpec]:
+    """GPU: the Triton kernel at n in GPU_NS (uniform, skewed, and trace when TRACE_ENV names a file) and the
+    plain-torch bf16 path at the same n in graph mode; the torch reference at REF_NS in hot mode (eager: it syncs
+    on the host for every expert, so its time is host-bound, the gate applies and the L2 state does not matter),
+    capped at 1 s each. CPU (preset tiny): the reference and dense fp32 torch at CPU_NS."""
+    if not cuda_available():
+        if preset != "tiny":
+            raise ValueError(f"preset {preset!r} needs a GPU (1.19 GB per K2.5 layer); use preset 'tiny' on CPU")
+        quick = {"max_time_s": 0.2, "warmup_s": 0.0, "min_samples": 3}
+        return [make_case(preset, tp, impl, n, "uniform", "cpu", mode, quick)
+                for impl, mode in (("reference", "cold"), ("torch-dense", "graph")) for n in tokens or CPU_NS]
+    routings = ["uniform", "skewed"] + (["trace"] if os.environ.get(TRACE_ENV) else [])
+    ns = tokens or GPU_NS
+    ref_ns = [n for n in ns if n in REF_NS] or [min(ns)]
+    out = [make_case(preset, tp, "triton", n, r, "cuda", "graph", {"max_time_s": 1.0}) for r in routings for n in ns]
+    out += [make_case(preset, tp, "torch-dense", n, "uniform", "cuda", "graph", {"max_time_s": 1.0}) for n in ns]
+    out += [make_case(preset, tp, "reference", n, "uniform", "cuda", "hot", {"max_time_s": 1.0}) for n in ref_ns]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- tables
+
+def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
+    """Per case (us, distinct experts, GB/s, eta, floor), and per (preset, n) the three paths side by side."""
+    ok, per_case = ceiling.streaming_case_rows(records, "moe/", with_mode=True)
+    by_key: dict[tuple, dict] = {}
+    for r in ok:
+        prm = r["params"]
+        row = by_key.setdefault((prm["preset"], prm["tp"], prm["n"]), {
+            "preset": f"{prm['preset']}-tp{prm['tp']}", "n": prm["n"]})
+        us = r["summary"]["median_us"]
+        if prm["impl"] == "triton" and prm["routing"] == "uniform":
+            row.update({"distinct": r["derived"]["distinct_experts"], "triton_us": us, "eta": r["derived"]["eta"],
+                        "floor_us": r["derived"]["floor_us"]})
+        elif prm["impl"] == "triton":
+            row[f"triton_{prm['routing']}_us"] = us
+        elif prm["impl"] == "torch-dense":
+            row["torch_dense_us"] = us
+        else:
+            row["reference_us"] = us
+    side = []
+    for row in by_key.values():
+        if row.get("triton_us") and row.get("torch_dense_us"):
+            row["dense/int4"] = row["torch_dense_us"] / row["triton_us"]
+            row["of_ideal_3.56x"] = row["dense/int4"] / IDEAL_INT4_GAIN
+        if row.get("triton_us") and row.get("reference_us"):
+            row["ref/triton"] = row["reference_us"] / row["triton_us"]
+        side.append(row)
+    side.sort(key=lambda r: (r["preset"], r["n"]))
+    return [("INT4 MoE layer per case (cold: weights rotated through the graph)", per_case),
+            ("INT4 MoE layer side by side (uniform routing unless named; dense = plain torch, bf16 weights on GPU)",
+             side)]
+
+
+def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
+    return []
+
+
+def release() -> None:
+    """Drop the cached expert layers (about 5 GB for K2.5: four full layers) and the cached kernel weights."""
+    int4_layers.cache_clear()
+    dense_layers.cache_clear()

@@ -1,0 +1,187 @@
+"""Skinny bf16 GEMMs of the verify forward, y = x @ w.T with x [n, K] at n = 1..8 tokens and the per-rank weight shapes
+of a preset (Kimi-K2.5 TP8: q_a/kv_a, q_b, o_proj, router, shared expert, layer-0 dense MLP, lm_head): the Triton
+kernel (kernels/skinny_gemm.py, tuned table or default config) and F.linear (cuBLAS) side by side, cold: every call
+reads another weight copy, >= 4 copies totalling >= 4x L2, inside the graph (DESIGN.md 3).
+
+Run: pytest --benchmark-only microbench/bench_skinny_gemm.py
+Tune: python3 -m microbench.bench_skinny_gemm tune [--out PATH] [--time-limit S]   (CPU check: tune --smoke)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from verifybench.harness.engine import ceiling
+from verifybench.harness.model import presets
+from verifybench.harness.engine.runner import CaseSpec, rel_error
+from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
+from verifybench.kernels import skinny_gemm as sg
+
+NAME = "skinny_gemm"
+HELP = "bf16 projections at n <= 16 tokens: Triton weight-streaming GEMM vs cuBLAS (F.linear), cold"
+GPU_NS = (1, 4, 8)
+CPU_NS = (1, 4, 8)
+MAX_COPIES = 64
+TOL = 1e-2  # bf16 output (DESIGN.md 3)
+IMPLS = ("triton", "torch")  # torch = F.linear: cuBLAS on a GPU
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    N: int  # rows of w (output features)
+    K: int
+    per_forward: int  # how often one verify forward runs it
+
+    @property
+    def key(self) -> str:
+        return sg.shape_key(self.N, self.K)
+
+
+def shapes(preset: str = "kimi-k2.5", tp: int = 8) -> list[Shape]:
+    """The bf16 projections of one rank's verify forward (kernels/verify_forward.py), largest share of bytes first."""
+    p = presets.get(preset, tp)
+    latent = p.kv_lora + p.qk_rope
+    out = [Shape("q_a_kv_a", p.q_lora + latent, p.hidden, p.layers),
+           Shape("o_proj", p.hidden, p.heads * p.v_head, p.layers),
+           # the full forward runs router and shared gate_up as one GEMM; each alone in the isolated components
+           Shape("router_shared_gate_up", p.experts + 2 * p.expert_intermediate, p.hidden, p.moe_layers),
+           Shape("shared_gate_up", 2 * p.expert_intermediate, p.hidden, p.moe_layers),
+           Shape("router", p.experts, p.hidden, p.moe_layers),
+           Shape("q_b", p.heads * (p.qk_nope + p.qk_rope), p.q_lora, p.layers),
+           Shape("lm_head", p.vocab, p.hidden, 1),
+           Shape("shared_down", p.hidden, p.expert_intermediate, p.moe_layers),
+           Shape("dense_gate_up", 2 * p.dense_intermediate, p.hidden, p.dense_layers),
+           Shape("dense_down", p.hidden, p.dense_intermediate, p.dense_layers)]
+    return [s for s in out if s.per_forward > 0]
+
+
+# ---------------------------------------------------------------------------------------------------- inputs
+
+@lru_cache(maxsize=1)
+def weight_copies(N: int, K: int, device: str, dtype: torch.dtype) -> tuple:
+    """The rotation's weight copies, random with unit-variance outputs; one shape held at a time."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(1234)
+    count = cold_rotation_sets(N * K * dtype.itemsize, device, MAX_COPIES)
+    return tuple((torch.randn(N, K, device=device, generator=gen) / K**0.5).to(dtype) for _ in range(count))
+
+
+def _dtype(impl: str, device: str) -> torch.dtype:
+    if device == "cuda":
+        return torch.bfloat16
+    return torch.float16 if impl == "triton" else torch.float32  # bf16 arithmetic is wrong in the interpreter
+
+
+def _impl_fn(impl: str, config: dict | None):
+    if impl == "triton":
+        return lambda x, w: sg.linear(x, w, config)
+    return F.linear
+
+
+def _check(fn, n: int, K: int, w: torch.Tensor) -> tuple[bool, str]:
+    """Fresh random x against the fp32 reference."""
+    x = torch.randn(n, K, device=w.device).to(w.dtype)
+    ref = sg.linear_reference(x, w)
+    out = fn(x, w)
+    err = rel_error(out.float(), ref)
+    ok = tuple(out.shape) == tuple(ref.shape) and out.dtype == x.dtype and err <= TOL
+    return ok, f"rel_err={err:.2e} vs fp32 reference (tol {TOL:g}), {out.dtype} out"
+
+
+# ---------------------------------------------------------------------------------------------------- cases
+
+def make_case(shape: Shape, n: int, impl: str, device: str, measure_kw: dict, preset: str, tp: int,
+          config: dict | None = None) -> CaseSpec:
+    dtype = _dtype(impl, device)
+    params = {"preset": preset, "tp": tp, "shape": shape.name, "N": shape.N, "K": shape.K, "n": n, "impl": impl,
+              "device": device, "dtype": str(dtype).split(".")[1]}
+    name = f"skinny/{preset}-tp{tp}/{shape.name}/{impl}/n{n}"
+
+    def setup():
+        ws = weight_copies(shape.N, shape.K, device, dtype)
+        cfg = None
+        if impl == "triton" and (device == "cuda" or sg._INTERPRET):
+            cfg = config or sg.select_config(n, shape.N, shape.K, device, dtype=dtype)
+        fn = _impl_fn(impl, cfg)
+        xs = [torch.randn(n, shape.K, device=device).to(dtype) for _ in ws]  # one x per copy, as layers differ
+        fns = [lambda x=x, w=w: fn(x, w) for x, w in zip(xs, ws)]
+
+        def derive(m) -> dict:
+            moved = sg.bytes_moved(n, shape.N, shape.K, dtype.itemsize)
+            copy = ceiling.copy_gbps(device)
+            d = {"bytes_moved": moved, "weight_bytes": shape.N * shape.K * dtype.itemsize,
+                 "gbps": ceiling.gbps(moved, m.median_us), "eta": ceiling.eta(moved, m.median_us, copy),
+                 "floor_us": moved / (copy * 1e3), "copy_gbps": copy, "rotation": len(fns),
+                 "per_forward": shape.per_forward}
+            if cfg is not None:
+                d["config"] = cfg
+                d["plan"] = sg.plan(n, shape.N, shape.K, cfg, sg.sm_count(device))
+            return d
+
+        return fns, (lambda: _check(fn, n, shape.K, ws[0])), derive
+
+    return CaseSpec(name=name, params=params, mode="graph", setup=setup, measure_kw={"device": device, **measure_kw})
+
+
+def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = None) -> list[CaseSpec]:
+    """GPU: every shape at GPU_NS, Triton and F.linear (cuBLAS), graph mode with weight rotation. CPU (preset tiny):
+    F.linear in fp32 at CPU_NS, plus the interpreted kernel at two shapes when TRITON_INTERPRET=1 was set."""
+    if not cuda_available():
+        if preset != "tiny":
+            raise ValueError(f"preset {preset!r} needs a GPU (293 MB lm_head per rank); use preset 'tiny' on CPU")
+        quick = {"max_time_s": 0.2, "warmup_s": 0.0, "min_samples": 3}
+        out = [make_case(s, n, "torch", "cpu", quick, preset, tp) for s in shapes(preset, tp) for n in tokens or CPU_NS]
+        if sg._INTERPRET:
+            out += [make_case(s, n, "triton", "cpu", quick, preset, tp) for s in shapes(preset, tp)[:2] for n in (1, 4)]
+        return out
+    return [make_case(s, n, impl, "cuda", {"max_time_s": 0.5}, preset, tp)
+            for s in shapes(preset, tp) for n in tokens or GPU_NS for impl in IMPLS]
+
+
+# ---------------------------------------------------------------------------------------------------- tables
+
+def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
+    """Per case (us, GB/s, eta) and per (shape, n) the Triton kernel beside F.linear."""
+    ok, per_case = ceiling.streaming_case_rows(records, "skinny/")
+    by_key: dict[tuple, dict] = {}
+    for r in ok:
+        prm, d = r["params"], r["derived"]
+        row = by_key.setdefault((prm["preset"], prm["tp"], prm["shape"], prm["n"]), {
+            "shape": prm["shape"], "N,K": f"{prm['N']},{prm['K']}", "n": prm["n"], "MB": d["bytes_moved"] / 1e6,
+            "floor_us": d["floor_us"]})
+        us = r["summary"]["median_us"]
+        if prm["impl"] == "triton":
+            row.update({"triton_us": us, "triton_eta": d["eta"], "config": config_str(d.get("config"))})
+        else:
+            row.update({"torch_us": us, "torch_eta": d["eta"]})
+    side = list(by_key.values())
+    for row in side:
+        if row.get("triton_us") and row.get("torch_us"):
+            row["speedup"] = row["torch_us"] / row["triton_us"]
+    return [("Skinny GEMM per case (graph mode, weights rotated)", per_case),
+            ("Skinny GEMM: Triton vs F.linear (cuBLAS on GPU)", side)]
+
+
+def config_str(cfg: dict | None) -> str:
+    if not cfg:
+        return ""
+    if cfg.get("kind") == "torch":
+        return "F.linear (cuBLAS)"
+    red = f" {cfg['reduce']}" if (cfg.get("SPLIT_K") or 1) > 1 else ""
+    return (f"{cfg['kind']} {cfg['BLOCK_N']}x{cfg['BLOCK_K']} s{cfg.get('SPLIT_K')}{red} "
+            f"w{cfg['num_warps']} st{cfg['num_stages']}")
+
+
+def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
+    return []
+
+
+def release() -> None:
+    """Drop the cached weight copies (up to 64 per shape)."""
+    weight_copies.cache_clear()

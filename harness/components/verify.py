@@ -1,0 +1,269 @@
+"""Synthetic verify forward of one TP rank at n = 1..8 tokens, whole and per component (isolated: only that
+component; marginal: the forward without it), each captured as one CUDA graph per n.
+
+Run: verifybench verify (the decomposition report)   or   pytest --benchmark-only microbench/bench_verify.py
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from verifybench.harness.engine import ceiling
+from verifybench.harness.analysis import decompose
+from verifybench.harness.engine.runner import CaseSpec, rel_error
+from verifybench.harness.engine.timing import cuda_available
+from verifybench.kernels import pdl
+from verifybench.kernels.moe_int4 import reference_moe_w4a16
+from verifybench.harness.model.build import (CONTEXT, allreduce_stand_in_us, as_checkpoint, build_forward,
+                                             release_forwards)
+from verifybench.harness.model.forward import COMPONENTS, TORCH_OPS, VerifyForward
+
+NAME = "verify"
+HELP = "synthetic one-rank verify forward at 1..8 tokens and its decomposition"
+TOKENS = tuple(range(1, 9))
+TOKENS_CPU = (1, 2, 3)  # the CPU smoke run: the torch reference MoE is slow; three points still make a fit
+CASE_MAX_TIME_S = 0.6
+# fused vs plain-torch small ops on the first layers (one dense, one MoE) with fixed routing: over all 61 random
+# layers bf16 rounding differences grow to ~5e-2 and a near-tie in top-k flips an expert (seen on the H200), which
+# says nothing about the kernels; each kernel has its own test against its reference
+CHECK_LAYERS = 2
+FORWARD_TOLERANCE = 1e-2
+
+
+def fused_vs_torch(fwd: VerifyForward, n: int) -> float:
+    """Residual stream after the first CHECK_LAYERS layers, fused small ops vs TORCH_OPS (routing from the static
+    buffer in both), as a relative error."""
+    body = frozenset(COMPONENTS) - {"head", "router"}
+    layers, fused = fwd.layers, fwd.ops
+    fwd.layers = layers[:CHECK_LAYERS]
+    try:
+        h_fused = fwd.forward(n, body).clone()
+        fwd.ops = TORCH_OPS
+        h_torch = fwd.forward(n, body).clone()
+    finally:
+        fwd.layers, fwd.ops = layers, fused
+    return rel_error(h_fused, h_torch)
+# the deployment's drafting and bookkeeping per cycle (Kimi-K2.5, 8xH200: 27 ms cycle, 25.6 ms of it verify), used
+# beside the measured forward in the report's break-even; labelled as assumptions there
+DEFAULT_DRAFT_MS, DEFAULT_OVERHEAD_MS = 1.0, 0.4
+
+
+def _case(preset, tp, layers, context, n, variant: str, comps: frozenset) -> CaseSpec:
+    """variant "full-nopdl": the whole forward with programmatic dependent launch off (kernels/pdl.py; the other
+    variants follow VERIFYBENCH_PDL), measured beside "full" to show what the overlap buys; its check: the residual
+    stream equals the PDL forward's bit for bit (every kernel is deterministic, so a difference is a race)."""
+    ar_us, ar_source = allreduce_stand_in_us()
+    no_pdl = variant == "full-nopdl"
+
+    def setup():
+        fwd = build_forward(preset, tp, layers, context, ar_us)
+
+        def run():
+            if not no_pdl:
+                return fwd.forward(n, comps)
+            with pdl.forced(False):
+                return fwd.forward(n, comps)
+
+        def check():
+            if no_pdl:
+                fwd.forward(n, comps)
+                h_pdl = fwd.buf[n]["h"].clone()
+                run()
+                same = torch.equal(fwd.buf[n]["h"], h_pdl)
+                return same, "residual stream equal with and without PDL" if same else "PDL changed the result"
+            out = run()
+            if variant != "full":
+                return True, "runs"
+            predicts, accept_index, accepted = out
+            s, L = fwd.s, fwd.layers[-1]
+            x = torch.randn(n, s.hidden, device=fwd.device, dtype=torch.bfloat16)
+            b = fwd.buf[n]
+            e = int(b["topk_ids"][0, 0])  # every pair on one expert: the fp32 reference stays small
+            ids = torch.full_like(b["topk_ids"], e)
+            got = fwd.moe_fn(x, L["w13p"], L["w13s"], L["w2p"], L["w2s"], b["topk_w"], ids)
+            ckpt = [as_checkpoint(L[k][e: e + 1], fwd.device, s.expert_group_size) for k in ("w13p", "w2p")]
+            ref = reference_moe_w4a16(x, ckpt[0], L["w13s"][e: e + 1], ckpt[1], L["w2s"][e: e + 1],
+                                      b["topk_w"], torch.zeros_like(ids))
+            err = rel_error(got, ref)
+            ok = err <= 1e-2 and 0 <= int(accepted[0]) < n and bool(torch.isfinite(fwd.buf[n]["predict"]).all())
+            detail = f"moe rel_err {err:.2e}; accepted {int(accepted[0])} of {n - 1}"
+            if fwd.ops is not TORCH_OPS:
+                err_fwd = fused_vs_torch(fwd, n)
+                ok = ok and err_fwd <= FORWARD_TOLERANCE
+                detail += f"; first {CHECK_LAYERS} layers fused vs torch small ops rel_err {err_fwd:.2e}"
+            return ok, detail
+
+        def derive(m):
+            d = {"tokens": n, "variant": variant, "allreduce_stand_in_us": ar_us, "allreduce_source": ar_source,
+                 "ops": fwd.ops.name}
+            d["pdl"] = not no_pdl and pdl.enabled(fwd.device)
+            if variant == "full":
+                distinct = fwd.distinct_experts(n)
+                by = fwd.weight_bytes(n, distinct)
+                copy = ceiling.copy_gbps(fwd.device)
+                d.update(bytes=by["total"], routed_bytes=by["routed_experts"], kv_bytes=by["kv"],
+                         component_bytes=by["by_component"],
+                         distinct_experts_mean=sum(distinct) / max(1, len(distinct)), copy_gbps=copy,
+                         roofline_us=by["total"] / (copy * 1e3), eta=ceiling.eta(by["total"], m.median_us, copy))
+            return d
+
+        return run, check, derive
+
+    return CaseSpec(f"verify/{preset}-tp{tp}/{variant}/n{n}", {"preset": preset, "tp": tp, "tokens": n,
+                    "context": context, "layers": layers, "variant": variant}, "graph", setup,
+                    {"calls_per_sample": 1, "max_time_s": CASE_MAX_TIME_S})
+
+
+def cases(preset: str, tp: int, context: int = CONTEXT, tokens: tuple[int, ...] | None = None,
+          layers: int | None = None) -> list[CaseSpec]:
+    """Per n: the full forward, each component alone (isolated) and the forward without it (marginal); where PDL
+    can run, the full forward without it too."""
+    out = []
+    gpu = cuda_available()
+    for n in tokens or (TOKENS if gpu else TOKENS_CPU):
+        out.append(_case(preset, tp, layers, context, n, "full", frozenset(COMPONENTS)))
+        if gpu and pdl.enabled("cuda"):  # PDL on: its cost is shown beside it
+            out.append(_case(preset, tp, layers, context, n, "full-nopdl", frozenset(COMPONENTS)))
+        for c in COMPONENTS:
+            out.append(_case(preset, tp, layers, context, n, f"only-{c}", frozenset({c})))
+            out.append(_case(preset, tp, layers, context, n, f"without-{c}", frozenset(COMPONENTS) - {c}))
+    return out
+
+
+def decomposition(records: list[dict]) -> dict:
+    """From stored case records: the per-n table, the token fit and the break-even at the measured verify times."""
+    med = {}
+    for r in records:
+        if r["check"]["ok"]:
+            med.setdefault(r["params"]["variant"], {})[r["params"]["tokens"]] = r["summary"]["median_us"]
+    full = med.get("full", {})
+    roof = {r["params"]["tokens"]: r["derived"]["roofline_us"] for r in records
+            if r["check"]["ok"] and r["params"]["variant"] == "full"}
+    iso = {c: med.get(f"only-{c}", {}) for c in COMPONENTS}
+    without = {c: med.get(f"without-{c}", {}) for c in COMPONENTS}
+    out = {"table": decompose.table(full, iso, without, roof)}
+    for row in out["table"]:  # the same forward without programmatic dependent launch, measured beside it
+        row["no_pdl_us"] = med.get("full-nopdl", {}).get(row["n"])
+    if len(full) >= 3:
+        out["fit"] = decompose.token_fit(full)
+    return out
+
+
+def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
+    """PNG charts beside the report: stacked isolated components vs n with the measured forward, and measured vs
+    predicted (sum of parts, fit)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dec = decomposition(records)
+    rows = dec["table"]
+    if not rows:
+        return []
+    ns = [r["n"] for r in rows]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    bottom = [0.0] * len(ns)
+    for comp in COMPONENTS:
+        vals = [(r.get(f"{comp}_us") or 0) / 1e3 for r in rows]
+        ax.bar(ns, vals, bottom=bottom, label=comp)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.plot(ns, [r["measured_us"] / 1e3 for r in rows], "k-o", label="measured forward")
+    ax.set_xlabel("tokens verified (n)")
+    ax.set_ylabel("ms")
+    ax.set_title("verify forward: isolated components (stacked) vs measured")
+    ax.legend(fontsize=8, ncol=2)
+    paths = [Path(directory) / f"verify_components-{stamp}.png"]
+    fig.savefig(paths[0], dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(ns, [r["measured_us"] / 1e3 for r in rows], "k-o", label="measured")
+    ax.plot(ns, [r["sum_of_parts_us"] / 1e3 for r in rows], "b--s", label="sum of isolated parts")
+    if all(r.get("no_pdl_us") for r in rows):
+        ax.plot(ns, [r["no_pdl_us"] / 1e3 for r in rows], "k:x", label="measured, PDL off")
+    if all(r.get("no_comm_us") for r in rows):
+        ax.plot(ns, [r["no_comm_us"] / 1e3 for r in rows], "m-^", label="measured without allreduce")
+    if rows[0].get("roofline_us"):
+        ax.plot(ns, [r["roofline_us"] / 1e3 for r in rows], "g:", label="weight+KV roofline")
+    if "fit" in dec:
+        f = dec["fit"]
+        ax.plot(ns, [(f["a"] + f["b"] * n) / 1e3 for n in ns], "r-", alpha=0.5, label="fit a + b n")
+    ax.set_xlabel("tokens verified (n)")
+    ax.set_ylabel("ms")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    paths.append(Path(directory) / f"verify_measured_vs_predicted-{stamp}.png")
+    fig.savefig(paths[1], dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return paths
+
+
+def component_eta(records: list[dict]) -> list[dict]:
+    """Per n and component: the bytes it must read, its isolated time, and eta = bytes / time / copy bandwidth.
+    The gap to the roofline lives where eta is low."""
+    iso = {(r["params"]["variant"], r["params"]["tokens"]): r["summary"]["median_us"] for r in records
+           if r["check"]["ok"]}
+    rows = []
+    for r in records:
+        d = r["derived"]
+        if r["params"]["variant"] != "full" or not r["check"]["ok"] or "component_bytes" not in d:
+            continue
+        n = r["params"]["tokens"]
+        row = {"n": n}
+        for comp, nbytes in d["component_bytes"].items():
+            t = iso.get((f"only-{comp}", n))
+            row[f"{comp}_MB"] = nbytes / 1e6
+            row[f"{comp}_eta"] = ceiling.eta(nbytes, t, d["copy_gbps"]) if t else None
+        rows.append(row)
+    return sorted(rows, key=lambda row: row["n"])
+
+
+def setup_lines(records: list[dict]) -> list[dict]:
+    """What ran: the small-op set, programmatic dependent launch on or off, the allreduce (a stand-in on one GPU),
+    the context, the copy bandwidth."""
+    full = [r for r in records if r["params"]["variant"] == "full"]
+    if not full:
+        return []
+    d, p = full[0]["derived"], full[0]["params"]
+    return [{"ops": d.get("ops"), "pdl": d.get("pdl"),
+             "allreduce": f"device wait of {d['allreduce_stand_in_us']} us per allreduce "
+             f"({d.get('allreduce_source', '?')})", "context": p["context"], "layers": p["layers"] or "all",
+             "copy_GBps": d.get("copy_gbps")}]
+
+
+def break_even_rows(table: list[dict]) -> list[dict]:
+    """tau* = (T_draft + T_verify(n) + T_overhead) / T_decode per n, with T_decode the measured one-token forward."""
+    decode = next((r["measured_us"] for r in table if r["n"] == 1), None)
+    if decode is None:
+        return []
+    rows = []
+    for r in table:
+        be = decompose.break_even(1.0, decode / 1e3, r["measured_us"] / 1e3, DEFAULT_DRAFT_MS, DEFAULT_OVERHEAD_MS)
+        rows.append({"n": r["n"], "verify_ms": r["measured_us"] / 1e3, "cycle_ms": be.cycle_ms,
+                     "break-even accept len": be.tau_star, "max accept len (n)": r["n"],
+                     "pays off at full acceptance": r["n"] > be.tau_star})
+    return rows
+
+
+def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
+    dec = decomposition(records)
+    short = [{k: v for k, v in row.items() if not k.endswith("_marginal_us")} for row in dec["table"]]
+    marginal = [{"n": row["n"], **{k: v for k, v in row.items() if k.endswith("_marginal_us")}} for row in dec["table"]]
+    out = [("setup (one GPU: the allreduce is a calibrated device wait, not a collective)", setup_lines(records)),
+           ("verify forward, isolated components (us; each alone in its own graph); no_comm = forward without "
+            "allreduce, held against the weight+KV roofline", short),
+           ("marginal cost of each component (us; forward minus forward without it)", marginal),
+           ("bytes and eta of each component (isolated time vs copy bandwidth)", component_eta(records))]
+    out.append((f"break-even accept length per n: T_decode = the measured n=1 forward, T_verify(n) = the measured "
+                f"forward, draft {DEFAULT_DRAFT_MS} ms and overhead {DEFAULT_OVERHEAD_MS} ms per cycle ASSUMED (the "
+                "deployment's)", break_even_rows(dec["table"])))
+    if "fit" in dec:
+        f = dec["fit"]
+        out.append(("fit T(n) = a + b n (95% CI)", [{"a_us": f["a"], "a_ci_us": f["a_halfwidth"], "b_us": f["b"],
+                    "b_ci_us": f["b_halfwidth"], "r2": f["r2"], "fixed_share_a/T(8)": f["fixed_share"]}]))
+    return out
+
+
+def release() -> None:
+    release_forwards()

@@ -1,0 +1,256 @@
+"""Allreduce latency across ranks at verify sizes: nccl, pynccl, symm one/two-shot and gloo, in graph / eager /
+isolated modes; an nccl-tests style table (the max over ranks of each rank's median) and a results JSON.
+
+  torchrun --nproc-per-node=N -m verifybench.harness.dist.allreduce [--preset kimi-k2.5] [--backend ...] [--mode ...]
+  python -m verifybench.harness.dist.allreduce --nccl-sweep --nproc-per-node=N   (one fresh torchrun per NCCL setting)
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import os
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from verifybench.harness.model import presets
+from verifybench.harness.dist.backends import (ALL_BACKENDS, BACKEND_HELP, ELEMENT_BYTES, GPU_BACKENDS, Comm, backend_versions,
+                                        check_eager, check_graph, count_wrong, expected_sum, make_backend,
+                                        prepare_for_timing, unavailable_reason)
+from verifybench.harness.dist.allreduce_results import ENGINE_MODE, MODES, Output
+from verifybench.harness.dist.guard import (Agreement, Watchdog, announce_safe_env, init_group, maybe_fault, parse_fault,
+                                rank_main)
+from verifybench.harness.engine.timing import measure
+
+MODE_HELP = {"graph": "K ops captured in one CUDA graph, replay time / K (CPU: K calls in a loop)",
+             "eager": "K ops back to back between two CUDA events, / K (host launch gaps show when the host is slower)",
+             "isolated": "one op per sample after a device-side barrier across ranks (p50/p99)"}
+# (warm-up calls, samples, isolated samples, K calls per graph/eager sample): fixed, identical on every rank
+DEFAULT_COUNTS = {"cuda": (20, 100, 1000, 64), "cpu": (3, 10, 20, 4)}
+STORE_TIMEOUT_S = 600  # blocking store reads; the watchdog ends a real hang long before
+DEFAULT_HANG_TIMEOUT_S = 30.0
+
+
+# ---- sizes ----
+
+def parse_bytes(text: str) -> int:
+    """'14336', '14K', '1M' (K = 1024) -> bytes."""
+    text = text.strip().upper().removesuffix("B")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(float(text[:-1] if scale > 1 else text) * scale)
+
+
+def parse_int_list(text: str) -> list[int]:
+    """'1-8' or '1,2,4' or '1-4,8' -> sorted unique ints."""
+    out: set[int] = set()
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return sorted(out)
+
+
+def plan_sizes(hidden: int, tokens: list[int], batches: list[int], extra: list[int],
+               pow2: tuple[int, int] | None) -> list[tuple[int, str]]:
+    """(size in bytes, where it comes from): hidden x tokens x batch x 2 bytes (bf16), extras, powers of two."""
+    sizes: dict[int, str] = {}
+    for b, t in itertools.product(batches, tokens):
+        sizes.setdefault(hidden * t * b * ELEMENT_BYTES, f"{t} tok" + (f" x {b} req" if b > 1 else ""))
+    for s in extra:
+        sizes.setdefault(s, "extra")
+    if pow2:
+        s = 1 << max(4, math.ceil(math.log2(pow2[0])))
+        while s <= pow2[1]:
+            sizes.setdefault(s, "pow2")
+            s <<= 1
+    bad = [s for s in sizes if s % 16]
+    if bad:
+        raise ValueError(f"sizes must be multiples of 16 bytes (symm-mem alignment): {bad}")
+    return sorted(sizes.items())
+
+
+# ---- one rank ----
+
+def run_rank(args, info, store, guard: Watchdog) -> int:
+    """Everything one rank does; rank 0 also prints and saves. Returns the exit code."""
+    agree = Agreement(store, info)
+    requested = args.backend.split(",") if args.backend else list(ALL_BACKENDS)
+    use_cuda = torch.cuda.is_available() and any(b in GPU_BACKENDS for b in requested)
+    nccl_log_dir = _enable_nccl_log() if use_cuda and args.nccl_log else None
+    device = init_group(info, store, use_cuda, args.hang_timeout, guard)
+    comm = Comm(info.rank, info.world_size, info.local_world_size, device, store)
+    plan = agree.broadcast(_make_plan(args, device.type, requested) if info.rank == 0 else None)
+    me = {"host": info.host, "local_rank": info.local_rank, "pid": os.getpid(),
+          "device": torch.cuda.get_device_name(device) if use_cuda else "cpu",
+          "unavailable": {b: unavailable_reason(b, _comm_for(b, comm)) for b in plan["backends"]}}
+    ranks = agree.allgather(me)
+    skipped: dict[str, str] = {}
+    for r, who in enumerate(ranks):
+        for b, reason in who["unavailable"].items():
+            if reason:
+                skipped.setdefault(b, f"rank {r}: {reason}")
+    fault = parse_fault(args.fault)
+    counter = itertools.count()
+    out = Output(args, info, plan, device.type, ranks) if info.rank == 0 else None
+    for name in plan["backends"]:
+        if name in skipped:
+            continue
+        records, error = _run_backend(name, _comm_for(name, comm), plan, guard, agree, fault, counter)
+        if error:
+            skipped[name] = error
+        gathered = agree.gather(records)
+        guard.mark(f"{name}: save")  # on every rank: the watchdog compares step numbers across ranks
+        if out:
+            out.add(name, gathered, skipped, backend_versions(comm))
+    guard.mark("finish")
+    if out:
+        out.finish(skipped, nccl_log_dir, added_env=(*NCCL_LOG_VARS, "NCCL_DEBUG_FILE") if nccl_log_dir else ())
+        return 0 if out.all_ok else 1
+    return 0
+
+
+def _comm_for(backend: str, comm: Comm) -> Comm:
+    return replace(comm, device=torch.device("cpu")) if backend == "gloo" else comm
+
+
+def _make_plan(args, device_type: str, requested: list[str]) -> dict:
+    hidden = args.hidden or presets.get(args.preset).hidden  # TP does not divide the hidden size
+    pow2 = tuple(parse_bytes(x) for x in args.pow2.split(":")) if args.pow2 else None
+    sizes = plan_sizes(hidden, parse_int_list(args.tokens), parse_int_list(args.batches),
+                       [parse_bytes(s) for s in args.sizes.split(",")] if args.sizes else [], pow2)
+    warm, samples, iso, k = DEFAULT_COUNTS[device_type]
+    modes = args.mode.split(",") if args.mode else list(MODES)
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise ValueError(f"unknown mode(s) {unknown}; choose from {', '.join(MODES)}")
+    return {"sizes": sizes, "backends": requested, "modes": modes, "preset": args.preset, "tp": args.tp,
+            "hidden": hidden, "warmup_calls": args.warmup or warm, "samples": args.samples or samples,
+            "isolated_samples": args.isolated_samples or iso, "calls_per_sample": args.calls_per_sample or k}
+
+
+def _run_backend(name, comm, plan, guard, agree, fault, counter) -> tuple[list[dict], str | None]:
+    """Check then time every size of one backend. Returns this rank's records, or the agreed setup error."""
+    guard.mark(f"{name}: setup")
+    max_numel = max(size for size, _ in plan["sizes"]) // ELEMENT_BYTES
+    try:
+        make, error = make_backend(name, comm, max_numel), None
+    except Exception as e:
+        make, error = None, f"{type(e).__name__}: {e}"
+    errors = agree.allgather(error)
+    if any(errors):
+        return [], "; ".join(f"rank {r}: {e}" for r, e in enumerate(errors) if e)
+    tiny = torch.zeros(1, device=comm.device)
+    barrier = lambda: dist.all_reduce(tiny)  # noqa: E731  device-side: later work on this stream waits for it
+    records = []
+    for size, origin in plan["sizes"]:
+        maybe_fault(fault, comm.rank, next(counter))
+        guard.mark(f"{name} {size}B: check")
+        numel = size // ELEMENT_BYTES
+        local = {"wrong_eager": None, "wrong_graph": None, "error": None}
+        try:
+            op, expected = make(numel), expected_sum(numel, comm.world_size, comm.device)
+            local["wrong_eager"] = check_eager(op, comm, expected)
+            if comm.device.type == "cuda" and "graph" in plan["modes"]:
+                local["wrong_graph"] = check_graph(op, comm, expected)
+        except Exception as e:
+            local["error"] = f"{type(e).__name__}: {e}"
+        checks = agree.allgather(local)
+        rec = {"size_bytes": size, "origin": origin, "checks": checks, "modes": {}}
+        failed = any(c["error"] or c["wrong_eager"] or c["wrong_graph"] for c in checks)
+        for mode in plan["modes"]:
+            guard.mark(f"{name} {size}B: {mode}")
+            rec["modes"][mode] = None if failed else _time_mode(op, comm, mode, plan, barrier, expected)
+        records.append(rec)
+    return records, None
+
+
+def _time_mode(op, comm, mode, plan, barrier, expected) -> dict:
+    prepare_for_timing(op, comm)
+    kw = {"mode": ENGINE_MODE[mode], "device": comm.device.type, "warmup_calls": plan["warmup_calls"],
+          "samples": plan["isolated_samples"] if mode == "isolated" else plan["samples"]}
+    if mode in ("graph", "eager"):
+        kw["calls_per_sample"] = plan["calls_per_sample"]
+    if mode == "isolated":
+        kw["barrier"] = barrier
+    m = measure(op.run, **kw)
+    if comm.device.type == "cuda":
+        torch.cuda.synchronize()
+    wrong_after = None if op.in_place else count_wrong(op.out, expected)
+    return {"measurement": m.as_dict(), "wrong_after": wrong_after}
+
+
+NCCL_LOG_VARS = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV,GRAPH"}
+
+
+def _enable_nccl_log() -> str | None:
+    """NCCL's init log into a private folder (parsed for the transport it chose) unless the user set NCCL_DEBUG."""
+    if "NCCL_DEBUG" in os.environ or "NCCL_DEBUG_SUBSYS" in os.environ:
+        return None
+    folder = tempfile.mkdtemp(prefix="verifybench-nccl-")
+    os.environ.update({**NCCL_LOG_VARS, "NCCL_DEBUG_FILE": f"{folder}/nccl.%h.%p.log"})
+    return folder
+
+
+# ---- entry ----
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m verifybench.harness.dist.allreduce", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="kimi-k2.5", help="model preset whose hidden size sets the sizes")
+    p.add_argument("--tp", type=int, default=8, help="TP degree for the preset (the hidden size does not change)")
+    p.add_argument("--hidden", type=int, help="hidden size, overriding the preset's")
+    p.add_argument("--tokens", default="1-8", help="token counts, e.g. 1-8 or 1,2,4 (default 1-8)")
+    p.add_argument("--batches", default="1", help="batch sizes multiplying the token counts (default 1)")
+    p.add_argument("--sizes", help="extra sizes in bytes, comma-separated (K/M suffixes, multiples of 16)")
+    p.add_argument("--pow2", metavar="MIN:MAX", help="add a power-of-two sweep, e.g. 1K:64M")
+    p.add_argument("--backend", help="comma list of " + "; ".join(f"{k}: {v}" for k, v in BACKEND_HELP.items())
+                   + " (default: all that run here)")
+    p.add_argument("--mode", help="comma list of " + "; ".join(f"{k}: {v}" for k, v in MODE_HELP.items())
+                   + " (default: all)")
+    p.add_argument("--warmup", type=int, help="warm-up calls per case (default 20 GPU, 3 CPU)")
+    p.add_argument("--samples", type=int, help="samples per case in graph and eager modes (default 100 GPU, 10 CPU)")
+    p.add_argument("--isolated-samples", type=int, help="samples in isolated mode (default 1000 GPU, 20 CPU)")
+    p.add_argument("--calls-per-sample", type=int, help="K: ops per sample in graph (one replay) and eager "
+                   "(back to back) modes (default 64 GPU, 4 CPU)")
+    p.add_argument("--hang-timeout", type=float, default=DEFAULT_HANG_TIMEOUT_S,
+                   help="seconds without progress before the job is ended, naming the stuck rank (default 30)")
+    p.add_argument("--no-nccl-log", dest="nccl_log", action="store_false",
+                   help="do not record NCCL's init log (transport) when NCCL_DEBUG is unset")
+    p.add_argument("--out", type=Path, help="results folder (default results/<machine-slug>/)")
+    p.add_argument("--name", help="results file name (default allreduce-<UTC time>.json)")
+    sweep = p.add_argument_group("NCCL setting sweep (driver mode, run without torchrun)")
+    sweep.add_argument("--nccl-sweep", action="store_true", help="run every setting in its own torchrun")
+    sweep.add_argument("--setting", action="append", help="KEY=VAL[,KEY=VAL...] or 'default'; repeatable "
+                       "(default: the built-in list, see harness/allreduce_sweep.py)")
+    sweep.add_argument("--nproc-per-node", type=int, help="ranks per setting (default: GPUs here, or 2)")
+    sweep.add_argument("--setting-timeout", type=float, default=180, help="seconds per setting (default 180)")
+    sweep.add_argument("--sweep-time-limit", type=float, help="total seconds: settings that might not finish "
+                       "inside it are skipped, and the summary is still written")
+    sweep.add_argument("--torchrun-args", default="", help="extra torchrun arguments, e.g. rendezvous options")
+    p.add_argument("--label", help=argparse.SUPPRESS)  # sweep setting this rank runs under
+    p.add_argument("--fault", help=argparse.SUPPRESS)  # exit-early:RANK[@CASE] | hang:RANK[@CASE] (tests)
+    p.add_argument("--run-tag", help=argparse.SUPPRESS)  # lets tests find this job's processes
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    announce_safe_env()
+    if args.nccl_sweep:
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            print("error: --nccl-sweep is the driver: run it with plain python, it starts torchrun per setting",
+                  file=sys.stderr)
+            return 2
+        from verifybench.harness.dist.sweep import run_sweep
+
+        return run_sweep(args)
+    rank_main(run_rank, args, STORE_TIMEOUT_S)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

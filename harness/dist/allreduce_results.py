@@ -1,0 +1,173 @@
+"""Allreduce results across ranks: per-rank records -> one Case per (size, mode) with the max over ranks, the
+nccl-tests style table, and rank 0's results file (re-saved after each backend, so a later crash keeps the numbers).
+"""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+from tabulate import tabulate
+
+from verifybench.harness.engine import fingerprint
+from verifybench.harness.engine import results
+from verifybench.harness.dist.backends import ELEMENT_BYTES
+from verifybench.harness.engine.results import Case
+from verifybench.harness.engine.timing import Measurement
+
+COMPONENT = "allreduce"
+MODES = ("graph", "eager", "isolated")
+ENGINE_MODE = {"graph": "graph", "eager": "hot", "isolated": "isolated"}
+
+
+def measurement_from_dict(d: dict) -> Measurement:
+    keys = ("mode", "device", "timer", "samples_us", "calls_per_sample", "warmup_calls", "stop_reason", "wall_s",
+            "clocks_before", "clocks_after")
+    return Measurement(**{k: d[k] for k in keys}, host_probe_us=d.get("host_probe_us") or [])
+
+
+def busbw_factor(world_size: int) -> float:
+    """nccl-tests: allreduce busbw = algbw x 2(n-1)/n."""
+    return 2 * (world_size - 1) / world_size
+
+
+def build_cases(backend: str, per_rank: list[list[dict]], plan: dict, world_size: int) -> list[Case]:
+    """One Case per (size, mode): time = max over ranks of each rank's median, samples of that slowest rank."""
+    cases = []
+    for i, (size, origin) in enumerate(plan["sizes"]):
+        recs = [r[i] for r in per_rank]
+        checks = recs[0]["checks"]
+        errors = [f"rank {r}: {c['error']}" for r, c in enumerate(checks) if c["error"]]
+        wrong_check = sum((c["wrong_eager"] or 0) + (c["wrong_graph"] or 0) for c in checks)
+        count = size // ELEMENT_BYTES
+        for mode in plan["modes"]:
+            params = {"size_bytes": size, "count": count, "dtype": "bf16", "backend": backend, "mode": mode,
+                      "engine_mode": ENGINE_MODE[mode], "world_size": world_size, "origin": origin,
+                      "preset": plan["preset"], "tp": plan["tp"], "hidden": plan["hidden"]}
+            name = f"allreduce/{backend}/{size}B/{mode}"
+            timed = [r["modes"].get(mode) for r in recs]
+            if errors or wrong_check or not all(timed):
+                detail = "; ".join(errors) or f"#wrong {wrong_check} (eager + graph-replay checks, all ranks)"
+                cases.append(Case(name, params, False, detail, derived={"wrong": wrong_check}))
+                continue
+            meds = [t["measurement"]["summary"]["median_us"] for t in timed]
+            p99s = [float(np.percentile(t["measurement"]["samples_us"], 99)) for t in timed]
+            slowest = int(np.argmax(meds))
+            wrong_after = sum(t["wrong_after"] or 0 for t in timed)
+            time_us = meds[slowest]
+            algbw = size / time_us / 1e3
+            derived = {"time_us": time_us, "algbw_gbps": algbw, "busbw_gbps": algbw * busbw_factor(world_size),
+                       "wrong": wrong_check + wrong_after, "p50_us": time_us, "p99_us": max(p99s),
+                       "rank_medians_us": meds, "rank_p99_us": p99s, "slowest_rank": slowest,
+                       "calls_per_sample": timed[slowest]["measurement"]["calls_per_sample"]}
+            checked = "eager" + (", graph replay x2" if checks[0]["wrong_graph"] is not None else "")
+            checked += "" if timed[0]["wrong_after"] is None else ", output after the timed calls"
+            ok = wrong_after == 0
+            detail = f"#wrong {wrong_check + wrong_after} of {count} x {world_size} ranks ({checked})"
+            cases.append(Case(name, params, ok, detail, measurement_from_dict(timed[slowest]["measurement"]),
+                              derived) if ok else Case(name, params, False, detail, derived=derived))
+    return cases
+
+
+def table_rows(case_records: list[dict]) -> list[dict]:
+    """nccl-tests columns from stored case records; a failed check shows FAIL, never a time."""
+    rows = []
+    for c in case_records:
+        p, d = c["params"], c["derived"]
+        row = {"size(B)": p["size_bytes"], "count": p["count"], "type": p["dtype"], "backend": p["backend"],
+               "mode": p["mode"]}
+        if c["check"]["ok"]:
+            row.update({"time(us)": d["time_us"], "algbw(GB/s)": d["algbw_gbps"], "busbw(GB/s)": d["busbw_gbps"],
+                        "#wrong": d["wrong"], "p99(us)": d["p99_us"], "slowest rank": d["slowest_rank"]})
+        else:
+            row.update({"time(us)": "FAIL", "algbw(GB/s)": "", "busbw(GB/s)": "", "#wrong": d.get("wrong", "?"),
+                        "p99(us)": "", "slowest rank": ""})
+        rows.append(row)
+    return rows
+
+
+def best_rows(case_records: list[dict], mode: str = "graph") -> list[dict]:
+    """Per size, the fastest backend in `mode` and its margin over the runner-up."""
+    by_size: dict[int, list[tuple[float, str]]] = {}
+    for c in case_records:
+        if c["check"]["ok"] and c["params"]["mode"] == mode:
+            by_size.setdefault(c["params"]["size_bytes"], []).append((c["derived"]["time_us"], c["params"]["backend"]))
+    rows = []
+    for size, entries in sorted(by_size.items()):
+        entries.sort()
+        row = {"size(B)": size, f"best ({mode})": entries[0][1], "time(us)": entries[0][0]}
+        if len(entries) > 1:
+            row.update({"runner-up": entries[1][1], "x faster": entries[1][0] / entries[0][0]})
+        rows.append(row)
+    return rows
+
+
+def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
+    """The component's tables over stored records (the verifybench CLI's component interface)."""
+    return [("allreduce (time = max over ranks of the per-rank median)", table_rows(records)),
+            ("fastest backend per size, graph mode", best_rows(records))]
+
+
+class Output:
+    """Rank 0's accumulating results file: re-saved after each backend, so a later crash keeps earlier numbers."""
+
+    def __init__(self, args, info, plan: dict, device_type: str, ranks: list[dict]):
+        self.args, self.info, self.plan, self.device_type = args, info, plan, device_type
+        self.ranks = [{k: v for k, v in r.items() if k != "unavailable"} for r in ranks]
+        self.cases: list[Case] = []
+        self.versions: dict = {}
+        self.fp = fingerprint.collect()
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        self.name = args.name or f"{COMPONENT}-{stamp}.json"
+        self.path: Path | None = None
+        self.all_ok = True
+
+    def add(self, backend: str, per_rank: list[list[dict]], skipped: dict, versions: dict) -> None:
+        self.versions = versions
+        self.cases += build_cases(backend, per_rank, self.plan, self.info.world_size) if per_rank[0] else []
+        self._save(skipped, complete=False)
+
+    def _save(self, skipped: dict, complete: bool, nccl_log: dict | None = None) -> dict:
+        i = self.info
+        extra = {"world_size": i.world_size, "local_world_size": i.local_world_size, "nnodes": i.nnodes,
+                 "preset": self.plan["preset"], "tp": self.plan["tp"], "hidden": self.plan["hidden"],
+                 "plan": self.plan, "skipped": skipped, "versions": self.versions, "complete": complete,
+                 "label": self.args.label, "device": self.device_type, "nccl_log": nccl_log, "ranks": self.ranks,
+                 "time_definition": "max over ranks of each rank's median; graph and eager: one sample = K ops / K"}
+        run = results.make_run(COMPONENT, self.cases, self.fp, extra)
+        self.path = results.save_run(run, self.args.out, self.name)
+        return run
+
+    def finish(self, skipped: dict, nccl_log_dir: str | None, added_env: tuple = ()) -> None:
+        """Final save, then the table. `added_env`: variables this run set for itself (NCCL's log), kept out of
+        the fingerprint so that compare's NCCL_* diff shows only the user's configuration."""
+        nccl_log = None
+        if nccl_log_dir:
+            from verifybench.harness.dist.sweep import parse_nccl_logs
+
+            nccl_log = parse_nccl_logs(Path(nccl_log_dir))
+        for key in added_env:
+            self.fp["env"].pop(key, None)
+        run = self._save(skipped, complete=True, nccl_log=nccl_log)
+        self.all_ok = all(c.check_ok for c in self.cases)
+        if self.device_type == "cpu":
+            print("NOTE: no CUDA device: CPU numbers (gloo, perf_counter timing), not GPU numbers.")
+        if self.info.world_size == 1:
+            print("NOTE: one rank: each op has no peer (busbw 0). Multi-GPU: torchrun --nproc-per-node=N -m "
+                  "verifybench.harness.dist.allreduce")
+        print(f"\n# allreduce, {self.info.world_size} ranks on {self.info.nnodes} node(s), bf16 sum; time = max over "
+              f"ranks of the per-rank median; K={self.plan['calls_per_sample']} ops per graph/eager sample, warm-up "
+              f"{self.plan['warmup_calls']}, samples {self.plan['samples']} (isolated {self.plan['isolated_samples']})")
+        for title, rows in tables(run["cases"]):
+            if rows:
+                print(f"\n{title}\n" + tabulate(rows, headers="keys", floatfmt=".2f", stralign="right"))
+        for b, why in skipped.items():
+            print(f"skipped {b}: {why}")
+        if nccl_log and nccl_log.get("transports"):
+            print(f"NCCL transport (rank 0): {nccl_log['transports']}")
+        failed = [c.name for c in self.cases if not c.check_ok]
+        if failed:
+            print(f"FAILED checks (no time reported): {', '.join(failed)}")
+        if fingerprint.throttled(self.fp):
+            print("WARNING: a GPU reported throttling when the run started")
+        print(f"saved {self.path}", flush=True)

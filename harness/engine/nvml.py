@@ -1,0 +1,33 @@
+"""NVML access that works without a GPU: pynvml imports without a driver but fails on first use, so every call is
+guarded and returns None (or a default) instead of raising."""
+from __future__ import annotations
+
+from functools import lru_cache
+
+
+@lru_cache(maxsize=1)
+def nvml():
+    """pynvml, initialised, or None when there is no driver."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml
+    except Exception:
+        return None
+
+
+def try_call(fn, *args, default=None):
+    try:
+        value = fn(*args)
+    except Exception:
+        return default
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def nvml_handles():
+    nv = nvml()
+    if nv is None:
+        return nv, []
+    count = try_call(nv.nvmlDeviceGetCount, default=0)
+    return nv, [nv.nvmlDeviceGetHandleByIndex(i) for i in range(count)]

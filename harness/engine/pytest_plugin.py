@@ -1,0 +1,72 @@
+"""pytest-benchmark adapter: benchmarks run through the harness engine, and pytest-benchmark's statistics, saved
+JSON, compare and histogram then hold the *device* per-call samples (seconds), not its host-clock rounds.
+
+pytest-benchmark has no public hook for foreign samples. We use the fixture's private `_make_stats(iterations)`,
+whose result's `update(seconds)` adds one sample; seen in 5.2.3 and 5.3.x (pyproject pins the range, and
+tests/test_pytest_plugin.py checks the saved JSON end to end). microbench/conftest.py imports this module's names.
+"""
+from __future__ import annotations
+
+import pytest
+
+from verifybench.harness.engine import fingerprint
+from verifybench.harness.engine import hostpin
+from verifybench.harness.engine.results import Case
+from verifybench.harness.engine.runner import CaseSpec
+
+VOLATILE_KEYS = ("created_utc", "loadavg")  # differ run to run: pytest-benchmark would flag the machine as changed
+
+
+def pytest_sessionstart(session):
+    """Pin the process to one GPU-local CPU before anything is timed (harness/hostpin.py)."""
+    hostpin.pin()
+
+
+def pytest_benchmark_update_machine_info(config, machine_info):
+    """The run fingerprint goes into machine_info['verifybench'] (clock readings go per benchmark, in extra_info)."""
+    hostpin.pin()  # whichever hook pytest-benchmark calls first, the fingerprint shows the pinning in force
+    fp = fingerprint.collect()
+    for key in VOLATILE_KEYS:
+        fp.pop(key, None)
+    for gpu in fp.get("gpus", []):
+        gpu.pop("now", None)
+    machine_info["verifybench"] = fp
+
+
+def _feed(benchmark, case: Case) -> None:
+    """Put the engine's per-call samples into pytest-benchmark's stats, and the rest into extra_info."""
+    if not hasattr(benchmark, "_make_stats"):
+        raise RuntimeError("this pytest-benchmark has no BenchmarkFixture._make_stats; supported: 5.2.3 to 5.3.x")
+    m = case.measurement
+    stats = benchmark._make_stats(1)
+    for sample_us in m.samples_us:
+        stats.update(sample_us * 1e-6)
+    benchmark._mode = "device_benchmark(...)"  # marks the fixture used, as its own entry points do
+    info = m.as_dict()
+    info.pop("samples_us")  # already the stats data
+    benchmark.extra_info.update({"case": case.name, "params": case.params, "check": case.check_detail,
+                                 **info, "derived": case.derived})
+
+
+@pytest.fixture
+def device_benchmark(benchmark):
+    """Returns run(spec: CaseSpec) -> Case: checks the case, times it with the engine, feeds pytest-benchmark.
+
+    A failing check fails the test and records no time. With --benchmark-disable the case is only checked.
+    """
+
+    def run(spec: CaseSpec, **measure_overrides) -> Case:
+        if benchmark.disabled:
+            fn, check, _ = spec.setup()
+            ok, detail = check()
+            if not ok:
+                pytest.fail(f"{spec.name}: check failed: {detail}")
+            return Case(name=spec.name, params=spec.params, check_ok=True, check_detail=detail)
+        case = spec.run(**measure_overrides)
+        if not case.check_ok:
+            benchmark.has_error = True
+            pytest.fail(f"{spec.name}: check failed, not timed: {case.check_detail}")
+        _feed(benchmark, case)
+        return case
+
+    return run

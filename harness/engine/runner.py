@@ -1,0 +1,69 @@
+"""Check-then-time: the one path from a component's case to a stored result record.
+
+A component hands over the callable, a correctness check and a function deriving figures from the measurement;
+a failing check yields a Case with no time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from verifybench.harness.engine.results import Case
+from verifybench.harness.engine.timing import Measurement, measure
+
+Check = Callable[[], tuple[bool, str]]
+
+
+class CaseSkipped(Exception):
+    """Raised by a case's setup when the case cannot run on this machine (a backend or P2P missing, too little
+    memory): the case is recorded with the reason, and it is neither timed nor counted as a failure."""
+
+
+@dataclass
+class CaseSpec:
+    """A component's case before it runs: `setup()` allocates inputs and returns (fn, check, derive).
+
+    Setup is deferred so listing cases allocates nothing; `measure_kw` are extra `measure` arguments.
+    """
+
+    name: str
+    params: dict
+    mode: str
+    setup: Callable[[], tuple[Callable, Check, Callable[[Measurement], dict] | None]]
+    measure_kw: dict = field(default_factory=dict)
+
+    def run(self, **overrides) -> Case:
+        try:
+            fn, check, derive = self.setup()
+        except CaseSkipped as e:
+            return Case(name=self.name, params=self.params, check_ok=False, check_detail=f"skipped: {e}",
+                        skipped=str(e))
+        return run_case(self.name, self.params, fn, check=check, mode=self.mode, derive=derive,
+                        **{**self.measure_kw, **overrides})
+
+
+def rel_error(out, ref) -> float:
+    """||out - ref|| / ||ref|| in float64 (DESIGN.md section 3's accuracy measure)."""
+    out64, ref64 = out.double(), ref.double()
+    denom = ref64.norm().item()
+    diff = (out64 - ref64).norm().item()
+    return diff / denom if denom else (0.0 if diff == 0 else float("inf"))
+
+
+def run_case(
+    name: str,
+    params: dict,
+    fn,
+    *,
+    check: Check,
+    mode: str,
+    derive: Callable[[Measurement], dict] | None = None,
+    **measure_kw,
+) -> Case:
+    """Run `check` first; only a passing case is timed with `measure(fn, mode=mode, **measure_kw)`."""
+    ok, detail = check()
+    if not ok:
+        return Case(name=name, params=params, check_ok=False, check_detail=detail)
+    m = measure(fn, mode=mode, **measure_kw)
+    return Case(name=name, params=params, check_ok=True, check_detail=detail, measurement=m,
+                derived=derive(m) if derive else {})

@@ -1,0 +1,101 @@
+"""Builds the synthetic verify forward for a preset on this machine: the routed-expert kernel, the small-op set,
+the tree verify and the allreduce (a calibrated device wait on one GPU), cached per configuration.
+"""
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+import torch
+
+from verifybench.harness.engine.timing import cuda_available, measure
+from verifybench.harness.model import presets
+from verifybench.harness.model.forward import TORCH_OPS, VerifyForward, fused_ops
+from verifybench.kernels.moe_int4 import reference_moe_w4a16
+
+CONTEXT = 4096  # tokens already in the KV cache, the default of every verify command
+# The stand-in allreduce when no measured figure is given: NCCL's all_reduce_perf, graph mode, 2xH200
+REFERENCE_ALLREDUCE_US = 7.7
+
+
+def device_wait(us: float):
+    """A device-side wait of `us` microseconds (torch.cuda._sleep, calibrated here in a graph): the one-GPU
+    stand-in for an allreduce of that latency."""
+    probe = 200_000
+    t = measure(lambda: torch.cuda._sleep(probe), mode="graph", calls_per_sample=8, max_time_s=0.3)
+    cycles = max(1, int(probe * us / t.median_us))
+    return lambda tensor: torch.cuda._sleep(cycles)
+
+
+def chain_verify(device: str):
+    from verifybench.kernels.tree import verify_tree_greedy
+
+    backend = "kernel" if device == "cuda" else "reference"
+    lists = {}
+
+    def verify(candidates, predict):
+        n = candidates.shape[1]
+        if n not in lists:
+            idx = torch.arange(n, device=device).view(1, n)
+            nxt = torch.cat([idx[:, 1:], torch.full((1, 1), -1, device=device)], dim=1)
+            lists[n] = (idx, nxt, torch.full_like(idx, -1))
+        idx, nxt, sib = lists[n]
+        return verify_tree_greedy(candidates, idx, nxt, sib, predict, n, backend=backend)
+
+    return verify
+
+
+def moe_fn(device: str):
+    """The routed experts. On CUDA the Triton kernel reads the random weights as already repacked (`prepacked`):
+    a whole rank's experts (~71 GB for K2.5 TP8) then fit once, with no cached second copy."""
+    if device == "cuda":
+        from verifybench.kernels.moe_int4_triton import fused_moe_w4a16, select_config
+
+        def moe(x, *rest):  # the tuned config for this n, in the layout the weights were generated in
+            cfg = {**select_config(x.shape[0], x.device), "layout": "planar"}
+            return fused_moe_w4a16(x, *rest, check_ids=False, prepacked=True, config=cfg)
+
+        return moe
+    return reference_moe_w4a16
+
+
+def as_checkpoint(packed, device: str, group_size: int):
+    """The reference reads the checkpoint nibble order; on CUDA the forward's weights are in the kernel's."""
+    if device != "cuda":
+        return packed
+    from verifybench.kernels.moe_int4_triton import checkpoint_from_planar
+
+    return checkpoint_from_planar(packed, group_size)
+
+
+@lru_cache(maxsize=1)
+def build_forward(preset: str, tp: int, layers: int | None, context: int, allreduce_us: float) -> VerifyForward:
+    """The forward of one rank of `preset` at TP `tp` (`layers` layers, None: all) over `context` cached tokens, on
+    this machine's device; one at a time is kept (a K2.5 TP8 rank holds ~75 GB)."""
+    device = "cuda" if cuda_available() else "cpu"
+    ar = device_wait(allreduce_us) if device == "cuda" else (lambda t: None)
+    return VerifyForward(presets.get(preset, tp, layers), context, device, moe_fn(device), ar, chain_verify(device),
+                         ops=forward_ops(device))
+
+
+def release_forwards() -> None:
+    """Drop the cached forward and give its memory back to the device."""
+    build_forward.cache_clear()
+    if cuda_available():
+        torch.cuda.empty_cache()
+
+
+def forward_ops(device: str):
+    """On a GPU the engine-style fused kernels; VERIFYBENCH_VERIFY_OPS=torch runs one torch op per kernel instead
+    (to show what the kernel count costs). On CPU plain torch: the smoke run checks the plumbing, not the kernels."""
+    choice = os.environ.get("VERIFYBENCH_VERIFY_OPS", "fused" if device == "cuda" else "torch")
+    if choice not in ("fused", "torch"):
+        raise ValueError(f"VERIFYBENCH_VERIFY_OPS must be fused or torch, got {choice!r}")
+    return fused_ops() if choice == "fused" else TORCH_OPS
+
+
+def allreduce_stand_in_us() -> tuple[float, str]:
+    """The latency the one-GPU stand-in waits, and where it comes from."""
+    if "VERIFYBENCH_ALLREDUCE_US" in os.environ:
+        return float(os.environ["VERIFYBENCH_ALLREDUCE_US"]), "VERIFYBENCH_ALLREDUCE_US"
+    return REFERENCE_ALLREDUCE_US, "reference figure (NCCL all_reduce_perf, graph mode, 2xH200)"

@@ -1,0 +1,189 @@
+"""`verifybench run` and the one-component commands: validate the scope, run each component's cases (check, then
+time), store one result JSON per component, print its tables, and write the run's markdown report with its charts.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import os
+from pathlib import Path
+
+import torch
+from tabulate import tabulate
+
+from verifybench.harness import components
+from verifybench.harness.engine import fingerprint, hostpin, results
+from verifybench.harness.engine.timing import cuda_available
+
+CPU_SMOKE_MAX_TIME_S = 0.2  # per case: the smoke run checks the plumbing, its numbers are CPU numbers
+MAX_TOKENS = 64
+
+
+def cpu_banner() -> str:
+    return ("NOTE: no CUDA device: CPU smoke profile (tiny preset, torch CPU code and the Triton interpreter, "
+            "perf_counter timing). These are CPU numbers, not GPU numbers.")
+
+
+def parse_tokens(text: str | None) -> tuple[int, ...] | None:
+    """'1,2,4,8' or '1-8' -> (1, 2, 4, 8); None stays None (each component's own default)."""
+    if text is None:
+        return None
+    out: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            out += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
+    except ValueError:
+        raise ValueError(f"--tokens takes positive integers like 1,2,4,8 or 1-8, got {text!r}") from None
+    if not out or min(out) < 1 or max(out) > MAX_TOKENS:
+        raise ValueError(f"--tokens must be in 1..{MAX_TOKENS}, got {text!r}")
+    if len(set(out)) != len(out):
+        raise ValueError(f"--tokens lists a count twice: {text!r}")
+    return tuple(out)
+
+
+def add_scope_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default=None, help="model preset: kimi-k2.5, deepseek-v3, tiny (default kimi-k2.5 "
+                   "with a GPU; without one only tiny runs, the CPU smoke profile)")
+    p.add_argument("--tp", type=int, default=None, help="tensor-parallel degree: per-rank shapes (default 8; 1 on CPU)")
+    p.add_argument("--context", type=int, default=None,
+                   help="tokens already in the KV cache, >= 1 (default 4096; 64 on CPU)")
+    p.add_argument("--tokens", default=None, help="token counts to verify, e.g. 1,2,4,8 or 1-8 (default: each "
+                   "component's own set)")
+    p.add_argument("--out", type=Path, default=None,
+                   help=f"results folder (default ./{results.DEFAULT_OUT}/<machine>/, outside the checkout's results/)")
+
+
+def resolve_scope(args) -> dict:
+    """Every scope argument checked before anything is measured; the CPU smoke profile runs the tiny preset only."""
+    from verifybench.harness.model import presets
+
+    gpu = cuda_available()
+    preset, tp, context = components.default_scope(gpu)
+    if not gpu and args.preset not in (None, "tiny"):
+        raise ValueError(f"preset {args.preset!r} needs a GPU; without one the CPU smoke profile runs --preset tiny")
+    preset = args.preset or preset
+    tp = tp if args.tp is None else args.tp
+    context = context if args.context is None else args.context
+    if tp < 1:
+        raise ValueError(f"--tp must be >= 1, got {tp}")
+    presets.get(preset, tp)  # unknown preset, or a TP that does not divide: ValueError naming it
+    if context < 1:
+        raise ValueError(f"--context must be >= 1 token, got {context}")
+    out = Path(args.out) if args.out else None
+    return {"preset": preset, "tp": tp, "context": context, "tokens": parse_tokens(args.tokens), "out": out,
+            "cpu": not gpu}
+
+
+def progress(items, description: str):
+    """A rich progress bar over `items` (rich prints plain lines when stdout is not a terminal)."""
+    from rich.progress import track
+
+    return track(items, description=description, transient=False)
+
+
+def run_component(name: str, scope: dict, out_dir: Path, quiet: bool = False) -> dict:
+    """Run every case of one component, save its result file, print its tables, free what it cached."""
+    module = components.load(name)
+    specs = module.cases(scope["preset"], scope["tp"], scope["context"], scope["tokens"])
+    fp = fingerprint.collect()
+    try:
+        cases = [spec.run() for spec in progress(specs, f"{name} ({len(specs)} cases)")]
+    finally:
+        module.release()
+        gc.collect()
+        if cuda_available():
+            torch.cuda.empty_cache()
+    run = results.make_run(name, cases, fp, extra={k: v for k, v in scope.items() if k in ("preset", "tp", "context",
+                                                                                          "tokens")})
+    path = results.save_run(run, out_dir)
+    if not quiet:
+        for title, rows in module.tables(run["cases"]):
+            print(f"\n{title}\n" + tabulate(rows, headers="keys", floatfmt=".4g"))
+        failed = [c.name for c in cases if not c.check_ok and not c.skipped]
+        skipped = [f"{c.name} ({c.skipped})" for c in cases if c.skipped]
+        if skipped:
+            print(f"skipped (cannot run here): {'; '.join(skipped)}")
+        if failed:
+            print(f"FAILED checks (no time reported): {', '.join(failed)}")
+        if any(c.measurement and c.measurement.throttled for c in cases):
+            print("WARNING: the GPU reported throttling during this run (see clocks_* in the JSON)")
+        print(f"saved {path}")
+    return run
+
+
+def failed_cases(run: dict) -> list[str]:
+    return [c["name"] for c in run["cases"] if not c["check"]["ok"] and not c.get("skipped")]
+
+
+def write_report(runs: dict[str, dict], scope: dict, out_dir: Path) -> Path:
+    """Markdown with every component's tables and charts and the fingerprint headline, beside the result files.
+    Every file of the run carries the run's UTC time in its name."""
+    first = next(iter(runs.values()))
+    fp, stamp = first["fingerprint"], results.stamp(first)
+    lines = [f"# verifybench run: {scope['preset']} TP{scope['tp']}, context {scope['context']}, on {fp['gpu_model']}",
+             ""]
+    if scope["cpu"]:
+        lines += [f"**{cpu_banner()}** Derived figures that CPU noise cannot support are withheld.", ""]
+    lines += [f"git {fp['git']['commit']} (dirty={fp['git']['dirty']}), torch {fp['versions']['torch']}, "
+              f"driver {fp['driver']}, method version {first.get('method_version')}", "",
+              "Each figure: the median of device-timed samples in the mode shown; the result JSON beside this file "
+              "holds the samples, their confidence interval and the fingerprint.", ""]
+    for name, run in runs.items():
+        module = components.load(name)
+        lines += [f"## {name}: {module.HELP}", ""]
+        for title, rows in module.tables(run["cases"]):
+            lines += [f"**{title}**", "", tabulate(rows, headers="keys", tablefmt="github", floatfmt=".4g"), ""]
+        for png in module.charts(run["cases"], out_dir, stamp):
+            lines += [f"![{png.stem}]({png.name})", ""]
+        if failed_cases(run):
+            lines += [f"Checks FAILED (no time reported): {', '.join(failed_cases(run))}", ""]
+    path = out_dir / f"run-{scope['preset']}-tp{scope['tp']}-{stamp}.md"
+    results.write_atomic(path, lambda f: f.write("\n".join(lines).encode()))
+    return path
+
+
+def prepare(scope: dict) -> Path:
+    """Pin the host, set the CPU smoke profile's sampling cap, check the output folder: all before measuring."""
+    hostpin.pin()
+    if scope["cpu"]:
+        print(cpu_banner())
+        os.environ.setdefault("VERIFYBENCH_MAX_TIME_S", str(CPU_SMOKE_MAX_TIME_S))
+        torch.set_num_threads(1)  # one thread, as on a pinned GPU host: timings without thread-pool noise
+    cap = os.environ.get("VERIFYBENCH_MAX_TIME_S")
+    if cap is not None:
+        try:
+            ok = math.isfinite(float(cap)) and float(cap) > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ValueError(f"VERIFYBENCH_MAX_TIME_S must be a number of seconds > 0, got {cap!r}")
+    return results.check_writable(scope["out"] or results.default_dir(fingerprint.collect()))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_scope_arguments(p)
+    p.add_argument("--components", default=None,
+                   help=f"comma-separated subset (default all, in this order: {','.join(components.REGISTRY)})")
+
+
+def run(args) -> int:
+    """The main job: every registered component (or --components) for a preset, then one markdown report."""
+    names = components.parse_names(args.components)
+    scope = resolve_scope(args)
+    out_dir = prepare(scope)
+    runs = {}
+    for name in names:
+        print(f"\n== {name}: {components.load(name).HELP}")
+        runs[name] = run_component(name, scope, out_dir)
+    path = write_report(runs, scope, out_dir)
+    print(f"\nreport: {path}")
+    return 1 if any(failed_cases(r) for r in runs.values()) else 0
+
+
+def run_one(args) -> int:
+    """`verifybench <component>`: one component's cases, tables and result file."""
+    scope = resolve_scope(args)
+    out_dir = prepare(scope)
+    return 1 if failed_cases(run_component(args.command, scope, out_dir)) else 0

@@ -1,0 +1,483 @@
+"""Tuner of the moe_int4 kernel's config table (run through `verifybench tune`)."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+
+import torch
+
+from verifybench.harness.model import presets
+from verifybench.harness.engine.runner import rel_error
+from verifybench.harness.engine.timing import cuda_available, measure
+from verifybench.kernels import moe_int4 as moe
+from verifybench.kernels import moe_int4_triton as mt
+
+
+from verifybench.harness.components.moe_int4 import (TOL, make_case, preset_shape)
+
+
+
+# ---------------------------------------------------------------------------------------------------- tuning
+
+TUNE_NS = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32)
+# Old space, kernel "v3" (the 2026-11-29 sweep). (rows, warps): kernel 1 holds 2 chunks of BLOCK_N gate + BLOCK_N up
+# rows in registers; 8 rows spill on 3.6
+GATE_UP_CANDIDATES = [{"BLOCK_N": bn, "num_warps": nw, "num_stages": 1} for bn, nw in
+                      ((2, 1), (4, 1), (2, 2), (4, 2), (2, 4))]
+# (rows, row blocks per program): ROW_ITERS > 1 prefetches the next block while computing this one
+DOWN_CANDIDATES = [{"BLOCK_N": bn, "ROW_ITERS": it, "num_stages": 1} for bn, it in
+                   ((4, 1), (8, 1), (16, 1), (4, 2), (8, 2), (2, 4), (4, 4))]
+# New space, kernel "split": (rows, SPLIT_K, PREFETCH), one warp over 128 words of a row. All compile without spills
+# for sm_90 with triton 3.6 at K2.5 shapes (2.8-4.2 SASS instr/weight; K14: 7.3, half its chunk masked); SPLIT_K 7 is
+# one 128-word chunk per program, 2/4/8/14 leave part of the last chunk masked; 64-word chunks (a warp over 2 rows)
+# cost ~2x the instructions, BLOCK_N 16 at K1 and BLOCK_N 8 at K2 with prefetch spill (MOE_INT4_NOTES.md 2).
+SPLIT_GATE_UP_CANDIDATES = [{"BLOCK_N": bn, "num_warps": 1, "num_stages": 1, "SPLIT_K": sk, "PREFETCH": pf, "BLOCK_W": 128}
+                            for bn, sk, pf in ((4, 1, 1), (8, 1, 1), (8, 1, 0), (2, 1, 1), (8, 2, 0), (8, 4, 0),
+                                               (2, 7, 0), (4, 7, 0), (8, 7, 0), (16, 7, 0), (8, 8, 0), (8, 14, 0))]
+# kernel 2 of the split path: 2 warps (the columns are topk x I/8 words); 32 rows or 4+ warps go through shared memory.
+# Every program rebuilds the token's activations (2 x SPLIT_K x topk x I fp32 from L2): more rows per program
+# (ROW_ITERS) amortize that when SPLIT_K > 1. The last three (4 x 8, 4 x 16, 8 x 16) won nowhere on the H200 beyond
+# run-to-run noise (results/nvidia-h200-x1/tune-a9bf804/moe_int4-tune-half2.log).
+SPLIT_DOWN_CANDIDATES = [{"BLOCK_N": bn, "ROW_ITERS": it, "num_stages": 1} for bn, it in
+                         ((16, 1), (8, 1), (4, 1), (8, 2), (16, 2), (8, 4), (8, 8), (4, 8), (4, 16), (8, 16))]
+# Space "half2" (kernel split, fp16-pair dequant, CUDA only): ~25% fewer SASS instructions per weight and far fewer
+# registers (BN 8 without prefetch: 94 instead of 247), so larger and unprefetched blockings fit (sm_90, triton 3.6:
+# no spills in this list; BN 8 with prefetch and BN 16 with prefetch spill)
+HALF2_GATE_UP_CANDIDATES = [{"BLOCK_N": bn, "num_warps": 1, "num_stages": 1, "SPLIT_K": sk, "PREFETCH": pf,
+                             "BLOCK_W": 128}
+                            for bn, sk, pf in ((8, 1, 0), (4, 1, 1), (4, 1, 0), (16, 1, 0), (32, 1, 0), (2, 1, 1),
+                                               (8, 2, 0), (4, 7, 0), (8, 7, 0), (16, 7, 0), (8, 14, 0))]
+# two warps over 256 words: twice the bytes per step at n = 1-4, where a program's 7 dependent steps set its time
+# (76-168 registers, no spills: sm_90, triton 3.6; the last of the 3.5 steps per row is half masked). On the H200
+# BN 4 with prefetch wins n = 1 only: 14.39 against 14.91 us for the committed BN 2 in the same sweep
+# (results/nvidia-h200-x1/tune-669a51f/moe_int4-tune-half2.log; the committed table was kept: -0.6% of a forward).
+HALF2_GATE_UP_CANDIDATES += [{"BLOCK_N": bn, "num_warps": 2, "num_stages": 1, "SPLIT_K": 1, "PREFETCH": pf,
+                              "BLOCK_W": 256} for bn, pf in ((2, 1), (4, 0), (4, 1))]
+OLD_BASE = {"layout": "planar", "dequant": "denormal", "kernel": "v3", "gate_up": GATE_UP_CANDIDATES[1],
+            "down": DOWN_CANDIDATES[2]}
+NEW_BASE = {"layout": "planar", "dequant": "denormal", "kernel": "split", "pdl": False,
+            "gate_up": SPLIT_GATE_UP_CANDIDATES[1], "down": SPLIT_DOWN_CANDIDATES[0]}
+HALF2_BASE = {**NEW_BASE, "dequant": "half2", "gate_up": HALF2_GATE_UP_CANDIDATES[0]}
+SPACES = ("old", "new", "half2")  # v3; split; split with half2 dequant
+# CPU dry run (preset tiny, interpreter): the same code path with few, large blocks (the interpreter's cost is per
+# program); timings are meaningless there
+SMOKE = {"old_gate_up": [{"BLOCK_N": 64, "num_warps": 1, "num_stages": 1}],
+         "old_down": [{"BLOCK_N": 128, "ROW_ITERS": 2, "num_stages": 1}],
+         "gate_up": [{"BLOCK_N": 64, "num_warps": 1, "num_stages": 1, "SPLIT_K": 1, "PREFETCH": 1, "BLOCK_W": 16},
+                     {"BLOCK_N": 64, "num_warps": 1, "num_stages": 1, "SPLIT_K": 2, "PREFETCH": 0, "BLOCK_W": 128},
+                     {"BLOCK_N": 64, "num_warps": 1, "num_stages": 1, "SPLIT_K": 3}],  # invalid: skipped
+         "down": [{"BLOCK_N": 128, "ROW_ITERS": 2, "num_stages": 1}, {"BLOCK_N": 256, "ROW_ITERS": 1, "num_stages": 1}]}
+
+
+def _cfg_key(cfg: dict) -> str:
+    return json.dumps(cfg, sort_keys=True)
+
+
+def short_config(cfg: dict) -> str:
+    """A config in one short string: 'v3 gu 4/1 dn 16x1' or 'split gu 8r K7 pf0 w128 dn 16x1 pdl'."""
+    c1, c2 = cfg["gate_up"], cfg["down"]
+    if cfg.get("kernel", "v3") == "v3":
+        gu = f"v3 gu {c1['BLOCK_N']}/{c1['num_warps']}"
+    else:
+        gu = (f"split gu {c1['BLOCK_N']}r K{c1.get('SPLIT_K', 1)} pf{int(c1.get('PREFETCH', 1))}"
+              + (f" w{c1['BLOCK_W']}" if "BLOCK_W" in c1 else "") + (f" nw{c1['num_warps']}" if c1["num_warps"] != 1 else ""))
+    return (f"{gu} dn {c2['BLOCK_N']}x{c2.get('ROW_ITERS', 1)}" + (" pdl" if cfg.get("pdl") else "")
+            + (" half2" if cfg.get("dequant") == "half2" else ""))
+
+
+def _time_config(preset: str, tp: int, n: int, config: dict, max_time_s: float, device: str = "cuda",
+                 log=print) -> tuple[float, dict | None]:
+    """(median us, derived metrics) of one config (graph mode, cold rotation) after its check against the fp32
+    reference on fresh inputs; (inf, None) when it is invalid for the shapes, fails to build, or fails the check.
+    On CPU (interpreter dry run) one input set, eager, two samples."""
+    try:
+        spec = make_case(preset, tp, "triton", n, "uniform", device, "graph", {}, config=config)
+        fns, check, derive = spec.setup()
+        ok, detail = check()
+        if not ok:
+            raise RuntimeError(f"check failed: {detail}")
+        if device == "cuda":
+            m = measure(fns, mode="graph", device=device, max_time_s=max_time_s, warmup_s=0.02)
+        else:
+            m = measure(fns[:1], mode="hot", device=device, warmup_calls=1, calls_per_sample=1, samples=2)
+    except Exception as e:  # a config the shapes, the compiler or the GPU refuse is skipped, not fatal
+        log(f"    skipped {short_config(config)} at n={n}: {type(e).__name__}: {str(e)[:300]}")
+        return math.inf, None
+    try:
+        return m.median_us, derive(m)
+    except Exception as e:  # eta is a by-product: never lose the time over it
+        log(f"    no eta for n={n}: {type(e).__name__}: {str(e)[:200]}")
+        return m.median_us, None
+
+
+class _Tuner:
+    """Coordinate descent over one config space per n, every (n, config) timed once, with progress lines and a
+    wall-clock cap (checked before each measurement: the cap ends the sweep, never a measurement)."""
+
+    def __init__(self, preset: str, tp: int, device: str, max_time_s: float, deadline: float, total: int, log):
+        self.preset, self.tp, self.device, self.max_time_s = preset, tp, device, max_time_s
+        self.deadline, self.total, self.log = deadline, total, log
+        self.t0 = time.perf_counter()
+        self.done = 0
+        self.cache: dict[tuple, tuple[float, dict | None]] = {}
+
+    def out_of_time(self) -> bool:
+        return time.perf_counter() >= self.deadline
+
+    def time(self, n: int, cfg: dict, label: str) -> float:
+        key = (n, _cfg_key(cfg))
+        if key not in self.cache:
+            if self.out_of_time():
+                return math.inf
+            self.cache[key] = _time_config(self.preset, self.tp, n, cfg, self.max_time_s, self.device, self.log)
+            self.done += 1
+            el = time.perf_counter() - self.t0
+            us = self.cache[key][0]
+            self.log(f"[{self.done:3d}/~{self.total} {el:5.0f}s] n={n:<2d} {label:3s} {short_config(cfg):44s} "
+                     + (f"{us:9.2f} us" if math.isfinite(us) else "   failed"))
+        return self.cache[key][0]
+
+    def sweep(self, n: int, base: dict, key: str, candidates: list, label: str) -> tuple[dict, float]:
+        """The best of base with base[key] replaced by each candidate (base itself counts: it was timed first)."""
+        best, best_us = base, self.time(n, base, label)
+        for c in candidates:
+            cfg = {**base, key: c}
+            us = self.time(n, cfg, label)
+            if us < best_us:
+                best, best_us = cfg, us
+        return best, best_us
+
+
+def _valid(cfg: dict, p: presets.Preset) -> bool:
+    shape = moe.MoeShape(tokens=1, hidden=p.hidden, inter=p.expert_intermediate, experts=p.experts, topk=p.topk,
+                         group_size=p.expert_group_size)
+    try:
+        mt.check_config({**mt.DEFAULT_CONFIG, **cfg}, shape, torch.device("cpu"))
+        return True
+    except ValueError:
+        return False
+
+
+def _small_layer(preset: str, tp: int, device: str, experts: int = 16) -> tuple:
+    """One layer of random INT4 experts at the preset's shapes but 16 experts: the same kernel specializations as
+    the real layers (E % 16 == 0, same strides and dtypes), ~50 MB for K2.5."""
+    p = preset_shape(preset, tp)
+    h, i, gs = p.hidden, p.expert_intermediate, p.expert_group_size
+    gen = torch.Generator(device=device)
+    gen.manual_seed(0)
+
+    def linear(rows, k):
+        return (torch.randint(0, 1 << 30, (experts, rows, k // 8), dtype=torch.int32, device=device, generator=gen),
+                (torch.rand(experts, rows, k // gs, device=device, generator=gen) / (4.6 * math.sqrt(k))
+                 ).to(torch.bfloat16))
+
+    return (*linear(2 * i, h), *linear(h, i))
+
+
+def _prewarm_worker(preset: str, tp: int, jobs: list) -> list[str]:
+    """Compile (by running once) each (n, config) on _small_layer, so that the main process finds the kernels in
+    triton's disk cache. Returns the failures."""
+    p = preset_shape(preset, tp)
+    device = "cuda" if cuda_available() else "cpu"
+    act = torch.bfloat16 if device == "cuda" else torch.float16
+    ws = _small_layer(preset, tp, device)
+    failed = []
+    for n, cfg in jobs:
+        try:
+            tw, ids = moe.route_uniform(n, ws[0].shape[0], p.topk, seed=n, device=device)
+            mt.fused_moe_w4a16(torch.randn(n, p.hidden, device=device).to(act), *ws, tw, ids, config=cfg,
+                               check_ids=False)
+        except Exception as ex:  # reported; the tuner then skips that config itself
+            failed.append(f"{short_config(cfg)} n={n}: {type(ex).__name__}: {str(ex)[:200]}")
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return failed
+
+
+def _probe_pdl_worker(preset: str, tp: int) -> str | None:
+    """None when kernel "split" with pdl matches the reference eagerly and replayed from a CUDA graph; else why.
+    Run in a separate process: a capture that fails there cannot leave the tuner's capture stream broken."""
+    if not cuda_available():
+        return None  # the interpreter runs pdl configs without PDL
+    try:
+        p = preset_shape(preset, tp)
+        ws = _small_layer(preset, tp, "cuda")
+        x = torch.randn(2, p.hidden, device="cuda").to(torch.bfloat16)
+        tw, ids = moe.route_uniform(2, ws[0].shape[0], p.topk, seed=5, device="cuda")
+        cfg = {**NEW_BASE, "pdl": True}
+        ref = moe.reference_moe_w4a16(x.float(), *ws, tw, ids)
+        eager = mt.fused_moe_w4a16(x, *ws, tw, ids, config=cfg, check_ids=False)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = mt.fused_moe_w4a16(x, *ws, tw, ids, config=cfg, check_ids=False)
+        out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        errs = (rel_error(eager.float(), ref), rel_error(out.float(), ref))
+        if not max(errs) <= TOL:
+            return f"wrong result: rel_err eager {errs[0]:.2e}, graph {errs[1]:.2e} (tol {TOL:g})"
+        return None
+    except Exception as e:
+        return f"{type(e).__name__}: {str(e)[:300]}"
+
+
+def _prewarm(preset: str, tp: int, jobs: list, workers: int, log, probe: bool = True) -> bool:
+    """Compile the sweep's kernels in `workers` spawned processes before timing (compiling dominates a cold sweep),
+    and probe pdl in one more; any failure of the compiles only costs time (the sweep compiles what is missing).
+    Returns whether pdl configs may be timed."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    t0 = time.perf_counter()
+    step = -(-len(jobs) // max(1, workers))  # contiguous runs: calls that share a kernel mostly land in one process
+    chunks = [jobs[w * step:(w + 1) * step] for w in range(workers) if jobs[w * step:(w + 1) * step]]
+    if not chunks and not probe:
+        return True
+    try:
+        with ProcessPoolExecutor(max(1, len(chunks)), mp_context=mp.get_context("spawn")) as pool:
+            pdl = pool.submit(_probe_pdl_worker, preset, tp) if probe else None
+            failed = [f for fs in pool.map(_prewarm_worker, [preset] * len(chunks), [tp] * len(chunks), chunks)
+                      for f in fs]
+            pdl_error = pdl.result() if pdl else None
+    except Exception as e:
+        log(f"prewarm failed ({type(e).__name__}: {str(e)[:200]}); compiling during the sweep, pdl left out")
+        return False
+    if chunks:
+        log(f"prewarmed {len(jobs)} (n, config) calls in {len(chunks)} processes: {time.perf_counter() - t0:.0f} s"
+            + (f"; {len(failed)} failed, e.g. {failed[0]}" if failed else ""))
+    if pdl_error:
+        log(f"pdl probe failed, pdl configs left out: {pdl_error}")
+    return pdl_error is None
+
+
+def _prewarm_jobs(ns, old_gu, old_dn, new_gu, new_dn, new_base=None) -> list:
+    """(n, config) calls that build every kernel variant the sweep may launch: v3 specializes on the token and pair
+    counts (n = 1, even, odd, multiple of 16), the split kernels do not (one n does), but kernel 2 depends on SPLIT_K
+    and both on pdl."""
+    jobs = []
+    for n in sorted({min(ns), *[m for m in ns if m in (2, 3, 16)]}) if old_gu or old_dn else []:
+        jobs += [(n, {**OLD_BASE, "gate_up": c}) for c in old_gu] + [(n, {**OLD_BASE, "down": c}) for c in old_dn]
+    n = min(ns)
+    base = NEW_BASE if new_base is None else new_base
+    for pdl in (False, True) if new_gu else ():
+        jobs += [(n, {**base, "pdl": pdl, "gate_up": c}) for c in new_gu]
+        for split_rep in {c.get("SPLIT_K", 1): c for c in new_gu}.values():
+            jobs += [(n, {**base, "pdl": pdl, "gate_up": split_rep, "down": c}) for c in new_dn]
+    return jobs
+
+
+def tune(preset: str = "kimi-k2.5", tp: int = 8, ns=TUNE_NS, *, out: str | None = None, in_place: bool = False,
+         max_minutes: float = 4.0, max_time_s: float = 0.2, spaces=SPACES, jobs: int | None = None,
+         log=print) -> dict:
+    """Per n: the old space (kernel v3: gate_up blocking, then down blocking), the new one (kernel split: gate_up
+    blocking x SPLIT_K x prefetch, then down blocking, then pdl, then the 3 best gate_up again with that down) and
+    "half2" (the new space's sweep with the fp16-pair dequant and its own gate_up list), every candidate checked
+    against the fp32 reference, then timed in graph mode with cold rotation (uniform routing). The winners are
+    re-timed side by side; the fastest is the table's entry for n. Writes the whole table (other GPUs' entries
+    kept) to `out`, or to mt.CONFIG_PATH with in_place. Without CUDA: a dry run of the same code path in the
+    interpreter (preset tiny, small candidate lists, meaningless times; half2, which needs a GPU, is left out)."""
+    t0 = time.perf_counter()
+    device = "cuda" if cuda_available() else "cpu"
+    if device == "cpu" and preset != "tiny":
+        raise ValueError(f"tune on CPU is a dry run of preset 'tiny' only (got {preset!r}); the real run needs a GPU")
+    if set(spaces) - set(SPACES) or not spaces:
+        raise ValueError(f"spaces must be some of {SPACES}, got {spaces!r}")
+    p = preset_shape(preset, tp)
+    smoke = device == "cpu"
+    if smoke and "half2" in spaces:
+        log("space half2 left out: its inline PTX needs a CUDA GPU")
+        spaces = tuple(sp for sp in spaces if sp != "half2")
+    lists = SMOKE if smoke else {"old_gate_up": GATE_UP_CANDIDATES, "old_down": DOWN_CANDIDATES,
+                                 "gate_up": SPLIT_GATE_UP_CANDIDATES, "down": SPLIT_DOWN_CANDIDATES,
+                                 "half2_gate_up": HALF2_GATE_UP_CANDIDATES}
+    old_base = dict(OLD_BASE)  # the sweeps start from the v3 table's usual choice
+    split_spaces = {"new": (dict(NEW_BASE), lists["gate_up"]), "half2": (dict(HALF2_BASE), lists.get("half2_gate_up"))}
+    split_spaces = {sp: v for sp, v in split_spaces.items() if sp in spaces}
+    if smoke:
+        old_base.update(gate_up=lists["old_gate_up"][0], down=lists["old_down"][0])
+        split_spaces["new"][0].update(gate_up=lists["gate_up"][0], down=lists["down"][0])
+    for sp, (base, cands) in split_spaces.items():
+        fit = [c for c in cands if _valid({**base, "gate_up": c}, p)]
+        for c in cands:
+            if c not in fit:
+                log(f"candidate {c} does not fit preset {preset} (H {p.hidden}, group {p.expert_group_size}): left out")
+        split_spaces[sp] = (base, fit)
+    old_gu, old_dn, new_dn = lists["old_gate_up"], lists["old_down"], lists["down"]
+    per_n = (len(old_gu) + len(old_dn) if "old" in spaces else 0) + \
+        sum(len(gu) + len(new_dn) + 1 + 3 for _, gu in split_spaces.values()) + len(spaces)
+    log(f"tune {preset}-tp{tp} on {mt.device_name(torch.device(device))}: n = {', '.join(map(str, ns))}; "
+        f"spaces {', '.join(spaces)}; ~{per_n} timed configs per n, {max_time_s} s each; cap {max_minutes} min")
+    workers = (0 if smoke else min(12, max(1, (os.cpu_count() or 2) - 2))) if jobs is None else jobs
+    prewarm = _prewarm_jobs(ns, old_gu if "old" in spaces else [], old_dn if "old" in spaces else [], [], [])
+    for base, gu in split_spaces.values():
+        prewarm += _prewarm_jobs(ns, [], [], gu, new_dn, base)
+    pdl_ok = _prewarm(preset, tp, prewarm, workers, log, probe=not smoke and bool(split_spaces))
+    prewarm_s = time.perf_counter() - t0
+    tuner = _Tuner(preset, tp, device, max_time_s, t0 + 60 * max_minutes, per_n * len(ns), log)
+    best: dict[int, dict] = {}
+    failed: list[int] = []  # every candidate of every space failed (the log says why)
+    for n in ns:
+        if tuner.out_of_time():
+            break
+        row = {}
+        if "old" in spaces:
+            cfg, _ = tuner.sweep(n, old_base, "gate_up", old_gu, "old")
+            cfg, us = tuner.sweep(n, cfg, "down", old_dn, "old")
+            row["old"] = (cfg, us)
+        for sp, (base, gu) in split_spaces.items():
+            cfg, _ = tuner.sweep(n, base, "gate_up", gu, sp)
+            cfg, _ = tuner.sweep(n, cfg, "down", new_dn, sp)
+            if pdl_ok:
+                cfg, _ = tuner.sweep(n, cfg, "pdl", [not cfg.get("pdl")], sp)
+            ranked = sorted(gu, key=lambda c: tuner.cache.get((n, _cfg_key({**base, "gate_up": c})), (math.inf,))[0])
+            cfg, us = tuner.sweep(n, cfg, "gate_up", ranked[:3], sp)
+            row[sp] = (cfg, us)
+        row = {k: v for k, v in row.items() if math.isfinite(v[1])}
+        if row:
+            best[n] = row
+        elif not tuner.out_of_time():
+            failed.append(n)
+    # the winners again, side by side and longer: the sweep's minimum over many noisy samples is biased low
+    final: dict[int, dict] = {}
+    for n, row in best.items():
+        res = {}
+        for space, (cfg, _) in row.items():
+            us, derived = _time_config(preset, tp, n, cfg, 2.5 * max_time_s, device, log)
+            if math.isfinite(us):
+                res[space] = {"config": cfg, "us": us, "eta": (derived or {}).get("eta", math.nan)}
+        if res:
+            final[n] = res
+    skipped = [n for n in ns if n not in final]
+    name = mt.device_name(torch.device(device))
+    table = dict(mt.load_configs())
+    if not final:  # nothing measured: keep the table there is (an empty entry would replace this GPU's tuning)
+        why = f"the {max_minutes} min cap was reached (compiling took {prewarm_s:.0f} s of it)" if not failed else \
+            "every candidate failed (see above)"
+        log(f"nothing tuned: {why}; no table written")
+        raise RuntimeError(f"MoE tune measured no n: {why}")
+    by_n = {}
+    for n, res in final.items():
+        space = min(res, key=lambda k: res[k]["us"])
+        cfg = res[space]["config"]
+        entry = {"kernel": cfg.get("kernel", "v3"), "gate_up": cfg["gate_up"], "down": cfg["down"],
+                 "us": round(res[space]["us"], 2), "eta": round(res[space]["eta"], 3)}
+        if cfg["dequant"] != "denormal":
+            entry["dequant"] = cfg["dequant"]
+        entry["by_space_us"] = {sp: round(r["us"], 2) for sp, r in res.items()}
+        if cfg.get("pdl"):
+            entry["pdl"] = True
+        if "old" in res:
+            entry["old_us"] = round(res["old"]["us"], 2)
+            entry["old_config"] = {k: res["old"]["config"][k] for k in ("gate_up", "down")}
+        by_n[str(n)] = entry
+    for n in skipped:  # keep the table complete; select_config would fall back the same way
+        lower = [m for m in final if m < n]
+        if lower:
+            why = "every candidate failed" if n in failed else "time cap"
+            by_n[str(n)] = {**by_n[str(max(lower))], "untuned": f"{why}: copied from n={max(lower)}"}
+    table[name] = {
+        "layout": "planar", "dequant": "denormal", "by_n": by_n,
+        "tuned_on": {"preset": f"{preset}-tp{tp}", "torch": torch.__version__, "triton": __import__("triton").__version__,
+                     "date_utc": time.strftime("%Y-%m-%d", time.gmtime()), "sweep_s": round(time.perf_counter() - t0),
+                     "spaces": list(spaces)}}
+    path = mt.save_configs(table, mt.CONFIG_PATH if in_place else (out or "moe_int4_configs.tuned.json"))
+    log("")
+    log(f"{'n':>3} " + " ".join(f"{sp + ' us':>9}" for sp in spaces) + f" {'eta':>6}  chosen config")
+    for n in ns:
+        res = final.get(n)
+        if res is None:
+            why = "every candidate failed (see above)" if n in failed else f"the {max_minutes} min cap was reached"
+            log(f"{n:>3} " + " ".join(f"{'-':>9}" for _ in spaces) + f" {'':>6}  not tuned: {why}")
+            continue
+        space = min(res, key=lambda k: res[k]["us"])
+        log(f"{n:>3} " + " ".join(f"{res.get(sp, {}).get('us', math.nan):9.2f}" for sp in spaces)
+            + f" {res[space]['eta']:6.3f}  {space}: {short_config(res[space]['config'])}")
+    log(f"wrote {path} ({time.perf_counter() - t0:.0f} s)" + ("" if in_place else f"; to use it: cp {path} {mt.CONFIG_PATH}"))
+    return table
+
+
+def profile(preset: str = "kimi-k2.5", tp: int = 8, ns=(1, 4, 8), calls: int = 64, log=print) -> None:
+    """Per-kernel device time (torch.profiler) of the Triton path, eager calls rotated over the cold slots."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    for n in ns:
+        fns, _, _ = make_case(preset, tp, "triton", n, "uniform", "cuda", "graph", {}).setup()
+        for f in fns:
+            f()
+        torch.cuda.synchronize()
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for c in range(calls):
+                fns[c % len(fns)]()
+            torch.cuda.synchronize()
+        per = {}
+        for ev in prof.events():
+            if ev.device_type == torch.autograd.DeviceType.CUDA:
+                per.setdefault(ev.name, []).append(ev.device_time_total if hasattr(ev, "device_time_total")
+                                                   else ev.cuda_time_total)
+        log(f"n={n}: " + ", ".join(f"{k[:40]} {sorted(v)[len(v) // 2]:.1f} us x{len(v) // calls}"
+                                     for k, v in sorted(per.items(), key=lambda kv: -sum(kv[1]))))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python3 -m microbench.bench_moe_int4", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="tune: per n, sweeps kernel v3 (old space), kernel split (new space: split-K, prefetch, blocking, "
+               "PDL) and kernel split with the fp16-pair dequant (half2 space), checks every candidate against the "
+               "fp32 reference, times it in graph mode with weights rotated "
+               "over 4 layers (cold), prints one progress line per timed config and a table per n at the end, and "
+               "writes the tuned table JSON to --out (kernels/moe_int4_configs.json only with --in-place). "
+               "Without CUDA, 'tune --preset tiny --tp 1' is a dry run of the same code in the Triton interpreter. "
+               "profile: per-kernel device times of the table's configs at n = 1, 4, 8.")
+    ap.add_argument("command", choices=["tune", "profile"])
+    ap.add_argument("--preset", default="kimi-k2.5", help="model preset (default kimi-k2.5; 'tiny' for the CPU dry run)")
+    ap.add_argument("--tp", type=int, default=8, help="tensor-parallel degree: per-rank shapes (default 8)")
+    ap.add_argument("--ns", default=",".join(map(str, TUNE_NS)),
+                    help="token counts to tune, comma separated, in this order (default %(default)s)")
+    ap.add_argument("--out", default="moe_int4_configs.tuned.json",
+                    help="where tune writes the table JSON (default %(default)s in the current directory)")
+    ap.add_argument("--in-place", action="store_true", help=f"write the table to {mt.CONFIG_PATH} instead of --out")
+    ap.add_argument("--max-minutes", type=float, default=4.0,
+                    help="wall-clock cap for tune (default %(default)s): n values not reached are reported and "
+                         "filled from the largest tuned n below")
+    ap.add_argument("--max-time-s", type=float, default=0.2,
+                    help="sampling time cap per timed config, in seconds (default %(default)s)")
+    ap.add_argument("--spaces", default=",".join(SPACES),
+                    help="config spaces to sweep, comma separated: old (kernel v3), new (kernel split), half2 (split "
+                         "with the fp16-pair dequant; GPU only); default %(default)s")
+    ap.add_argument("--jobs", type=int, default=None,
+                    help="processes that compile the sweep's kernels first (default min(12, cores - 2); 0: off)")
+    args = ap.parse_args(argv)
+    if args.command == "profile":
+        if not cuda_available():
+            print("profile needs a CUDA GPU")
+            return 2
+        profile(args.preset, args.tp)
+        return 0
+    if not cuda_available() and args.preset != "tiny":
+        print("tune needs a CUDA GPU (without one: --preset tiny --tp 1 is a dry run in the Triton interpreter)")
+        return 2
+    spaces = tuple(sp for sp in args.spaces.split(",") if sp)
+    if not spaces or set(spaces) - set(SPACES):
+        ap.error(f"--spaces takes some of {', '.join(SPACES)}, comma separated; got {args.spaces!r}")
+    try:
+        ns = tuple(int(v) for v in args.ns.split(",") if v.strip())
+    except ValueError:
+        ap.error(f"--ns takes comma-separated integers, got {args.ns!r}")
+    if not ns or min(ns) < 1:
+        ap.error(f"--ns needs token counts >= 1, got {args.ns!r}")
+    try:
+        tune(args.preset, args.tp, ns, out=args.out, in_place=args.in_place, max_minutes=args.max_minutes,
+             max_time_s=args.max_time_s, spaces=spaces, jobs=args.jobs)
+    except RuntimeError as e:
+        print(f"tune failed: {e}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
