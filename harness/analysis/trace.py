@@ -1,0 +1,386 @@
+"""`verifybench trace`: decomposes a serving engine's speculative cycle, read from PyTorch profiler traces (one
+per rank), into components by kernel-name rules, with the GPU's idle (host-bound) time, beside the suite's parts.
+
+Per cycle: busy time per component (sum of its kernels' durations), gpu_idle (window time with nothing running on
+the GPU), overlap (busy time counted twice because kernels ran together: on two streams, or back to back with
+programmatic dependent launch), total (the cycle's GPU window, first start to last end). They add up exactly:
+sum(components) + gpu_idle - overlap = total. Ranks: each alone, then the max over ranks of each entry.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+import textwrap
+from collections import defaultdict
+from pathlib import Path
+
+from verifybench.harness.analysis.trace_cycles import Cycle, find_cycles
+from verifybench.harness.analysis.trace_read import GpuOp, Trace, TraceError, read_ranks
+from verifybench.harness.analysis.trace_rules import SUITE_MAP, Classifier, RulesError, check_rules, load_rules
+
+SCHEMA, SCHEMA_VERSION = "verifybench.trace", 1
+EXIT_OK, EXIT_BAD_INPUT = 0, 2
+ACCOUNTS = ("gpu_idle", "overlap", "total")
+# host calls that wait for the GPU: the cycle's device-to-host syncs
+SYNC_CALL = re.compile(r"Synchronize|^cudaMemcpy(2D)?$|^cuMemcpy(DtoH|HtoD)?(_v2)?$")
+OTHER_SHOWN = 10
+
+
+def _union_us(ops: list[GpuOp]) -> float:
+    total, lo, hi = 0.0, None, None
+    for op in sorted(ops, key=lambda o: o.start_us):
+        if hi is None or op.start_us > hi:
+            total += 0.0 if hi is None else hi - lo
+            lo, hi = op.start_us, op.end_us
+        else:
+            hi = max(hi, op.end_us)
+    return total + (0.0 if hi is None else hi - lo)
+
+
+def cycle_parts(ops: list[GpuOp], classify: Classifier) -> tuple[dict[str, float], dict[str, list]]:
+    """Busy microseconds per component, gpu_idle, overlap and total of one cycle's GPU work; and the unmatched
+    ("other") kernels as name -> [calls, microseconds]."""
+    parts: dict[str, float] = defaultdict(float)
+    other: dict[str, list] = defaultdict(lambda: [0, 0.0])
+    for op in ops:
+        comp = classify(op.name) if op.cat == "kernel" else "memcpy"
+        parts[comp] += op.dur_us
+        if comp == "other":
+            other[op.name][0] += 1
+            other[op.name][1] += op.dur_us
+    union = _union_us(ops)
+    window = max(op.end_us for op in ops) - min(op.start_us for op in ops) if ops else 0.0
+    parts.update(gpu_idle=window - union, overlap=sum(op.dur_us for op in ops) - union, total=window)
+    return parts, other
+
+
+def _stats(rows: list[dict], keys: list[str]) -> dict[str, dict[str, float]]:
+    """Mean, min and max over cycles of each key (absent = 0)."""
+    cols = {k: [r.get(k, 0.0) for r in rows] for k in keys}
+    return {"per_cycle_us": {k: math.fsum(v) / len(v) for k, v in cols.items()},
+            "per_cycle_min_us": {k: min(v) for k, v in cols.items()},
+            "per_cycle_max_us": {k: max(v) for k, v in cols.items()}}
+
+
+def _other_list(others: list[dict], cycles: int) -> list[dict]:
+    merged: dict[str, list] = defaultdict(lambda: [0, 0.0])
+    for other in others:
+        for name, (calls, us) in other.items():
+            merged[name][0] += calls
+            merged[name][1] += us
+    rows = [{"name": n, "calls": c, "total_us": us, "per_cycle_us": us / cycles} for n, (c, us) in merged.items()]
+    return sorted(rows, key=lambda r: -r["total_us"])
+
+
+def _part(op_sets: list[list[GpuOp]], classify: Classifier, keys: list[str]) -> dict:
+    parts = [cycle_parts(ops, classify) for ops in op_sets]
+    return {**_stats([p for p, _ in parts], keys), "other_kernels": _other_list([o for _, o in parts], len(parts))}
+
+
+def _host(trace: Trace, cycles: list[Cycle]) -> dict[str, float] | None:
+    """Mean CPU time per cycle: its window, the CUDA runtime/driver calls in it, and those of them that wait."""
+    rows = []
+    for c in cycles:
+        if c.host_t0_us is None:
+            return None
+        calls = [k for k in trace.calls_between(c.host_t0_us, c.host_t1_us) if (k.pid, k.tid) in c.threads]
+        rows.append({"window": c.host_t1_us - c.host_t0_us, "runtime": sum(k.end_us - k.start_us for k in calls),
+                     "sync": sum(k.end_us - k.start_us for k in calls if SYNC_CALL.search(k.name))})
+    return _stats(rows, ["window", "runtime", "sync"])["per_cycle_us"]
+
+
+def _rank(rank: int, trace: Trace, classify: Classifier, cycle_range, verify_range) -> dict:
+    cycles, found_by = find_cycles(trace, cycle_range, verify_range)
+    keys = [*classify.components(), *ACCOUNTS]
+    starts = [c.ops[0].start_us for c in cycles]
+    periods = [b - a for a, b in zip(starts, starts[1:])]
+    out = {"rank": rank, "file": str(trace.path), "cycles": len(cycles), "found_by": found_by,
+           **_part([c.ops for c in cycles], classify, keys),
+           "period_us": math.fsum(periods) / len(periods) if periods else None, "host_us": _host(trace, cycles),
+           "verify": None}
+    verify = [c.verify_ops for c in cycles if c.verify_ops]
+    if verify:
+        out["verify"] = {"cycles": len(verify), **_part(verify, classify, keys)}
+    return out
+
+
+def _max_over_ranks(parts: list[dict]) -> dict:
+    """Every entry's max over ranks (the slowest rank sets each part's pace), min/max over all ranks' cycles."""
+    keys = parts[0]["per_cycle_us"].keys()
+    others: dict[str, dict] = {}
+    for p in parts:
+        for row in p["other_kernels"]:
+            if row["name"] not in others or row["per_cycle_us"] > others[row["name"]]["per_cycle_us"]:
+                others[row["name"]] = row
+    return {"per_cycle_us": {k: max(p["per_cycle_us"][k] for p in parts) for k in keys},
+            "per_cycle_min_us": {k: min(p["per_cycle_min_us"][k] for p in parts) for k in keys},
+            "per_cycle_max_us": {k: max(p["per_cycle_max_us"][k] for p in parts) for k in keys},
+            "other_kernels": sorted(others.values(), key=lambda r: -r["per_cycle_us"])}
+
+
+def decompose(paths: list[str | Path], rules=None, cycle_range: str | None = None,
+              verify_range: str | None = None) -> dict:
+    """The decomposition of the traces in `paths` (one per rank) as a JSON-ready dict. `rules`: None (the
+    default table), a --rules file path, a list of [regex, component] pairs put before the defaults, or a
+    Classifier. Raises TraceError / RulesError naming the file and the fault."""
+    if isinstance(rules, Classifier):
+        classify = rules
+    else:
+        user = load_rules(rules) if isinstance(rules, (str, Path)) else check_rules(rules or [], "rules")
+        classify = Classifier(user)
+    ranked, rank_source = read_ranks(paths)
+    per_rank = [_rank(r, t, classify, cycle_range, verify_range) for r, t in ranked]
+    counts = {p["cycles"] for p in per_rank}
+    found = {p["found_by"] for p in per_rank}
+    found_by = found.pop() if len(found) == 1 else "; ".join(f"rank {p['rank']}: {p['found_by']}" for p in per_rank)
+    if len(counts) > 1:
+        found_by += " (ranks disagree on the cycle count: " + ", ".join(
+            f"rank {p['rank']} {p['cycles']}" for p in per_rank) + "; the smallest is reported)"
+    periods = [p["period_us"] for p in per_rank if p["period_us"] is not None]
+    hosts = [p["host_us"] for p in per_rank if p["host_us"]]
+    verify = [p["verify"] for p in per_rank if p["verify"]]
+    return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION,
+            "files": [p["file"] for p in per_rank], "ranks": [p["rank"] for p in per_rank],
+            "rank_source": rank_source, "rules": [list(r) for r in classify.user_rules],
+            "cycles": min(counts), "found_by": found_by, **_max_over_ranks(per_rank),
+            "period_us": max(periods) if periods else None,
+            "host_us": {k: max(h[k] for h in hosts) for k in hosts[0]} if hosts else None,
+            "verify": ({"cycles": min(v["cycles"] for v in verify), **_max_over_ranks(verify)}
+                       if len(verify) == len(per_rank) else None),
+            "per_rank": per_rank}
+
+
+# ---- the report ----
+
+def _fmt(x) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def decomposition_table(result: dict, part: str | None = None) -> str:
+    """Components (those with time on some rank), then gpu_idle, overlap and total, in microseconds per cycle."""
+    from tabulate import tabulate
+
+    whole = result if part is None else result[part]
+    ranks = result["per_rank"]
+    rank_parts = [r if part is None else r[part] for r in ranks]
+    mean, lo, hi = whole["per_cycle_us"], whole["per_cycle_min_us"], whole["per_cycle_max_us"]
+    total = mean["total"]
+    rows = []
+    for k in mean:
+        if k not in ACCOUNTS and not any(p["per_cycle_max_us"][k] for p in rank_parts):
+            continue
+        label = {"overlap": "overlap (subtract)", "total": "total (GPU window)"}.get(k, k)
+        row = [label, _fmt(mean[k])]
+        if len(ranks) > 1:
+            row += [_fmt(p["per_cycle_us"][k]) for p in rank_parts]
+        rows.append(row + [_fmt(lo[k]), _fmt(hi[k]), f"{100 * mean[k] / total:.1f}" if total else "-"])
+    head = ["component", "us/cycle" + (" (max over ranks)" if len(ranks) > 1 else "")]
+    head += [f"rank {r['rank']}" for r in ranks] if len(ranks) > 1 else []
+    return tabulate(rows, headers=head + ["min", "max", "% of total"], disable_numparse=True)
+
+
+def format_report(result: dict) -> str:
+    ranks = result["ranks"]
+    lines = [f"{result['cycles']} cycle(s), found by {result['found_by']}",
+             f"rank(s) {', '.join(map(str, ranks))} (from the {result['rank_source']}); "
+             + ("kernel rules: defaults" if not result["rules"] else f"kernel rules: {len(result['rules'])} "
+                "user rule(s) before the defaults"),
+             "", decomposition_table(result),
+             "components + gpu_idle - overlap = total; gpu_idle is time inside the cycle with no GPU work (host-bound)"]
+    if result["period_us"] is not None:
+        lines.append(f"cycle period (one cycle's first GPU start to the next's): {result['period_us']:.1f} us")
+    if result["host_us"]:
+        h = result["host_us"]
+        lines.append(f"host per cycle: window {h['window']:.1f} us, CUDA runtime/driver calls {h['runtime']:.1f} us, "
+                     f"of which waiting (synchronize, blocking copies) {h['sync']:.1f} us")
+    if result["verify"]:
+        lines += ["", f"verify part ({result['verify']['cycles']} cycles):", decomposition_table(result, "verify")]
+    other = result["other_kernels"][:OTHER_SHOWN]
+    if other:
+        lines += ["", "kernels no rule matched (\"other\"; add a --rules entry), us per cycle:"]
+        lines += [f"  {r['per_cycle_us']:10.1f}  {r['name']}" for r in other]
+        if len(result["other_kernels"]) > OTHER_SHOWN:
+            lines.append(f"  ... {len(result['other_kernels']) - OTHER_SHOWN} more in --json")
+    return "\n".join(lines)
+
+
+# ---- the suite side by side ----
+
+def load_against(path: str | Path) -> dict:
+    """A suite verify result (schema verifybench.result, component verify), or TraceError."""
+    from verifybench.harness.engine.results import ResultsError, load_run
+
+    try:
+        run = load_run(Path(path))
+    except ResultsError as e:
+        raise TraceError(str(e)) from None
+    if run["component"] != "verify":
+        raise TraceError(f"{path}: a {run['component']!r} result; --against needs a verify result "
+                         "(verifybench run verify)")
+    return run
+
+
+def suite_parts(run: dict, where: str = "result") -> dict[int, dict[str, float]]:
+    """n -> {"full": us, "<component>": isolated us} from a verify result's passing cases."""
+    out: dict[int, dict[str, float]] = defaultdict(dict)
+    for case in run["cases"]:
+        params, summary = case.get("params", {}), case.get("summary") or {}
+        variant, n = params.get("variant"), params.get("tokens")
+        if not case["check"]["ok"] or not isinstance(n, int) or not isinstance(variant, str):
+            continue
+        key = "full" if variant == "full" else variant[5:] if variant.startswith("only-") else None
+        if key is None or not isinstance(summary.get("median_us"), (int, float)):
+            continue
+        if key in out[n]:
+            raise TraceError(f"{where}: two cases for variant {variant!r} at n={n}; pass a result of one run")
+        out[n][key] = float(summary["median_us"])
+    if not out:
+        raise TraceError(f"{where}: no passing 'full' or 'only-<component>' verify cases")
+    return dict(out)
+
+
+def against_table(result: dict, run: dict, tokens: int | None, where: str = "result") -> tuple[list[list], str]:
+    """Rows of (part, engine us per cycle, suite isolated us at n, engine / suite) and a line saying which n and
+    which part of the engine's cycle were used."""
+    parts = suite_parts(run, where)
+    if tokens is not None and tokens not in parts:
+        raise TraceError(f"{where}: no cases at n={tokens} (--tokens); it has n = {', '.join(map(str, sorted(parts)))}")
+    n = tokens if tokens is not None else max(parts)
+    note = f"suite at n = {n}" + (" (--tokens)" if tokens is not None else
+                                  ": the largest n in the result; pass --tokens N for the engine's tokens per verify")
+    part = result["verify"] or result
+    note += "; engine: " + ("the verify part of each cycle" if result["verify"] else
+                            "the whole cycle (draft steps included: name the verify range with --verify-range)")
+    eng, suite = part["per_cycle_us"], parts[n]
+    rows = []
+    for label, suite_comps, trace_comps in SUITE_MAP:
+        have = [c for c in suite_comps if c in suite]
+        s = sum(suite[c] for c in have) if have else None
+        e = sum(eng.get(c, 0.0) for c in trace_comps)
+        label += f"  [{'+'.join(suite_comps)} | {'+'.join(trace_comps)}]"
+        rows.append([label, e, s, e / s if s else None])
+    f = suite.get("full")
+    rows.append(["forward  [full | total]", eng["total"], f, eng["total"] / f if f else None])
+    return rows, note
+
+
+# ---- outputs ----
+
+def _write_atomic(path: str | Path, write) -> None:
+    """Temp file in the same folder, fsync, mode 0644, rename: a reader never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(result: dict, path: str | Path) -> None:
+    _write_atomic(path, lambda f: f.write((json.dumps(result, indent=1) + "\n").encode()))
+
+
+def write_chart(result: dict, path: str | Path) -> None:
+    """One stacked bar per rank: each component's busy time and the idle time, us per cycle."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ranks = result["per_rank"]
+    keys = [k for k in result["per_cycle_us"] if k not in ACCOUNTS and result["per_cycle_us"][k] > 0] + ["gpu_idle"]
+    fig, ax = plt.subplots(figsize=(4.5 + 1.2 * len(ranks), 5))
+    bottom = [0.0] * len(ranks)
+    for k in keys:
+        vals = [r["per_cycle_us"][k] for r in ranks]
+        idle = k == "gpu_idle"
+        ax.bar([f"rank {r['rank']}" for r in ranks], vals, bottom=bottom, label=k, hatch="//" if idle else None,
+               color="0.85" if idle else None, edgecolor="0.5" if idle else None)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_ylabel("us per cycle (busy time; overlap counted in each part)")
+    ax.set_title(textwrap.fill(f"{result['cycles']} cycles, found by {result['found_by']}", 60), fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1, 1))
+    fig.tight_layout()
+    _write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=120))
+    plt.close(fig)
+
+
+# ---- command line ----
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return int(text)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = __doc__
+    p.add_argument("traces", nargs="+", metavar="TRACE",
+                   help="PyTorch profiler Chrome trace(s), .json or .json.gz, one per rank (ranks from -TP-<r>, "
+                        "rank<r> or profiler_out_<r> in the names, else the order given)")
+    p.add_argument("--cycle-range", metavar="NAME", help="record_function / NVTX range that spans one cycle "
+                   "(exact name, else names containing it); default: repeated CUDA graph launches, else a "
+                   "periodic kernel sequence")
+    p.add_argument("--verify-range", metavar="NAME", help="range of the verify step: decomposed on its own inside "
+                   "each cycle (alone: each such range is a cycle)")
+    p.add_argument("--rules", metavar="FILE", help='extra kernel-name rules, checked before the defaults: a JSON '
+                   'list of [regex, component] pairs, e.g. [["my_allreduce", "allreduce"], ["^gemm_", '
+                   '"projections"]]; regexes are searched in the kernel name, case-insensitive')
+    p.add_argument("--against", metavar="RESULT", help="a suite verify result file: engine time per part beside "
+                   "the suite's isolated time for it")
+    p.add_argument("--tokens", metavar="N", type=_positive_int, help="tokens per verify in the engine: the suite's "
+                   "n to compare with (default: the largest n in RESULT)")
+    p.add_argument("--json", metavar="OUT", help="write the decomposition as JSON")
+    p.add_argument("--chart", metavar="PNG", help="write a stacked bar chart, one bar per rank")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.tokens is not None and not args.against:
+            raise TraceError("--tokens N picks the suite's n for --against RESULT; give --against too")
+        suite = load_against(args.against) if args.against else None
+        result = decompose(args.traces, args.rules, args.cycle_range, args.verify_range)
+        print(format_report(result))
+        if suite is not None:
+            from tabulate import tabulate
+
+            rows, note = against_table(result, suite, args.tokens, args.against)
+            print(f"\nbeside the suite ({args.against}; {note}):")
+            print(tabulate([[r[0], _fmt(r[1]), _fmt(r[2]), "-" if r[3] is None else f"{r[3]:.2f}"] for r in rows],
+                           headers=["part  [suite | trace components]", "engine us", "suite us", "engine/suite"],
+                           disable_numparse=True))
+        if args.json:
+            write_json(result, args.json)
+            print(f"wrote {args.json}")
+        if args.chart:
+            write_chart(result, args.chart)
+            print(f"wrote {args.chart}")
+    except (TraceError, RulesError) as e:
+        print(f"verifybench trace: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as e:
+        print(f"verifybench trace: error: cannot write {e.filename}: {e.strerror}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="verifybench trace")
+    add_arguments(p)
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
