@@ -1,0 +1,520 @@
+"""MLA attention of a speculative verify step over the latent KV cache with a tree mask: a plain-torch reference and
+two Triton kernels, the engine-style serial "extend" and our split-KV "split_kv".
+
+Semantics (absorbed MLA, one tensor-parallel rank): cache [rows, DK] holds one latent row per token (DK = kv_lora +
+rope, 576 = 512 + 64 for Kimi-K2.5), shared by all heads; q [heads, T, DK], T = B * D, request-major. Request b's keys
+are the cache rows [start_b, start_b + L_b) (its prefix), then [start_b + L_b, start_b + L_b + D) (its tree tokens'
+own rows). Its token i sees the whole prefix and tree key j iff mask[b, i, j] (j is i or an ancestor):
+    o[h, b*D + i] = softmax(scale * q[h, b*D + i] . keys^T over the visible keys) @ keys[:, :kv_lora]
+in q's dtype, fp32 accumulation. mask: bool [B, D, D] (or flat, build_tree's "qlen_only"), or one little-endian word
+per query, bit j = column j, [B * D] or [B, D] ("qlen_only_bitpacking": uint8 / int16 / int32; int64 for D <= 64).
+A query that sees no key (L_b = 0 and an empty mask row) gets NaN, as a softmax over nothing does.
+
+"extend" is what SGLang's Triton backend runs for verify (its prefill kernel), written from its description: grid
+(B, heads, cdiv(D, BLOCK_M)), one head per program, a serial loop over the whole prefix, then one over the D tree keys
+with the mask; scores as a 512- plus a 64-wide dot; each key tile loaded twice, for the scores and as values (the
+engine's K and V buffers are views of one cache). "split_kv" (mla_decode.py's verify form): a request's heads x D rows
+form one query matrix, BLOCK_M rows per program; its L_b + D keys are cut on the device into at most num_splits splits
+of whole key tiles and >= min_split_keys keys (so one captured graph serves any L_b); the tree keys fall in the last
+split. Programs write normalized partial o and log2-sum-exp; a combine kernel merges the splits each request used.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import subprocess
+import sys
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from verifybench.kernels import pdl as _pdl
+
+VARIANTS = ("split_kv", "extend")
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+INDEX_DTYPES = (torch.int32, torch.int64)
+WORD_BITS = {torch.uint8: 8, torch.int8: 8, torch.int16: 16, torch.int32: 32, torch.int64: 64}  # bit-packed masks
+MAX_TREE = 64  # tree tokens per request
+LOG2E = 1.4426950408889634
+DEFAULT_SMS = 132  # an H100/H200; used off CUDA (the interpreter)
+PROGRAMS_PER_SM = 2  # split_kv programs the default split count aims at per SM
+MAX_SPLITS = 256  # the combine holds all splits of a row at once
+COMBINE_COLS = 128  # kv_lora columns per combine program, at most
+COMBINE_TILE = 8192  # fp32 partial values a combine program holds at once
+SMEM_LIMIT_BYTES = {80: 166912, 86: 101376, 89: 101376, 90: 232448, 100: 232448, 120: 101376}  # per block
+
+# Starting points, not timed on a GPU. split_kv: mla_decode's default tiles (16 rows x 32 keys, 4 warps, 2 stages).
+# extend: what SGLang picks for a 576-wide head on sm_86/89/120 (ENGINE_EXTEND_CONFIGS). Every default fits sm_120's
+# 101,376 bytes of shared memory per block.
+DEFAULT_CONFIGS = {
+    "split_kv": {"num_splits": None, "min_split_keys": 128, "block_rows": 16, "block_keys": 32, "num_warps": 4,
+                 "num_stages": 2},
+    "extend": {"block_rows": 32, "block_keys": 32, "num_warps": 8, "num_stages": 1},
+}
+TILE_KEYS = ("block_rows", "block_keys", "num_warps", "num_stages")  # what a compiled kernel depends on
+CONFIG_SPACE = {  # tile configs a tuner may choose from (split_kv's split count is swept beside them: SPLIT_CHOICES)
+    "split_kv": [dict(zip(TILE_KEYS, t)) for t in ((16, 16, 4, 2), (16, 32, 4, 2), (16, 32, 4, 3), (16, 64, 4, 2),
+                                                   (32, 32, 8, 2), (32, 64, 8, 2), (64, 16, 8, 2), (64, 32, 8, 2))],
+    "extend": [dict(zip(TILE_KEYS, t)) for t in ((16, 32, 4, 1), (16, 32, 4, 2), (16, 64, 4, 1), (16, 64, 8, 1),
+                                                 (32, 32, 8, 1), (32, 64, 8, 1), (64, 32, 8, 1))],
+}  # over sm_120's limit (bf16, 576): split_kv 32x64 and 64x32 (114,688 B), extend 32x64 and 64x32 (106-111 KB)
+SPLIT_CHOICES = (None, 8, 16, 32, 64, 128)
+# SGLang's extend tiles for Lq = 576 per compute capability (its _get_block_sizes_for_extend_attention; one stage):
+# timing "extend" with the GPU's entry mirrors the engine. sm_90's 32 x 64 needs 106,496 bytes here: not on sm_120.
+ENGINE_EXTEND_CONFIGS = {cc: dict(zip(TILE_KEYS, t)) for cc, t in (
+    (80, (32, 64, 8, 1)), (86, (32, 32, 8, 1)), (89, (32, 32, 8, 1)), (90, (32, 64, 8, 1)), (100, (16, 64, 8, 1)),
+    (120, (32, 32, 8, 1)))}
+
+
+# ---------------------------------------------------------------------------------------------------- checks
+
+def _check(q, cache, starts, prefix_lens, mask, kv_lora, scale):
+    """Host-side input checks (no device sync); returns (B, D, mask_is_words, scale)."""
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        raise ValueError(f"q must be a [heads, T, DK] tensor, got {getattr(q, 'shape', type(q))}")
+    if not isinstance(cache, torch.Tensor) or cache.dim() != 2:
+        raise ValueError(f"cache must be a [rows, DK] tensor, got {getattr(cache, 'shape', type(cache))}")
+    heads, t, dk = q.shape
+    if heads < 1 or t < 1 or dk < 1:
+        raise ValueError(f"q must have heads, T, DK >= 1, got {tuple(q.shape)}")
+    if cache.shape[1] != dk:
+        raise ValueError(f"cache rows must have q's width DK = {dk}, got {tuple(cache.shape)}")
+    if q.dtype not in DTYPES or cache.dtype != q.dtype:
+        raise ValueError(f"q and cache must share a dtype among {DTYPES}, got {q.dtype} and {cache.dtype}")
+    if cache.device != q.device:
+        raise ValueError(f"q and cache must be on one device, got {q.device} and {cache.device}")
+    for name, x in (("starts", starts), ("prefix_lens", prefix_lens)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 1 or x.dtype not in INDEX_DTYPES or x.numel() < 1:
+            raise ValueError(f"{name} must be a 1-D int32/int64 tensor of B >= 1 entries (one per request), got "
+                             f"{getattr(x, 'dtype', type(x))} {tuple(getattr(x, 'shape', ()))}")
+        if x.device != q.device:
+            raise ValueError(f"{name} must be on q's device {q.device}, got {x.device}")
+    b = starts.numel()
+    if prefix_lens.numel() != b:
+        raise ValueError(f"starts and prefix_lens must have one entry per request, got {b} and {prefix_lens.numel()}")
+    if t % b:
+        raise ValueError(f"q's T = {t} tokens must be B * D for B = {b} requests (len(starts))")
+    d = t // b
+    if d > MAX_TREE:
+        raise ValueError(f"D = T / B = {d} tree tokens per request; at most {MAX_TREE}")
+    if not isinstance(mask, torch.Tensor) or mask.device != q.device:
+        raise ValueError(f"mask must be a tensor on q's device {q.device}, got {getattr(mask, 'device', type(mask))}")
+    words = mask.dtype != torch.bool
+    if not words and mask.shape not in ((b, d, d), (b * d * d,)):
+        raise ValueError(f"a bool mask must be [B, D, D] = [{b}, {d}, {d}] (or flat), got {tuple(mask.shape)}")
+    if words:
+        if mask.dtype not in WORD_BITS:
+            raise ValueError(f"mask must be bool or bit-packed words of {sorted(map(str, WORD_BITS))}, got "
+                             f"{mask.dtype}")
+        if mask.shape not in ((b * d,), (b, d)):
+            raise ValueError(f"a bit-packed mask must be [B * D] = [{b * d}] or [B, D] (one word per query), got "
+                             f"{tuple(mask.shape)}")
+        if d > WORD_BITS[mask.dtype]:
+            raise ValueError(f"a {mask.dtype} word holds {WORD_BITS[mask.dtype]} columns, but D = {d}")
+    if not mask.is_contiguous():
+        raise ValueError("mask must be contiguous")
+    if isinstance(kv_lora, bool) or not isinstance(kv_lora, int) or not 1 <= kv_lora <= dk:
+        raise ValueError(f"kv_lora must be an int in 1..DK = {dk}, got {kv_lora!r}")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be a finite positive Python float (MLA: (qk_nope + qk_rope) ** -0.5), got "
+                         f"{scale!r}")
+    if starts.device.type == "cpu":  # values readable without a device sync
+        _check_rows(starts.tolist(), prefix_lens.tolist(), d, cache.shape[0])
+    return b, d, words, float(scale)
+
+
+def _check_rows(starts, lens, d, rows):
+    for i, (s, length) in enumerate(zip(starts, lens)):
+        if length < 0 or s < 0 or s + length + d > rows:
+            raise ValueError(f"request {i}: start {s}, prefix_len {length} need start >= 0, prefix_len >= 0 and "
+                             f"start + prefix_len + D <= {rows} (the cache's rows)")
+
+
+def _bool_mask(mask, b, d):
+    if mask.dtype == torch.bool:
+        return mask.view(b, d, d)
+    cols = torch.arange(d, device=mask.device)
+    return ((mask.reshape(b, d, 1).long() >> cols) & 1).bool()
+
+
+def mla_verify_reference(q, cache, starts, prefix_lens, mask, kv_lora, scale):
+    """fp32 torch reference, one request at a time: o [heads, T, kv_lora] in q's dtype (module docstring)."""
+    b, d, _, scale = _check(q, cache, starts, prefix_lens, mask, kv_lora, scale)
+    seen = _bool_mask(mask, b, d)
+    out = torch.empty(q.shape[0], q.shape[1], kv_lora, dtype=torch.float32, device=q.device)
+    _check_rows(starts.tolist(), prefix_lens.tolist(), d, cache.shape[0])  # the reference may sync
+    for i, (start, length) in enumerate(zip(starts.tolist(), prefix_lens.tolist())):
+        keys = cache[start:start + length + d].float()
+        vis = torch.cat([torch.ones(d, length, dtype=torch.bool, device=q.device), seen[i]], 1)
+        scores = (q[:, i * d:(i + 1) * d].float() @ keys.T) * scale
+        p = torch.softmax(scores.masked_fill(~vis, float("-inf")), dim=-1)
+        out[:, i * d:(i + 1) * d] = p @ keys[:, :kv_lora]
+    return out.to(q.dtype)
+
+
+def bytes_moved(heads: int, t: int, l_total: int, d: int, kv_lora: int, rope: int, itemsize: int) -> int:
+    """Bytes an ideal kernel moves: every request's L_b + D key rows read once (l_total = sum of L_b, plus T = B * D
+    tree rows), the queries read and the outputs written; mask and partials left out."""
+    return ((l_total + t) * (kv_lora + rope) + heads * t * (2 * kv_lora + rope)) * itemsize
+
+
+# ---------------------------------------------------------------------------------------------------- configs
+
+def check_config(variant: str, config: dict | None = None) -> dict:
+    """DEFAULT_CONFIGS[variant] completed by `config`, or a ValueError naming the bad key."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    if config is None:
+        config = {}
+    if not isinstance(config, dict):
+        raise ValueError(f"config must be a dict, got {type(config).__name__}")
+    cfg = dict(DEFAULT_CONFIGS[variant])
+    for k, v in config.items():
+        if k not in cfg:
+            raise ValueError(f"unknown {variant} config key {k!r}; known: {sorted(cfg)}")
+        cfg[k] = v
+    bad = lambda k: isinstance(cfg[k], bool) or not isinstance(cfg[k], int)  # noqa: E731
+    for k in ("block_rows", "block_keys"):
+        if bad(k) or cfg[k] < 16 or cfg[k] & (cfg[k] - 1):
+            raise ValueError(f"{k} must be a power of two >= 16 (tl.dot's minimum), got {cfg[k]!r}")
+    if bad("num_warps") or cfg["num_warps"] not in (1, 2, 4, 8, 16):
+        raise ValueError(f"num_warps must be 1, 2, 4, 8 or 16, got {cfg['num_warps']!r}")
+    if bad("num_stages") or not 1 <= cfg["num_stages"] <= 8:
+        raise ValueError(f"num_stages must be an int in 1..8, got {cfg['num_stages']!r}")
+    if variant == "split_kv":
+        ns = cfg["num_splits"]
+        if ns is not None and (bad("num_splits") or not 1 <= ns <= MAX_SPLITS):
+            raise ValueError(f"num_splits must be an int in 1..{MAX_SPLITS} (or None: fill the GPU), got {ns!r}")
+        if bad("min_split_keys") or cfg["min_split_keys"] < 1:
+            raise ValueError(f"min_split_keys must be an int >= 1, got {cfg['min_split_keys']!r}")
+    return cfg
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return DEFAULT_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def default_num_splits(batch: int, rows_per_request: int, block_rows: int, sms: int = DEFAULT_SMS) -> int:
+    """Splits per request so that split_kv runs about PROGRAMS_PER_SM programs per SM at long contexts (shorter
+    requests use fewer: each used split keeps >= min_split_keys keys; the rest exit at once)."""
+    programs = batch * triton.cdiv(rows_per_request, block_rows)
+    return max(1, min(triton.cdiv(PROGRAMS_PER_SM * sms, programs), MAX_SPLITS))
+
+
+# ---------------------------------------------------------------------------------------------------- kernels
+
+@triton.jit
+def _split_kernel(q, cache, starts, lens, mask, part_o, part_lse, out, T, num_splits, min_split_keys, stride_qh,
+                  stride_qt, stride_c, stride_oh, stride_ot, scale_log2, HEADS: tl.constexpr, D: tl.constexpr,
+                  DK: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr, ROW_BLOCKS: tl.constexpr,
+                  MASK_WORDS: tl.constexpr, SINGLE: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # q, the tree rows of the cache, lens and the mask may come from the kernels just before
+        gdc_wait()
+        gdc_launch_dependents()
+    b = tl.program_id(0) // ROW_BLOCKS
+    sp = tl.program_id(1)
+    r = (tl.program_id(0) % ROW_BLOCKS) * BLOCK_M + tl.arange(0, BLOCK_M)  # row = head * D + tree token
+    row_ok = r < HEADS * D
+    head = (r // D).to(tl.int64)
+    t = b * D + r % D  # token in q
+    q_row = head * stride_qh + t.to(tl.int64) * stride_qt
+    dv = tl.arange(0, BLOCK_DV)
+    dv_ok = dv < DV
+    q_lat = tl.load(q + q_row[:, None] + dv[None, :], mask=row_ok[:, None] & dv_ok[None, :], other=0.0)
+    if BLOCK_DR > 0:  # the rope columns DV..DK-1 only enter the scores
+        dr = DV + tl.arange(0, BLOCK_DR)
+        dr_ok = dr < DK
+        q_rope = tl.load(q + q_row[:, None] + dr[None, :], mask=row_ok[:, None] & dr_ok[None, :], other=0.0)
+    start = tl.load(starts + b).to(tl.int64)
+    prefix = tl.load(lens + b).to(tl.int32)
+    n_keys = prefix + D
+    splits = tl.maximum(1, tl.minimum(num_splits, tl.cdiv(n_keys, min_split_keys)))
+    split_keys = tl.cdiv(tl.cdiv(n_keys, splits), BLOCK_N) * BLOCK_N  # whole key tiles; the combine agrees
+    lo = sp * split_keys
+    hi = tl.minimum(lo + split_keys, n_keys)  # lo >= hi: a split this request does not use
+    if MASK_WORDS:
+        word = tl.load(mask + t, mask=row_ok, other=0).to(tl.int64)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running row max of the scores, log2 units
+    l = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of 2^(score - m)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    for s0 in range(lo, hi, BLOCK_N):
+        key = s0 + tl.arange(0, BLOCK_N)  # key index in the request: prefix, then tree
+        key_ok = key < hi
+        rows_at = cache + (start + key)[:, None] * stride_c
+        k_lat = tl.load(rows_at + dv[None, :], mask=key_ok[:, None] & dv_ok[None, :], other=0.0)
+        s = tl.dot(q_lat, tl.trans(k_lat))
+        if BLOCK_DR > 0:
+            k_rope = tl.load(rows_at + dr[None, :], mask=key_ok[:, None] & dr_ok[None, :], other=0.0)
+            s += tl.dot(q_rope, tl.trans(k_rope))
+        col = key - prefix  # tree column; < 0 for a prefix key, which every query sees
+        in_tree = (col >= 0) & key_ok
+        if MASK_WORDS:
+            seen = ((word[:, None] >> tl.minimum(tl.maximum(col, 0), 63)[None, :]) & 1) != 0
+        else:
+            seen = tl.load(mask + t[:, None].to(tl.int64) * D + col[None, :],
+                           mask=row_ok[:, None] & in_tree[None, :], other=0) != 0
+        vis = key_ok[None, :] & ((col < 0)[None, :] | seen)
+        s = tl.where(vis, s * scale_log2, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw nothing yet: 2^-inf = 0, no NaN
+        alpha = tl.exp2(m - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(k_lat.dtype), k_lat)
+        m = m_new
+    if SINGLE:  # l = 0 only for a query that sees no key: NaN, as the reference (padding rows divide by 1)
+        o = acc / tl.where(row_ok, l, 1.0)[:, None]
+        tl.store(out + head[:, None] * stride_oh + t[:, None].to(tl.int64) * stride_ot + dv[None, :],
+                 o.to(out.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
+    else:
+        has = l > 0
+        part = sp.to(tl.int64) * HEADS * T + head * T + t  # [split, head * T + token]
+        ok = row_ok & (lo < n_keys)
+        tl.store(part_o + part[:, None] * DV + dv[None, :], acc / tl.where(has, l, 1.0)[:, None],
+                 mask=ok[:, None] & dv_ok[None, :])
+        tl.store(part_lse + part, tl.where(has, m + tl.log2(tl.where(has, l, 1.0)), float("-inf")), mask=ok)
+
+
+@triton.jit
+def _combine_kernel(lens, part_o, part_lse, out, T, num_splits, min_split_keys, stride_oh, stride_ot,
+                    HEADS: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    r = tl.program_id(0)  # head * T + token
+    t = r % T
+    n_keys = tl.load(lens + t // D).to(tl.int32) + D
+    splits = tl.maximum(1, tl.minimum(num_splits, tl.cdiv(n_keys, min_split_keys)))
+    used = tl.cdiv(n_keys, tl.cdiv(tl.cdiv(n_keys, splits), BLOCK_N) * BLOCK_N)  # as _split_kernel cuts them
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = c < DV
+    s = tl.arange(0, BLOCK_S)
+    s_ok = s < used
+    part = s.to(tl.int64) * HEADS * T + r
+    lse = tl.load(part_lse + part, mask=s_ok, other=float("-inf"))
+    w = tl.exp2(lse - tl.max(lse, axis=0))
+    o = tl.load(part_o + part[:, None] * DV + c[None, :], mask=s_ok[:, None] & c_ok[None, :], other=0.0)
+    o_at = out + (r // T).to(tl.int64) * stride_oh + t.to(tl.int64) * stride_ot
+    tl.store(o_at + c, (tl.sum(w[:, None] * o, axis=0) / tl.sum(w, axis=0)).to(out.dtype.element_ty), mask=c_ok)
+
+
+@triton.jit
+def _extend_kernel(q, cache, starts, lens, mask, out, stride_qh, stride_qt, stride_c, stride_oh, stride_ot,
+                   scale_log2, D: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr, MASK_WORDS: tl.constexpr,
+                   PDL: tl.constexpr):
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    b = tl.program_id(0)
+    head = tl.program_id(1).to(tl.int64)
+    i = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)  # tree token
+    row_ok = i < D
+    t = b * D + i
+    q_row = head * stride_qh + t.to(tl.int64) * stride_qt
+    dv = tl.arange(0, BLOCK_DV)
+    dv_ok = dv < DV
+    q_lat = tl.load(q + q_row[:, None] + dv[None, :], mask=row_ok[:, None] & dv_ok[None, :], other=0.0)
+    if BLOCK_DR > 0:
+        dr = DV + tl.arange(0, BLOCK_DR)
+        dr_ok = dr < DK
+        q_rope = tl.load(q + q_row[:, None] + dr[None, :], mask=row_ok[:, None] & dr_ok[None, :], other=0.0)
+    start = tl.load(starts + b).to(tl.int64)
+    prefix = tl.load(lens + b).to(tl.int32)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
+    for s0 in range(0, prefix, BLOCK_N):  # the prefix, serially: every query sees every key
+        key = s0 + tl.arange(0, BLOCK_N)
+        key_ok = key < prefix
+        rows_at = cache + (start + key) * stride_c
+        k_t = tl.load(rows_at[None, :] + dv[:, None], mask=dv_ok[:, None] & key_ok[None, :], other=0.0)
+        s = tl.dot(q_lat, k_t)
+        if BLOCK_DR > 0:
+            kr_t = tl.load(rows_at[None, :] + dr[:, None], mask=dr_ok[:, None] & key_ok[None, :], other=0.0)
+            s += tl.dot(q_rope, kr_t)
+        s = tl.where(key_ok[None, :], s * scale_log2, float("-inf"))  # a tile holds a key: finite row max
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        v = tl.load(rows_at[:, None] + dv[None, :], mask=key_ok[:, None] & dv_ok[None, :], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m = m_new
+    if MASK_WORDS:
+        word = tl.load(mask + t, mask=row_ok, other=0).to(tl.int64)
+    for s0 in range(0, D, BLOCK_N):  # the tree keys, through the mask
+        key = s0 + tl.arange(0, BLOCK_N)
+        key_ok = key < D
+        rows_at = cache + (start + prefix + key) * stride_c
+        k_t = tl.load(rows_at[None, :] + dv[:, None], mask=dv_ok[:, None] & key_ok[None, :], other=0.0)
+        s = tl.dot(q_lat, k_t)
+        if BLOCK_DR > 0:
+            kr_t = tl.load(rows_at[None, :] + dr[:, None], mask=dr_ok[:, None] & key_ok[None, :], other=0.0)
+            s += tl.dot(q_rope, kr_t)
+        if MASK_WORDS:
+            seen = ((word[:, None] >> tl.minimum(key, 63)[None, :]) & 1) != 0
+        else:
+            seen = tl.load(mask + t[:, None].to(tl.int64) * D + key[None, :],
+                           mask=row_ok[:, None] & key_ok[None, :], other=0) != 0
+        s = tl.where(key_ok[None, :] & seen, s * scale_log2, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key seen yet (L_b = 0): no NaN
+        alpha = tl.exp2(m - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        v = tl.load(rows_at[:, None] + dv[None, :], mask=key_ok[:, None] & dv_ok[None, :], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m = m_new
+    tl.store(out + head * stride_oh + t[:, None].to(tl.int64) * stride_ot + dv[None, :],
+             (acc / tl.where(row_ok, l, 1.0)[:, None]).to(out.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
+
+
+# ---------------------------------------------------------------------------------------------------- wrapper
+
+def _launches(variant, cfg, heads, b, d, dk, kv_lora, words, num_splits):
+    """[(kernel, grid, constexprs, launch options)] of one call; shared by mla_verify and shared_memory_bytes."""
+    dims = dict(DV=kv_lora, BLOCK_DV=max(16, triton.next_power_of_2(kv_lora)),
+                BLOCK_DR=max(16, triton.next_power_of_2(dk - kv_lora)) if dk > kv_lora else 0)
+    tiles = dict(BLOCK_M=cfg["block_rows"], BLOCK_N=cfg["block_keys"])
+    opts = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if variant == "extend":
+        return [(_extend_kernel, (b, heads, triton.cdiv(d, cfg["block_rows"])),
+                 dict(D=d, DK=dk, MASK_WORDS=words, **dims, **tiles), opts)]
+    row_blocks = triton.cdiv(heads * d, cfg["block_rows"])
+    out = [(_split_kernel, (b * row_blocks, num_splits), dict(HEADS=heads, D=d, DK=dk, ROW_BLOCKS=row_blocks,
+                                                               MASK_WORDS=words, SINGLE=num_splits == 1, **dims,
+                                                               **tiles), opts)]
+    if num_splits > 1:
+        block_s = triton.next_power_of_2(num_splits)
+        block_c = min(COMBINE_COLS, dims["BLOCK_DV"], max(16, COMBINE_TILE // block_s))
+        out.append((_combine_kernel, (heads * b * d, triton.cdiv(kv_lora, block_c)),
+                    dict(HEADS=heads, D=d, DV=kv_lora, BLOCK_N=cfg["block_keys"], BLOCK_S=block_s, BLOCK_C=block_c),
+                    dict(num_warps=4, num_stages=1)))
+    return out
+
+
+def mla_verify(q, cache, starts, prefix_lens, mask, kv_lora, scale, variant="split_kv", config=None, *, out=None,
+               pdl=None):
+    """Verify attention of B requests x D tree tokens (module docstring); same result as mla_verify_reference.
+
+    q [heads, T, DK], cache [rows, DK] (unit stride along DK), starts / prefix_lens int32/int64 [B] on q's device,
+    mask bool [B, D, D] or bit-packed words, kv_lora, scale (a Python float). variant: "split_kv" or "extend".
+    config: overrides of DEFAULT_CONFIGS[variant] (check_config). out: optional [heads, T, kv_lora] tensor of q's
+    dtype with unit last stride. pdl (None: kernels.pdl.enabled): launch with programmatic dependent launch; every
+    kernel waits before reading anything.
+    CUDA-graph capturable: shapes, kv_lora, scale, variant and config are host values fixed per graph; starts,
+    prefix_lens, mask, q and cache are read on the device, so a replay takes new values in the same tensors (split_kv
+    re-cuts each request's keys per replay). Checked on the host: shapes, dtypes, devices, strides, D vs the mask;
+    row ranges (start_b, L_b >= 0, start_b + L_b + D <= rows) only when starts / prefix_lens are CPU tensors (the
+    interpreter). Not checked on a GPU (it would need a sync): those ranges, and that every query sees some key
+    (mask[b, i, i] set, the tree's rule); a violation reads outside the cache or gives NaN rows."""
+    b, d, words, scale = _check(q, cache, starts, prefix_lens, mask, kv_lora, scale)
+    cfg = check_config(variant, config)
+    heads, t, dk = q.shape
+    if q.stride(2) != 1 or cache.stride(1) != 1:
+        raise ValueError(f"q and cache need unit stride along DK, got strides {q.stride()} and {cache.stride()}")
+    if out is None:
+        out = torch.empty(heads, t, kv_lora, dtype=q.dtype, device=q.device)
+    elif (not isinstance(out, torch.Tensor) or out.shape != (heads, t, kv_lora) or out.dtype != q.dtype
+          or out.device != q.device or out.stride(2) != 1):
+        raise ValueError(f"out must be a [{heads}, {t}, {kv_lora}] {q.dtype} tensor on {q.device} with unit stride "
+                         f"along its last dim, got {getattr(out, 'shape', type(out))}")
+    mask = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
+    on = _pdl.resolve(pdl, q.device)
+    num_splits = 1
+    if variant == "split_kv":
+        num_splits = cfg["num_splits"] or default_num_splits(b, heads * d, cfg["block_rows"], _sm_count(q.device))
+    launches = _launches(variant, cfg, heads, b, d, dk, kv_lora, words, num_splits)
+    strides = (cache.stride(0), out.stride(0), out.stride(1))
+    if variant == "extend":
+        kernel, grid, consts, opts = launches[0]
+        kernel[grid](q, cache, starts, prefix_lens, mask, out, q.stride(0), q.stride(1), *strides, scale * LOG2E,
+                     PDL=on, **consts, **opts, **_pdl.launch_kwargs(on))
+        return out
+    if num_splits == 1:
+        part_o = part_lse = out  # unused pointers
+    else:
+        part_o = torch.empty(num_splits, heads * t, kv_lora, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(num_splits, heads * t, dtype=torch.float32, device=q.device)
+    kernel, grid, consts, opts = launches[0]
+    kernel[grid](q, cache, starts, prefix_lens, mask, part_o, part_lse, out, t, num_splits, cfg["min_split_keys"],
+                 q.stride(0), q.stride(1), *strides, scale * LOG2E, PDL=on, **consts, **opts,
+                 **_pdl.launch_kwargs(on))
+    if num_splits > 1:
+        kernel, grid, consts, opts = launches[1]
+        kernel[grid](prefix_lens, part_o, part_lse, out, t, num_splits, cfg["min_split_keys"], out.stride(0),
+                     out.stride(1), PDL=on, **consts, **opts, **_pdl.launch_kwargs(on))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- shared memory
+
+_TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+
+
+def shared_memory_bytes(cases, *, heads: int = 8, d: int = 4, kv_lora: int = 512, rope: int = 64,
+                        dtype: str = "bfloat16", mask_words: bool = False, num_splits: int = 32) -> list[dict]:
+    """Per (variant, config or None, cc) in `cases`: {kernel name: shared memory per block, bytes} of the kernels the
+    variant launches with that config (completed from DEFAULT_CONFIGS) at these shapes, compiled for sm_<cc> without
+    a GPU (compare with SMEM_LIMIT_BYTES[cc]). Pointers and 16-multiple ints get the divisibility hints a launch
+    gives. Under TRITON_INTERPRET (its kernels and tl.max cannot be compiled) one subprocess without it does the
+    work. About a second per kernel the first time; Triton's cache serves repeats."""
+    from triton.runtime.jit import JITFunction
+
+    cases = [(v, c, int(cc)) for v, c, cc in cases]
+    shape = dict(heads=heads, d=d, kv_lora=kv_lora, rope=rope, dtype=dtype, mask_words=mask_words,
+                 num_splits=num_splits)
+    if not isinstance(_split_kernel, JITFunction):
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        code = ("import json, sys; from verifybench.kernels.mla_verify import shared_memory_bytes as f; "
+                "a = json.load(sys.stdin); print(json.dumps(f(a.pop('cases'), **a)))")
+        run = subprocess.run([sys.executable, "-c", code], input=json.dumps(dict(shape, cases=cases)), env=env,
+                             capture_output=True, text=True)
+        if run.returncode:
+            raise RuntimeError(f"compiling the MLA verify kernels failed:\n{run.stderr[-4000:]}")
+        return json.loads(run.stdout.splitlines()[-1])
+    return [_compile_shared(v, c, cc, **shape) for v, c, cc in cases]
+
+
+def _compile_shared(variant, config, cc, heads, d, kv_lora, rope, dtype, mask_words, num_splits):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    cfg = check_config(variant, config)
+    dk, t = kv_lora + rope, d  # one request: T = D
+    ty = _TRITON_TYPES[getattr(torch, dtype)]
+    ints = dict(T=t, num_splits=num_splits, min_split_keys=cfg.get("min_split_keys", 128), stride_qh=t * dk,
+                stride_qt=dk, stride_c=dk, stride_oh=t * kv_lora, stride_ot=kv_lora)
+    ptrs = dict(q=ty, cache=ty, out=ty, starts="i32", lens="i32", mask="i32" if mask_words else "u8",
+                part_o="fp32", part_lse="fp32")
+    shared = {}
+    for fn, _, consts, opts in _launches(variant, cfg, heads, 1, d, dk, kv_lora, mask_words,
+                                         num_splits if variant == "split_kv" else 1):
+        consts = dict(consts, PDL=False)
+        sig, attrs = {}, {}
+        for i, name in enumerate(fn.arg_names):
+            if name in consts:
+                sig[name] = "constexpr"
+            elif name in ptrs:
+                sig[name] = "*" + ptrs[name]
+                attrs[(i,)] = [["tt.divisibility", 16]]
+            elif name in ints:
+                sig[name] = "i32"
+                if ints[name] % 16 == 0:
+                    attrs[(i,)] = [["tt.divisibility", 16]]
+            else:
+                sig[name] = "fp32"  # scale_log2
+        compiled = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", cc, 32), options=opts)
+        shared[fn.__name__] = compiled.metadata.shared
+    return shared
