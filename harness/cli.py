@@ -25,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                 "described by numbers"),
     "breakeven": ("verifybench.harness.analysis.breakeven", "speedup and break-even accept length of speculative "
                   "decoding"),
+    "trace": ("verifybench.harness.analysis.trace", "decompose an engine's profiler trace (SGLang, vLLM, or the "
+              "suite's own) into the suite's components, with GPU idle time"),
     "hostprobe": ("verifybench.harness.engine.hostnoise", "how much this host's CPU speed wanders (host-timed "
                   "figures follow it)"),
 }

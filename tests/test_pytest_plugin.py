@@ -20,7 +20,7 @@ ALT_RELEASES = sorted((REPO / ".ci").glob("pytest-benchmark-*"))
 def _pytest(tmp_path, *args, pythonpath=None):
     env = dict(os.environ, VERIFYBENCH_MAX_TIME_S="0.3")
     if pythonpath:
-        env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), str(REPO)])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(pythonpath), env.get("PYTHONPATH")) if p)
     cmd = [sys.executable, "-m", "pytest", "--benchmark-only", "-q", "-p", "no:cacheprovider",
            "microbench/bench_baseline.py", "-k", "sync and add",
            f"--benchmark-storage=file://{tmp_path / 'storage'}", *args]

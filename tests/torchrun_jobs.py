@@ -21,7 +21,7 @@ def run_job(cmd: list[str], timeout_s: float, drop_env: tuple[str, ...] = ()) ->
     """Run `cmd` (+ a unique --run-tag) in its own session; returns rc, output, wall seconds, tag."""
     tag = f"job-{uuid.uuid4().hex[:10]}"
     env = {k: v for k, v in os.environ.items() if k not in drop_env}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    env.update(OMP_NUM_THREADS="1")
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd + ["--run-tag", tag], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
