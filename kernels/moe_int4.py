@@ -5,6 +5,8 @@ The Triton fast path lives in kernels/moe_int4_triton.py; this module is what it
 from __future__ import annotations
 
 import json
+import math
+import operator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +19,20 @@ REF_ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 # ---------------------------------------------------------------------------------------------------- format
+
+def _int(name: str, value, lo: int, hi: int | None = None) -> int:
+    """`value` as a Python int in [lo, hi]; floats, bools and tensors are refused."""
+    if isinstance(value, (bool, torch.Tensor)) or not hasattr(value, "__index__"):
+        raise ValueError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    value = operator.index(value)
+    if value < lo or (hi is not None and value > hi):
+        raise ValueError(f"{name} must be in [{lo}, {'inf' if hi is None else hi}], got {value}")
+    return value
+
+
+def _capturing(t: torch.Tensor) -> bool:
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
 
 def _check_group(k: int, group_size: int) -> None:
     if group_size <= 0 or group_size % PACK:
@@ -46,7 +62,7 @@ def quantize_w4a16(w: torch.Tensor, group_size: int = 32) -> tuple[torch.Tensor,
 
     scale = max|w| / 7 over the group (rounded to bf16 first, so dequantization reproduces q * scale exactly);
     q = round(w / scale) clamped to -8..7. Values already on a group's grid q * s (|q| <= 7, max |q| = 7, s a bf16
-    value) round-trip exactly.
+    value) round-trip exactly. A NaN or inf weight (it would turn its whole group NaN) is a ValueError naming where.
     """
     if not isinstance(w, torch.Tensor) or not w.is_floating_point():
         raise TypeError(f"w must be a floating-point tensor, got {getattr(w, 'dtype', type(w))}")
@@ -54,6 +70,13 @@ def quantize_w4a16(w: torch.Tensor, group_size: int = 32) -> tuple[torch.Tensor,
         raise ValueError(f"w must be [..., N, K], got shape {tuple(w.shape)}")
     k = w.shape[-1]
     _check_group(k, group_size)
+    bad = ~torch.isfinite(w)
+    if bad.any():
+        at = bad.nonzero()[0].tolist()
+        lead = ["expert"] if len(at) == 3 else [f"dim {i}" for i in range(len(at) - 2)]
+        where = ", ".join(f"{n} {i}" for n, i in zip(lead + ["row", "column"], at))
+        raise ValueError(f"w has a non-finite weight ({w[tuple(at)].item()}) at {where} (index {tuple(at)}); "
+                         "int4 groups need finite weights")
     groups = w.float().reshape(*w.shape[:-1], k // group_size, group_size)
     scales = (groups.abs().amax(-1) / QMAX).to(torch.bfloat16)
     s32 = scales.float().unsqueeze(-1)
@@ -93,7 +116,9 @@ def check_moe_inputs(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weigh
                      act_dtypes=ACT_DTYPES, check_ids: bool = True) -> MoeShape:
     """Validate a MoE call and return its shape; raises ValueError (shapes, values) or TypeError (dtypes).
 
-    check_ids reads the ids on the host (a device sync): the graph-captured path passes False after checking once.
+    check_ids reads the ids on the host (a device sync): the graph-captured path passes False after checking once
+    (while a CUDA graph is being captured the read is skipped anyway). topk >= 1; an id may repeat within a row
+    (each pair adds its own term), so topk may exceed E.
     """
     tensors = dict(x=x, w13_packed=w13_packed, w13_scales=w13_scales, w2_packed=w2_packed, w2_scales=w2_scales,
                    topk_weights=topk_weights, topk_ids=topk_ids)
@@ -132,6 +157,8 @@ def check_moe_inputs(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weigh
         raise ValueError(f"topk_ids must be [M, topk] with M={m}, got {tuple(topk_ids.shape)}")
     if topk_ids.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"topk_ids must be int32 or int64, got {topk_ids.dtype}")
+    if topk_ids.shape[1] < 1:
+        raise ValueError(f"topk_ids must be [M, topk] with topk >= 1, got shape {tuple(topk_ids.shape)}")
     if tuple(topk_weights.shape) != tuple(topk_ids.shape):
         raise ValueError(f"topk_weights {tuple(topk_weights.shape)} must match topk_ids {tuple(topk_ids.shape)}")
     if not topk_weights.is_floating_point():
@@ -139,7 +166,7 @@ def check_moe_inputs(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weigh
     devices = {t.device for t in tensors.values()}
     if len(devices) != 1:
         raise ValueError(f"all inputs must be on one device, got {sorted(str(d) for d in devices)}")
-    if check_ids:
+    if check_ids and not _capturing(topk_ids):
         lo, hi = int(topk_ids.min()), int(topk_ids.max())
         if lo < 0 or hi >= e:
             raise ValueError(f"expert ids out of range: found {lo}..{hi}, valid 0..{e - 1}")
@@ -165,13 +192,47 @@ def reference_moe_w4a16(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_we
     return out.to(x.dtype)
 
 
+def _check_ids(name: str, ids) -> None:
+    """Expert ids: an int32 or int64 [tokens, topk] tensor (TypeError for the dtype, ValueError for the shape)."""
+    if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name} must be an int32 or int64 tensor, got {getattr(ids, 'dtype', type(ids).__name__)}")
+    if ids.dim() != 2:
+        raise ValueError(f"{name} must be [tokens, topk], got shape {tuple(ids.shape)}")
+
+
+def _check_dense(x, w13, w2, topk_weights, topk_ids) -> tuple[int, int, int]:
+    """moe_dense_torch's inputs -> (M, topk, E); TypeError for dtypes, ValueError for shapes and ids."""
+    for name, t in (("x", x), ("w13", w13), ("w2", w2), ("topk_weights", topk_weights)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+    _check_ids("topk_ids", topk_ids)
+    if x.dim() != 2 or w13.dim() != 3 or w13.shape[1] % 2 or w13.shape[2] != x.shape[1]:
+        raise ValueError(f"x must be [M, H] and w13 [E, 2I, H], got {tuple(x.shape)} and {tuple(w13.shape)}")
+    (m, hidden), (e, two_i, _) = x.shape, w13.shape
+    if tuple(w2.shape) != (e, hidden, two_i // 2):
+        raise ValueError(f"w2 must be [E, H, I] = {(e, hidden, two_i // 2)}, got {tuple(w2.shape)}")
+    if topk_ids.shape[0] != m or topk_ids.shape[1] < 1:
+        raise ValueError(f"topk_ids must be [M, topk] with M = {m} and topk >= 1, got {tuple(topk_ids.shape)}")
+    if tuple(topk_weights.shape) != tuple(topk_ids.shape):
+        raise ValueError(f"topk_weights {tuple(topk_weights.shape)} must match topk_ids {tuple(topk_ids.shape)}")
+    devices = {t.device for t in (x, w13, w2, topk_weights, topk_ids)}
+    if len(devices) != 1:
+        raise ValueError(f"all inputs must be on one device, got {sorted(str(d) for d in devices)}")
+    if m and not _capturing(topk_ids):
+        lo, hi = int(topk_ids.min()), int(topk_ids.max())
+        if lo < 0 or hi >= e:
+            raise ValueError(f"expert ids out of range: found {lo}..{hi}, valid 0..{e - 1}")
+    return m, topk_ids.shape[1], e
+
+
 def moe_dense_torch(x, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
     """The plain-torch baseline with dense weights (w13 [E, 2I, H], w2 [E, H, I], e.g. bf16): pairs sorted by
     expert, two grouped GEMMs (torch's grouped_mm: each group streams one expert's weights; experts without tokens
-    are never read), SiLU * up, weighted combine. No host sync: graph-capturable. Falls back to gathering each
-    pair's expert and a batched matmul where grouped_mm is missing or refuses the inputs."""
-    m, k = topk_ids.shape
-    e, two_i, hidden = w13.shape
+    are never read), SiLU * up, weighted combine. Graph-capturable: the ids are range-checked on the host (a device
+    sync) only outside capture. Falls back to gathering each pair's expert and a batched matmul where grouped_mm is
+    missing or refuses the inputs."""
+    m, k, e = _check_dense(x, w13, w2, topk_weights, topk_ids)
+    two_i, hidden = w13.shape[1:]
     flat = topk_ids.reshape(-1).long()
     order = torch.argsort(flat)
     xs = x[order // k].to(w13.dtype)
@@ -211,8 +272,8 @@ def _weights(m: int, topk: int, gen: torch.Generator) -> torch.Tensor:
 def route_uniform(m: int, num_experts: int, topk: int, *, seed: int | None = None, device="cpu"):
     """Each token picks `topk` distinct experts uniformly at random; weights are a softmax of random logits.
     Returns (topk_weights fp32 [m, topk], topk_ids int32 [m, topk])."""
-    if not 0 < topk <= num_experts:
-        raise ValueError(f"need 0 < topk <= num_experts, got topk={topk}, num_experts={num_experts}")
+    m, num_experts = _int("m", m, 0), _int("num_experts", num_experts, 1)
+    topk = _int("topk", topk, 1, num_experts)
     gen = _gen(seed)
     ids = torch.rand(m, num_experts, generator=gen).topk(topk, dim=-1).indices
     return _weights(m, topk, gen).to(device), ids.to(torch.int32).to(device)
@@ -223,9 +284,11 @@ def route_skewed(m: int, num_experts: int, topk: int, *, hot_experts: int | None
     """A few hot experts: `hot_experts` (default topk) randomly placed experts are each `hot_factor` times as likely
     to be picked as any other (sampling without replacement). With the defaults at K2.5 shapes about half of all
     picks go to the hot set, so n tokens touch far fewer distinct experts than under uniform routing."""
-    hot = topk if hot_experts is None else hot_experts
-    if not 0 < topk <= num_experts or not 0 <= hot <= num_experts:
-        raise ValueError(f"bad skewed routing: topk={topk}, hot_experts={hot}, num_experts={num_experts}")
+    m, num_experts = _int("m", m, 0), _int("num_experts", num_experts, 1)
+    topk = _int("topk", topk, 1, num_experts)
+    hot = _int("hot_experts", topk if hot_experts is None else hot_experts, 0, num_experts)
+    if not (isinstance(hot_factor, (int, float)) and math.isfinite(hot_factor) and hot_factor > 0):
+        raise ValueError(f"hot_factor must be a finite number > 0, got {hot_factor!r}")
     gen = _gen(seed)
     probs = torch.ones(num_experts)
     probs[torch.randperm(num_experts, generator=gen)[:hot]] = hot_factor
@@ -270,6 +333,8 @@ def load_routing_trace(path: str | Path, num_experts: int | None = None, topk: i
 def trace_windows(trace: torch.Tensor, m: int, count: int, *, seed: int = 0, device="cpu"):
     """`count` routings of m consecutive trace rows (windows from evenly spaced starts), each with random softmax
     weights: a list of (topk_weights, topk_ids)."""
+    _check_ids("trace", trace)
+    m, count = _int("m", m, 1), _int("count", count, 1)
     if trace.shape[0] < m:
         raise ValueError(f"routing trace has {trace.shape[0]} rows, fewer than m={m}")
     gen = _gen(seed)
@@ -281,21 +346,31 @@ def trace_windows(trace: torch.Tensor, m: int, count: int, *, seed: int = 0, dev
 
 def expert_bytes_int4(hidden: int, inter: int, group_size: int = 32) -> int:
     """One expert's packed weights + bf16 scales, gate_up [2I, H] and down [H, I] (3.10 MB at K2.5 TP8)."""
+    hidden, inter = _int("hidden", hidden, 1), _int("inter", inter, 1)
+    if _int("group_size", group_size, PACK) % PACK:
+        raise ValueError(f"group_size must be a positive multiple of {PACK}, got {group_size}")
     return 2 * inter * (hidden // 2 + hidden // group_size * 2) + hidden * (inter // 2 + inter // group_size * 2)
 
 
 def expert_bytes_bf16(hidden: int, inter: int) -> int:
+    hidden, inter = _int("hidden", hidden, 1), _int("inter", inter, 1)
     return 3 * inter * hidden * 2
 
 
 def expected_distinct_experts(n: int, num_experts: int, topk: int) -> float:
-    """E * (1 - (1 - k/E)^n): distinct experts n uniformly routed tokens touch on average."""
+    """E * (1 - (1 - k/E)^n): distinct experts n uniformly routed tokens touch on average (each token picks k
+    distinct experts, so a given expert escapes one token with probability 1 - k/E); within [0, E] for 1 <= k <= E."""
+    num_experts = _int("num_experts", num_experts, 1)
+    n, topk = _int("n", n, 0), _int("topk", topk, 1, num_experts)
     return num_experts * (1.0 - (1.0 - topk / num_experts) ** n)
 
 
 def moe_bytes(topk_ids: torch.Tensor, hidden: int, bytes_per_expert: int, act_bytes: int = 2) -> dict:
     """Bytes one MoE layer call must move: each distinct expert in topk_ids once (never n*k), plus x read, y
     written and the routing (ids and weights, 4 bytes each)."""
+    _check_ids("topk_ids", topk_ids)
+    hidden, bytes_per_expert = _int("hidden", hidden, 0), _int("bytes_per_expert", bytes_per_expert, 0)
+    act_bytes = _int("act_bytes", act_bytes, 1)
     distinct = int(torch.unique(topk_ids).numel())
     m, k = topk_ids.shape
     activations = 2 * m * hidden * act_bytes + 2 * m * k * 4

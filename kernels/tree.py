@@ -2,22 +2,29 @@
 build the tree (mask, positions, child/sibling lists), verify greedily, write the KV slots, full-vocabulary argmax.
 
 Each step has backend="reference" (plain torch, any device; an invalid tree raises ValueError naming the request)
-and backend="kernel" (Triton, tree_triton.py: one launch per call, no host sync; an invalid request is flagged).
+and backend="kernel" (Triton, tree_triton.py: one launch per call; an invalid request is flagged).
 Kernel flags: pass `flags`, an int32 [B] tensor (zeros), and the kernel ORs the FLAG_* bits of each bad request into
 it; in-band, a flagged build_tree request has positions -1 and no children, a flagged verify request
 accept_token_num -1 and predicts / accept_index -1.
+Both backends first check what the host knows without reading a tensor (dtypes, shapes, devices, int arguments and
+their ranges) and raise ValueError naming the argument. The kernel path reads a tensor on the host (a device sync)
+in two places only, and never while a CUDA graph is being captured: organize_draft_results without `flags` (to
+raise on NaN scores) and build_tree's seq_lens_sum (to size the full mask, and to check a given one).
 """
 from __future__ import annotations
 
+import operator
+import os
 from collections import Counter
 
 import torch
 
 from verifybench.kernels import tree_triton as _tt
 from verifybench.kernels.tree_triton import (FLAG_CYCLE, FLAG_ID_RANGE, FLAG_MISSING_PARENT,  # noqa: F401 (re-exported)
-                                 FLAG_NAN_SCORE, MASK_MODES)
+                                 FLAG_NAN_SCORE, FLAG_UNSORTED, MASK_MODES)
 
 BACKENDS = ("reference", "kernel")
+KERNEL_SCORE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # the kernel ranks scores as fp32 keys
 
 
 def _resolve(backend: str, like: torch.Tensor) -> str:
@@ -25,17 +32,60 @@ def _resolve(backend: str, like: torch.Tensor) -> str:
         return "kernel" if like.is_cuda else "reference"
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of auto, {', '.join(BACKENDS)}")
+    if backend == "kernel" and not like.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("backend 'kernel' needs CUDA tensors (or TRITON_INTERPRET=1 for CPU tensors)")
     return backend
+
+
+def _int(name: str, value, lo: int, hi: int | None = None) -> int:
+    """`value` as a Python int in [lo, hi]; floats, bools and tensors are refused."""
+    if isinstance(value, (bool, torch.Tensor)) or not hasattr(value, "__index__"):
+        raise ValueError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    value = operator.index(value)
+    if value < lo or (hi is not None and value > hi):
+        raise ValueError(f"{name} must be in [{lo}, {'inf' if hi is None else hi}], got {value}")
+    return value
+
+
+def _tensor(name: str, t, kind: str = "index", shape: tuple | None = None) -> torch.Tensor:
+    """A tensor of the expected kind ("index": int32 or int64; "float": floating point) and, if given, shape."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not (t.dtype in (torch.int32, torch.int64) if kind == "index" else t.is_floating_point()):
+        want = "an int32 or int64" if kind == "index" else "a floating-point"
+        raise ValueError(f"{name} must be {want} tensor, got {t.dtype}")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+    return t
+
+
+def _same_device(flags, batch: int, **named) -> None:
+    """All tensors on one device; flags (if given) an int32 [batch] contiguous tensor there (the kernel writes it)."""
+    devices = {t.device for t in named.values()}
+    if len(devices) > 1:
+        raise ValueError(f"all tensors must be on one device, got {({n: str(t.device) for n, t in named.items()})}")
+    dev = devices.pop()
+    if flags is not None and not (isinstance(flags, torch.Tensor) and flags.dtype == torch.int32
+                                  and tuple(flags.shape) == (batch,) and flags.is_contiguous() and flags.device == dev):
+        got = (f"{flags.dtype} {tuple(flags.shape)} on {flags.device}" if isinstance(flags, torch.Tensor)
+               else type(flags).__name__)
+        raise ValueError(f"flags must be a contiguous int32 tensor of shape ({batch},) on {dev}, got {got}")
+
+
+def _capturing(like: torch.Tensor) -> bool:
+    return like.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def num_candidates(topk: int, spec_steps: int) -> int:
     """Length of the flattened score list: topk from the first step, topk^2 from each later one."""
+    topk, spec_steps = _int("topk", topk, 1), _int("spec_steps", spec_steps, 1)
     return topk + (spec_steps - 1) * topk * topk
 
 
 def bitpack_dtype(num_verify_tokens: int) -> torch.dtype:
     """Narrowest integer type holding one bit per tree node (signed for 16/32 bits: torch's uint16/uint32 lack
     most ops; the bit pattern is what counts)."""
+    num_verify_tokens = _int("num_verify_tokens", num_verify_tokens, 1)
     for bits, dtype in ((8, torch.uint8), (16, torch.int16), (32, torch.int32)):
         if num_verify_tokens <= bits:
             return dtype
@@ -44,10 +94,36 @@ def bitpack_dtype(num_verify_tokens: int) -> torch.dtype:
 
 
 def tree_mask_numel(mask_mode: str, batch: int, num_verify_tokens: int, seq_lens_sum: int) -> int:
-    d = num_verify_tokens
+    if mask_mode not in MASK_MODES:
+        raise ValueError(f"unknown mask_mode {mask_mode!r}; choose one of {', '.join(MASK_MODES)}")
+    batch, seq_lens_sum = _int("batch", batch, 0), _int("seq_lens_sum", seq_lens_sum, 0)
+    d = _int("num_verify_tokens", num_verify_tokens, 1)
     if mask_mode == "full":
         return d * seq_lens_sum + batch * d * d
     return batch * d * d if mask_mode == "qlen_only" else batch * d
+
+
+def _check_draft(score_list, token_list, parents_list) -> tuple[int, int]:
+    """organize_draft_results' lists: one tensor per draft step each, batch-first, with the entries per row that
+    topk (score_list[0]'s width) implies. Returns (batch, topk)."""
+    lists = {"score_list": score_list, "token_list": token_list, "parents_list": parents_list}
+    lengths = {n: len(v) if isinstance(v, (list, tuple)) else None for n, v in lists.items()}
+    steps = lengths["score_list"]
+    if not steps or len(set(lengths.values())) != 1:
+        raise ValueError(f"score_list, token_list and parents_list must be non-empty lists of one tensor per draft "
+                         f"step each, got lengths {lengths}")
+    first = _tensor("score_list[0]", score_list[0], "float")
+    if first.dim() < 2 or first.flatten(1).shape[1] < 1:
+        raise ValueError(f"score_list[0] must be [B, 1, topk] with topk >= 1, got shape {tuple(first.shape)}")
+    batch, topk = first.shape[0], first.flatten(1).shape[1]
+    for i in range(steps):
+        widths = (topk, topk, topk + 1) if i == 0 else (topk * topk, topk * topk, topk)
+        for (name, items), width in zip(lists.items(), widths):
+            t = _tensor(f"{name}[{i}]", items[i], "float" if name == "score_list" else "index")
+            if t.dim() < 2 or t.shape[0] != batch or t.flatten(1).shape[1] != width:
+                raise ValueError(f"{name}[{i}] has shape {tuple(t.shape)}, expected {batch} rows of {width} entries "
+                                 f"(topk={topk} from score_list[0])")
+    return batch, topk
 
 
 def organize_draft_results(score_list, token_list, parents_list, num_verify_tokens: int, backend: str = "auto",
@@ -55,19 +131,29 @@ def organize_draft_results(score_list, token_list, parents_list, num_verify_toke
     """-> (parent_list [B, topk*(steps-1)+1], top_scores_index [B, D-1] ascending, draft_tokens [B, D-1]).
 
     top_scores_index holds the D-1 largest scores' indices; ties go to the lower index (torch.topk leaves them
-    unspecified). The kernel treats NaN as -inf and flags FLAG_NAN_SCORE; the reference raises."""
+    unspecified). NaN scores: the reference raises. The kernel ranks NaN as -inf and flags FLAG_NAN_SCORE in
+    `flags`; without `flags` it checks its own flags after the launch and raises (a device sync), except while a
+    CUDA graph is being captured, where NaN scores then pass unreported: pass `flags` to see them there."""
+    batch, _ = _check_draft(score_list, token_list, parents_list)
     scores = torch.cat([s.flatten(1) for s in score_list], dim=1)
     tokens = torch.cat([t.flatten(1) for t in token_list], dim=1)
-    batch = scores.shape[0]
     parent_list = (torch.cat(list(parents_list[:-1]), dim=1) if len(parents_list) > 1
                    else torch.empty(batch, 0, dtype=torch.int64, device=scores.device))
-    keep = num_verify_tokens - 1
-    if tokens.shape != scores.shape:
-        raise ValueError(f"token_list flattens to {tuple(tokens.shape)}, score_list to {tuple(scores.shape)}")
-    if not 1 <= keep <= scores.shape[1]:
-        raise ValueError(f"num_verify_tokens={num_verify_tokens} needs 1..{scores.shape[1]} draft candidates")
+    keep = _int("num_verify_tokens", num_verify_tokens, 2) - 1
+    if keep > scores.shape[1]:
+        raise ValueError(f"num_verify_tokens={keep + 1} needs {keep} drafted nodes, but the draft has only "
+                         f"{scores.shape[1]} candidates")
+    _same_device(flags, batch, scores=scores, tokens=tokens, parent_list=parent_list)
     if _resolve(backend, scores) == "kernel":
-        top, draft = _tt.organize(scores.contiguous(), tokens.contiguous(), keep, flags)
+        if scores.dtype not in KERNEL_SCORE_DTYPES:
+            raise ValueError(f"the kernel ranks fp16, bf16 or fp32 scores, got {scores.dtype}; use the reference")
+        own = flags is None and not _capturing(scores)
+        out_flags = torch.zeros(batch, dtype=torch.int32, device=scores.device) if own else flags
+        top, draft = _tt.organize(scores.contiguous(), tokens.contiguous(), keep, out_flags)
+        if own:
+            bad = out_flags.nonzero().flatten().tolist()  # a device sync, outside capture only
+            if bad:
+                raise ValueError(f"request {bad[0]}: NaN among the draft scores")
         return parent_list, top, draft
     nan_rows = torch.isnan(scores).any(dim=1).nonzero().flatten().tolist()
     if nan_rows:
@@ -83,26 +169,48 @@ def build_tree(verified_id, parent_list, top_scores_index, draft_tokens, seq_len
     """-> (tree_mask, positions [B*D], retrieve_index [B, D], retrieve_next_token [B, D],
     retrieve_next_sibling [B, D], draft_tokens [B*D]); int64 indices, mask as DESIGN.md 4.4 lays it out.
 
-    `seq_lens_sum` (the host's sum of seq_lens) sizes the full mask; without it the kernel path syncs to read it."""
-    d, batch = num_verify_tokens, verified_id.shape[0]
+    top_scores_index rows must be strictly ascending (no duplicate, no unsorted candidate): the reference raises,
+    the kernel flags FLAG_UNSORTED in-kernel (no sync). `seq_lens_sum` (the host's sum of seq_lens) sizes the full
+    mask. Outside CUDA-graph capture the kernel path reads seq_lens.sum() (a device sync) when the mask is full or
+    seq_lens_sum is given, and raises if a given one differs; inside capture it trusts seq_lens_sum, which the full
+    mask then requires (a wrong one gives a wrong mask, never a store outside it)."""
+    d = _int("num_verify_tokens", num_verify_tokens, 2)
+    topk, spec_steps = _int("topk", topk, 1), _int("spec_steps", spec_steps, 1)
     if mask_mode not in MASK_MODES:
         raise ValueError(f"unknown mask_mode {mask_mode!r}; choose one of {', '.join(MASK_MODES)}")
-    if d < 2 or topk < 1 or spec_steps < 1:
-        raise ValueError(f"need num_verify_tokens >= 2, topk >= 1, spec_steps >= 1 (got {d}, {topk}, {spec_steps})")
+    n_cand = num_candidates(topk, spec_steps)
+    if d - 1 > n_cand:
+        raise ValueError(f"num_verify_tokens={d} needs {d - 1} drafted nodes, but topk={topk}, spec_steps="
+                         f"{spec_steps} draft only {n_cand} candidates")
+    if _tensor("verified_id", verified_id).dim() != 1:
+        raise ValueError(f"verified_id must be [B], got shape {tuple(verified_id.shape)}")
+    batch = verified_id.shape[0]
     for name, t, shape in (("top_scores_index", top_scores_index, (batch, d - 1)),
                            ("draft_tokens", draft_tokens, (batch, d - 1)), ("seq_lens", seq_lens, (batch,))):
-        if tuple(t.shape) != shape:
-            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {shape}")
-    if parent_list.dim() != 2 or parent_list.shape[0] != batch:
-        raise ValueError(f"parent_list has shape {tuple(parent_list.shape)}, expected [{batch}, P]")
+        _tensor(name, t, shape=shape)
+    width = topk * (spec_steps - 1) + 1  # spec_steps 1 never reads it: organize's empty [B, 0] is fine too
+    if _tensor("parent_list", parent_list).dim() != 2 or parent_list.shape[0] != batch \
+            or parent_list.shape[1] not in ((0, 1) if spec_steps == 1 else (width,)):
+        raise ValueError(f"parent_list has shape {tuple(parent_list.shape)}, expected ({batch}, {width}) = "
+                         "[B, topk*(spec_steps-1)+1]")
+    seq_lens_sum = None if seq_lens_sum is None else _int("seq_lens_sum", seq_lens_sum, 0)
+    _same_device(flags, batch, verified_id=verified_id, parent_list=parent_list, top_scores_index=top_scores_index,
+                 draft_tokens=draft_tokens, seq_lens=seq_lens)
     mask_dtype = bitpack_dtype(d) if mask_mode == "qlen_only_bitpacking" else torch.bool
     if _resolve(backend, verified_id) == "reference":
         return _build_tree_reference(verified_id, parent_list, top_scores_index, draft_tokens, seq_lens, topk,
                                      spec_steps, d, mask_mode, mask_dtype, seq_lens_sum)
     if d > 64:
         raise ValueError(f"the build_tree kernel handles num_verify_tokens <= 64, got {d}; use the reference")
-    if seq_lens_sum is None:
-        seq_lens_sum = int(seq_lens.sum())  # a device sync: callers inside a CUDA graph pass it
+    if not _capturing(seq_lens) and (mask_mode == "full" or seq_lens_sum is not None):
+        total, laid_out = torch.stack([seq_lens.sum(), seq_lens.clamp(min=0).sum()]).tolist()  # one device sync
+        if seq_lens_sum is not None and seq_lens_sum != total:
+            raise ValueError(f"seq_lens_sum={seq_lens_sum} but seq_lens sums to {total}")
+        seq_lens_sum = laid_out  # a (flagged) negative seq_len takes no prefix columns in the kernel's layout
+    elif seq_lens_sum is None:
+        if mask_mode == "full":
+            raise ValueError("mask_mode 'full' inside CUDA graph capture needs seq_lens_sum (it sizes the mask)")
+        seq_lens_sum = 0  # the qlen masks do not depend on it
     return _tt.build_tree(verified_id.contiguous(), parent_list.contiguous(), top_scores_index.contiguous(),
                           draft_tokens.contiguous(), seq_lens.contiguous(), topk, spec_steps, d, mask_mode,
                           tree_mask_numel(mask_mode, batch, d, seq_lens_sum), mask_dtype, seq_lens_sum, flags)
@@ -111,6 +219,10 @@ def build_tree(verified_id, parent_list, top_scores_index, draft_tokens, seq_len
 def _tree_parents(b: int, top: list[int], parent_list: list[int], topk: int, spec_steps: int) -> list[int]:
     """Parent node of every node of request b (root: -1), read literally off DESIGN.md 4.4."""
     n_cand = num_candidates(topk, spec_steps)
+    for j in range(1, len(top)):
+        if top[j] <= top[j - 1]:
+            raise ValueError(f"request {b}: top_scores_index[{j}] = {top[j]} follows {top[j - 1]}: the row must be "
+                             "strictly ascending (a duplicate or unsorted candidate)")
     parents = [-1]
     for j, s in enumerate(top, start=1):
         if not 0 <= s < n_cand:
@@ -177,12 +289,12 @@ def _build_tree_reference(verified_id, parent_list, top_scores_index, draft_toke
     else:
         blocks = [torch.cat([torch.ones(d, seq[b], dtype=torch.bool, device=dev), qlen[b].to(dev)], 1).flatten()
                   for b in range(batch)]
-        tree_mask = torch.cat(blocks)
+        tree_mask = torch.cat(blocks) if blocks else torch.empty(0, dtype=torch.bool, device=dev)
     tokens = torch.cat([verified_id.view(batch, 1).to(draft_tokens.dtype), draft_tokens], dim=1).flatten()
     index = torch.arange(batch * d, device=dev).view(batch, d)
     as_long = dict(dtype=torch.int64, device=dev)
-    return (tree_mask, torch.tensor(positions, **as_long), index, torch.tensor(next_token, **as_long),
-            torch.tensor(next_sibling, **as_long), tokens)
+    return (tree_mask, torch.tensor(positions, **as_long), index, torch.tensor(next_token, **as_long).view(batch, d),
+            torch.tensor(next_sibling, **as_long).view(batch, d), tokens)
 
 
 def verify_tree_greedy(candidates, retrieve_index, retrieve_next_token, retrieve_next_sibling, target_predict,
@@ -190,19 +302,25 @@ def verify_tree_greedy(candidates, retrieve_index, retrieve_next_token, retrieve
     """-> (predicts [B*D] int32, accept_index [B, num_spec_steps] int32, accept_token_num [B] int32).
 
     Up to num_spec_steps - 1 draft tokens are accepted per request (pass spec_steps + 1 for a whole path)."""
+    if _tensor("candidates", candidates).dim() != 2 or candidates.shape[1] < 1:
+        raise ValueError(f"candidates must be [B, D] with D >= 1, got shape {tuple(candidates.shape)}")
     batch, d = candidates.shape
-    for name, t in (("retrieve_index", retrieve_index), ("retrieve_next_token", retrieve_next_token),
-                    ("retrieve_next_sibling", retrieve_next_sibling)):
-        if tuple(t.shape) != (batch, d):
-            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {(batch, d)}")
-    if target_predict.numel() != batch * d or num_spec_steps < 1:
-        raise ValueError(f"need target_predict of {batch * d} entries and num_spec_steps >= 1")
+    named = {"candidates": candidates, "retrieve_index": retrieve_index, "retrieve_next_token": retrieve_next_token,
+             "retrieve_next_sibling": retrieve_next_sibling}
+    for name, t in list(named.items())[1:]:
+        _tensor(name, t, shape=(batch, d))
+    if _tensor("target_predict", target_predict).numel() != batch * d:
+        raise ValueError(f"target_predict has {target_predict.numel()} entries, expected B*D = {batch * d}")
+    num_spec_steps = _int("num_spec_steps", num_spec_steps, 1)
+    _same_device(flags, batch, target_predict=target_predict, **named)
     if _resolve(backend, candidates) == "kernel":
+        if d > 1024:
+            raise ValueError(f"the verify kernel handles D <= 1024 (a [D, D] tile), got {d}; use the reference")
         return _tt.verify_tree_greedy(candidates.contiguous(), retrieve_index.contiguous(),
                                       retrieve_next_token.contiguous(), retrieve_next_sibling.contiguous(),
                                       target_predict.contiguous().view(-1), num_spec_steps, flags)
     cand, index = candidates.tolist(), retrieve_index.tolist()
-    nxt, sib, target = retrieve_next_token.tolist(), retrieve_next_sibling.tolist(), target_predict.view(-1).tolist()
+    nxt, sib, target = retrieve_next_token.tolist(), retrieve_next_sibling.tolist(), target_predict.reshape(-1).tolist()
     for b in range(batch):
         _check_lists(b, index[b], nxt[b], sib[b])
     predicts = [-1] * (batch * d)
@@ -225,7 +343,8 @@ def verify_tree_greedy(candidates, retrieve_index, retrieve_next_token, retrieve
         accept_num[b] = n
         predicts[last] = target[last]  # the bonus token
     as_int = dict(dtype=torch.int32, device=candidates.device)
-    return torch.tensor(predicts, **as_int), torch.tensor(accept_index, **as_int), torch.tensor(accept_num, **as_int)
+    return (torch.tensor(predicts, **as_int), torch.tensor(accept_index, **as_int).view(batch, num_spec_steps),
+            torch.tensor(accept_num, **as_int))
 
 
 def _check_lists(b: int, index: list[int], nxt: list[int], sib: list[int]) -> None:
@@ -250,9 +369,18 @@ def assign_req_to_token(req_to_token, req_pool_indices, seq_lens, out_cache_loc,
                         backend: str = "auto", flags: torch.Tensor | None = None):
     """req_to_token[req_pool_indices[b], seq_lens[b] + j] = out_cache_loc[b*D + j] for j < D; returns the table.
     A request whose slots fall outside the table is not written (reference: ValueError; kernel: FLAG_ID_RANGE)."""
-    d, batch = num_verify_tokens, req_pool_indices.shape[0]
-    if out_cache_loc.numel() != batch * d or req_to_token.dim() != 2 or not req_to_token.is_contiguous():
-        raise ValueError(f"need out_cache_loc of {batch * d} entries and a contiguous 2-D req_to_token")
+    d = _int("num_verify_tokens", num_verify_tokens, 1)
+    if _tensor("req_to_token", req_to_token).dim() != 2 or not req_to_token.is_contiguous():
+        got = f"{tuple(req_to_token.shape)}{'' if req_to_token.is_contiguous() else ' (not contiguous)'}"
+        raise ValueError(f"req_to_token must be a contiguous [rows, max_len] table, got {got}")
+    if _tensor("req_pool_indices", req_pool_indices).dim() != 1:
+        raise ValueError(f"req_pool_indices must be [B], got shape {tuple(req_pool_indices.shape)}")
+    batch = req_pool_indices.shape[0]
+    _tensor("seq_lens", seq_lens, shape=(batch,))
+    if _tensor("out_cache_loc", out_cache_loc).numel() != batch * d:
+        raise ValueError(f"out_cache_loc has {out_cache_loc.numel()} entries, expected B*D = {batch * d}")
+    _same_device(flags, batch, req_to_token=req_to_token, req_pool_indices=req_pool_indices, seq_lens=seq_lens,
+                 out_cache_loc=out_cache_loc)
     if _resolve(backend, req_to_token) == "kernel":
         return _tt.assign_req_to_token(req_to_token, req_pool_indices.contiguous(), seq_lens.contiguous(),
                                        out_cache_loc.contiguous().view(-1), d, flags)
@@ -262,7 +390,7 @@ def assign_req_to_token(req_to_token, req_pool_indices, seq_lens, out_cache_loc,
         if not (0 <= pools[b] < rows and 0 <= seq[b] and seq[b] + d <= max_len):
             raise ValueError(f"request {b}: slots [{seq[b]}, {seq[b] + d}) of row {pools[b]} are outside the "
                              f"[{rows}, {max_len}] table (id out of range)")
-    slots = out_cache_loc.view(batch, d).to(req_to_token.dtype)
+    slots = out_cache_loc.reshape(batch, d).to(req_to_token.dtype)
     for b in range(batch):
         req_to_token[pools[b], seq[b]:seq[b] + d] = slots[b]
     return req_to_token
@@ -271,8 +399,8 @@ def assign_req_to_token(req_to_token, req_pool_indices, seq_lens, out_cache_loc,
 def argmax(logits: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     """Index of each row's largest logit (first one on ties) over the full vocabulary -> [rows] int64.
     The kernel ignores NaN (torch.argmax returns a NaN's index)."""
-    if logits.dim() != 2:
-        raise ValueError(f"logits must be [rows, vocab], got {tuple(logits.shape)}")
+    if _tensor("logits", logits, "float").dim() != 2 or logits.shape[1] < 1:
+        raise ValueError(f"logits must be [rows, vocab] with vocab >= 1, got shape {tuple(logits.shape)}")
     if _resolve(backend, logits) == "kernel":
         return _tt.argmax(logits.contiguous())
     return torch.argmax(logits, dim=-1)

@@ -14,9 +14,10 @@ FLAG_ID_RANGE = 1  # an index outside its range (candidate id, list entry, retri
 FLAG_MISSING_PARENT = 2  # a node's parent candidate is not among the drafted nodes
 FLAG_CYCLE = 4  # a parent chain that does not reach the root within spec_steps, or a node reached twice
 FLAG_NAN_SCORE = 8  # NaN among a request's draft scores
+FLAG_UNSORTED = 16  # a top_scores_index row not strictly ascending (a duplicate or unsorted candidate)
 # kernels may read only constexpr globals
 _RANGE, _MISSING = tl.constexpr(FLAG_ID_RANGE), tl.constexpr(FLAG_MISSING_PARENT)
-_CYCLE, _NAN = tl.constexpr(FLAG_CYCLE), tl.constexpr(FLAG_NAN_SCORE)
+_CYCLE, _NAN, _UNSORTED = tl.constexpr(FLAG_CYCLE), tl.constexpr(FLAG_NAN_SCORE), tl.constexpr(FLAG_UNSORTED)
 MASK_MODES = {"full": 0, "qlen_only": 1, "qlen_only_bitpacking": 2}
 FILL_BLOCK = 4096  # bytes of the all-True context prefix one program writes per iteration
 FILL_PROGRAMS = 512  # about four per SM on a 132-SM H200
@@ -92,6 +93,8 @@ def _build_tree_kernel(verified_id, parent_list, top_index, draft_in, seq_lens, 
         node = (j >= 1) & (j < D)
         num_cand = TOPK + (STEPS - 1) * TOPK * TOPK
         s = tl.load(top_index + b * (D - 1) + j - 1, mask=node, other=-1).to(tl.int64)
+        before = tl.load(top_index + b * (D - 1) + j - 2, mask=node & (j >= 2), other=-1).to(tl.int64)
+        unsorted = node & (j >= 2) & (s <= before)  # node order must be candidate order: no duplicate either
         s_ok = (s >= 0) & (s < num_cand)
         s32 = tl.where(node & s_ok, s, -1).to(tl.int32)
         g = tl.maximum(s32, 0) // TOPK
@@ -113,7 +116,7 @@ def _build_tree_kernel(verified_id, parent_list, top_index, draft_in, seq_lens, 
             cur = tl.sum(tl.where(kk == cur[None, :], par[:, None], 0), axis=0)
             anc = anc | (one << cur.to(tl.int64))
         bits = tl.where(node & ~(s_ok & g_ok), _RANGE, 0) | tl.where(missing, _MISSING, 0) \
-            | tl.where(cur != 0, _CYCLE, 0)
+            | tl.where(cur != 0, _CYCLE, 0) | tl.where(unsorted, _UNSORTED, 0)
         code = tl.reduce(bits, 0, _or) | ((seq < 0).to(tl.int32) * _RANGE)
         first_child = tl.min(tl.where((par[:, None] == j[None, :]) & node[:, None], kk, BLOCK_D), axis=0)
         sib = (par[:, None] == par[None, :]) & (kk > j[None, :]) & node[:, None] & node[None, :]
@@ -282,7 +285,7 @@ def build_tree(verified_id, parent_list, top_index, draft_tokens, seq_lens, topk
     f, has = _flags_arg(flags, positions)
     # full mask: about FILL_PROGRAMS fill programs in all, never more than a request has chunks of its prefix
     chunks = d * triton.cdiv(max(seq_lens_sum // max(batch, 1), 1), FILL_BLOCK)
-    fill = min(chunks, triton.cdiv(FILL_PROGRAMS, batch)) if mode == 0 else 0
+    fill = min(chunks, triton.cdiv(FILL_PROGRAMS, max(batch, 1))) if mode == 0 else 0
     _build_tree_kernel[(batch, 1 + fill)](
         verified_id, parent_list, top_index, draft_tokens, seq_lens, mask_bytes, mask_words, positions,
         retrieve_index, next_token, next_sibling, draft_out, f, parent_list.shape[1], mask_numel, max(fill, 1),

@@ -300,6 +300,7 @@ BAD_INPUTS = {
     "weights int": (5, lambda w: w.to(torch.int32), TypeError, "topk_weights must be floating"),
     "id too large": (6, lambda i: torch.full_like(i, E), ValueError, "out of range"),
     "id negative": (6, lambda i: torch.full_like(i, -1), ValueError, "out of range"),
+    "topk 0": (6, lambda i: i[:, :0], ValueError, r"topk >= 1, got shape \(2, 0\)"),
 }
 
 

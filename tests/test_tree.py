@@ -153,9 +153,23 @@ def _assert_flagged_build(inp, changes, flag, message):
     ({"top_scores_index": [0, 1, 3]}, tree.FLAG_ID_RANGE, "out of range"),  # 3 candidates: ids 0..2
     ({"top_scores_index": [-1, 1, 2]}, tree.FLAG_ID_RANGE, "out of range"),
     ({"seq_lens": -1}, tree.FLAG_ID_RANGE, "seq_len"),
-], ids=["missing-parent", "two-cycle", "self-loop", "id-too-large", "id-negative", "negative-seq-len"])
+    ({"top_scores_index": [0, 1, 1]}, tree.FLAG_UNSORTED, "strictly ascending"),  # node 3 duplicates node 2
+    ({"top_scores_index": [0, 2, 1]}, tree.FLAG_UNSORTED, "strictly ascending"),  # a valid tree, nodes out of order
+], ids=["missing-parent", "two-cycle", "self-loop", "id-too-large", "id-negative", "negative-seq-len",
+        "duplicate-candidate", "unsorted-candidates"])
 def test_invalid_chain_tree_raises_in_reference_and_is_flagged_by_kernel(case):
     _assert_flagged_build(_chain_batch(), *case)
+
+
+def test_negative_seq_len_in_full_mode_leaves_the_other_requests_masks_intact():
+    inp = _chain_batch()
+    inp["seq_lens"] = _t([7, -1, 9])
+    flags = torch.zeros(3, dtype=torch.int32, device=DEV)
+    mask = tree.build_tree(**inp, mask_mode="full", backend="kernel", flags=flags)[0].cpu()
+    want = tree.build_tree(**{**inp, "seq_lens": _t([7, 0, 9])}, mask_mode="full", backend="reference")[0].cpu()
+    assert flags.tolist() == [0, tree.FLAG_ID_RANGE, 0] and mask.numel() == want.numel()
+    first, last = 4 * (7 + 4), 4 * (9 + 4)  # request 1's block in between is not checked: it is flagged
+    assert torch.equal(mask[:first], want[:first]) and torch.equal(mask[-last:], want[-last:])
 
 
 def test_tree_deeper_than_spec_steps_is_flagged():
