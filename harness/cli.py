@@ -32,11 +32,18 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with its refusals in one line (naming the argument and what it allows) and exit code 2."""
+
+    def error(self, message: str):
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from verifybench.harness import components, run
     from verifybench.harness.engine.timing import MODE_HELP
 
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="verifybench",
         description="Device-timed microbenchmarks that explain the speculative-decoding verify step of large "
         "tensor-parallel MoE models, on your GPUs. Timing modes: "
@@ -69,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except (ValueError, ResultsError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as e:  # an input that cannot be read, an output that cannot be written
+        print(f"error: {e.filename or ''}{': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import math
 import os
 from pathlib import Path
 
@@ -13,11 +12,12 @@ import torch
 from tabulate import tabulate
 
 from verifybench.harness import components
-from verifybench.harness.engine import fingerprint, hostpin, results
+from verifybench.harness.engine import fingerprint, hostpin, hostprobe, memory, results, timing
 from verifybench.harness.engine.timing import cuda_available
 
 CPU_SMOKE_MAX_TIME_S = 0.2  # per case: the smoke run checks the plumbing, its numbers are CPU numbers
 MAX_TOKENS = 64
+MAX_CONTEXT = 1 << 20  # tokens; K2.5's window is 262144
 
 
 def cpu_banner() -> str:
@@ -69,11 +69,18 @@ def resolve_scope(args) -> dict:
     if tp < 1:
         raise ValueError(f"--tp must be >= 1, got {tp}")
     presets.get(preset, tp)  # unknown preset, or a TP that does not divide: ValueError naming it
-    if context < 1:
-        raise ValueError(f"--context must be >= 1 token, got {context}")
+    if not 1 <= context <= MAX_CONTEXT:
+        raise ValueError(f"--context must be in 1..{MAX_CONTEXT} tokens, got {context}")
     out = Path(args.out) if args.out else None
     return {"preset": preset, "tp": tp, "context": context, "tokens": parse_tokens(args.tokens), "out": out,
             "cpu": not gpu}
+
+
+def check_cases(names: list[str], scope: dict) -> None:
+    """List every component's cases once before anything is measured (listing allocates nothing): a scope one of
+    them cannot run (a token count beyond its buffers, a preset it cannot shape) is refused here, not mid-run."""
+    for name in names:
+        components.load(name).cases(scope["preset"], scope["tp"], scope["context"], scope["tokens"])
 
 
 def progress(items, description: str):
@@ -91,6 +98,7 @@ def run_component(name: str, scope: dict, out_dir: Path, quiet: bool = False) ->
     try:
         cases = [spec.run() for spec in progress(specs, f"{name} ({len(specs)} cases)")]
     finally:
+        specs = None  # their setups may hold what the cases built (a shared weight stack)
         module.release()
         gc.collect()
         if cuda_available():
@@ -125,7 +133,11 @@ def write_report(runs: dict[str, dict], scope: dict, out_dir: Path) -> Path:
     lines = [f"# verifybench run: {scope['preset']} TP{scope['tp']}, context {scope['context']}, on {fp['gpu_model']}",
              ""]
     if scope["cpu"]:
-        lines += [f"**{cpu_banner()}** Derived figures that CPU noise cannot support are withheld.", ""]
+        lines += [f"**{cpu_banner()}** Derived figures that CPU noise cannot support (fits, ratios, eta, break-even) "
+                  f"are withheld: their cells read \"{results.WITHHELD}\".", ""]
+    if memory.cap_bytes() is not None:
+        lines += [f"Memory capped at {memory.gib(memory.cap_bytes())} ({memory.CAP_ENV}); a component short of "
+                  "memory ran fewer layers or rotation sets (said in its tables) or skipped a case (listed).", ""]
     lines += [f"git {fp['git']['commit']} (dirty={fp['git']['dirty']}), torch {fp['versions']['torch']}, "
               f"driver {fp['driver']}, method version {first.get('method_version')}", "",
               "Each figure: the median of device-timed samples in the mode shown; the result JSON beside this file "
@@ -139,27 +151,57 @@ def write_report(runs: dict[str, dict], scope: dict, out_dir: Path) -> Path:
             lines += [f"![{png.stem}]({png.name})", ""]
         if failed_cases(run):
             lines += [f"Checks FAILED (no time reported): {', '.join(failed_cases(run))}", ""]
+        skipped = [f"{c['name']} ({c['skipped']})" for c in run["cases"] if c.get("skipped")]
+        if skipped:
+            lines += [f"Skipped (cannot run here): {'; '.join(skipped)}", ""]
     path = out_dir / f"run-{scope['preset']}-tp{scope['tp']}-{stamp}.md"
     results.write_atomic(path, lambda f: f.write("\n".join(lines).encode()))
     return path
 
 
+def _check_pin_cpu() -> None:
+    text = os.environ.get(hostpin.ENV)
+    if text is None or text.strip().lower() in ("auto", "off"):
+        return
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if not text.strip().isdigit() or (allowed and int(text) not in allowed):
+        raise ValueError(f"{hostpin.ENV} must be auto, off or one of this process's CPUs {allowed}, got {text!r}")
+
+
+def check_environment(gpu: bool) -> None:
+    """Every VERIFYBENCH_* setting a run reads, checked before anything is measured (ValueError naming it and what
+    it allows)."""
+    from verifybench.harness.model import build
+    from verifybench.kernels import pdl
+
+    timing.max_time_from_env()
+    build.allreduce_stand_in_us()
+    build.ops_choice("cuda" if gpu else "cpu")
+    pdl.enabled("cpu")  # reads and checks VERIFYBENCH_PDL
+    hostprobe.process_gate()
+    memory.cap_bytes()
+    _check_pin_cpu()
+    trace = os.environ.get("VERIFYBENCH_MOE_TRACE")
+    if trace is not None and not Path(trace).is_file():
+        raise ValueError(f"VERIFYBENCH_MOE_TRACE must name a routing trace file, got {trace!r} (no such file)")
+
+
 def prepare(scope: dict) -> Path:
-    """Pin the host, set the CPU smoke profile's sampling cap, check the output folder: all before measuring."""
+    """Check the environment, pin the host, cap the memory, set the CPU smoke profile's sampling cap and one torch
+    thread, check the output folder: all before measuring."""
+    if scope["cpu"]:
+        os.environ.setdefault(timing.MAX_TIME_ENV, str(CPU_SMOKE_MAX_TIME_S))
+    check_environment(not scope["cpu"])
+    out = results.check_writable(scope["out"] or results.default_dir(fingerprint.collect()))
     hostpin.pin()
     if scope["cpu"]:
         print(cpu_banner())
-        os.environ.setdefault("VERIFYBENCH_MAX_TIME_S", str(CPU_SMOKE_MAX_TIME_S))
         torch.set_num_threads(1)  # one thread, as on a pinned GPU host: timings without thread-pool noise
-    cap = os.environ.get("VERIFYBENCH_MAX_TIME_S")
-    if cap is not None:
-        try:
-            ok = math.isfinite(float(cap)) and float(cap) > 0
-        except ValueError:
-            ok = False
-        if not ok:
-            raise ValueError(f"VERIFYBENCH_MAX_TIME_S must be a number of seconds > 0, got {cap!r}")
-    return results.check_writable(scope["out"] or results.default_dir(fingerprint.collect()))
+    cap = memory.apply_cap()
+    if cap:
+        print(f"memory capped at {memory.gib(cap['cap_bytes'])} ({memory.CAP_ENV})"
+              + (f" of the card's {memory.gib(cap['total_bytes'])}" if "total_bytes" in cap else ""))
+    return out
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -172,6 +214,7 @@ def run(args) -> int:
     """The main job: every registered component (or --components) for a preset, then one markdown report."""
     names = components.parse_names(args.components)
     scope = resolve_scope(args)
+    check_cases(names, scope)
     out_dir = prepare(scope)
     runs = {}
     for name in names:
@@ -185,5 +228,6 @@ def run(args) -> int:
 def run_one(args) -> int:
     """`verifybench <component>`: one component's cases, tables and result file."""
     scope = resolve_scope(args)
+    check_cases([args.command], scope)
     out_dir = prepare(scope)
     return 1 if failed_cases(run_component(args.command, scope, out_dir)) else 0

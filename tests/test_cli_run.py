@@ -72,3 +72,69 @@ def test_report_break_even_follows_its_formula(run_dir):
     for row, t in zip(rows, table):
         cycle = bench_verify.DEFAULT_DRAFT_MS + t["measured_us"] / 1e3 + bench_verify.DEFAULT_OVERHEAD_MS
         assert row["break-even accept len"] == pytest.approx(cycle / decode_ms)
+
+
+def test_cpu_report_withholds_what_cpu_noise_cannot_support(run_dir):
+    from verifybench.harness.engine.results import WITHHELD
+
+    records = json.loads(next(run_dir.glob("verify-*.json")).read_text())["cases"]
+    tables = dict(bench_verify.tables(records))
+    ns = sorted({r["params"]["tokens"] for r in records})
+    fit_title = next(t for t in tables if t.startswith("fit T(n)"))
+    fit = tables[fit_title][0]
+    assert f"fixed_share_a/T({max(ns)})" in fit and set(fit.values()) == {WITHHELD}  # the real n_max, withheld
+    be = next(rows for title, rows in tables.items() if title.startswith("break-even"))
+    assert all(r["break-even accept len"] == WITHHELD and r["verify_ms"] > 0 for r in be)
+    marginal = next(rows for title, rows in tables.items() if title.startswith("marginal"))
+    assert all(v == WITHHELD for r in marginal for k, v in r.items() if k != "n")
+    report = next(run_dir.glob("run-*.md")).read_text()
+    assert report.count(WITHHELD) > 10 and "fixed_share_a/T(8)" not in report
+
+
+def test_eta_uses_the_copy_ceiling_measured_by_the_baseline_of_the_same_run(run_dir):
+    baseline = json.loads(next(run_dir.glob("baseline-*.json")).read_text())["cases"]
+    hot = next(r for r in baseline if r["name"].startswith("copy/") and r["mode"] == "hot")
+    for component in ("verify", "skinny_gemm", "mla_decode", "moe_int4"):
+        records = json.loads(next(run_dir.glob(f"{component}-*.json")).read_text())["cases"]
+        ceilings = {r["derived"]["copy_gbps"] for r in records if r["check"]["ok"] and "copy_gbps" in r["derived"]}
+        assert ceilings == {hot["derived"]["gbps"]}, component
+    verify = json.loads(next(run_dir.glob("verify-*.json")).read_text())["cases"]
+    full = next(r for r in verify if r["params"]["variant"] == "full" and r["check"]["ok"])
+    assert full["derived"]["copy_source"] == f"{hot['name']}, measured in this run"
+
+
+def test_every_component_command_defaults_to_the_tiny_preset_without_a_gpu(monkeypatch):
+    from verifybench.harness import components, run
+    from verifybench.harness.cli import build_parser
+
+    monkeypatch.setattr(run, "cuda_available", lambda: False)
+    parser = build_parser()
+    for name in components.REGISTRY:
+        scope = run.resolve_scope(parser.parse_args([name]))
+        assert (scope["preset"], scope["tp"], scope["context"], scope["cpu"]) == ("tiny", 1, 64, True), name
+        with pytest.raises(ValueError, match="needs a GPU"):
+            run.resolve_scope(parser.parse_args([name, "--preset", "kimi-k2.5"]))
+
+
+def test_an_unwritable_out_is_refused_before_anything_is_measured(tmp_path, monkeypatch, capsys):
+    from verifybench.harness import run
+    from verifybench.harness.cli import main
+    from verifybench.harness.engine import results
+
+    monkeypatch.delenv("VERIFYBENCH_MAX_TIME_S", raising=False)  # the CPU profile sets it: undone after the test
+
+    def measured(*a, **k):
+        raise AssertionError("measured before the output folder was checked")
+
+    monkeypatch.setattr(run, "run_component", measured)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["run", "--components", "baseline", "--out", str(blocker / "sub")]) == 2
+    assert "output folder" in capsys.readouterr().err
+
+    def refuse(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(results.tempfile, "mkstemp", refuse)  # read-only, also when the tests run as root
+    assert main(["verify", "--out", str(tmp_path / "ro")]) == 2
+    assert "is not writable: Permission denied" in capsys.readouterr().err

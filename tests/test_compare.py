@@ -178,3 +178,90 @@ def test_a_case_sampled_in_another_process_state_is_named(tmp_path, capsys):
     assert "ran in a different process state" in capsys.readouterr().out
     assert _cli(base, write(tmp_path / "c.json", _samples(3, 110), plain)) == 1
     assert "process state" not in capsys.readouterr().out
+
+
+def _edit(path, edit):
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_samples_edited_under_a_stale_summary_are_refused_not_same(tmp_path, capsys):
+    base = _write(tmp_path / "a.json", {"x": _samples(1)})
+    new = _write(tmp_path / "b.json", {"x": _samples(1)})
+    _edit(new, lambda d: d["cases"][0].update(samples_us=[v * 1.05 for v in d["cases"][0]["samples_us"]]))
+    assert _cli(base, new) == 2
+    err = capsys.readouterr().err
+    assert "b.json: case 'x': the stored median" in err and "disagrees with its 200 samples" in err
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c.update(samples_us=[None] * 5), "every sample is null"),
+    (lambda c: c["samples_us"].__setitem__(3, None), "1 of 200 samples are null"),
+    (lambda c: c["samples_us"].__setitem__(3, "fast"), "1 of 200 samples are null, non-finite or not numbers"),
+    (lambda c: c["summary"].update(median_us=None), "the stored median is null or missing"),
+    (lambda c: c["summary"].pop("median_us"), "the stored median is null or missing"),
+    (lambda c: c["summary"].update(median_us=0), "the stored median must be > 0"),
+    (lambda c: c["summary"].update(median_us="12"), "the stored median is not a finite number"),
+    (lambda c: c.update(samples_us=[-1.0] * 200), "200 samples are negative"),
+])
+def test_inconsistent_or_empty_figures_exit_2_naming_file_and_case(tmp_path, capsys, edit, message):
+    base = _write(tmp_path / "a.json", {"x": _samples(1)})
+    new = _edit(_write(tmp_path / "b.json", {"x": _samples(2)}), lambda d: edit(d["cases"][0]))
+    assert _cli(base, new) == 2
+    err = capsys.readouterr().err
+    assert message in err and "b.json: case 'x'" in err and "Traceback" not in err
+
+
+def test_a_duplicated_case_name_is_refused(tmp_path, capsys):
+    path = _edit(_write(tmp_path / "a.json", {"x": _samples(1)}), lambda d: d["cases"].append(d["cases"][0]))
+    assert _cli(path, path) == 2
+    assert "case 'x' appears twice" in capsys.readouterr().err
+
+
+def test_skipped_cases_get_no_verdict_and_are_listed(tmp_path, capsys):
+    base = _write(tmp_path / "a.json", {"x": _samples(1), "y": _samples(2)})
+    run = results.make_run("demo", [Case("x", {}, True, "", Measurement("graph", "cuda", "cuda_event",
+                                                                      list(_samples(3)), 1, 3, "ci_target", 1.0)),
+                                    Case("y", {}, False, "skipped: no P2P", skipped="no P2P")], FP)
+    new = results.write_json_atomic(tmp_path / "b.json", run)
+    assert _cli(base, new) == 0  # a case that could not run is not a failure
+    out = capsys.readouterr().out
+    assert "skipped in NEW (no P2P): y" in out and "FAIL" not in out
+    only_skipped = results.write_json_atomic(tmp_path / "c.json", results.make_run(
+        "demo", [Case("x", {}, False, "skipped: memory", skipped="memory")], FP))
+    assert _cli(base, only_skipped) == 2
+    assert "no case ran in both" in capsys.readouterr().err
+
+
+def test_different_method_versions_warn_and_old_files_say_unknown(tmp_path, capsys):
+    base = _write(tmp_path / "a.json", {"x": _samples(1)})
+    new = _write(tmp_path / "b.json", {"x": _samples(2)})
+    assert _cli(base, new) == 0
+    assert "method version" not in capsys.readouterr().out
+    _edit(base, lambda d: d.pop("method_version"))
+    assert _cli(base, new) == 0
+    out = capsys.readouterr().out
+    assert (f"WARNING: BASE was measured by method version unknown (a file from before the field), NEW by "
+            f"{results.METHOD_VERSION}") in out
+
+
+def test_pytest_benchmark_figures_are_checked_against_their_data(tmp_path, capsys):
+    def pb(path, data, **stats):
+        real = [v for v in data if v is not None] or [1e-5]
+        st = {"median": float(np.median(real)), "min": min(real), "max": max(real), "rounds": len(data),
+              "q1": float(np.percentile(real, 25)), "q3": float(np.percentile(real, 75)), "data": data, **stats}
+        path.write_text(json.dumps({"machine_info": {"verifybench": FP}, "benchmarks": [
+            {"name": "t", "fullname": "b.py::t", "extra_info": {"mode": "graph"}, "stats": st}]}))
+        return path
+
+    data = [float(v) * 1e-6 for v in _samples(1)]
+    good = pb(tmp_path / "a.json", data)
+    assert _cli(good, good) == 0
+    assert _cli(good, pb(tmp_path / "b.json", [v * 1.05 for v in data], median=float(np.median(data)))) == 2
+    assert "disagrees with its 200 samples" in capsys.readouterr().err
+    assert _cli(good, pb(tmp_path / "c.json", data, median=0.0)) == 2
+    assert "must be > 0" in capsys.readouterr().err
+    assert _cli(good, pb(tmp_path / "d.json", [None] * 3)) == 2
+    assert "every sample is null" in capsys.readouterr().err

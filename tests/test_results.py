@@ -117,3 +117,49 @@ def test_gzipped_results_load_and_a_broken_gzip_fails_clearly(tmp_path):
     (tmp_path / "x.json.gz").write_bytes(b"not gzip at all")
     with pytest.raises(ResultsError, match="cannot read"):
         results.load_run(tmp_path / "x.json.gz")
+
+
+def test_results_are_group_readable_whatever_the_umask(tmp_path):
+    import os
+    import stat
+
+    old = os.umask(0o077)
+    try:
+        path = results.save_run(_run(), tmp_path, name="r.json")
+    finally:
+        os.umask(old)
+    mode = stat.S_IMODE(path.stat().st_mode)
+    assert mode & 0o640 == 0o640 and not mode & 0o007
+
+
+def test_a_temp_file_left_by_a_killed_writer_is_removed_by_the_next_write(tmp_path):
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".r.json.{dead.stdout.strip()}.abc123.tmp"  # what write_atomic names its temp files
+    stale.write_bytes(b"half a file")
+    foreign = tmp_path / ".r.json.notapid.tmp"
+    foreign.write_bytes(b"not ours")
+    results.save_run(_run(), tmp_path, name="r.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".r.json.notapid.tmp", "r.json"]
+
+
+def test_check_writable_refuses_impossible_and_unwritable_folders(tmp_path, monkeypatch):
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    with pytest.raises(ResultsError, match="output folder .*file/sub is not writable"):
+        results.check_writable(a_file / "sub")
+
+    def refuse(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(results.tempfile, "mkstemp", refuse)  # a read-only folder, also when tests run as root
+    with pytest.raises(ResultsError, match="is not writable: Permission denied"):
+        results.check_writable(tmp_path / "ro")
+
+
+def test_cpu_records_withhold_derived_cells():
+    rows = [{"n": 1, "eta": 0.5, "fit": None}]
+    assert results.withhold(rows, ("eta", "fit")) == [{"n": 1, "eta": results.WITHHELD, "fit": None}]
+    assert results.cpu_numbers([{"device": "cpu"}]) and not results.cpu_numbers([{"device": "cuda"}, {}])

@@ -13,6 +13,33 @@ def fake_samples(monkeypatch):
     return install
 
 
+class FakeClock:
+    """The engine's clock, advanced only by the fake sampler: each sample costs `sample_s` of pretend wall time,
+    so where the time cap falls does not depend on how fast this CPU draws random numbers."""
+
+    def __init__(self, sample_s: float):
+        self.now, self.sample_s = 0.0, sample_s
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def fake_timed_samples(monkeypatch):
+    """Synthetic samples on a pretend clock: `install(gen, sample_s)`."""
+    def install(gen, sample_s=1e-3):
+        clock = FakeClock(sample_s)
+
+        def batch(self, count):
+            clock.now += count * sample_s
+            return [gen() for _ in range(count)]
+
+        monkeypatch.setattr(timing, "time", clock)
+        monkeypatch.setattr(timing._CpuSampler, "batch", batch)
+        return clock
+    return install
+
+
 def test_stops_on_ci_target_when_samples_are_tight(fake_samples):
     rng = np.random.default_rng(0)
     fake_samples(lambda: 100 + rng.normal(0, 0.2))
@@ -23,11 +50,13 @@ def test_stops_on_ci_target_when_samples_are_tight(fake_samples):
     assert m.median_us == pytest.approx(100, rel=0.01)
 
 
-def test_stops_at_time_cap_when_noise_never_settles(fake_samples):
+def test_stops_at_time_cap_when_noise_never_settles(fake_timed_samples):
     rng = np.random.default_rng(1)
-    fake_samples(lambda: float(rng.lognormal(4, 2)))
-    m = measure(lambda: None, mode="hot", device="cpu", warmup_s=0, max_time_s=0.3, max_samples=10**9)
+    fake_timed_samples(lambda: float(rng.lognormal(4, 2)), sample_s=1e-3)  # 0.3 s: about 300 samples
+    m = measure(lambda: None, mode="hot", device="cpu", warmup_calls=1, calls_per_sample=1, max_time_s=0.3,
+                max_samples=10**9)
     assert m.stop_reason == "time_cap"
+    assert 200 <= m.summary.n <= 310 and m.wall_s == pytest.approx(0.3, abs=0.01)
     assert m.summary.rel_ci_halfwidth > 0.01
 
 
@@ -57,7 +86,7 @@ def test_graph_mode_rotates_over_every_input_set_equally():
     counts = [0, 0, 0]
     fns = [lambda i=i: counts.__setitem__(i, counts[i] + 1) for i in range(3)]
     m = measure(fns, mode="graph", device="cpu", warmup_calls=3, samples=10, calls_per_sample=6)
-    assert counts == [1 + 20] * 3  # 3 warm-up calls, then 10 samples x 6 calls, round robin
+    assert counts == [1 + 20] * 3 and m.summary.n == 10  # 3 warm-up calls, then 10 samples x 6 calls, round robin
     auto = measure(fns, mode="graph", device="cpu", warmup_calls=3, max_time_s=0.2)
     assert auto.calls_per_sample % 3 == 0
 
@@ -76,12 +105,30 @@ def test_bad_arguments_raise_clear_errors():
         measure(lambda: None, device="cpu", min_samples=1)
 
 
-def test_max_time_comes_from_environment_when_not_given(monkeypatch, fake_samples):
+def test_max_time_comes_from_environment_when_not_given(monkeypatch, fake_timed_samples):
     rng = np.random.default_rng(3)
-    fake_samples(lambda: float(rng.lognormal(4, 2)))
+    fake_timed_samples(lambda: float(rng.lognormal(4, 2)), sample_s=1e-3)
     monkeypatch.setenv("VERIFYBENCH_MAX_TIME_S", "0.2")
-    m = measure(lambda: None, device="cpu", warmup_s=0, max_samples=10**9)
-    assert m.stop_reason == "time_cap" and m.wall_s < 2
+    m = measure(lambda: None, device="cpu", warmup_calls=1, calls_per_sample=1, max_samples=10**9)
+    assert m.stop_reason == "time_cap" and m.wall_s == pytest.approx(0.2, abs=0.01)
+
+
+@pytest.mark.parametrize("value", ["abc", "nan", "inf", "0", "-1", ""])
+def test_a_bad_max_time_in_the_environment_is_named(monkeypatch, value):
+    monkeypatch.setenv("VERIFYBENCH_MAX_TIME_S", value)
+    with pytest.raises(ValueError, match="VERIFYBENCH_MAX_TIME_S must be a number of seconds > 0"):
+        measure(lambda: None, device="cpu", warmup_calls=1, samples=2, calls_per_sample=1)
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"max_time_s": float("nan")}, "max_time_s"), ({"max_time_s": 0}, "max_time_s"),
+    ({"rel_ci_target": -0.1}, "rel_ci_target"), ({"warmup_s": float("inf")}, "warmup_s"),
+    ({"samples": 0, "calls_per_sample": 1}, "samples"), ({"warmup_calls": 0}, "warmup_calls"),
+    ({"calls_per_sample": 0}, "calls_per_sample"),
+])
+def test_bad_measure_arguments_are_named(kw, message):
+    with pytest.raises(ValueError, match=message):
+        measure(lambda: None, device="cpu", **kw)
 
 
 @pytest.mark.gpu

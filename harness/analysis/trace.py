@@ -11,10 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 import sys
-import tempfile
 import textwrap
 from collections import defaultdict
 from pathlib import Path
@@ -272,20 +270,9 @@ def against_table(result: dict, run: dict, tokens: int | None, where: str = "res
 # ---- outputs ----
 
 def _write_atomic(path: str | Path, write) -> None:
-    """Temp file in the same folder, fsync, mode 0644, rename: a reader never sees half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    from verifybench.harness.engine.results import write_atomic
+
+    write_atomic(Path(path), write)
 
 
 def write_json(result: dict, path: str | Path) -> None:

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import torch
 
-from verifybench.harness.engine import ceiling
+from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.model import presets
 from verifybench.harness.analysis.fit import LinearFit, linear_fit
-from verifybench.harness.engine.runner import CaseSpec, rel_error
+from verifybench.harness.engine.results import WITHHELD, cpu_numbers, withhold
+from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cuda_available
 from verifybench.kernels.graph_replay import LayerShapes, ModelStack, straight_line, tiny_kernel
 
@@ -89,7 +90,7 @@ def _eager_case(kernels: int, device: str) -> CaseSpec:
                     {"max_time_s": STRAIGHT_MAX_TIME_S, "device": device})
 
 
-def _model_case(stack_factory, tokens: int, mode: str, device: str, label: str) -> CaseSpec:
+def _model_case(stack_factory, tokens: int, mode: str, device: str, label: str, note: str = "") -> CaseSpec:
     def setup():
         stack = stack_factory()
         xs = stack.inputs(tokens)
@@ -103,7 +104,8 @@ def _model_case(stack_factory, tokens: int, mode: str, device: str, label: str) 
             weight_bytes = stack.shapes.weight_bytes * len(stack.weights)
             return {"tokens": tokens, "kernels": stack.kernels_per_forward, "layers": len(stack.weights),
                     "weight_bytes": weight_bytes, "gbps": ceiling.gbps(weight_bytes, m.median_us),
-                    "eta": ceiling.eta(weight_bytes, m.median_us, ceiling.copy_gbps(device))}
+                    "eta": ceiling.eta(weight_bytes, m.median_us, ceiling.copy_gbps(device)),
+                    **({"memory_note": note} if note else {})}
 
         return (lambda: stack.forward(xs)), check, derive
 
@@ -118,9 +120,15 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
     shapes = LayerShapes(p.projections())
     layers = layers or (p.moe_layers if device == "cuda" else 2)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    # the model-shaped stack: as many layers as fit the free memory (engine/memory.py), said in its label
+    plan = memory.plan(lambda n_layers: n_layers * shapes.weight_bytes * dtype.itemsize // 2, layers, 1,
+                       f"the {p.name} TP{tp} model-shaped graph", "layers", device)
+    layers = plan.units or layers
     stack: list[ModelStack] = []
 
     def shared_stack() -> ModelStack:  # one set of weights for all token counts, built on first use
+        if plan.units == 0:
+            raise CaseSkipped(plan.skip)
         if not stack:
             stack.append(ModelStack(shapes, layers, device, dtype))
         return stack[0]
@@ -132,8 +140,8 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
         out += [_host_replay_case(n) for n in counts]
     out += [_eager_case(n, device) for n in EAGER_COUNTS]
     tokens = tokens or TOKENS
-    out += [_model_case(shared_stack, n, "graph", device, label) for n in tokens]
-    out += [_model_case(shared_stack, n, "hot", device, label) for n in sorted({min(tokens), max(tokens)})]
+    out += [_model_case(shared_stack, n, "graph", device, label, plan.note) for n in tokens]
+    out += [_model_case(shared_stack, n, "hot", device, label, plan.note) for n in sorted({min(tokens), max(tokens)})]
     return out
 
 
@@ -162,7 +170,10 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
     out = [("straight-line graphs of N tiny kernels (" + ("CPU: a loop of N calls, no graph" if straight and
             straight[0]["device"] == "cpu" else "device time of one replay; host time of the replay() call") + ")",
             rows)]
-    if len(straight) >= 3:
+    cpu = cpu_numbers(records)
+    if len(straight) >= 3 and cpu:
+        out.append(("fit: replay_us = fixed + per_node * N", [{"fit": WITHHELD + " (a loop of calls, not a graph)"}]))
+    elif len(straight) >= 3:
         f = replay_fit(records)
         out.append(("fit: replay_us = fixed + per_node * N (95% CI)", [{
             "fixed_us": f.a, "fixed_ci_us": f.a_halfwidth, "per_node_us": f.b, "per_node_ci_us": f.b_halfwidth,
@@ -172,9 +183,12 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
              for r in ok if r["name"].startswith("graph/eager/")]
     out.append(("eager launches (hot, events): per-kernel cost", eager))
     model = [{"tokens": r["derived"]["tokens"], "mode": r["mode"], "kernels": r["derived"]["kernels"],
-              "time_us": r["summary"]["median_us"], "weight_GB/s": r["derived"]["gbps"], "eta": r["derived"]["eta"]}
+              "layers": r["derived"]["layers"], "time_us": r["summary"]["median_us"],
+              "weight_GB/s": r["derived"]["gbps"], "eta": r["derived"]["eta"],
+              **({"note": r["derived"]["memory_note"]} if r["derived"].get("memory_note") else {})}
              for r in ok if r["name"].startswith("graph/model/")]
-    out.append(("model-shaped graph (per-layer projection GEMMs, distinct weights per layer)", model))
+    out.append(("model-shaped graph (per-layer projection GEMMs, distinct weights per layer)",
+                withhold(model, ("eta",)) if cpu else model))
     return out
 
 

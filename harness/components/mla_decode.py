@@ -19,9 +19,10 @@ from pathlib import Path
 import torch
 import triton
 
-from verifybench.harness.engine import ceiling
+from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.model import presets
-from verifybench.harness.engine.runner import CaseSpec, rel_error
+from verifybench.harness.engine.results import cpu_numbers, withhold
+from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
 from verifybench.kernels import mla_decode as md
 from verifybench.harness.model.forward import TORCH_OPS
@@ -72,12 +73,31 @@ def programs(cfg: dict, a: Attn, n: int, length: int) -> int:
 # ---------------------------------------------------------------------------------------------------- inputs
 
 @lru_cache(maxsize=2)  # the tuner holds both contexts' rotations (~0.4 GB on an H200)
-def cache_copies(rows: int, d: int, device: str, dtype: torch.dtype) -> tuple:
-    """The rotation's caches (one per layer a forward would read), random."""
+def cache_copies(rows: int, d: int, device: str, dtype: torch.dtype, count: int | None = None) -> tuple:
+    """The rotation's caches (one per layer a forward would read; `count`, default the cold-rotation rule's),
+    random."""
     gen = torch.Generator(device=device)
     gen.manual_seed(1234)
-    count = cold_rotation_sets(rows * d * dtype.itemsize, device, MAX_COPIES)
+    count = count or cold_rotation_sets(rows * d * dtype.itemsize, device, MAX_COPIES)
     return tuple(torch.randn(rows, d, device=device, generator=gen).to(dtype) for _ in range(count))
+
+
+_HELD: dict = {}  # the (rows, d, device, dtype) whose caches the component holds, and its memory plan
+
+
+def planned_caches(rows: int, d: int, device: str, dtype: torch.dtype) -> tuple[tuple, memory.Plan]:
+    """The rotation's caches, as many as fit the free memory (engine/memory.py; at least one, else CaseSkipped),
+    planned once per cache shape after the previous shape's caches are dropped."""
+    key = (rows, d, device, dtype)
+    if _HELD.get("key") != key:
+        cache_copies.cache_clear()
+        per_set = rows * d * dtype.itemsize
+        _HELD.update(key=key, plan=memory.plan(lambda c: c * per_set, cold_rotation_sets(per_set, device, MAX_COPIES),
+                                               1, f"the {rows}-row KV-cache copies", "copies", device))
+    plan = _HELD["plan"]
+    if plan.units == 0:
+        raise CaseSkipped(plan.skip)
+    return cache_copies(rows, d, device, dtype, plan.units), plan
 
 
 def _dtype(impl: str, device: str) -> torch.dtype:
@@ -121,7 +141,7 @@ def make_case(a: Attn, n: int, context: int, impl: str, device: str, measure_kw:
     name = f"mla/{preset}-tp{tp}/ctx{context}/{impl}/n{n}"
 
     def setup():
-        caches = cache_copies(context + MAX_N, a.d, device, dtype)
+        caches, plan = planned_caches(context + MAX_N, a.d, device, dtype)
         cfg = _config(impl, a, n, length, device, dtype)
         fn = impl_fn(impl, a, length, cfg)
         qs = [torch.randn(a.heads, n, a.d, device=device).to(dtype) for _ in caches]  # one q per layer
@@ -132,7 +152,8 @@ def make_case(a: Attn, n: int, context: int, impl: str, device: str, measure_kw:
             cp = ceiling.copy_gbps(device)
             d = {"bytes_moved": moved, "cache_bytes": length * a.d * dtype.itemsize,
                  "gbps": ceiling.gbps(moved, m.median_us), "eta": ceiling.eta(moved, m.median_us, cp),
-                 "floor_us": moved / (cp * 1e3), "copy_gbps": cp, "rotation": len(fns)}
+                 "floor_us": moved / (cp * 1e3), "copy_gbps": cp, "rotation": len(fns),
+                 **({"memory_note": plan.note} if plan.reduced else {})}
             if cfg is not None:
                 d["config"] = cfg
                 d["splits_run"] = splits_run(cfg, length)
@@ -149,6 +170,8 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
     cache rotation. CPU (preset tiny): the torch path in fp32, plus the interpreted kernel when TRITON_INTERPRET=1
     was set before import."""
     a = attn_shape(preset, tp)
+    if tokens and max(tokens) > MAX_N:
+        raise ValueError(f"--tokens: the MLA decode caches hold n = 1..{MAX_N} query tokens, got {max(tokens)}")
     if not cuda_available():
         if preset != "tiny":
             raise ValueError(f"preset {preset!r} needs a GPU (a 37 MB cache per layer at 32k); use 'tiny' on CPU")
@@ -190,6 +213,8 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
     for row in side:
         if row.get("triton_us") and row.get("torch_us"):
             row["speedup"] = row["torch_us"] / row["triton_us"]
+    if cpu_numbers(records):  # a CPU copy ceiling says nothing about a GPU kernel's distance from its own
+        side = withhold(side, lambda k: k.endswith("eta") or k == "floor_us")
     return [("MLA decode per case (graph mode, caches rotated)", per_case),
             ("MLA decode: Triton (tuned / default config) vs the torch path", side)]
 
@@ -201,3 +226,4 @@ def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
 def release() -> None:
     """Drop the cached KV-cache copies."""
     cache_copies.cache_clear()
+    _HELD.clear()

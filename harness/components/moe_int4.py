@@ -14,9 +14,10 @@ from pathlib import Path
 
 import torch
 
-from verifybench.harness.engine import ceiling
+from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.model import presets
-from verifybench.harness.engine.runner import CaseSpec, rel_error
+from verifybench.harness.engine.results import cpu_numbers, withhold
+from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
 from verifybench.kernels import moe_int4 as moe
 from verifybench.kernels import moe_int4_triton as mt
@@ -59,11 +60,13 @@ def int4_layers(preset: str, tp: int, device: str, count: int) -> tuple:
 
 
 @lru_cache(maxsize=1)
-def dense_layers(preset: str, tp: int, device: str, count: int, dtype: torch.dtype) -> tuple:
-    """The same experts dequantized to `dtype` (bf16 on GPU): what the model would be without INT4."""
+def dense_layers(preset: str, tp: int, device: str, count: int, dtype: torch.dtype,
+                 int4_count: int | None = None) -> tuple:
+    """The first `count` of the `int4_count` (default `count`) INT4 layers dequantized to `dtype` (bf16 on GPU):
+    what the model would be without INT4."""
     gs = preset_shape(preset, tp).expert_group_size
     out = []
-    for w13p, w13s, w2p, w2s in int4_layers(preset, tp, device, count):
+    for w13p, w13s, w2p, w2s in int4_layers(preset, tp, device, int4_count or count)[:count]:
         dense = []
         for packed, scales in ((w13p, w13s), (w2p, w2s)):
             w = torch.empty(*packed.shape[:-1], packed.shape[-1] * 8, dtype=dtype, device=device)
@@ -72,6 +75,37 @@ def dense_layers(preset: str, tp: int, device: str, count: int, dtype: torch.dty
             dense.append(w)
         out.append(tuple(dense))
     return tuple(out)
+
+
+_PLANS: dict = {}  # (preset, tp, device, what) -> memory plan of the layer sets, made once per component run
+
+
+def planned_layers(preset: str, tp: int, device: str, dense_dtype: torch.dtype | None = None) -> tuple[tuple,
+                                                                                                       memory.Plan]:
+    """The INT4 layer sets (dense_dtype None) or their dense copies, as many of LAYERS as fit the free memory
+    (engine/memory.py): the INT4 sets count twice (the kernel's planar repack is cached beside each), the dense
+    ones 3.56x an INT4 set. At least one set, else CaseSkipped."""
+    p = preset_shape(preset, tp)
+    int4_set = p.experts * moe.expert_bytes_int4(p.hidden, p.expert_intermediate, p.expert_group_size)
+    key = (preset, tp, device, "int4")
+    if key not in _PLANS:
+        _PLANS[key] = memory.plan(lambda c: 2 * c * int4_set, LAYERS, 1, f"the {preset} TP{tp} INT4 expert layers",
+                                  "layer sets", device)
+    plan = _PLANS[key]
+    if plan.units == 0:
+        raise CaseSkipped(plan.skip)
+    layers = int4_layers(preset, tp, device, plan.units)
+    if dense_dtype is None:
+        return layers, plan
+    dkey = (preset, tp, device, "dense")
+    if dkey not in _PLANS:
+        dense_set = p.experts * moe.expert_bytes_bf16(p.hidden, p.expert_intermediate) * dense_dtype.itemsize // 2
+        _PLANS[dkey] = memory.plan(lambda c: c * dense_set, plan.units, 1,
+                                   f"the {preset} TP{tp} dense ({dense_dtype}) expert layers", "layer sets", device)
+    dplan = _PLANS[dkey]
+    if dplan.units == 0:
+        raise CaseSkipped(dplan.skip)
+    return dense_layers(preset, tp, device, dplan.units, dense_dtype, plan.units), dplan
 
 
 def _routing(kind: str, m: int, p: presets.Preset, seed: int, device: str):
@@ -108,9 +142,13 @@ def make_case(preset: str, tp: int, impl: str, n: int, routing: str, device: str
     name = f"moe/{preset}-tp{tp}/{impl if impl != 'torch-dense' else 'torch-' + weight_format}/n{n}/{routing}"
 
     def setup():
-        layers = int4_layers(preset, tp, device, LAYERS)
-        dense = dense_layers(preset, tp, device, LAYERS, dense_dtype) if impl == "torch-dense" else None
-        slots = _slots(p, n, device) if mode == "graph" else LAYERS
+        layers, plan = planned_layers(preset, tp, device)
+        dense, notes = None, [plan.note] if plan.reduced else []
+        if impl == "torch-dense":
+            dense, dplan = planned_layers(preset, tp, device, dense_dtype)
+            notes += [dplan.note] if dplan.reduced else []
+        sets = len(dense) if dense is not None else len(layers)
+        slots = _slots(p, n, device) if mode == "graph" else sets
         bytes_per_expert = (moe.expert_bytes_bf16(p.hidden, p.expert_intermediate) if impl == "torch-dense" else
                             moe.expert_bytes_int4(p.hidden, p.expert_intermediate, p.expert_group_size))
 
@@ -126,7 +164,7 @@ def make_case(preset: str, tp: int, impl: str, n: int, routing: str, device: str
             x = torch.randn(n, p.hidden, device=device).to(act_dtype)
             tw, ids = _routing(routing, n, p, seed=1000 * n + s, device=device)
             counts.append(moe.moe_bytes(ids, p.hidden, bytes_per_expert, act_dtype.itemsize))
-            fns.append(lambda layer=s % LAYERS, x=x, tw=tw, ids=ids: call(layer, x, tw, ids, check_ids=False))
+            fns.append(lambda layer=s % sets, x=x, tw=tw, ids=ids: call(layer, x, tw, ids, check_ids=False))
 
         def check():
             x = torch.randn(n, p.hidden, device=device).to(act_dtype)
@@ -145,7 +183,8 @@ def make_case(preset: str, tp: int, impl: str, n: int, routing: str, device: str
                     "bytes_moved": mean["bytes_moved"], "weight_bytes": mean["weight_bytes"],
                     "gbps": ceiling.gbps(mean["bytes_moved"], m.median_us),
                     "eta": ceiling.eta(mean["bytes_moved"], m.median_us, copy),
-                    "floor_us": mean["bytes_moved"] / (copy * 1e3), "copy_gbps": copy, "rotation": len(fns)}
+                    "floor_us": mean["bytes_moved"] / (copy * 1e3), "copy_gbps": copy, "rotation": len(fns),
+                    "layer_sets": sets, **({"memory_note": "; ".join(notes)} if notes else {})}
 
         return fns, check, derive
 
@@ -201,6 +240,8 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
             row["ref/triton"] = row["reference_us"] / row["triton_us"]
         side.append(row)
     side.sort(key=lambda r: (r["preset"], r["n"]))
+    if cpu_numbers(records):  # CPU timings of torch paths: no eta, no verdict on the INT4 gain
+        side = withhold(side, ("eta", "floor_us", "dense/int4", "of_ideal_3.56x", "ref/triton"))
     return [("INT4 MoE layer per case (cold: weights rotated through the graph)", per_case),
             ("INT4 MoE layer side by side (uniform routing unless named; dense = plain torch, bf16 weights on GPU)",
              side)]
@@ -214,3 +255,4 @@ def release() -> None:
     """Drop the cached expert layers (about 5 GB for K2.5: four full layers) and the cached kernel weights."""
     int4_layers.cache_clear()
     dense_layers.cache_clear()
+    _PLANS.clear()

@@ -9,15 +9,17 @@ from pathlib import Path
 
 import torch
 
-from verifybench.harness.engine import ceiling
+from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.analysis import decompose
-from verifybench.harness.engine.runner import CaseSpec, rel_error
+from verifybench.harness.engine.results import WITHHELD, cpu_numbers, withhold, write_atomic
+from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cuda_available
+from verifybench.harness.model import presets
 from verifybench.kernels import pdl
 from verifybench.kernels.moe_int4 import reference_moe_w4a16
 from verifybench.harness.model.build import (CONTEXT, allreduce_stand_in_us, as_checkpoint, build_forward,
                                              release_forwards)
-from verifybench.harness.model.forward import COMPONENTS, TORCH_OPS, VerifyForward
+from verifybench.harness.model.forward import COMPONENTS, TORCH_OPS, VerifyForward, allocated_bytes
 
 NAME = "verify"
 HELP = "synthetic one-rank verify forward at 1..8 tokens and its decomposition"
@@ -49,14 +51,35 @@ def fused_vs_torch(fwd: VerifyForward, n: int) -> float:
 DEFAULT_DRAFT_MS, DEFAULT_OVERHEAD_MS = 1.0, 0.4
 
 
-def _case(preset, tp, layers, context, n, variant: str, comps: frozenset) -> CaseSpec:
+MAX_TOKENS = 8  # the forward's buffers hold n = 1..MAX_TOKENS
+
+
+def plan_layers(preset: str, tp: int, layers: int | None, context: int) -> memory.Plan:
+    """How many layers of the forward fit the free memory (engine/memory.py's rule; the forward's bytes from
+    forward.allocated_bytes): all (or `layers`), else fewer down to the dense layers plus one MoE layer."""
+    full = presets.get(preset, tp)
+    wanted = layers or full.layers
+    least = min(wanted, max(full.dense_layers + 1, CHECK_LAYERS))
+    device = "cuda" if cuda_available() else "cpu"
+    return memory.plan(lambda n_layers: allocated_bytes(presets.get(preset, tp, n_layers), context, MAX_TOKENS),
+                       wanted, least, f"the {preset} TP{tp} verify forward at context {context}", "layers", device)
+
+
+def _case(preset, tp, layers, context, n, variant: str, comps: frozenset, plan: memory.Plan | None = None) -> CaseSpec:
     """variant "full-nopdl": the whole forward with programmatic dependent launch off (kernels/pdl.py; the other
     variants follow VERIFYBENCH_PDL), measured beside "full" to show what the overlap buys; its check: the residual
-    stream equals the PDL forward's bit for bit (every kernel is deterministic, so a difference is a race)."""
+    stream equals the PDL forward's bit for bit (every kernel is deterministic, so a difference is a race).
+    `plan`: the memory plan (fewer layers than wanted: named in the case name, params and derived figures)."""
     ar_us, ar_source = allreduce_stand_in_us()
     no_pdl = variant == "full-nopdl"
+    total = layers or presets.get(preset, tp).layers
+    if plan is not None and plan.reduced:
+        layers = plan.units
+    label = f"{preset}-tp{tp}" + (f"-L{layers}" if plan is not None and plan.reduced else "")
 
     def setup():
+        if plan is not None and plan.units == 0:
+            raise CaseSkipped(plan.skip)
         fwd = build_forward(preset, tp, layers, context, ar_us)
 
         def run():
@@ -98,6 +121,9 @@ def _case(preset, tp, layers, context, n, variant: str, comps: frozenset) -> Cas
             d = {"tokens": n, "variant": variant, "allreduce_stand_in_us": ar_us, "allreduce_source": ar_source,
                  "ops": fwd.ops.name}
             d["pdl"] = not no_pdl and pdl.enabled(fwd.device)
+            d.update(layers_run=len(fwd.layers), layers_total=total)
+            if plan is not None and plan.reduced:
+                d["memory_note"] = plan.note
             if variant == "full":
                 distinct = fwd.distinct_experts(n)
                 by = fwd.weight_bytes(n, distinct)
@@ -105,12 +131,16 @@ def _case(preset, tp, layers, context, n, variant: str, comps: frozenset) -> Cas
                 d.update(bytes=by["total"], routed_bytes=by["routed_experts"], kv_bytes=by["kv"],
                          component_bytes=by["by_component"],
                          distinct_experts_mean=sum(distinct) / max(1, len(distinct)), copy_gbps=copy,
+                         copy_source=ceiling.copy_source(fwd.device),
                          roofline_us=by["total"] / (copy * 1e3), eta=ceiling.eta(by["total"], m.median_us, copy))
+                if len(fwd.layers) < total:  # fewer layers for memory: the whole forward estimated by its bytes
+                    whole = allocated_bytes(presets.get(preset, tp, total), context, MAX_TOKENS)
+                    d["all_layers_scale"] = whole / allocated_bytes(fwd.s, context, MAX_TOKENS)
             return d
 
         return run, check, derive
 
-    return CaseSpec(f"verify/{preset}-tp{tp}/{variant}/n{n}", {"preset": preset, "tp": tp, "tokens": n,
+    return CaseSpec(f"verify/{label}/{variant}/n{n}", {"preset": preset, "tp": tp, "tokens": n,
                     "context": context, "layers": layers, "variant": variant}, "graph", setup,
                     {"calls_per_sample": 1, "max_time_s": CASE_MAX_TIME_S})
 
@@ -118,16 +148,22 @@ def _case(preset, tp, layers, context, n, variant: str, comps: frozenset) -> Cas
 def cases(preset: str, tp: int, context: int = CONTEXT, tokens: tuple[int, ...] | None = None,
           layers: int | None = None) -> list[CaseSpec]:
     """Per n: the full forward, each component alone (isolated) and the forward without it (marginal); where PDL
-    can run, the full forward without it too."""
+    can run, the full forward without it too. The layers are planned against the free memory here (listing
+    allocates nothing; the components before have released theirs): fewer layers when short, every case skipped
+    with the bytes needed and free when not even the least fits."""
+    ns = tokens or (TOKENS if cuda_available() else TOKENS_CPU)
+    if max(ns) > MAX_TOKENS:
+        raise ValueError(f"--tokens: the verify forward runs n = 1..{MAX_TOKENS}, got {max(ns)}")
+    plan = plan_layers(preset, tp, layers, context)
     out = []
     gpu = cuda_available()
-    for n in tokens or (TOKENS if gpu else TOKENS_CPU):
-        out.append(_case(preset, tp, layers, context, n, "full", frozenset(COMPONENTS)))
+    for n in ns:
+        out.append(_case(preset, tp, layers, context, n, "full", frozenset(COMPONENTS), plan))
         if gpu and pdl.enabled("cuda"):  # PDL on: its cost is shown beside it
-            out.append(_case(preset, tp, layers, context, n, "full-nopdl", frozenset(COMPONENTS)))
+            out.append(_case(preset, tp, layers, context, n, "full-nopdl", frozenset(COMPONENTS), plan))
         for c in COMPONENTS:
-            out.append(_case(preset, tp, layers, context, n, f"only-{c}", frozenset({c})))
-            out.append(_case(preset, tp, layers, context, n, f"without-{c}", frozenset(COMPONENTS) - {c}))
+            out.append(_case(preset, tp, layers, context, n, f"only-{c}", frozenset({c}), plan))
+            out.append(_case(preset, tp, layers, context, n, f"without-{c}", frozenset(COMPONENTS) - {c}, plan))
     return out
 
 
@@ -160,6 +196,7 @@ def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
 
     dec = decomposition(records)
     rows = dec["table"]
+    cpu = cpu_numbers(records)
     if not rows:
         return []
     ns = [r["n"] for r in rows]
@@ -172,11 +209,9 @@ def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
     ax.plot(ns, [r["measured_us"] / 1e3 for r in rows], "k-o", label="measured forward")
     ax.set_xlabel("tokens verified (n)")
     ax.set_ylabel("ms")
-    ax.set_title("verify forward: isolated components (stacked) vs measured")
+    ax.set_title("verify forward: isolated components (stacked) vs measured" + (" (CPU numbers)" if cpu else ""))
     ax.legend(fontsize=8, ncol=2)
-    paths = [Path(directory) / f"verify_components-{stamp}.png"]
-    fig.savefig(paths[0], dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    paths = [write_png(fig, Path(directory) / f"verify_components-{stamp}.png")]
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(ns, [r["measured_us"] / 1e3 for r in rows], "k-o", label="measured")
     ax.plot(ns, [r["sum_of_parts_us"] / 1e3 for r in rows], "b--s", label="sum of isolated parts")
@@ -186,17 +221,27 @@ def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
         ax.plot(ns, [r["no_comm_us"] / 1e3 for r in rows], "m-^", label="measured without allreduce")
     if rows[0].get("roofline_us"):
         ax.plot(ns, [r["roofline_us"] / 1e3 for r in rows], "g:", label="weight+KV roofline")
-    if "fit" in dec:
+    if "fit" in dec and not cpu:  # a fit through CPU noise is withheld, as in the tables
         f = dec["fit"]
         ax.plot(ns, [(f["a"] + f["b"] * n) / 1e3 for n in ns], "r-", alpha=0.5, label="fit a + b n")
     ax.set_xlabel("tokens verified (n)")
     ax.set_ylabel("ms")
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
-    paths.append(Path(directory) / f"verify_measured_vs_predicted-{stamp}.png")
-    fig.savefig(paths[1], dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    if cpu:
+        ax.set_title("CPU numbers: the plumbing, not a GPU's figures")
+    paths.append(write_png(fig, Path(directory) / f"verify_measured_vs_predicted-{stamp}.png"))
     return paths
+
+
+def write_png(fig, path: Path) -> Path:
+    """A matplotlib figure saved atomically (engine.results.write_atomic), then closed."""
+    import matplotlib.pyplot as plt
+
+    try:
+        return write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=120, bbox_inches="tight"))
+    finally:
+        plt.close(fig)
 
 
 def component_eta(records: list[dict]) -> list[dict]:
@@ -226,10 +271,15 @@ def setup_lines(records: list[dict]) -> list[dict]:
     if not full:
         return []
     d, p = full[0]["derived"], full[0]["params"]
-    return [{"ops": d.get("ops"), "pdl": d.get("pdl"),
-             "allreduce": f"device wait of {d['allreduce_stand_in_us']} us per allreduce "
-             f"({d.get('allreduce_source', '?')})", "context": p["context"], "layers": p["layers"] or "all",
-             "copy_GBps": d.get("copy_gbps")}]
+    layers = (f"{d['layers_run']} of {d['layers_total']}" if d.get("layers_total") and d.get("layers_run")
+              and d["layers_run"] < d["layers_total"] else p["layers"] or "all")
+    row = {"ops": d.get("ops"), "pdl": d.get("pdl"),
+           "allreduce": f"device wait of {d['allreduce_stand_in_us']} us per allreduce "
+           f"({d.get('allreduce_source', '?')})", "context": p["context"], "layers": layers,
+           "copy_GBps": d.get("copy_gbps"), "copy_from": d.get("copy_source")}
+    if d.get("memory_note"):
+        row["memory"] = d["memory_note"]
+    return [row]
 
 
 def break_even_rows(table: list[dict]) -> list[dict]:
@@ -246,22 +296,46 @@ def break_even_rows(table: list[dict]) -> list[dict]:
     return rows
 
 
+RATIOS = ("measured/roofline", "no_comm/roofline")
+
+
 def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
+    """The setup, the decomposition per n, marginal costs, bytes and eta per component, the break-even and the
+    token fit. From a CPU run (the smoke profile) the conclusions CPU timer noise cannot support (roofline ratios,
+    marginal costs, eta, break-even accept length, the fit) are withheld in their cells; the times stay."""
     dec = decomposition(records)
+    cpu = cpu_numbers(records)
     short = [{k: v for k, v in row.items() if not k.endswith("_marginal_us")} for row in dec["table"]]
     marginal = [{"n": row["n"], **{k: v for k, v in row.items() if k.endswith("_marginal_us")}} for row in dec["table"]]
+    etas = component_eta(records)
+    be = break_even_rows(dec["table"])
+    full = [r for r in records if r["params"]["variant"] == "full" and r["check"]["ok"]]
+    scale = full[0]["derived"].get("all_layers_scale") if full else None
+    if scale:  # fewer layers ran (memory): the whole forward estimated by its bytes, labelled as such
+        for row in short:
+            row["all_layers_estimate_us"] = row["measured_us"] * scale
+    if cpu:
+        short = withhold(short, RATIOS)
+        marginal = withhold(marginal, lambda k: k != "n")
+        etas = withhold(etas, lambda k: k.endswith("_eta"))
+        be = withhold(be, ("break-even accept len", "pays off at full acceptance"))
+    layers = setup_lines(records)[0]["layers"] if full else "all"
     out = [("setup (one GPU: the allreduce is a calibrated device wait, not a collective)", setup_lines(records)),
-           ("verify forward, isolated components (us; each alone in its own graph); no_comm = forward without "
-            "allreduce, held against the weight+KV roofline", short),
+           (f"verify forward ({layers} layers), isolated components (us; each alone in its own graph); no_comm = "
+            "forward without allreduce, held against the weight+KV roofline"
+            + ("; all_layers_estimate = measured x the whole forward's bytes / the run's (an estimate)" if scale
+               else ""), short),
            ("marginal cost of each component (us; forward minus forward without it)", marginal),
-           ("bytes and eta of each component (isolated time vs copy bandwidth)", component_eta(records))]
+           ("bytes and eta of each component (isolated time vs copy bandwidth)", etas)]
     out.append((f"break-even accept length per n: T_decode = the measured n=1 forward, T_verify(n) = the measured "
                 f"forward, draft {DEFAULT_DRAFT_MS} ms and overhead {DEFAULT_OVERHEAD_MS} ms per cycle ASSUMED (the "
-                "deployment's)", break_even_rows(dec["table"])))
+                "deployment's)", be))
     if "fit" in dec:
         f = dec["fit"]
-        out.append(("fit T(n) = a + b n (95% CI)", [{"a_us": f["a"], "a_ci_us": f["a_halfwidth"], "b_us": f["b"],
-                    "b_ci_us": f["b_halfwidth"], "r2": f["r2"], "fixed_share_a/T(8)": f["fixed_share"]}]))
+        row = {"a_us": f["a"], "a_ci_us": f["a_halfwidth"], "b_us": f["b"], "b_ci_us": f["b_halfwidth"],
+               "r2": f["r2"], f"fixed_share_a/T({f['n_max']})": f["fixed_share"]}
+        out.append((f"fit T(n) = a + b n over n = {', '.join(str(r['n']) for r in dec['table'])} (95% CI)",
+                    [{k: WITHHELD for k in row} if cpu else row]))
     return out
 
 

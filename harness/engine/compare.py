@@ -3,7 +3,11 @@
 Reads the suite's result files and pytest-benchmark JSON (with or without raw data). Per case: a Mann-Whitney U test
 on the samples (or, when a file has only summaries, whether the intervals overlap) and a minimum effect:
 |change| < min effect is SAME; significant and >= min effect is SLOW or FAST; not significant but >= min effect is
-AMBG. A case whose check failed in NEW is FAIL. Exit 0: no case SLOW or FAIL; 1: a regression; 2: bad input.
+AMBG. A case whose check failed in NEW is FAIL; a case skipped in either file (it could not run there) gets no
+verdict and is listed. Samples, when a file has them, are the truth: the summary is recomputed from them, and a file
+whose stored summary disagrees with its samples, or with null, non-finite or non-positive figures, is refused.
+compare warns when BASE and NEW were measured by different method versions.
+Exit 0: no case SLOW or FAIL; 1: a regression; 2: bad input (a file or an argument, named on stderr).
 """
 from __future__ import annotations
 
@@ -15,8 +19,10 @@ import numpy as np
 from scipy import stats
 from tabulate import tabulate
 
+from verifybench.harness.analysis.numbers import finite_float
 from verifybench.harness.engine import fingerprint as fpmod
 from verifybench.harness.engine import results
+from verifybench.harness.engine.stats import Summary, summarize
 from verifybench.harness.engine.timing import HOST_TIMED_MODES, host_timed
 
 EXIT_OK, EXIT_SLOW, EXIT_BAD_INPUT = 0, 1, 2
@@ -37,6 +43,7 @@ class CaseData:
     host_probe_us: float | None = None  # mean of the engine's host-speed probes around the case (hostprobe.py)
     host_timed: bool = False  # its samples include host time (timing.host_timed)
     process_state: dict | None = None  # timing.process_state() when the case was sampled
+    skipped: str | None = None  # why it could not run (no P2P, too little memory): kept out of the verdicts
 
 
 @dataclass
@@ -45,27 +52,87 @@ class RunData:
     kind: str  # "suite" | "pytest-benchmark"
     fingerprint: dict
     cases: dict[str, CaseData]
+    method_version: int | None = None  # None: a file from before results carried it
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and bool(np.isfinite(v))
 
 
 def _probe(values) -> float | None:
-    return float(np.mean(values)) if values else None
+    finite = [float(v) for v in values if _number(v)] if isinstance(values, list) else []
+    return float(np.mean(finite)) if finite else None
+
+
+def _samples(raw, where: str) -> np.ndarray | None:
+    """The samples as an array, or ResultsError: all null (NaN/inf when stored), non-numbers, negatives."""
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not raw:
+        raise results.ResultsError(f"{where}: samples are not a non-empty list")
+    if all(v is None for v in raw):
+        raise results.ResultsError(f"{where}: every sample is null (NaN or inf when measured)")
+    bad = sum(not _number(v) for v in raw)
+    if bad:
+        raise results.ResultsError(f"{where}: {bad} of {len(raw)} samples are null, non-finite or not numbers")
+    x = np.asarray(raw, dtype=float)
+    if (x < 0).any():
+        raise results.ResultsError(f"{where}: {int((x < 0).sum())} samples are negative")
+    return x
+
+
+def _positive(value, what: str, where: str) -> float:
+    if value is None:
+        raise results.ResultsError(f"{where}: {what} is null or missing")
+    if not _number(value):
+        raise results.ResultsError(f"{where}: {what} is not a finite number ({value!r})")
+    if value <= 0:
+        raise results.ResultsError(f"{where}: {what} must be > 0, got {value!r}")
+    return float(value)
+
+
+def _consistent(samples: np.ndarray, stored: dict, scale: float, where: str) -> Summary:
+    """The summary recomputed from the samples; ResultsError when a stored figure disagrees with it (a file edited,
+    or samples replaced under a stale summary). `stored`: stat -> stored value (times in us / `scale`)."""
+    summary = summarize(samples)
+    for key, value in stored.items():
+        if value is None:
+            continue
+        got = float(summary.n) if key == "n" else getattr(summary, f"{key}_us")
+        want = float(value) * (1 if key == "n" else scale) if _number(value) else None
+        if want is None or abs(want - got) > 1e-6 * max(abs(got), 1e-12):
+            raise results.ResultsError(f"{where}: the stored {key} ({value!r}) disagrees with its {summary.n} "
+                                       f"samples' ({got:.6g}{'' if key == 'n' else ' us'}): an edited or corrupt file")
+    return summary
 
 
 def _from_suite(path: Path, data: dict) -> RunData:
     run = results.validate_run(data, str(path))
     cases = {}
     for c in run["cases"]:
+        where = f"{path}: case {c['name']!r}"
+        if c["name"] in cases:
+            raise results.ResultsError(f"{where} appears twice")
+        if c.get("skipped"):
+            cases[c["name"]] = CaseData(c["name"], c.get("mode"), ok=False, skipped=str(c["skipped"]))
+            continue
         if not c["check"]["ok"]:
             cases[c["name"]] = CaseData(c["name"], c.get("mode"), ok=False)
             continue
         s = c["summary"]
-        lo, hi = s.get("ci_low_us"), s.get("ci_high_us")
-        cases[c["name"]] = CaseData(c["name"], c["mode"], True, float(s["median_us"]),
-                                    np.asarray(c["samples_us"], dtype=float),
-                                    (lo, hi) if lo is not None and hi is not None else (s["q1_us"], s["q3_us"]),
+        _positive(s.get("median_us"), "the stored median", where)
+        samples = _samples(c["samples_us"], where)
+        summary = _consistent(samples, {"n": s.get("n"), "median": s.get("median_us"), "min": s.get("min_us"),
+                                        "max": s.get("max_us")}, 1.0, where)
+        _positive(summary.median_us, "the median of the samples", where)
+        bounded = np.isfinite(summary.ci_low_us) and np.isfinite(summary.ci_high_us)
+        cases[c["name"]] = CaseData(c["name"], c["mode"], True, summary.median_us, samples,
+                                    (summary.ci_low_us, summary.ci_high_us) if bounded else (summary.q1_us,
+                                                                                           summary.q3_us),
                                     bool(c.get("throttled")), _probe(c.get("host_probe_us")),
                                     host_timed(c["mode"], c.get("device", "cuda")), c.get("process_state"))
-    return RunData(path, "suite", run["fingerprint"], cases)
+    version = run.get("method_version")
+    return RunData(path, "suite", run["fingerprint"], cases, version if isinstance(version, int) else None)
 
 
 def _from_pytest_benchmark(path: Path, data: dict) -> RunData:
@@ -75,29 +142,51 @@ def _from_pytest_benchmark(path: Path, data: dict) -> RunData:
     for b in data["benchmarks"]:
         try:
             st = b["stats"]
-            # the suite's case name when our adapter ran it: pytest and CLI results of a case then line up
-            name = (b.get("extra_info") or {}).get("case") or b.get("fullname") or b["name"]
-            raw = st.get("data")
-            samples = np.asarray(raw, dtype=float) * 1e6 if raw else None
             extra = b.get("extra_info") or {}
-            cases[name] = CaseData(name, extra.get("mode"), True, float(st["median"]) * 1e6, samples,
-                                   (float(st["q1"]) * 1e6, float(st["q3"]) * 1e6), bool(extra.get("throttled")),
-                                   _probe(extra.get("host_probe_us")),
+            # the suite's case name when our adapter ran it: pytest and CLI results of a case then line up
+            name = extra.get("case") or b.get("fullname") or b["name"]
+            where = f"{path}: benchmark {name!r}"
+            if name in cases:
+                raise results.ResultsError(f"{where} appears twice")
+            median_us = _positive(st.get("median"), "the stored median", where) * 1e6
+            samples = _samples(st.get("data"), where)
+            if samples is not None:
+                samples = samples * 1e6
+                summary = _consistent(samples, {"n": st.get("rounds"), "median": st.get("median"),
+                                                "min": st.get("min"), "max": st.get("max")}, 1e6, where)
+                median_us = _positive(summary.median_us, "the median of the samples", where)
+                interval = (summary.q1_us, summary.q3_us)
+            else:
+                q1, q3 = (_positive(st.get(k), f"the stored {k}", where) * 1e6 for k in ("q1", "q3"))
+                if not q1 <= median_us <= q3:
+                    raise results.ResultsError(f"{where}: the stored q1 <= median <= q3 does not hold")
+                interval = (q1, q3)
+            cases[name] = CaseData(name, extra.get("mode"), True, median_us, samples, interval,
+                                   bool(extra.get("throttled")), _probe(extra.get("host_probe_us")),
                                    host_timed(extra.get("mode") or "", extra.get("device") or "cuda"),
                                    extra.get("process_state"))
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, AttributeError) as e:
             raise results.ResultsError(f"{path}: malformed benchmark entry ({e!r})") from None
-    machine = data.get("machine_info") or {}
-    return RunData(path, "pytest-benchmark", machine.get("verifybench") or {}, cases)
+    machine = data.get("machine_info")
+    machine = machine if isinstance(machine, dict) else {}
+    fp = machine.get("verifybench")
+    if fp is not None and not isinstance(fp, dict):
+        raise results.ResultsError(f"{path}: machine_info.verifybench is not an object")
+    version = machine.get("verifybench_method_version")
+    return RunData(path, "pytest-benchmark", fp or {}, cases, version if isinstance(version, int) else None)
 
 
 def load(path: Path) -> RunData:
-    """Either format; anything else raises ResultsError naming the file and the reason."""
+    """Either format; anything else raises ResultsError naming the file and the reason. Samples, when present, are
+    the truth: the summary is recomputed from them, and a stored one that disagrees is refused."""
     data = results.read_json(path)
-    if data.get("schema") == results.SCHEMA or "schema" in data:
-        return _from_suite(Path(path), data)
-    if "benchmarks" in data and "machine_info" in data:
-        return _from_pytest_benchmark(Path(path), data)
+    try:
+        if "schema" in data:
+            return _from_suite(Path(path), data)
+        if "benchmarks" in data and "machine_info" in data:
+            return _from_pytest_benchmark(Path(path), data)
+    except (KeyError, TypeError, AttributeError) as e:
+        raise results.ResultsError(f"{path}: malformed result file ({e!r})") from None
     raise results.ResultsError(f"{path}: neither a verifybench result nor a pytest-benchmark JSON file")
 
 
@@ -169,8 +258,15 @@ def env_warnings(base: dict, new: dict) -> list[str]:
 
 
 def compare_runs(base: RunData, new: RunData, min_effect: float, alpha: float) -> tuple[list[dict], list[str]]:
+    """One verdict row per case in both files that ran in both; lines for the cases in one file only and for the
+    cases skipped (could not run there: no verdict)."""
     rows, only = [], []
     for name in base.cases.keys() | new.cases.keys():
+        skipped = [f"{label} ({run.cases[name].skipped})" for label, run in (("BASE", base), ("NEW", new))
+                   if name in run.cases and run.cases[name].skipped]
+        if skipped:
+            only.append(f"skipped in {' and '.join(skipped)}: {name}")
+            continue
         if name not in new.cases:
             only.append(f"only in BASE: {name}")
             continue
@@ -199,22 +295,35 @@ def add_arguments(q) -> None:
 
     q.add_argument("base", type=_Path, help="baseline: a suite result JSON (.json or .json.gz) or pytest-benchmark JSON")
     q.add_argument("new", type=_Path, help="the run to judge, same formats")
-    q.add_argument("--min-effect", type=float, default=0.03, help="smallest relative change that counts, in [0, 1) "
-                   "(default 0.03 = 3%%)")
-    q.add_argument("--alpha", type=float, default=0.01, help="significance level of the test, in (0, 1) (default 0.01)")
+    q.add_argument("--min-effect", type=finite_float(0, 1), default=0.03,
+                   help="smallest relative change that counts, in [0, 1) (default 0.03 = 3%%)")
+    q.add_argument("--alpha", type=finite_float(0, 1, exclusive=True), default=0.01,
+                   help="significance level of the test, in (0, 1) (default 0.01)")
     q.add_argument("--allow-different-hardware", action="store_true", help="compare across GPU models anyway")
+
+
+def _gpu(run: RunData) -> str:
+    try:
+        return str(fpmod.gpu_model(run.fingerprint))
+    except (KeyError, TypeError, IndexError, AttributeError):
+        raise results.ResultsError(f"{run.path}: the fingerprint's GPU entry is malformed") from None
+
+
+def _version(run: RunData) -> str:
+    return str(run.method_version) if run.method_version is not None else "unknown (a file from before the field)"
 
 
 def run(args) -> int:
     if not 0 <= args.min_effect < 1 or not 0 < args.alpha < 1:
-        print("error: --min-effect must be in [0, 1) and --alpha in (0, 1)", file=sys.stderr)
+        print(f"error: --min-effect must be in [0, 1) and --alpha in (0, 1), got {args.min_effect} and {args.alpha}",
+              file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
         base, new = load(args.base), load(args.new)
+        gb, gn = _gpu(base), _gpu(new)
     except results.ResultsError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    gb, gn = fpmod.gpu_model(base.fingerprint), fpmod.gpu_model(new.fingerprint)
     if not base.fingerprint or not new.fingerprint:
         print("WARNING: a file carries no verifybench fingerprint: the hardware cannot be checked")
     elif gb != gn and not args.allow_different_hardware:
@@ -223,13 +332,19 @@ def run(args) -> int:
         return EXIT_BAD_INPUT
     rows, only = compare_runs(base, new, args.min_effect, args.alpha)
     if not rows:
-        print("error: the two files share no case", file=sys.stderr)
+        shared = base.cases.keys() & new.cases.keys()
+        print(f"error: {args.base} and {args.new} share no case" if not shared else
+              f"error: no case ran in both {args.base} and {args.new} ({len(shared)} shared, every one skipped)",
+              file=sys.stderr)
         return EXIT_BAD_INPUT
     if all(r["host_%"] is None for r in rows):  # files from before the probe: no empty column
         for r in rows:
             del r["host_%"]
     print(f"BASE {base.path} ({base.kind})\nNEW  {new.path} ({new.kind})")
     print(f"min effect {args.min_effect:.1%}, alpha {args.alpha:g}")
+    if base.method_version != new.method_version:
+        print(f"WARNING: BASE was measured by method version {_version(base)}, NEW by {_version(new)}: a change of "
+              "the measuring method alone can move figures (engine/results.py METHOD_VERSION says what changed)")
     hidden = ("host_timed", "state_differs")
     print(tabulate([{k: v for k, v in r.items() if k not in hidden} for r in rows], headers="keys", floatfmt=".4g"))
     for line in only:

@@ -67,8 +67,12 @@ def run(args) -> int:
     import torch
 
     from verifybench.harness.engine import fingerprint, hostpin
-    from verifybench.harness.engine.results import write_json_atomic
+    from verifybench.harness.engine.results import check_writable, write_json_atomic
 
+    if args.json:  # before sampling, not after
+        if args.json.is_dir():
+            raise ValueError(f"--json {args.json}: a folder, not a file name")
+        check_writable(args.json.parent)
     pin = hostpin.pin()
     rows = series(args.seconds, gpu=torch.cuda.is_available())
     summary = summarize_series(rows)

@@ -8,18 +8,29 @@ tests/test_pytest_plugin.py checks the saved JSON end to end). microbench/confte
 from __future__ import annotations
 
 import pytest
+import torch
 
-from verifybench.harness.engine import fingerprint
-from verifybench.harness.engine import hostpin
-from verifybench.harness.engine.results import Case
+from verifybench.harness.engine import fingerprint, hostpin, hostprobe, memory, timing
+from verifybench.harness.engine.results import METHOD_VERSION, Case
 from verifybench.harness.engine.runner import CaseSpec
 
 VOLATILE_KEYS = ("created_utc", "loadavg")  # differ run to run: pytest-benchmark would flag the machine as changed
 
 
 def pytest_sessionstart(session):
-    """Pin the process to one GPU-local CPU before anything is timed (harness/hostpin.py)."""
-    hostpin.pin()
+    """Before anything is timed: check the engine's VERIFYBENCH_* settings (a usage error naming the bad one), pin
+    the process to one GPU-local CPU (harness/hostpin.py), cap its memory (VERIFYBENCH_MEMORY_CAP_GIB), and on a
+    CPU-only machine time with one torch thread, as `verifybench run` does."""
+    try:
+        timing.max_time_from_env()
+        hostprobe.process_gate()
+        memory.cap_bytes()
+        hostpin.pin()
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
+    memory.apply_cap()
+    if not torch.cuda.is_available():
+        torch.set_num_threads(1)
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):
@@ -31,6 +42,7 @@ def pytest_benchmark_update_machine_info(config, machine_info):
     for gpu in fp.get("gpus", []):
         gpu.pop("now", None)
     machine_info["verifybench"] = fp
+    machine_info["verifybench_method_version"] = METHOD_VERSION  # compare warns when BASE and NEW differ in it
 
 
 def _feed(benchmark, case: Case) -> None:

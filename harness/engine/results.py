@@ -5,6 +5,7 @@ summary, derived figures, correctness outcome). A case whose check failed carrie
 """
 from __future__ import annotations
 
+import glob
 import gzip
 import json
 import math
@@ -23,6 +24,22 @@ SCHEMA_VERSION = 1
 # queued behind a 100 us device spin.
 METHOD_VERSION = 2
 DEFAULT_OUT = Path("verifybench-results")  # relative to the working directory: never inside results/ by default
+
+
+WITHHELD = "withheld: CPU numbers"  # in a table cell: a figure CPU timer noise cannot support
+
+
+def cpu_numbers(records: list[dict]) -> bool:
+    """Whether stored case records come from a CPU run (perf_counter samples of torch CPU code): their derived
+    conclusions (fits, ratios, eta, break-even) are withheld in tables and reports."""
+    return any(r.get("device") == "cpu" for r in records)
+
+
+def withhold(rows: list[dict], keys) -> list[dict]:
+    """Table rows with the cells under `keys` (a collection, or a predicate on the column name) replaced by
+    WITHHELD where they hold a value."""
+    hit = keys if callable(keys) else (lambda k: k in keys)
+    return [{k: (WITHHELD if hit(k) and v is not None else v) for k, v in row.items()} for row in rows]
 
 
 class ResultsError(ValueError):
@@ -87,19 +104,39 @@ def _umask() -> int:
     return mask
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def _remove_stale_temps(path: Path) -> None:
+    """Temp files of `path` left by a writer that was killed (SIGKILL leaves no chance to clean up): their names
+    carry the writer's pid, and a pid that no longer runs will not finish them."""
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        pid = tmp.name[len(path.name) + 2:].split(".", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+
+
 def write_atomic(path: Path, write) -> Path:
     """`write(file)` into a temp file beside `path`, fsync, then rename: a reader never sees half a file, a failed
-    write leaves no temp file behind, and the file gets the usual mode (0644 under the common umask), not mkstemp's
-    0600."""
+    write leaves no temp file behind (and one a killed writer left is removed by the next write of that name), and
+    the file is readable by the owner and the group whatever the umask (0644 under the common one)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    _remove_stale_temps(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, (0o666 & ~_umask()) | 0o640)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

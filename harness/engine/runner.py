@@ -5,8 +5,11 @@ a failing check yields a Case with no time.
 """
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, field
 from typing import Callable
+
+import torch
 
 from verifybench.harness.engine.results import Case
 from verifybench.harness.engine.timing import Measurement, measure
@@ -35,11 +38,18 @@ class CaseSpec:
     def run(self, **overrides) -> Case:
         try:
             fn, check, derive = self.setup()
+            return run_case(self.name, self.params, fn, check=check, mode=self.mode, derive=derive,
+                            **{**self.measure_kw, **overrides})
         except CaseSkipped as e:
-            return Case(name=self.name, params=self.params, check_ok=False, check_detail=f"skipped: {e}",
-                        skipped=str(e))
-        return run_case(self.name, self.params, fn, check=check, mode=self.mode, derive=derive,
-                        **{**self.measure_kw, **overrides})
+            reason = str(e)
+        except torch.cuda.OutOfMemoryError as e:  # the memory plan missed: the case is lost, not the run
+            reason = f"out of memory despite the memory plan: {str(e).splitlines()[0]}"
+        fn = check = derive = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return Case(name=self.name, params=self.params, check_ok=False, check_detail=f"skipped: {reason}",
+                    skipped=reason)
 
 
 def rel_error(out, ref) -> float:

@@ -34,6 +34,7 @@ ROTATION_MIN_SETS = 4
 TARGET_SAMPLE_US = 500.0  # auto K aims for samples this long, so event resolution (~0.5 us) is < 0.1%
 MAX_CALLS_PER_SAMPLE = 1024
 DEFAULT_MAX_TIME_S = 2.0  # per case; VERIFYBENCH_MAX_TIME_S overrides (quick CPU runs)
+MAX_TIME_ENV = "VERIFYBENCH_MAX_TIME_S"
 # samples that include host time (host clock, or back-to-back launches the host may not keep up with)
 HOST_TIMED_MODES = ("host_call", "host_sync", "hot")
 GATE_BATCH_S = 0.02  # gated batches stay this short, so one rarely spans a change of host state
@@ -95,6 +96,20 @@ class Measurement:
             "summary": self.summary.as_dict(),
             "samples_us": list(self.samples_us),
         }
+
+
+def max_time_from_env() -> float:
+    """VERIFYBENCH_MAX_TIME_S (seconds per case, > 0), else DEFAULT_MAX_TIME_S; ValueError naming it."""
+    text = os.environ.get(MAX_TIME_ENV)
+    if text is None:
+        return DEFAULT_MAX_TIME_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{MAX_TIME_ENV} must be a number of seconds > 0, got {text!r}")
+    return value
 
 
 def process_state() -> dict:
@@ -279,7 +294,15 @@ def measure(
     that gate.
     """
     if max_time_s is None:
-        max_time_s = float(os.environ.get("VERIFYBENCH_MAX_TIME_S", DEFAULT_MAX_TIME_S))
+        max_time_s = max_time_from_env()
+    for arg, value, low in (("max_time_s", max_time_s, 0), ("rel_ci_target", rel_ci_target, 0)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > low):
+            raise ValueError(f"{arg} must be a finite number > {low}, got {value!r}")
+    if not (isinstance(warmup_s, (int, float)) and math.isfinite(warmup_s) and warmup_s >= 0):
+        raise ValueError(f"warmup_s must be a finite number >= 0, got {warmup_s!r}")
+    for arg, value in (("samples", samples), ("warmup_calls", warmup_calls)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{arg} must be an integer >= 1 (or None), got {value!r}")
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     fns = list(fn) if isinstance(fn, (list, tuple)) else [fn]

@@ -3,6 +3,7 @@ the tree verify and the allreduce (a calibrated device wait on one GPU), cached 
 """
 from __future__ import annotations
 
+import math
 import os
 from functools import lru_cache
 
@@ -88,14 +89,30 @@ def release_forwards() -> None:
 def forward_ops(device: str):
     """On a GPU the engine-style fused kernels; VERIFYBENCH_VERIFY_OPS=torch runs one torch op per kernel instead
     (to show what the kernel count costs). On CPU plain torch: the smoke run checks the plumbing, not the kernels."""
+    return fused_ops() if ops_choice(device) == "fused" else TORCH_OPS
+
+
+def ops_choice(device: str) -> str:
+    """VERIFYBENCH_VERIFY_OPS (fused or torch; default fused on a GPU, torch on CPU), checked."""
     choice = os.environ.get("VERIFYBENCH_VERIFY_OPS", "fused" if device == "cuda" else "torch")
     if choice not in ("fused", "torch"):
         raise ValueError(f"VERIFYBENCH_VERIFY_OPS must be fused or torch, got {choice!r}")
-    return fused_ops() if choice == "fused" else TORCH_OPS
+    return choice
+
+
+MAX_ALLREDUCE_US = 10_000.0  # 10 ms: beyond any allreduce of a verify step (a unit slip, us for ns, lands above)
 
 
 def allreduce_stand_in_us() -> tuple[float, str]:
-    """The latency the one-GPU stand-in waits, and where it comes from."""
-    if "VERIFYBENCH_ALLREDUCE_US" in os.environ:
-        return float(os.environ["VERIFYBENCH_ALLREDUCE_US"]), "VERIFYBENCH_ALLREDUCE_US"
-    return REFERENCE_ALLREDUCE_US, "reference figure (NCCL all_reduce_perf, graph mode, 2xH200)"
+    """The latency the one-GPU stand-in waits, and where it comes from; VERIFYBENCH_ALLREDUCE_US must be a number
+    of microseconds in [0, MAX_ALLREDUCE_US]."""
+    text = os.environ.get("VERIFYBENCH_ALLREDUCE_US")
+    if text is None:
+        return REFERENCE_ALLREDUCE_US, "reference figure (NCCL all_reduce_perf, graph mode, 2xH200)"
+    try:
+        us = float(text)
+    except ValueError:
+        us = math.nan
+    if not (math.isfinite(us) and 0 <= us <= MAX_ALLREDUCE_US):
+        raise ValueError(f"VERIFYBENCH_ALLREDUCE_US must be microseconds in [0, {MAX_ALLREDUCE_US:g}], got {text!r}")
+    return us, "VERIFYBENCH_ALLREDUCE_US"

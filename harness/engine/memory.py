@@ -1,0 +1,149 @@
+"""The suite's memory rule: before a component allocates, what it needs is held against what is free (under
+VERIFYBENCH_MEMORY_CAP_GIB when set); when short it runs what fits, or its case is skipped naming both figures.
+
+need(x) fits when  need(x) * (1 + MARGIN) + RESERVE_BYTES <= free.  MARGIN covers what the planned tensors do not
+count (activations, temporaries, graph pools, allocator rounding: the K2.5 verify forward allocates 70.9 GiB and
+peaks near 74 GiB on an H200); RESERVE_BYTES is kept for the CUDA context and library workspaces. "Free" on a GPU
+is what the device has free plus what torch's cache holds unused, and under the cap no more than the cap minus what
+torch has allocated; on a CPU it is the kernel's MemAvailable (and under the cap, the cap minus this process's RSS).
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+CAP_ENV = "VERIFYBENCH_MEMORY_CAP_GIB"
+MARGIN = 0.05
+RESERVE_BYTES = 1 << 30
+GIB = 1 << 30
+_applied: dict = {}
+
+
+def cap_bytes() -> int | None:
+    """VERIFYBENCH_MEMORY_CAP_GIB in bytes (None when unset); ValueError naming it for anything but a number > 0."""
+    text = os.environ.get(CAP_ENV)
+    if text is None or not text.strip():
+        return None
+    try:
+        gib = float(text)
+    except ValueError:
+        gib = math.nan
+    if not math.isfinite(gib) or gib <= 0:
+        raise ValueError(f"{CAP_ENV} must be a number of GiB > 0 (e.g. 94 to act like a 96 GB card), got {text!r}")
+    return int(gib * GIB)
+
+
+def apply_cap() -> dict | None:
+    """Cap this process's torch CUDA allocations at VERIFYBENCH_MEMORY_CAP_GIB (a fraction of the card's total
+    memory), once; returns what was applied (None: no cap). Without CUDA the cap only lowers `free_bytes`."""
+    cap = cap_bytes()
+    if cap is None:
+        return None
+    import torch
+
+    if torch.cuda.is_available() and not _applied:
+        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        fraction = min(1.0, cap / total)
+        torch.cuda.set_per_process_memory_fraction(fraction)
+        _applied.update(cap_bytes=cap, total_bytes=total, fraction=fraction)
+    return dict(_applied) or {"cap_bytes": cap}
+
+
+def _cpu_available_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _cpu_rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
+def free_bytes(device: str) -> int:
+    """Bytes a new allocation on `device` ("cuda" or "cpu") can still get, under the cap when one is set."""
+    cap = cap_bytes()
+    if device == "cuda":
+        import torch
+
+        apply_cap()
+        device_free, _ = torch.cuda.mem_get_info()
+        allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+        free = device_free + (reserved - allocated)
+        return max(0, min(free, cap - allocated) if cap is not None else free)
+    free = _cpu_available_bytes()
+    return max(0, min(free, cap - _cpu_rss_bytes()) if cap is not None else free)
+
+
+def budget(need: int) -> int:
+    """What `need` bytes of planned tensors take with the margin and the reserve."""
+    return math.ceil(need * (1 + MARGIN)) + RESERVE_BYTES
+
+
+def gib(nbytes: float) -> str:
+    return f"{nbytes / GIB:.2f} GiB"
+
+
+def shortfall(what: str, need: int, free: int) -> str:
+    """The one message of the suite for too little memory: what, the bytes it needs (with the rule's margin and
+    reserve) and the bytes free."""
+    where = f" under {CAP_ENV}={os.environ[CAP_ENV]}" if cap_bytes() is not None else ""
+    return (f"{what} needs {gib(budget(need))} ({need} B planned + {MARGIN:.0%} + {gib(RESERVE_BYTES)} reserve) "
+            f"but {gib(free)} ({free} B) is free{where}")
+
+
+def require(need: int, what: str, device: str) -> None:
+    """Raise CaseSkipped naming the bytes needed and free when `need` bytes do not fit on `device`."""
+    from verifybench.harness.engine.runner import CaseSkipped
+
+    free = free_bytes(device)
+    if budget(need) > free:
+        raise CaseSkipped(shortfall(what, need, free))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How many units (layers, rotation sets) of a component fit: `units` of `wanted` (0: not even `least`);
+    `note` says why fewer than wanted run, `skip` why none does."""
+
+    units: int
+    wanted: int
+    need_bytes: int
+    free_bytes: int
+    note: str = ""
+    skip: str = ""
+
+    @property
+    def reduced(self) -> bool:
+        return 0 < self.units < self.wanted
+
+    def as_dict(self) -> dict:
+        return {"units": self.units, "wanted": self.wanted, "need_bytes": self.need_bytes,
+                "free_bytes": self.free_bytes, **({"note": self.note} if self.note else {})}
+
+
+def plan(need_of: Callable[[int], int], wanted: int, least: int, what: str, unit: str, device: str,
+         free: int | None = None) -> Plan:
+    """The largest count in [least, wanted] whose `need_of(count)` bytes fit what is free on `device`."""
+    if least < 1 or wanted < least:
+        raise ValueError(f"need 1 <= least <= wanted, got least={least}, wanted={wanted}")
+    free = free_bytes(device) if free is None else free
+    for units in range(wanted, least - 1, -1):
+        need = need_of(units)
+        if budget(need) <= free:
+            if units == wanted:
+                return Plan(units, wanted, need, free)
+            return Plan(units, wanted, need, free,
+                        note=f"memory: {units} of {wanted} {unit} ({shortfall(what, need_of(wanted), free)})")
+    need = need_of(least)
+    return Plan(0, wanted, need, free, skip=shortfall(f"{what} ({least} {unit}, the least it can run)", need, free))
