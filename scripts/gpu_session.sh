@@ -8,6 +8,11 @@ OUT=${OUT:-/tmp/verifybench-gpu}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export VERIFYBENCH_GIT_COMMIT=${VERIFYBENCH_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+# Triton's compile cache from an earlier call, when one was carried (a fresh machine compiles everything again)
+cache=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
+if [ -f .cache-carry/triton-cache.tar.gz ]; then
+  mkdir -p "$cache" && tar -xzf .cache-carry/triton-cache.tar.gz -C "$cache" && echo "triton cache restored"
+fi
 summary=()
 step() {  # step NAME SECONDS COMMAND...
   local name=$1 limit=$2; shift 2
@@ -30,6 +35,7 @@ for s in ${STEPS:-install env}; do
          step compare 60 verifybench compare results/baselines/nvidia-h200-x1/verify.json "$OUT"/run/verify-*.json ;;
     bench) step bench "${LIMIT:-300}" python3 -m pytest --benchmark-only -q microbench/ \
              --benchmark-json="$OUT/bench.json" ;;
+    savecache) tar -czf "$OUT/triton-cache.tar.gz" -C "$cache" . && ls -la "$OUT/triton-cache.tar.gz" ;;
     *) echo "unknown step $s" ;;
   esac
 done
