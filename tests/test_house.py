@@ -1,0 +1,117 @@
+"""The house rules, checked from the code itself: one import root of our own name in the wheel, no import cycles,
+no module importing a pytest module, kernels/ importing nothing of harness/, the engine importing no component."""
+import ast
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+ROOTS = {"harness": "verifybench.harness", "kernels": "verifybench.kernels"}
+
+
+def _modules() -> dict[str, Path]:
+    """verifybench module name -> file, for every .py under harness/ and kernels/."""
+    out = {}
+    for folder, package in ROOTS.items():
+        for path in (REPO / folder).rglob("*.py"):
+            parts = path.relative_to(REPO / folder).with_suffix("").parts
+            name = ".".join((package, *parts))
+            out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    """Every module this file imports, at any depth of the file (lazy imports count), absolute names."""
+    found = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            found.add(base)
+            found |= {f"{base}.{a.name}" for a in node.names}
+    return found
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {m: {i for i in _imports(p, m) if i in mods and i != m} for m, p in mods.items()}
+
+
+def test_no_import_cycles(graph):
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(v):  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            scc = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                scc.append(w)
+                if w == v:
+                    break
+            if len(scc) > 1:
+                cycles.append(sorted(scc))
+
+    sys.setrecursionlimit(10_000)
+    for v in graph:
+        if v not in index:
+            visit(v)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_kernels_import_nothing_of_harness(graph):
+    bad = {m: sorted(i for i in deps if i.startswith("verifybench.harness")) for m, deps in graph.items()
+           if m.startswith("verifybench.kernels")}
+    assert not {m: d for m, d in bad.items() if d}
+
+
+def test_engine_imports_no_component_model_or_application(graph):
+    apps = ("verifybench.harness.components", "verifybench.harness.model", "verifybench.harness.dist",
+            "verifybench.harness.tune", "verifybench.harness.analysis", "verifybench.harness.run",
+            "verifybench.harness.cli")
+    bad = {m: sorted(i for i in deps if i.startswith(apps)) for m, deps in graph.items()
+           if m.startswith("verifybench.harness.engine")}
+    assert not {m: d for m, d in bad.items() if d}
+
+
+def test_no_module_imports_a_pytest_module():
+    pytest_modules = {p.stem for d in ("microbench", "tests") for p in (REPO / d).glob("*.py")
+                      if p.stem.startswith(("bench_", "test_", "conftest"))}
+    offenders = []
+    for path in [*(REPO / "harness").rglob("*.py"), *(REPO / "kernels").rglob("*.py"),
+                 *(REPO / "microbench").glob("*.py"), *(REPO / "tests").glob("*.py")]:
+        for name in _imports(path, "x.y"):
+            if name.split(".")[0] == "microbench" or name.rpartition(".")[2] in pytest_modules - {"conftest"} \
+                    or name.split(".")[0] in pytest_modules:
+                offenders.append((str(path.relative_to(REPO)), name))
+    assert not offenders
+
+
+def test_the_wheel_installs_one_import_root_of_our_own(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                        str(tmp_path), str(REPO)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    wheel = next(tmp_path.glob("verifybench-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"verifybench"}
+    assert any(n.startswith("verifybench/harness/engine/timing.py") for n in names)
+    assert any(n.startswith("verifybench/kernels/") and n.endswith("_configs.json") for n in names)
+    assert not any(n.startswith(("harness/", "kernels/", "microbench/")) for n in names)
