@@ -26,7 +26,7 @@ def free(monkeypatch):
 
 def _fits_exactly(need: int) -> int:
     """The least free figure at which `need` bytes of tensors fit under the rule."""
-    return memory.budget(need)
+    return memory.budget(need, "cpu")
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "abc", "nan", "inf", "1e400"])
@@ -62,7 +62,7 @@ def test_plan_runs_what_fits_and_says_so():
 
 
 def test_require_raises_case_skipped_naming_bytes(free):
-    free(memory.RESERVE_BYTES)
+    free(memory.RESERVE_BYTES["cpu"])
     with pytest.raises(CaseSkipped, match=r"a 1048576 B copy .*needs .* GiB .* but .* is free"):
         memory.require(1 << 20, "a 1048576 B copy", "cpu")
 
@@ -77,14 +77,14 @@ def test_verify_plans_all_layers_when_they_fit_and_fewer_when_short(free):
     specs = verify.cases("kimi-k2.5", 8, 4096, (1,))
     plan = verify.plan_layers("kimi-k2.5", 8, None, 4096)
     assert 2 <= plan.units < full.layers and plan.reduced
-    assert memory.budget(allocated_bytes(presets.get("kimi-k2.5", 8, plan.units), 4096, 8)) <= 64 * GIB
-    assert memory.budget(allocated_bytes(presets.get("kimi-k2.5", 8, plan.units + 1), 4096, 8)) > 64 * GIB
+    assert memory.budget(allocated_bytes(presets.get("kimi-k2.5", 8, plan.units), 4096, 8), "cpu") <= 64 * GIB
+    assert memory.budget(allocated_bytes(presets.get("kimi-k2.5", 8, plan.units + 1), 4096, 8), "cpu") > 64 * GIB
     assert specs[0].name == f"verify/kimi-k2.5-tp8-L{plan.units}/full/n1"  # never compared with a whole forward
     assert specs[0].params["layers"] == plan.units and f"{plan.units} of 61 layers" in plan.note
 
 
 def test_verify_skips_every_case_when_not_even_two_layers_fit(free):
-    free(2 * GIB)
+    free(GIB)  # two K2.5 TP8 layers and the head take 1.6 GiB
     specs = verify.cases("kimi-k2.5", 8, 4096, (1, 2))
     cases = [s.run() for s in specs]  # the setup raises before it allocates anything
     assert all(c.skipped and not c.check_ok for c in cases)
@@ -184,3 +184,18 @@ def test_eta_without_memory_for_the_copy_ceiling_skips_the_case_naming_why(monke
     monkeypatch.delitem(ceiling._CEILING, "cpu", raising=False)
     with pytest.raises(CaseSkipped, match="the copy ceiling that eta needs cannot be measured: .* is free"):
         ceiling.copy_gbps("cpu")
+
+
+def test_record_refuses_a_forward_that_does_not_fit_and_names_the_layers_that_do(free, monkeypatch, tmp_path, capsys):
+    from verifybench.harness.analysis import trace_record
+    from verifybench.harness.cli import main
+
+    monkeypatch.setattr(trace_record, "cuda_available", lambda: True)
+    free(64 * GIB)
+    layers = verify.plan_layers("kimi-k2.5", 8, None, 4096).units
+    assert main(["record", str(tmp_path / "t.json.gz")]) == 2
+    err = capsys.readouterr().err
+    assert f"memory: {layers} of 61 layers" in err and f"pass --layers {layers}" in err
+    free(GIB)
+    assert main(["record", str(tmp_path / "t.json.gz")]) == 2
+    assert "the least it can run) needs" in capsys.readouterr().err

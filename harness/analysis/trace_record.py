@@ -68,6 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    from verifybench.harness.components import verify
     from verifybench.harness.model import presets
 
     if not cuda_available():
@@ -75,6 +76,13 @@ def run(args) -> int:
     if not str(args.out).endswith(".json.gz"):
         raise ValueError(f"the trace is written gzipped: give a name ending in .json.gz, got {args.out}")
     presets.get(args.preset, args.tp, args.layers)
+    if args.tokens > verify.MAX_TOKENS:
+        raise ValueError(f"--tokens: the forward runs n = 1..{verify.MAX_TOKENS}, got {args.tokens}")
+    plan = verify.plan_layers(args.preset, args.tp, args.layers, args.context)  # engine/memory.py's rule
+    if plan.units == 0:
+        raise ValueError(plan.skip)
+    if plan.reduced:
+        raise ValueError(f"{plan.note}: pass --layers {plan.units} to trace the forward that fits")
     results.check_writable(args.out.parent)
     info = record_forward(args.out, args.preset, args.tp, args.context, args.tokens, args.replays, args.layers)
     results.write_json_atomic(args.out.with_name(args.out.name.replace(".json.gz", ".direct.json")), info)

@@ -267,7 +267,7 @@ def component_eta(records: list[dict]) -> list[dict]:
 def setup_lines(records: list[dict]) -> list[dict]:
     """What ran: the small-op set, programmatic dependent launch on or off, the allreduce (a stand-in on one GPU),
     the context, the copy bandwidth."""
-    full = [r for r in records if r["params"]["variant"] == "full"]
+    full = [r for r in records if r["params"]["variant"] == "full" and r["check"]["ok"]]
     if not full:
         return []
     d, p = full[0]["derived"], full[0]["params"]
@@ -296,13 +296,14 @@ def break_even_rows(table: list[dict]) -> list[dict]:
     return rows
 
 
-RATIOS = ("measured/roofline", "no_comm/roofline")
+RATIOS = ("measured/roofline", "no_comm/roofline", "parts_error_%")  # CPU: withheld
 
 
 def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
     """The setup, the decomposition per n, marginal costs, bytes and eta per component, the break-even and the
     token fit. From a CPU run (the smoke profile) the conclusions CPU timer noise cannot support (roofline ratios,
-    marginal costs, eta, break-even accept length, the fit) are withheld in their cells; the times stay."""
+    the parts' error, marginal costs, eta, break-even accept length, the fit) are withheld in their cells; the times
+    stay."""
     dec = decomposition(records)
     cpu = cpu_numbers(records)
     short = [{k: v for k, v in row.items() if not k.endswith("_marginal_us")} for row in dec["table"]]

@@ -19,7 +19,6 @@ import numpy as np
 from scipy import stats
 from tabulate import tabulate
 
-from verifybench.harness.analysis.numbers import finite_float
 from verifybench.harness.engine import fingerprint as fpmod
 from verifybench.harness.engine import results
 from verifybench.harness.engine.stats import Summary, summarize
@@ -295,10 +294,9 @@ def add_arguments(q) -> None:
 
     q.add_argument("base", type=_Path, help="baseline: a suite result JSON (.json or .json.gz) or pytest-benchmark JSON")
     q.add_argument("new", type=_Path, help="the run to judge, same formats")
-    q.add_argument("--min-effect", type=finite_float(0, 1), default=0.03,
+    q.add_argument("--min-effect", type=float, default=0.03,
                    help="smallest relative change that counts, in [0, 1) (default 0.03 = 3%%)")
-    q.add_argument("--alpha", type=finite_float(0, 1, exclusive=True), default=0.01,
-                   help="significance level of the test, in (0, 1) (default 0.01)")
+    q.add_argument("--alpha", type=float, default=0.01, help="significance level of the test, in (0, 1) (default 0.01)")
     q.add_argument("--allow-different-hardware", action="store_true", help="compare across GPU models anyway")
 
 
@@ -314,9 +312,11 @@ def _version(run: RunData) -> str:
 
 
 def run(args) -> int:
-    if not 0 <= args.min_effect < 1 or not 0 < args.alpha < 1:
-        print(f"error: --min-effect must be in [0, 1) and --alpha in (0, 1), got {args.min_effect} and {args.alpha}",
-              file=sys.stderr)
+    if not 0 <= args.min_effect < 1:  # NaN fails this too
+        print(f"error: --min-effect must be in [0, 1), got {args.min_effect}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if not 0 < args.alpha < 1:
+        print(f"error: --alpha must be in (0, 1), got {args.alpha}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
         base, new = load(args.base), load(args.new)

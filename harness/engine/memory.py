@@ -1,9 +1,9 @@
 """The suite's memory rule: before a component allocates, what it needs is held against what is free (under
 VERIFYBENCH_MEMORY_CAP_GIB when set); when short it runs what fits, or its case is skipped naming both figures.
 
-need(x) fits when  need(x) * (1 + MARGIN) + RESERVE_BYTES <= free.  MARGIN covers what the planned tensors do not
-count (activations, temporaries, graph pools, allocator rounding: the K2.5 verify forward allocates 70.9 GiB and
-peaks near 74 GiB on an H200); RESERVE_BYTES is kept for the CUDA context and library workspaces. "Free" on a GPU
+need(x) fits when  need(x) * (1 + MARGIN) + RESERVE_BYTES[device] <= free.  MARGIN covers what the planned tensors
+do not count (activations, temporaries, graph pools, allocator rounding: the K2.5 verify forward allocates 70.9 GiB
+and peaks near 74 GiB on an H200); the reserve is kept for the CUDA context and library workspaces. "Free" on a GPU
 is what the device has free plus what torch's cache holds unused, and under the cap no more than the cap minus what
 torch has allocated; on a CPU it is the kernel's MemAvailable (and under the cap, the cap minus this process's RSS).
 """
@@ -16,7 +16,7 @@ from typing import Callable
 
 CAP_ENV = "VERIFYBENCH_MEMORY_CAP_GIB"
 MARGIN = 0.05
-RESERVE_BYTES = 1 << 30
+RESERVE_BYTES = {"cuda": 1 << 30, "cpu": 64 << 20}
 GIB = 1 << 30
 _applied: dict = {}
 
@@ -85,20 +85,21 @@ def free_bytes(device: str) -> int:
     return max(0, min(free, cap - _cpu_rss_bytes()) if cap is not None else free)
 
 
-def budget(need: int) -> int:
-    """What `need` bytes of planned tensors take with the margin and the reserve."""
-    return math.ceil(need * (1 + MARGIN)) + RESERVE_BYTES
+def budget(need: int, device: str) -> int:
+    """What `need` bytes of planned tensors take on `device` with the margin and the reserve."""
+    return math.ceil(need * (1 + MARGIN)) + RESERVE_BYTES[device]
 
 
 def gib(nbytes: float) -> str:
     return f"{nbytes / GIB:.2f} GiB"
 
 
-def shortfall(what: str, need: int, free: int) -> str:
+def shortfall(what: str, need: int, free: int, device: str) -> str:
     """The one message of the suite for too little memory: what, the bytes it needs (with the rule's margin and
     reserve) and the bytes free."""
     where = f" under {CAP_ENV}={os.environ[CAP_ENV]}" if cap_bytes() is not None else ""
-    return (f"{what} needs {gib(budget(need))} ({need} B planned + {MARGIN:.0%} + {gib(RESERVE_BYTES)} reserve) "
+    return (f"{what} needs {gib(budget(need, device))} ({need} B planned + {MARGIN:.0%} + "
+            f"{gib(RESERVE_BYTES[device])} reserve) "
             f"but {gib(free)} ({free} B) is free{where}")
 
 
@@ -107,8 +108,8 @@ def require(need: int, what: str, device: str) -> None:
     from verifybench.harness.engine.runner import CaseSkipped
 
     free = free_bytes(device)
-    if budget(need) > free:
-        raise CaseSkipped(shortfall(what, need, free))
+    if budget(need, device) > free:
+        raise CaseSkipped(shortfall(what, need, free, device))
 
 
 @dataclass(frozen=True)
@@ -140,10 +141,11 @@ def plan(need_of: Callable[[int], int], wanted: int, least: int, what: str, unit
     free = free_bytes(device) if free is None else free
     for units in range(wanted, least - 1, -1):
         need = need_of(units)
-        if budget(need) <= free:
+        if budget(need, device) <= free:
             if units == wanted:
                 return Plan(units, wanted, need, free)
             return Plan(units, wanted, need, free,
-                        note=f"memory: {units} of {wanted} {unit} ({shortfall(what, need_of(wanted), free)})")
+                        note=f"memory: {units} of {wanted} {unit} ({shortfall(what, need_of(wanted), free, device)})")
     need = need_of(least)
-    return Plan(0, wanted, need, free, skip=shortfall(f"{what} ({least} {unit}, the least it can run)", need, free))
+    return Plan(0, wanted, need, free,
+                skip=shortfall(f"{what} ({least} {unit}, the least it can run)", need, free, device))

@@ -41,13 +41,14 @@ class CaseSpec:
             return run_case(self.name, self.params, fn, check=check, mode=self.mode, derive=derive,
                             **{**self.measure_kw, **overrides})
         except CaseSkipped as e:
-            reason = str(e)
+            reason, oom = str(e), False
         except torch.cuda.OutOfMemoryError as e:  # the memory plan missed: the case is lost, not the run
-            reason = f"out of memory despite the memory plan: {str(e).splitlines()[0]}"
-        fn = check = derive = None
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+            reason, oom = f"out of memory despite the memory plan: {str(e).splitlines()[0]}", True
+        if oom:  # outside the except block: its traceback no longer holds the case's tensors
+            fn = check = derive = None  # noqa: F841 (nor do these)
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
         return Case(name=self.name, params=self.params, check_ok=False, check_detail=f"skipped: {reason}",
                     skipped=reason)
 
