@@ -108,3 +108,23 @@ def test_pytest_and_cli_results_of_a_case_line_up_in_compare(saved, tmp_path, ca
     cli_main(["compare", str(suite), str(pb), "--allow-different-hardware"])
     out = capsys.readouterr().out
     assert all(name in out for name in names) and "only in" not in out
+
+
+def test_the_benchmark_session_checks_settings_and_times_with_one_cpu_thread(monkeypatch):
+    import torch
+
+    from verifybench.harness.engine import pytest_plugin
+
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    try:
+        pytest_plugin.pytest_sessionstart(None)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+    for name, value in (("VERIFYBENCH_MAX_TIME_S", "nan"), ("VERIFYBENCH_HOST_GATE", "maybe"),
+                        ("VERIFYBENCH_MEMORY_CAP_GIB", "-1")):
+        monkeypatch.setenv(name, value)
+        with pytest.raises(pytest.UsageError, match=name):
+            pytest_plugin.pytest_sessionstart(None)
+        monkeypatch.delenv(name)
