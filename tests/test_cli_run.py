@@ -77,6 +77,7 @@ def test_report_break_even_follows_its_formula(run_dir):
         assert row["break-even accept len"] == pytest.approx(cycle / decode_ms)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU run's figures are not withheld")
 def test_cpu_report_withholds_what_cpu_noise_cannot_support(run_dir):
     from verifybench.harness.engine.results import WITHHELD
 

@@ -11,6 +11,7 @@ from verifybench.harness.model import presets
 from verifybench.harness.model.forward import allocated_bytes
 
 GIB = 1 << 30
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where verify and graph_replay plan (the others: "cpu")
 
 
 @pytest.fixture
@@ -24,9 +25,9 @@ def free(monkeypatch):
         module.release()
 
 
-def _fits_exactly(need: int) -> int:
-    """The least free figure at which `need` bytes of tensors fit under the rule."""
-    return memory.budget(need, "cpu")
+def _fits_exactly(need: int, device: str = "cpu") -> int:
+    """The least free figure at which `need` bytes of tensors fit on `device` under the rule."""
+    return memory.budget(need, device)
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "abc", "nan", "inf", "1e400"])
@@ -37,6 +38,7 @@ def test_a_bad_cap_is_refused_naming_the_variable(monkeypatch, value):
 
 
 def test_the_cap_is_read_in_gib_and_limits_free_memory_on_cpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # never cap this test process's GPU
     monkeypatch.delenv(memory.CAP_ENV, raising=False)
     assert memory.cap_bytes() is None
     uncapped = memory.free_bytes("cpu")
@@ -70,15 +72,15 @@ def test_require_raises_case_skipped_naming_bytes(free):
 def test_verify_plans_all_layers_when_they_fit_and_fewer_when_short(free):
     full = presets.get("kimi-k2.5", 8)
     need_all = allocated_bytes(full, 4096, verify.MAX_TOKENS)
-    free(_fits_exactly(need_all))  # a 94 GiB cap on an H200, empty: the whole forward fits
+    free(_fits_exactly(need_all, DEVICE))  # a 94 GiB cap on an H200, empty: the whole forward fits
     specs = verify.cases("kimi-k2.5", 8, 4096, (1,))
     assert specs[0].name == "verify/kimi-k2.5-tp8/full/n1" and specs[0].params["layers"] is None
     free(64 * GIB)
     specs = verify.cases("kimi-k2.5", 8, 4096, (1,))
     plan = verify.plan_layers("kimi-k2.5", 8, None, 4096)
     assert 2 <= plan.units < full.layers and plan.reduced
-    assert memory.budget(allocated_bytes(presets.get("kimi-k2.5", 8, plan.units), 4096, 8), "cpu") <= 64 * GIB
-    assert memory.budget(allocated_bytes(presets.get("kimi-k2.5", 8, plan.units + 1), 4096, 8), "cpu") > 64 * GIB
+    assert memory.budget(allocated_bytes(presets.get("kimi-k2.5", 8, plan.units), 4096, 8), DEVICE) <= 64 * GIB
+    assert memory.budget(allocated_bytes(presets.get("kimi-k2.5", 8, plan.units + 1), 4096, 8), DEVICE) > 64 * GIB
     assert specs[0].name == f"verify/kimi-k2.5-tp8-L{plan.units}/full/n1"  # never compared with a whole forward
     assert specs[0].params["layers"] == plan.units and f"{plan.units} of 61 layers" in plan.note
 
@@ -93,7 +95,7 @@ def test_verify_skips_every_case_when_not_even_two_layers_fit(free):
 
 def test_verify_runs_fewer_layers_and_says_it_in_derived_and_tables(free):
     need = {n: allocated_bytes(presets.get("tiny", 1, n), 64, verify.MAX_TOKENS) for n in (2, 3)}
-    free(_fits_exactly(need[2]))  # two of the tiny preset's three layers fit
+    free(_fits_exactly(need[2], DEVICE))  # two of the tiny preset's three layers fit
     spec = next(s for s in verify.cases("tiny", 1, 64, (1,)) if s.params["variant"] == "full")
     case = spec.run(max_time_s=0.05)
     assert case.check_ok, case.check_detail
@@ -148,8 +150,8 @@ def test_graph_replay_model_stack_shrinks_to_what_fits(free):
     p = presets.get("tiny", 1)
     from verifybench.kernels.graph_replay import LayerShapes
 
-    per_layer = LayerShapes(p.projections()).weight_bytes * 2  # fp32 on CPU
-    free(_fits_exactly(per_layer))
+    per_layer = LayerShapes(p.projections()).weight_bytes * (1 if DEVICE == "cuda" else 2)  # bf16; fp32 on CPU
+    free(_fits_exactly(per_layer, DEVICE))
     names = [s.name for s in graph_replay.cases("tiny", 1, 64, (1,)) if s.name.startswith("graph/model/")]
     assert names and all("-L1/" in n for n in names)
 
