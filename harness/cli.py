@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
             "NCCL_*/CUDA_*/TORCH_* variables"),
     "project": ("verifybench.harness.analysis.project", "what-if: a stored verify decomposition on another GPU "
                 "described by numbers"),
+    "plan": ("verifybench.harness.analysis.plan", "rank (steps, topk, draft tokens) by tokens/s from measured costs "
+             "and an acceptance profile, with the break-even accept length"),
     "breakeven": ("verifybench.harness.analysis.breakeven", "speedup and break-even accept length of speculative "
                   "decoding"),
     "trace": ("verifybench.harness.analysis.trace", "decompose an engine's profiler trace (SGLang, vLLM, or the "
@@ -63,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
         q = sub.add_parser(name, help=f"component: {module.HELP}", description=module.__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         run.add_scope_arguments(q)
+        if hasattr(module, "add_arguments"):  # the component's own options, passed to its cases
+            module.add_arguments(q)
         q.set_defaults(func=run.run_one)
     return p
 

@@ -14,6 +14,7 @@ from tabulate import tabulate
 from verifybench.harness import components
 from verifybench.harness.engine import fingerprint, hostpin, hostprobe, memory, results, timing
 from verifybench.harness.engine.timing import cuda_available
+from verifybench.kernels import config_tables
 
 CPU_SMOKE_MAX_TIME_S = 0.2  # per case: the smoke run checks the plumbing, its numbers are CPU numbers
 MAX_TOKENS = 64
@@ -53,6 +54,10 @@ def add_scope_arguments(p: argparse.ArgumentParser) -> None:
                    "component's own set)")
     p.add_argument("--out", type=Path, default=None,
                    help=f"results folder (default ./{results.DEFAULT_OUT}/<machine>/, outside the checkout's results/)")
+    p.add_argument("--allreduce-from", metavar="RESULT[:BACKEND]", default=None,
+                   help="one GPU: the allreduce stand-in waits the latency measured in this allreduce or NCCL-sweep "
+                   "result (the named backend, else the fastest; graph mode, nearest size) instead of the reference "
+                   "7.7 us; the same as VERIFYBENCH_ALLREDUCE_FROM")
 
 
 def resolve_scope(args) -> dict:
@@ -72,15 +77,35 @@ def resolve_scope(args) -> dict:
     if not 1 <= context <= MAX_CONTEXT:
         raise ValueError(f"--context must be in 1..{MAX_CONTEXT} tokens, got {context}")
     out = Path(args.out) if args.out else None
+    if getattr(args, "allreduce_from", None):
+        from verifybench.harness.model import build
+
+        os.environ["VERIFYBENCH_ALLREDUCE_FROM"] = args.allreduce_from
+        build.allreduce_stand_in_us()  # the file read and checked now, before anything is measured
     return {"preset": preset, "tp": tp, "context": context, "tokens": parse_tokens(args.tokens), "out": out,
-            "cpu": not gpu}
+            "cpu": not gpu, "options": component_options(args)}
+
+
+def component_options(args) -> dict:
+    """The options a component's own add_arguments declared, as given on its command line (None: not given)."""
+    module = components.load(args.command) if getattr(args, "command", None) in components.REGISTRY else None
+    if module is None or not hasattr(module, "add_arguments"):
+        return {}
+    probe = argparse.ArgumentParser(add_help=False)
+    module.add_arguments(probe)
+    return {a.dest: getattr(args, a.dest) for a in probe._actions if getattr(args, a.dest, None) is not None}
+
+
+def _cases(name: str, scope: dict) -> list:
+    options = scope.get("options", {}) if scope.get("component") == name else {}
+    return components.load(name).cases(scope["preset"], scope["tp"], scope["context"], scope["tokens"], **options)
 
 
 def check_cases(names: list[str], scope: dict) -> None:
     """List every component's cases once before anything is measured (listing allocates nothing): a scope one of
     them cannot run (a token count beyond its buffers, a preset it cannot shape) is refused here, not mid-run."""
     for name in names:
-        components.load(name).cases(scope["preset"], scope["tp"], scope["context"], scope["tokens"])
+        _cases(name, scope)
 
 
 def progress(items, description: str):
@@ -93,7 +118,7 @@ def progress(items, description: str):
 def run_component(name: str, scope: dict, out_dir: Path, quiet: bool = False) -> dict:
     """Run every case of one component, save its result file, print its tables, free what it cached."""
     module = components.load(name)
-    specs = module.cases(scope["preset"], scope["tp"], scope["context"], scope["tokens"])
+    specs = _cases(name, scope)
     fp = fingerprint.collect()
     try:
         cases = [spec.run() for spec in progress(specs, f"{name} ({len(specs)} cases)")]
@@ -104,7 +129,7 @@ def run_component(name: str, scope: dict, out_dir: Path, quiet: bool = False) ->
         if cuda_available():
             torch.cuda.empty_cache()
     run = results.make_run(name, cases, fp, extra={k: v for k, v in scope.items() if k in ("preset", "tp", "context",
-                                                                                          "tokens")})
+                                                                                          "tokens", "options")})
     path = results.save_run(run, out_dir)
     if not quiet:
         for title, rows in module.tables(run["cases"]):
@@ -145,7 +170,10 @@ def write_report(runs: dict[str, dict], scope: dict, out_dir: Path) -> Path:
     for name, run in runs.items():
         module = components.load(name)
         lines += [f"## {name}: {module.HELP}", ""]
-        for title, rows in module.tables(run["cases"]):
+        # the verify break-even takes the draft and overhead the cycle measured in the same run
+        measured = {"cycle": runs["cycle"], "cycle_name": f"cycle-{results.stamp(runs['cycle'])}.json"} \
+            if name == "verify" and "cycle" in runs else {}
+        for title, rows in module.tables(run["cases"], **measured):
             lines += [f"**{title}**", "", tabulate(rows, headers="keys", tablefmt="github", floatfmt=".4g"), ""]
         for png in module.charts(run["cases"], out_dir, stamp):
             lines += [f"![{png.stem}]({png.name})", ""]
@@ -222,12 +250,16 @@ def run(args) -> int:
         runs[name] = run_component(name, scope, out_dir)
     path = write_report(runs, scope, out_dir)
     print(f"\nreport: {path}")
+    config_tables.print_defaults_notice()
     return 1 if any(failed_cases(r) for r in runs.values()) else 0
 
 
 def run_one(args) -> int:
     """`verifybench <component>`: one component's cases, tables and result file."""
     scope = resolve_scope(args)
+    scope["component"] = args.command
     check_cases([args.command], scope)
     out_dir = prepare(scope)
-    return 1 if failed_cases(run_component(args.command, scope, out_dir)) else 0
+    failed = failed_cases(run_component(args.command, scope, out_dir))
+    config_tables.print_defaults_notice()
+    return 1 if failed else 0

@@ -1,4 +1,4 @@
-"""MLA decode attention over the latent KV cache (the verify forward's `attn_core`, DESIGN.md 4.5): a torch reference
+"""MLA decode attention over the latent KV cache (the verify forward's `attn_core`): a torch reference
 and a Triton flash-decoding kernel.
 
 Semantics (weight-absorbed MLA at decode/verify sizes, as engines run it): q [heads, n, D] (D = kv_lora + rope
@@ -22,15 +22,16 @@ With one split, stage 1 writes o itself (one launch).
 No host syncs and no data-dependent host logic (`length` is a Python int, fixed per captured graph), so a call is
 CUDA-graph capturable; the scratch comes from torch's caching allocator (the graph's pool when capturing).
 
-Launch configs: select_config reads a per-GPU table (mla_decode_configs.json, written by
-`python3 -m microbench.bench_mla_decode tune`) keyed by GPU name, "heads,n,D,kv_lora" and a context bucket (the
-largest tuned length <= length); the untuned default (DEFAULT_CONFIG, default_num_splits) elsewhere.
+Launch configs: select_config reads a per-GPU table (mla_decode_configs.json, with the user's from `verifybench tune`
+over it) keyed by GPU name, "heads,n,D,kv_lora" and a context bucket (the largest tuned length <= length); the
+untuned default (DEFAULT_CONFIG, default_num_splits) elsewhere, and where the entry exceeds the GPU's shared memory.
 """
 from __future__ import annotations
 
 import functools
 import math
 import operator
+import os
 from pathlib import Path
 
 import torch
@@ -41,6 +42,9 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from verifybench.kernels import config_tables
 from verifybench.kernels import pdl as _pdl
 from verifybench.kernels.config_tables import device_name
+
+# triton.jit picks the interpreter at decoration time: compiling for a target needs a process without it
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 # Starting points, not timed on a GPU: SGLang's grouped MLA decode kernel runs 16 query rows x 32 keys per tile
 # with 4 warps and 2 stages at 576/512. Larger block_rows (32 or 64, 8 warps) read the cache fewer times per split
@@ -142,13 +146,26 @@ def check_config(config: dict) -> dict:
     return cfg
 
 
+# Tiles the tuner sweeps, (block_rows, block_keys, num_warps, num_stages), at split counts TUNE_SPLITS: bigger key
+# tiles or a deeper pipeline put more cache bytes in flight per SM; 32/64 rows read the cache once for more rows.
+# Every (n, tile) is one compile (ROWS and NQ are constexpr), so the list stays short. A tile over a GPU's shared
+# memory is skipped there (fits): 32 x 64 needs ~112 KB on sm_120.
+TUNE_TILES = [(16, 32, 4, 2), (16, 64, 4, 2), (16, 32, 4, 3), (32, 32, 8, 2), (32, 64, 8, 2), (64, 32, 8, 2)]
+TUNE_SPLITS = (16, 32, 64, 128, 256)
+
+
+def tile_config(tile, num_splits: int | None = None) -> dict:
+    br, bk, nw, ns = tile
+    return {"num_splits": num_splits, "block_rows": br, "block_keys": bk, "num_warps": nw, "num_stages": ns}
+
+
 def load_configs(path: Path | str = CONFIG_PATH) -> dict:
-    """The tuning table {gpu name: {"shapes": {"heads,n,D,kv_lora": {length bucket: config}}, "tuned_on": {...}}};
-    read once per path ({} when the file is absent)."""
+    """The tuning table {gpu name: {"shapes": {"heads,n,D,kv_lora": {length bucket: config}}, "tuned_on": {...}}}
+    at `path`; read once ({} when the file is absent). Selection reads config_tables.merged(CONFIG_PATH)."""
     return config_tables.load(path)
 
 
-def save_configs(table: dict, path: Path | str = CONFIG_PATH) -> Path:
+def save_configs(table: dict, path: Path | str) -> Path:
     _selected.cache_clear()
     return config_tables.save(table, path)
 
@@ -163,16 +180,92 @@ def default_config(n: int, heads: int, length: int, device="cpu") -> dict:
                                              _sm_count(torch.device(device))), **DEFAULT_CONFIG}
 
 
-def select_config(n: int, heads: int, length: int, device, table: dict | None = None, *, d: int = 576,
-                  kv_lora: int = 512, dtype: torch.dtype = torch.bfloat16) -> dict:
-    """{"num_splits", "block_rows", "block_keys", "num_warps", "num_stages"} for n query tokens of `heads` heads
-    over `length` keys: the table entry of this GPU's name and "heads,n,D,kv_lora" at the largest tuned length
-    bucket <= length (a split count tuned at 4096 keys still fills the SMs at 8000; below every bucket the
-    default's key-count rule is safer); default_config when the GPU, shape or bucket is missing or q is fp32 (the
-    table holds 2-byte tunings: fp32 tiles need twice the shared memory). Host-side and pure Python: no device
-    work, so it may run while a CUDA graph is captured. A malformed table entry raises a ValueError naming it."""
-    if table is None:
-        table = load_configs()
+# ---------------------------------------------------------------------------------------------------- shared memory
+
+_TRITON_TYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+_SHARED: dict[tuple, int] = {}
+
+
+def shared_bytes_bound(config: dict, d: int = 576, kv_lora: int = 512, dtype: str = "bfloat16") -> int:
+    """An upper bound of compiled_shared_bytes on every architecture, without compiling (tests hold it to that):
+    num_stages key tiles and twice the query rows, all columns padded as the kernel pads them, and fp32 scores
+    twice."""
+    c = check_config(config)
+    item = torch.finfo(getattr(torch, dtype)).bits // 8
+    cols = triton.next_power_of_2(kv_lora) + (triton.next_power_of_2(d - kv_lora) if d > kv_lora else 0)
+    rows, keys = c["block_rows"], c["block_keys"]
+    return (c["num_stages"] * keys + 2 * rows) * cols * item + 8 * rows * keys
+
+
+def compiled_shared_bytes(config: dict, cc: int, dtype: str = "bfloat16", heads: int = 8, n: int = 8, d: int = 576,
+                          kv_lora: int = 512) -> int:
+    """Shared memory per block (bytes) of the config's stage-1 kernel at these shapes on sm_<cc>, compiled without
+    a GPU: the larger of one split and several, with PDL on sm_90+ (as launched by default; it adds no tile).
+    The combine kernel's tiles do not depend on the config. Cached; under the interpreter one subprocess without
+    it compiles."""
+    c = check_config(config)
+    tile = {k: c[k] for k in DEFAULT_CONFIG}
+    key = (*tile.values(), int(cc), dtype, heads, n, d, kv_lora)
+    if key not in _SHARED:
+        if _INTERPRET:
+            _SHARED[key] = config_tables.uninterpreted(__name__, "compiled_shared_bytes", tile, int(cc), dtype,
+                                                       heads, n, d, kv_lora)
+            return _SHARED[key]
+        ty = _TRITON_TYPES[dtype]
+        types = {"q": f"*{ty}", "cache": f"*{ty}", "out": f"*{ty}", "part_o": "*fp32", "part_lse": "*fp32",
+                 "length": "i32", "split_keys": "16:i32", "stride_qh": "16:i32", "stride_qn": "16:i32",
+                 "stride_c": "16:i32", "stride_oh": "16:i32", "stride_on": "16:i32", "scale_log2": "fp32"}
+        consts = dict(ROWS=heads * n, NQ=n, D=d, DV=kv_lora, BLOCK_M=c["block_rows"], BLOCK_N=c["block_keys"],
+                      BLOCK_DV=max(16, triton.next_power_of_2(kv_lora)),
+                      BLOCK_DR=max(16, triton.next_power_of_2(d - kv_lora)) if d > kv_lora else 0)
+        opts = {"num_warps": c["num_warps"], "num_stages": c["num_stages"]}
+        _SHARED[key] = max(config_tables.compiled_shared(_split_kernel, types, {**consts, "SINGLE": one, "PDL": on},
+                                                         opts, int(cc))
+                           for one in (False, True) for on in (cc >= 90,))
+    return _SHARED[key]
+
+
+def fits(config: dict, cc: int, limit: int, dtype: str = "bfloat16", **shape) -> tuple[bool, int]:
+    """(whether the config fits `limit` bytes of shared memory per block on sm_<cc>, the bytes it needs or its
+    bound); compiles only when the bound does not fit."""
+    bound = shared_bytes_bound(config, shape.get("d", 576), shape.get("kv_lora", 512), dtype)
+    if bound <= limit:
+        return True, bound
+    need = compiled_shared_bytes(config, cc, dtype, **shape)
+    return need <= limit, need
+
+
+def selectable_configs() -> list[dict]:
+    """Every tile selection or the tuner can pick on some GPU: the default, the tuner's tiles and every entry of
+    the shipped table, one per tile (num_splits does not change a compiled kernel)."""
+    out = [dict(DEFAULT_CONFIG)] + [tile_config(t) for t in TUNE_TILES]
+    for gpu in load_configs().values():
+        for buckets in gpu.get("shapes", {}).values():
+            out += [{k: v for k, v in c.items() if k in DEFAULT_CONFIG} for c in buckets.values()]
+    unique = []
+    for c in out:
+        c = {k: check_config(c)[k] for k in DEFAULT_CONFIG}
+        if c not in unique:
+            unique.append(c)
+    return unique
+
+
+# ---------------------------------------------------------------------------------------------------- selection
+
+def select(n: int, heads: int, length: int, device, table: dict | None = None, *, d: int = 576, kv_lora: int = 512,
+           dtype: torch.dtype = torch.bfloat16) -> tuple[dict, str]:
+    """(config, config_source): {"num_splits", "block_rows", "block_keys", "num_warps", "num_stages"} for n query
+    tokens of `heads` heads over `length` keys. The entry of this GPU's name and "heads,n,D,kv_lora" in `table`
+    (default: the shipped table with the user's over it, config_tables.merged) at the largest tuned length bucket
+    <= length (a split count tuned at 4096 keys still fills the SMs at 8000; below every bucket the default's
+    key-count rule is safer): source "tuned". default_config, source "default", when the GPU, shape or bucket is
+    missing or q is fp32 (the table holds 2-byte tunings); source "default (tuned entry needs N B ...)" when the
+    entry does not fit the GPU's shared memory per block. Host-side, no device work, so it may run while a CUDA
+    graph is captured. A malformed table entry raises a ValueError naming it. Selections from the merged tables are
+    recorded for config_tables.defaults_notice."""
+    merged = table is None
+    if merged:
+        table = config_tables.merged(CONFIG_PATH)
     if not isinstance(table, dict):
         raise ValueError(f"MLA decode config table must be a dict, got {type(table).__name__}")
     name = device_name(device)
@@ -181,10 +274,26 @@ def select_config(n: int, heads: int, length: int, device, table: dict | None = 
     if not isinstance(gpu, dict) or not isinstance(gpu.get("shapes", {}), dict):
         raise ValueError(f"MLA decode config table: entry {name!r} must be {{\"shapes\": {{...}}, ...}}, "
                          f"got {str(gpu)[:200]}")
-    buckets = gpu.get("shapes", {}).get(key)
+    cfg, source = _lookup(gpu.get("shapes", {}).get(key), length, dtype, f"MLA decode config table: {name!r} shape "
+                          f"{key!r}"), "default"
+    limits = config_tables.device_limits(device)
+    if cfg is not None and limits is not None:
+        ok, need = fits(cfg, *limits, str(dtype).split(".")[1], heads=heads, n=n, d=d, kv_lora=kv_lora)
+        if not ok:
+            cfg, source = None, config_tables.fit_source(need, limits[1])
+    if cfg is None:
+        cfg = default_config(n, heads, length, device)
+    elif source == "default":
+        source = "tuned"
+    if merged:
+        config_tables.record("mla_decode", device, f"n={n}", source, bool(gpu))
+    return cfg, source
+
+
+def _lookup(buckets, length: int, dtype: torch.dtype, where: str) -> dict | None:
+    """The table's config at the largest length bucket <= length; None without one (or for fp32)."""
     if buckets is None or dtype == torch.float32:
-        return default_config(n, heads, length, device)
-    where = f"MLA decode config table: {name!r} shape {key!r}"
+        return None
     try:
         if not isinstance(buckets, dict):
             raise ValueError(f"must map length buckets to configs, got {type(buckets).__name__}")
@@ -193,7 +302,7 @@ def select_config(n: int, heads: int, length: int, device, table: dict | None = 
         raise ValueError(f"{where}: bad length buckets: {e}") from None
     fit = [b for b in sorted(lengths) if b <= length]
     if not fit:
-        return default_config(n, heads, length, device)
+        return None
     entry = buckets[lengths[fit[-1]]]
     try:
         if not isinstance(entry, dict):
@@ -206,9 +315,15 @@ def select_config(n: int, heads: int, length: int, device, table: dict | None = 
     return cfg
 
 
+def select_config(n: int, heads: int, length: int, device, table: dict | None = None, *, d: int = 576,
+                  kv_lora: int = 512, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """The config of select() (see there)."""
+    return select(n, heads, length, device, table, d=d, kv_lora=kv_lora, dtype=dtype)[0]
+
+
 @functools.lru_cache(maxsize=4096)
-def _selected(n, heads, length, d, kv_lora, dtype, device) -> dict:
-    """select_config from the committed table, cached: eager calls pay one dict lookup."""
+def _selected(n, heads, length, d, kv_lora, dtype, device, state) -> dict:
+    """select_config from the tables, cached per config_tables.state(): eager calls pay one dict lookup."""
     return select_config(n, heads, length, device, d=d, kv_lora=kv_lora, dtype=dtype)
 
 
@@ -310,7 +425,7 @@ def mla_decode(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, ou
     if q.stride(2) != 1 or cache.stride(1) != 1:
         raise ValueError(f"q and cache need unit stride along D, got strides {q.stride()} and {cache.stride()}")
     if config is None and num_splits is None:
-        cfg = _selected(n, heads, length, d, kv_lora, q.dtype, q.device)
+        cfg = _selected(n, heads, length, d, kv_lora, q.dtype, q.device, config_tables.state())
     else:
         cfg = check_config(config or {})
     rows = heads * n

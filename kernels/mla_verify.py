@@ -33,6 +33,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from verifybench.kernels import pdl as _pdl
+from verifybench.kernels.config_tables import SMEM_LIMIT_BYTES  # noqa: F401 (per block, for callers)
 
 VARIANTS = ("split_kv", "extend")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -45,7 +46,6 @@ PROGRAMS_PER_SM = 2  # split_kv programs the default split count aims at per SM
 MAX_SPLITS = 256  # the combine holds all splits of a row at once
 COMBINE_COLS = 128  # kv_lora columns per combine program, at most
 COMBINE_TILE = 8192  # fp32 partial values a combine program holds at once
-SMEM_LIMIT_BYTES = {80: 166912, 86: 101376, 89: 101376, 90: 232448, 100: 232448, 120: 101376}  # per block
 
 # Starting points, not timed on a GPU. split_kv: mla_decode's default tiles (16 rows x 32 keys, 4 warps, 2 stages).
 # extend: what SGLang picks for a 576-wide head on sm_86/89/120 (ENGINE_EXTEND_CONFIGS). Every default fits sm_120's

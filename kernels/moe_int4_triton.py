@@ -1,38 +1,38 @@
 """Fused W4A16 MoE for few tokens (n <= 32) in Triton: two GEMV-style launches that stream each routed expert's
 int4 weights, with no sort/align step and no host work in the call (CUDA-graph capturable).
 
-Launch 1, one program per (token-expert pair, BLOCK_N gate + BLOCK_N up rows): all of H in chunks of 128 words
-  per warp, the next chunk's loads issued before this one is computed; SiLU(g) * u * topk_weight -> fp32
-  [pairs, 4, I] (the same vector pre-scaled for the 4 nibble positions kernel 2 uses).
+Launch 1, one program per (token-expert pair, split of H, BLOCK_N gate + BLOCK_N up rows): the split's words in
+  chunks of BLOCK_W per step, the next chunk's loads issued before this one is computed (PREFETCH); fp32 partial
+  gate/up sums per split (SPLIT_K = 1 stores SiLU(g) * u * topk_weight itself).
 Launch 2, one program per (token, ROW_ITERS blocks of BLOCK_N rows of H): the columns of one tile are (expert slot,
-  word), so all topk experts of the token are loaded at once; the combine is a row sum -> y [M, H] in x's dtype
-  (no atomics, no memset, deterministic).
+  word), so all topk experts of the token are loaded at once; it adds the partials in a fixed order, applies SiLU *
+  up * topk_weight as it loads its activations, and the combine is a row sum -> y [M, H] in x's dtype (no atomics,
+  no memset, deterministic). With "pdl" launch 2 streams its first weight tile while launch 1 finishes
+  (programmatic dependent launch, sm_90+).
 Pairs of different tokens that share an expert run side by side (pair / token index varies fastest in the grid),
 so the second read of those weights hits L2: DRAM streams each distinct expert about once (the SM work is per pair).
+Scales are applied once per (row, group) after an in-thread sum over the group's 4 words; masks exist only where
+the blocks do not tile the shapes.
 
-Dequantization without int->float conversions (1/8 of the FMA rate): "denormal" (default) reads a nibble masked
-in place as a denormal fp32, n * 16^p * 2^-149, one LOP3, and multiplies it by x * 2^(64 - 4p); the -8 offset is
-applied once per group as 8 * sum(x). "magic" ORs the nibble into 2^23 and subtracts (one FADD more per weight).
-Per weight about 1 LOP3 + 1 FFMA; the bf16 scale is applied per 4-word group slice.
+Dequantization without int->float conversions: "half2" (CUDA, inline PTX) reads two nibbles at once as an fp16
+pair and multiplies them with fp16 pairs of activations; "denormal" (the interpreter's, which cannot run inline
+PTX) reads a nibble masked in place as a denormal fp32, n * 16^p * 2^-149, one LOP3, and multiplies it by
+x * 2^(64 - 4p); the -8 offset is applied once per group as 8 * sum(x).
 
 Register layout: every tile is 2-D [rows, words] with 4 consecutive words (one 32-value group, a 16-byte load) per
 thread and the rows wrapped inside each thread, and the activations are [1, words] tiles in that same layout
 (contiguity hints where the compiler cannot see it): triton 3.6 otherwise routes them through shared memory.
 
-Config "kernel": "split" (kernels _gate_up_split_kernel, _down_split_kernel; v3 above is the default): launch 1
-  splits each row's K over SPLIT_K programs (fp32 partial gate/up sums; SPLIT_K = 1 stores the activation), launch 2
-  adds the partials in a fixed order and applies SiLU * up * topk_weight as it loads its activations, so still two
-  launches, no atomics, no memset. Scales are applied once per (row, group) after an in-thread sum over the group's
-  4 words, masks exist only where the blocks do not tile the shapes, and with "pdl" launch 2 streams its first
-  weight tile while launch 1 finishes (programmatic dependent launch, sm_90+).
-
-Kernel layout ("planar", the default): a one-time repack, cached per weight tensor (`kernel_weights`), reorders the
-nibbles inside each group so that nibble i of the group's word w holds k = 32 g + 4 i + w (checkpoint: 32 g + 8 w +
-i); each of the 8 nibble planes then multiplies 4 consecutive activations, one vector load. Same shapes and bytes
-as the checkpoint; "checkpoint" layout (no repack, strided activation loads, ~5x slower) is kept as a config choice.
+Weight layout: the kernels read the "planar" nibble order, made once per weight tensor by a repack
+(`kernel_weights`, cached; or `repack_planar` at load with prepacked=True): inside each group nibble i of word w
+holds k = 32 g + 4 i + w (checkpoint: 32 g + 8 w + i), so each of the 8 nibble planes multiplies 4 consecutive
+activations, one vector load. Same shapes and bytes as the checkpoint.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+import json
 import os
 import weakref
 from pathlib import Path
@@ -41,22 +41,25 @@ import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # PDL (sm_90+; triton >= 3.3)
+from triton.runtime.jit import JITFunction
 
 from verifybench.kernels import config_tables
 from verifybench.kernels import pdl as _pdl
-from verifybench.kernels.config_tables import device_name
-from verifybench.kernels.moe_int4 import PACK, check_moe_inputs, pack_nibbles, unpack_nibbles
+from verifybench.kernels.config_tables import SMEM_LIMIT_BYTES, device_name  # noqa: F401 (the limits, for callers)
+from verifybench.kernels.moe_int4 import PACK, MoeShape, check_moe_inputs, pack_nibbles, unpack_nibbles
 
 CONFIG_PATH = Path(__file__).with_name("moe_int4_configs.json")
-LAYOUTS = ("planar", "checkpoint")
-# Used when the GPU is not in the table: a fair config for an H100/H200-class part at every n.
-DEFAULT_CONFIG = {"layout": "planar", "dequant": "denormal", "kernel": "v3",
-                  "gate_up": {"BLOCK_N": 2, "num_warps": 1, "num_stages": 1},
-                  "down": {"BLOCK_N": 8, "ROW_ITERS": 1, "num_stages": 1}}
-DEQUANTS = ("denormal", "magic", "half2")  # half2: kernel "split", planar, group 32, CUDA only (inline PTX)
-KERNELS = ("v3", "split")  # v3: SiLU in kernel 1, [pairs, 4, I] pre-scaled; split: split-K partials, see fused_moe_w4a16
-MAGIC = 0x4B000000  # bits of 2^23 in fp32
-MAGIC_F = tl.constexpr(8388608.0)
+# Used on a GPU without a table entry. The blocking is the H200 table's most frequent one, each half on its own:
+# gate_up 4 rows with prefetch wins n = 2, 3, 5, 6 and down 8 rows x 4 wins n = 2..5 (together the n = 2 entry);
+# half2 as at every tuned n; no pdl, which needs sm_90+. Its kernels fit every supported GPU's shared memory.
+DEFAULT_CONFIG = {"dequant": "half2", "pdl": False,
+                  "gate_up": {"BLOCK_N": 4, "num_warps": 1, "num_stages": 1, "SPLIT_K": 1, "PREFETCH": 1,
+                              "BLOCK_W": 128},
+                  "down": {"BLOCK_N": 8, "ROW_ITERS": 4, "num_stages": 1}}
+DEQUANTS = ("half2", "denormal")  # half2: group 32, CUDA only (inline PTX)
+TUNED_KEYS = ("gate_up", "down", "kernel", "pdl", "dequant")  # what a table entry sets; the rest is its record
+# The shapes compiled_shared_bytes compiles at: one Kimi-K2.5 TP8 rank (H 7168, I 256, 384 experts, top-8, g32)
+K25_TP8 = MoeShape(tokens=8, hidden=7168, inter=256, experts=384, topk=8, group_size=32)
 X_SCALE_DENORMAL = tl.constexpr(2.0**64)  # x * 2^(64-4p) times a nibble read as denormal: n * x * 2^-85
 DENORMAL_OFFSET = tl.constexpr(2.0**-82)  # 8 * 2^-85: the -8 of every nibble, applied to sum(x) per group
 UNDO_DENORMAL = tl.constexpr(2.0**85)
@@ -65,35 +68,22 @@ UNDO_DENORMAL = tl.constexpr(2.0**85)
 # ---------------------------------------------------------------------------------------------------- kernels
 
 @triton.jit
-def _nib(words, magic, P: tl.constexpr, DENORMAL: tl.constexpr):
-    """The nibble at bits 4P..4P+3 of `words`, as an exact fp32 without an int->float conversion.
-    DENORMAL: the masked bits read as a denormal, n * 16^P * 2^-149 (one LOP3); the caller scales x by
-    2^(64 - 4P) so products are n * x * 2^-85, and subtracts 8 * sum(x) per group. Otherwise (magic): OR-ed into
-    2^23 and subtracted, (n - 8) * 16^P (LOP3 + FADD; `magic` is a run-time argument so it sits in a register)."""
-    if DENORMAL:
-        v = (words & (15 << (4 * P))).to(tl.float32, bitcast=True)
-    else:
-        v = ((words & (15 << (4 * P))) | magic).to(tl.float32, bitcast=True) - (MAGIC_F + 8.0 * (1 << (4 * P)))
-    return v
+def _nib(words, P: tl.constexpr):
+    """The nibble at bits 4P..4P+3 of `words` read as a denormal fp32, n * 16^P * 2^-149 (one LOP3, no int->float
+    conversion); the caller scales x by 2^(64 - 4P) so products are n * x * 2^-85, and subtracts 8 * sum(x) per
+    group."""
+    return (words & (15 << (4 * P))).to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def _x_scale(P: tl.constexpr, DENORMAL: tl.constexpr):
-    if DENORMAL:
-        c = X_SCALE_DENORMAL * (1.0 / (1 << (4 * P)))
-    else:
-        c = 1.0 / (1 << (4 * P))
-    return c
+def _x_scale(P: tl.constexpr):
+    return X_SCALE_DENORMAL * (1.0 / (1 << (4 * P)))
 
 
 @triton.jit
-def _k_of(g, w, i: tl.constexpr, WPG: tl.constexpr, PLANAR: tl.constexpr):
-    """k (within the row) held by nibble i of word w of group g."""
-    if PLANAR:
-        k = g * (8 * WPG) + i * WPG + w
-    else:
-        k = g * (8 * WPG) + w * 8 + i
-    return k
+def _k_of(g, w, i: tl.constexpr, WPG: tl.constexpr):
+    """k (within the row) held by nibble i of word w of group g, planar order."""
+    return g * (8 * WPG) + i * WPG + w
 
 
 @triton.jit
@@ -103,12 +93,11 @@ def _bf16_bits(bits):
 
 
 @triton.jit
-def _plane(ptr, base, word, i: tl.constexpr, mask, WPG: tl.constexpr, PLANAR: tl.constexpr,
-           STRIDE_P: tl.constexpr):
-    """Plane i of the activations, [1, W]: ptr + base + (i % 4) * STRIDE_P + k(word, i)."""
-    offs = base + (i % 4) * STRIDE_P + _k_of(word // WPG, word % WPG, i, WPG, PLANAR)
-    if PLANAR:  # runs of WPG consecutive k: say so, or triton 3.6 loads them in another register layout
-        offs = tl.max_contiguous(tl.multiple_of(offs, [1, WPG]), [1, WPG])
+def _plane(ptr, word, i: tl.constexpr, mask, WPG: tl.constexpr):
+    """Plane i of the activations, [1, W]: ptr + k(word, i)."""
+    offs = _k_of(word // WPG, word % WPG, i, WPG)
+    # runs of WPG consecutive k: say so, or triton 3.6 loads them in another register layout
+    offs = tl.max_contiguous(tl.multiple_of(offs, [1, WPG]), [1, WPG])
     if mask is None:
         v = tl.load(ptr + offs)
     else:
@@ -117,164 +106,11 @@ def _plane(ptr, base, word, i: tl.constexpr, mask, WPG: tl.constexpr, PLANAR: tl
 
 
 @triton.jit
-def _load_planes(ptr, base, word, mask, WPG: tl.constexpr, PLANAR: tl.constexpr, STRIDE_P: tl.constexpr):
+def _load_planes(ptr, word, mask, WPG: tl.constexpr):
     """The 8 activation planes of a chunk of words (shared by every row of the tile)."""
-    return (_plane(ptr, base, word, 0, mask, WPG, PLANAR, STRIDE_P),
-            _plane(ptr, base, word, 1, mask, WPG, PLANAR, STRIDE_P),
-            _plane(ptr, base, word, 2, mask, WPG, PLANAR, STRIDE_P),
-            _plane(ptr, base, word, 3, mask, WPG, PLANAR, STRIDE_P),
-            _plane(ptr, base, word, 4, mask, WPG, PLANAR, STRIDE_P),
-            _plane(ptr, base, word, 5, mask, WPG, PLANAR, STRIDE_P),
-            _plane(ptr, base, word, 6, mask, WPG, PLANAR, STRIDE_P),
-            _plane(ptr, base, word, 7, mask, WPG, PLANAR, STRIDE_P))
-
-
-@triton.jit
-def _pick(i: tl.constexpr, p0, p1, p2, p3, p4, p5, p6, p7):
-    if i == 0:
-        r = p0
-    elif i == 1:
-        r = p1
-    elif i == 2:
-        r = p2
-    elif i == 3:
-        r = p3
-    elif i == 4:
-        r = p4
-    elif i == 5:
-        r = p5
-    elif i == 6:
-        r = p6
-    else:
-        r = p7
-    return r
-
-
-@triton.jit
-def _gate_up_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, h_ptr, tw_ptr, num_pairs, num_experts, stride_xm, magic,
-                    inter: tl.constexpr, words_per_row: tl.constexpr, n_groups: tl.constexpr, TOPK: tl.constexpr,
-                    WPG: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
-                    PLANAR: tl.constexpr, DENORMAL: tl.constexpr):
-    pid = tl.program_id(0)
-    pair = pid % num_pairs
-    nb = pid // num_pairs
-    e = tl.load(ids_ptr + pair).to(tl.int32)
-    e = tl.minimum(tl.maximum(e, 0), num_experts - 1)  # the wrapper checks ids; never read out of bounds
-    tok = pair // TOPK
-    rows = nb * BLOCK_N + tl.arange(0, BLOCK_N)
-    rmask = rows[:, None] < inter
-    cols = tl.arange(0, BLOCK_W)[None, :]  # words of the row, 4 per thread (one group of 32 k)
-    gate_rows = (e.to(tl.int64) * (2 * inter) + rows)[:, None]
-    w_ptrs = w_ptr + gate_rows * words_per_row + cols
-    s_ptrs = s_ptr + gate_rows * n_groups + cols // WPG
-    x_row = x_ptr + tok * stride_xm
-    acc_g = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
-    acc_u = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
-    # register double buffering: the next chunk's loads are in flight while this chunk is computed (Triton does
-    # not software-pipeline loads that feed no tl.dot, and one warp's latency is not hidden by the others alone)
-    m2 = rmask & (cols < words_per_row)
-    wg = tl.load(w_ptrs, mask=m2, other=0)
-    wu = tl.load(w_ptrs + inter * words_per_row, mask=m2, other=0)
-    sg = tl.load(s_ptrs, mask=m2, other=0)  # one scale per word (4 equal loads per group, L1 hits)
-    su = tl.load(s_ptrs + inter * n_groups, mask=m2, other=0)
-    x0, x1, x2, x3, x4, x5, x6, x7 = _load_planes(x_row, 0, cols, cols < words_per_row, WPG, PLANAR, 0)
-    for c0 in range(0, words_per_row, BLOCK_W):
-        nxt = c0 + BLOCK_W + cols
-        nmask = rmask & (nxt < words_per_row)
-        wg_n = tl.load(w_ptrs + c0 + BLOCK_W, mask=nmask, other=0)
-        wu_n = tl.load(w_ptrs + inter * words_per_row + c0 + BLOCK_W, mask=nmask, other=0)
-        sg_n = tl.load(s_ptrs + (c0 + BLOCK_W) // WPG, mask=nmask, other=0)
-        su_n = tl.load(s_ptrs + inter * n_groups + (c0 + BLOCK_W) // WPG, mask=nmask, other=0)
-        y0, y1, y2, y3, y4, y5, y6, y7 = _load_planes(x_row, 0, nxt, nxt < words_per_row, WPG, PLANAR, 0)
-        wg_hi = wg >> 16
-        wu_hi = wu >> 16
-        tg = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
-        tu = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
-        xsum = tl.zeros([1, BLOCK_W], dtype=tl.float32)
-        for i in tl.static_range(8):
-            x = _pick(i, x0, x1, x2, x3, x4, x5, x6, x7).to(tl.float32)
-            if DENORMAL:
-                xsum += x
-            xi = x * _x_scale(i % 4, DENORMAL)
-            if i < 4:
-                tg += _nib(wg, magic, i % 4, DENORMAL) * xi
-                tu += _nib(wu, magic, i % 4, DENORMAL) * xi
-            else:
-                tg += _nib(wg_hi, magic, i % 4, DENORMAL) * xi
-                tu += _nib(wu_hi, magic, i % 4, DENORMAL) * xi
-        if DENORMAL:  # sum((n - 8) x) * 2^-85 = sum(n x 2^-85) - 8 * 2^-85 * sum(x)
-            off = xsum * DENORMAL_OFFSET
-            tg -= off
-            tu -= off
-        acc_g += tg * _bf16_bits(sg)
-        acc_u += tu * _bf16_bits(su)
-        wg, wu, sg, su = wg_n, wu_n, sg_n, su_n
-        x0, x1, x2, x3, x4, x5, x6, x7 = y0, y1, y2, y3, y4, y5, y6, y7
-    gate = tl.sum(acc_g, axis=1)
-    up = tl.sum(acc_u, axis=1)
-    if DENORMAL:
-        gate = gate * UNDO_DENORMAL
-        up = up * UNDO_DENORMAL
-    act = gate / (1.0 + tl.exp(-gate)) * up * tl.load(tw_ptr + pair).to(tl.float32)
-    # kernel 2 reads act * topk_weight pre-multiplied by its 4 per-position scales: [pairs, 4, inter]
-    h_row = h_ptr + pair * (4 * inter) + rows
-    for p in tl.static_range(4):
-        tl.store(h_row + p * inter, act * _x_scale(p, DENORMAL), mask=rows < inter)
-
-
-@triton.jit
-def _down_kernel(h_ptr, w_ptr, s_ptr, ids_ptr, out_ptr, num_experts, hidden, stride_om, M, magic,
-                 inter: tl.constexpr, words_per_row: tl.constexpr, n_groups: tl.constexpr, TOPK: tl.constexpr,
-                 BLOCK_TOPK: tl.constexpr, WPG: tl.constexpr, BLOCK_N: tl.constexpr, ROW_ITERS: tl.constexpr,
-                 WORDS: tl.constexpr, PLANAR: tl.constexpr, DENORMAL: tl.constexpr):
-    pid = tl.program_id(0)
-    tok = pid % M
-    hb = pid // M
-    # columns = (expert slot j of the token, word of its row): all topk experts in one tile, all loads in flight
-    cols = tl.arange(0, BLOCK_TOPK * WORDS)[None, :]
-    j = cols // WORDS
-    word = cols % WORDS
-    cmask = (j < TOPK) & (word < words_per_row)
-    pair = tok * TOPK + j
-    e = tl.load(ids_ptr + pair, mask=cmask, other=0).to(tl.int32)
-    e = tl.minimum(tl.maximum(e, 0), num_experts - 1)
-    r = tl.arange(0, BLOCK_N)[:, None]
-    row0 = hb * (BLOCK_N * ROW_ITERS)
-    base = e.to(tl.int64) * hidden + r
-    w_offs = tl.max_contiguous(tl.multiple_of(base * words_per_row + word, [1, WPG]), [1, WPG])
-    s_offs = base * n_groups + word // WPG
-    m2 = ((row0 + r) < hidden) & cmask
-    wt = tl.load(w_ptr + w_offs + row0 * words_per_row, mask=m2, other=0)
-    sc = tl.load(s_ptr + s_offs + row0 * n_groups, mask=m2, other=0)
-    # the activations (act * topk_weight, pre-scaled per nibble position) of the token's pairs, loaded once
-    a0, a1, a2, a3, a4, a5, a6, a7 = _load_planes(h_ptr, pair * (4 * inter), word, cmask, WPG, PLANAR, inter)
-    asum = tl.zeros([1, BLOCK_TOPK * WORDS], dtype=tl.float32)
-    if DENORMAL:  # the plain act * topk_weight, summed per word
-        for i in tl.static_range(8):
-            asum += _pick(i, a0, a1, a2, a3, a4, a5, a6, a7) * (1.0 / _x_scale(i % 4, DENORMAL))
-    off = asum * DENORMAL_OFFSET
-    for it in tl.static_range(ROW_ITERS):
-        rows = row0 + it * BLOCK_N
-        if it + 1 < ROW_ITERS:  # prefetch the next row block while this one is computed
-            m2n = ((rows + BLOCK_N + r) < hidden) & cmask
-            wt_n = tl.load(w_ptr + w_offs + (rows + BLOCK_N) * words_per_row, mask=m2n, other=0)
-            sc_n = tl.load(s_ptr + s_offs + (rows + BLOCK_N) * n_groups, mask=m2n, other=0)
-        wt_hi = wt >> 16
-        t = tl.zeros([BLOCK_N, BLOCK_TOPK * WORDS], dtype=tl.float32)
-        for i in tl.static_range(8):
-            if i < 4:
-                t += _nib(wt, magic, i % 4, DENORMAL) * _pick(i, a0, a1, a2, a3, a4, a5, a6, a7)
-            else:
-                t += _nib(wt_hi, magic, i % 4, DENORMAL) * _pick(i, a0, a1, a2, a3, a4, a5, a6, a7)
-        if DENORMAL:
-            t = t - off
-        y = tl.sum(t * _bf16_bits(sc), axis=1)
-        if DENORMAL:
-            y = y * UNDO_DENORMAL
-        out_rows = rows + tl.arange(0, BLOCK_N)
-        tl.store(out_ptr + tok * stride_om + out_rows, y.to(out_ptr.dtype.element_ty), mask=out_rows < hidden)
-        if it + 1 < ROW_ITERS:
-            wt, sc = wt_n, sc_n
+    return (_plane(ptr, word, 0, mask, WPG), _plane(ptr, word, 1, mask, WPG), _plane(ptr, word, 2, mask, WPG),
+            _plane(ptr, word, 3, mask, WPG), _plane(ptr, word, 4, mask, WPG), _plane(ptr, word, 5, mask, WPG),
+            _plane(ptr, word, 6, mask, WPG), _plane(ptr, word, 7, mask, WPG))
 
 
 @triton.jit
@@ -289,18 +125,18 @@ def _group_sum(t, ROWS: tl.constexpr, G: tl.constexpr, WPG: tl.constexpr):
 
 
 @triton.jit
-def _dot_chunk(wt, x0, x1, x2, x3, x4, x5, x6, x7, magic, DENORMAL: tl.constexpr):
+def _dot_chunk(wt, x0, x1, x2, x3, x4, x5, x6, x7):
     """sum_i nibble_i(wt) * x_i per word, [rows, W] (x_i pre-scaled by _x_scale(i % 4)); the first plane starts the
     sum (no zero fill)."""
     hi = wt >> 16
-    t = _nib(wt, magic, 0, DENORMAL) * x0
-    t += _nib(wt, magic, 1, DENORMAL) * x1
-    t += _nib(wt, magic, 2, DENORMAL) * x2
-    t += _nib(wt, magic, 3, DENORMAL) * x3
-    t += _nib(hi, magic, 0, DENORMAL) * x4
-    t += _nib(hi, magic, 1, DENORMAL) * x5
-    t += _nib(hi, magic, 2, DENORMAL) * x6
-    t += _nib(hi, magic, 3, DENORMAL) * x7
+    t = _nib(wt, 0) * x0
+    t += _nib(wt, 1) * x1
+    t += _nib(wt, 2) * x2
+    t += _nib(wt, 3) * x3
+    t += _nib(hi, 0) * x4
+    t += _nib(hi, 1) * x5
+    t += _nib(hi, 2) * x6
+    t += _nib(hi, 3) * x7
     return t
 
 
@@ -380,7 +216,7 @@ def _h2_group_dot(wt, p0, p1, p2, p3, ROWS: tl.constexpr, G: tl.constexpr):
 
 @triton.jit
 def _gu_load(w_ptrs, s_ptrs, x_row, w0, c0, cols, grp, rmask, WPS: tl.constexpr, UP_W: tl.constexpr,
-             UP_S: tl.constexpr, WPG: tl.constexpr, PLANAR: tl.constexpr, MASKED: tl.constexpr):
+             UP_S: tl.constexpr, WPG: tl.constexpr, MASKED: tl.constexpr):
     """One chunk of kernel 1: gate and up words [rows, W], their scales [rows, W / WPG], the 8 x planes [1, W]."""
     if MASKED:
         cm = c0 + cols < WPS
@@ -396,13 +232,13 @@ def _gu_load(w_ptrs, s_ptrs, x_row, w0, c0, cols, grp, rmask, WPS: tl.constexpr,
         wu = tl.load(w_ptrs + UP_W + c0)
         sg = tl.load(s_ptrs + c0 // WPG)
         su = tl.load(s_ptrs + UP_S + c0 // WPG)
-    x0, x1, x2, x3, x4, x5, x6, x7 = _load_planes(x_row, 0, w0 + c0 + cols, cm, WPG, PLANAR, 0)
+    x0, x1, x2, x3, x4, x5, x6, x7 = _load_planes(x_row, w0 + c0 + cols, cm, WPG)
     return wg, wu, sg, su, x0, x1, x2, x3, x4, x5, x6, x7
 
 
 @triton.jit
-def _gu_compute(acc_g, acc_u, wg, wu, sg, su, x0, x1, x2, x3, x4, x5, x6, x7, magic, BLOCK_N: tl.constexpr,
-                G: tl.constexpr, WPG: tl.constexpr, DENORMAL: tl.constexpr, HALF2: tl.constexpr):
+def _gu_compute(acc_g, acc_u, wg, wu, sg, su, x0, x1, x2, x3, x4, x5, x6, x7, BLOCK_N: tl.constexpr,
+                G: tl.constexpr, WPG: tl.constexpr, HALF2: tl.constexpr):
     """acc[rows, group] += scale * sum over the group of (nibble - 8) * x, for gate and up."""
     if HALF2:
         p0 = _h2_pair(x0.to(tl.float32), x4.to(tl.float32))
@@ -420,27 +256,26 @@ def _gu_compute(acc_g, acc_u, wg, wu, sg, su, x0, x1, x2, x3, x4, x5, x6, x7, ma
     f5 = x5.to(tl.float32)
     f6 = x6.to(tl.float32)
     f7 = x7.to(tl.float32)
-    c0 = _x_scale(0, DENORMAL)
-    c1 = _x_scale(1, DENORMAL)
-    c2 = _x_scale(2, DENORMAL)
-    c3 = _x_scale(3, DENORMAL)
+    c0 = _x_scale(0)
+    c1 = _x_scale(1)
+    c2 = _x_scale(2)
+    c3 = _x_scale(3)
     y0, y1, y2, y3, y4, y5, y6, y7 = f0 * c0, f1 * c1, f2 * c2, f3 * c3, f4 * c0, f5 * c1, f6 * c2, f7 * c3
-    tg = _group_sum(_dot_chunk(wg, y0, y1, y2, y3, y4, y5, y6, y7, magic, DENORMAL), BLOCK_N, G, WPG)
-    tu = _group_sum(_dot_chunk(wu, y0, y1, y2, y3, y4, y5, y6, y7, magic, DENORMAL), BLOCK_N, G, WPG)
-    if DENORMAL:  # sum((n - 8) x) * 2^-85 = sum(n x 2^-85) - 8 * 2^-85 * sum(x), per group
-        off = _group_sum(((f0 + f1) + (f2 + f3)) + ((f4 + f5) + (f6 + f7)), 1, G, WPG) * DENORMAL_OFFSET
-        tg -= off
-        tu -= off
+    tg = _group_sum(_dot_chunk(wg, y0, y1, y2, y3, y4, y5, y6, y7), BLOCK_N, G, WPG)
+    tu = _group_sum(_dot_chunk(wu, y0, y1, y2, y3, y4, y5, y6, y7), BLOCK_N, G, WPG)
+    # sum((n - 8) x) * 2^-85 = sum(n x 2^-85) - 8 * 2^-85 * sum(x), per group
+    off = _group_sum(((f0 + f1) + (f2 + f3)) + ((f4 + f5) + (f6 + f7)), 1, G, WPG) * DENORMAL_OFFSET
+    tg -= off
+    tu -= off
     return acc_g + tg * _bf16_bits(sg), acc_u + tu * _bf16_bits(su)
 
 
 @triton.jit(do_not_specialize=["num_pairs"])  # one compile for every n
-def _gate_up_split_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, p_ptr, tw_ptr, num_pairs, num_experts, stride_xm, magic,
+def _gate_up_split_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, p_ptr, tw_ptr, num_pairs, num_experts, stride_xm,
                           inter: tl.constexpr, words_per_row: tl.constexpr, n_groups: tl.constexpr,
                           TOPK: tl.constexpr, WPG: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
-                          SPLIT_K: tl.constexpr, PREFETCH: tl.constexpr, PLANAR: tl.constexpr,
-                          DENORMAL: tl.constexpr, PDL: tl.constexpr, WAIT: tl.constexpr,
-                          HALF2: tl.constexpr = False):
+                          SPLIT_K: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, WAIT: tl.constexpr,
+                          HALF2: tl.constexpr):
     """Split-K gate_up: program (pair, split ks, row block) sums words [ks, ks + 1) * words_per_row / SPLIT_K of
     BLOCK_N gate and BLOCK_N up rows -> fp32 partials p[ks, pair, 0 (gate) | 1 (up), row]; kernel 2 adds them.
     SPLIT_K == 1: the sums are complete here, so it stores SiLU(g) * u * topk_weight in p[0, pair, 0, row] instead.
@@ -474,28 +309,28 @@ def _gate_up_split_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, p_ptr, tw_ptr, num_pairs
     acc_g = tl.zeros([BLOCK_N, G], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK_N, G], dtype=tl.float32)
     wg, wu, sg, su, x0, x1, x2, x3, x4, x5, x6, x7 = _gu_load(w_ptrs, s_ptrs, x_row, w0, 0, cols, grp, rmask, WPS,
-                                                              UP_W, UP_S, WPG, PLANAR, MASKED)
+                                                              UP_W, UP_S, WPG, MASKED)
     if PREFETCH:  # register double buffering: chunk c0's loads are issued before the previous chunk is computed
         for c0 in range(BLOCK_W, WPS, BLOCK_W):
             ng, nu, tg, tu, y0, y1, y2, y3, y4, y5, y6, y7 = _gu_load(w_ptrs, s_ptrs, x_row, w0, c0, cols, grp, rmask,
-                                                                      WPS, UP_W, UP_S, WPG, PLANAR, MASKED)
-            acc_g, acc_u = _gu_compute(acc_g, acc_u, wg, wu, sg, su, x0, x1, x2, x3, x4, x5, x6, x7, magic, BLOCK_N,
-                                       G, WPG, DENORMAL, HALF2)
+                                                                      WPS, UP_W, UP_S, WPG, MASKED)
+            acc_g, acc_u = _gu_compute(acc_g, acc_u, wg, wu, sg, su, x0, x1, x2, x3, x4, x5, x6, x7, BLOCK_N,
+                                       G, WPG, HALF2)
             wg, wu, sg, su = ng, nu, tg, tu
             x0, x1, x2, x3, x4, x5, x6, x7 = y0, y1, y2, y3, y4, y5, y6, y7
-        acc_g, acc_u = _gu_compute(acc_g, acc_u, wg, wu, sg, su, x0, x1, x2, x3, x4, x5, x6, x7, magic, BLOCK_N, G,
-                                   WPG, DENORMAL, HALF2)
+        acc_g, acc_u = _gu_compute(acc_g, acc_u, wg, wu, sg, su, x0, x1, x2, x3, x4, x5, x6, x7, BLOCK_N, G,
+                                   WPG, HALF2)
     else:
-        acc_g, acc_u = _gu_compute(acc_g, acc_u, wg, wu, sg, su, x0, x1, x2, x3, x4, x5, x6, x7, magic, BLOCK_N, G,
-                                   WPG, DENORMAL, HALF2)
+        acc_g, acc_u = _gu_compute(acc_g, acc_u, wg, wu, sg, su, x0, x1, x2, x3, x4, x5, x6, x7, BLOCK_N, G,
+                                   WPG, HALF2)
         for c0 in range(BLOCK_W, WPS, BLOCK_W):
             wg, wu, sg, su, x0, x1, x2, x3, x4, x5, x6, x7 = _gu_load(w_ptrs, s_ptrs, x_row, w0, c0, cols, grp, rmask,
-                                                                      WPS, UP_W, UP_S, WPG, PLANAR, MASKED)
-            acc_g, acc_u = _gu_compute(acc_g, acc_u, wg, wu, sg, su, x0, x1, x2, x3, x4, x5, x6, x7, magic, BLOCK_N,
-                                       G, WPG, DENORMAL, HALF2)
+                                                                      WPS, UP_W, UP_S, WPG, MASKED)
+            acc_g, acc_u = _gu_compute(acc_g, acc_u, wg, wu, sg, su, x0, x1, x2, x3, x4, x5, x6, x7, BLOCK_N,
+                                       G, WPG, HALF2)
     gate = tl.sum(acc_g, axis=1)
     up = tl.sum(acc_u, axis=1)
-    if DENORMAL and not HALF2:
+    if not HALF2:
         gate = gate * UNDO_DENORMAL
         up = up * UNDO_DENORMAL
     out = p_ptr + (ks * num_pairs + pair).to(tl.int64) * (2 * inter) + rows
@@ -508,12 +343,11 @@ def _gate_up_split_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, p_ptr, tw_ptr, num_pairs
 
 @triton.jit
 def _act_plane(p_ptr, pair, tw, word, i: tl.constexpr, mask, num_pairs, inter: tl.constexpr, SPLIT_K: tl.constexpr,
-               WPG: tl.constexpr, PLANAR: tl.constexpr):
+               WPG: tl.constexpr):
     """Plane i of SiLU(gate) * up * topk_weight, [1, W]: the SPLIT_K partials of kernel 1 summed in a fixed order
     (SPLIT_K == 1: kernel 1 stored the product itself)."""
-    offs = pair * (2 * inter) + _k_of(word // WPG, word % WPG, i, WPG, PLANAR)
-    if PLANAR:
-        offs = tl.max_contiguous(tl.multiple_of(offs, [1, WPG]), [1, WPG])
+    offs = pair * (2 * inter) + _k_of(word // WPG, word % WPG, i, WPG)
+    offs = tl.max_contiguous(tl.multiple_of(offs, [1, WPG]), [1, WPG])
     if SPLIT_K == 1:
         a = tl.load(p_ptr + offs, mask=mask, other=0.0)
     else:
@@ -528,13 +362,15 @@ def _act_plane(p_ptr, pair, tw, word, i: tl.constexpr, mask, num_pairs, inter: t
 
 @triton.jit(do_not_specialize=["num_pairs", "M"])
 def _down_split_kernel(p_ptr, tw_ptr, w_ptr, s_ptr, ids_ptr, out_ptr, num_pairs, num_experts, hidden, stride_om, M,
-                       magic, inter: tl.constexpr, words_per_row: tl.constexpr, n_groups: tl.constexpr,
+                       inter: tl.constexpr, words_per_row: tl.constexpr, n_groups: tl.constexpr,
                        TOPK: tl.constexpr, BLOCK_TOPK: tl.constexpr, WPG: tl.constexpr, BLOCK_N: tl.constexpr,
-                       ROW_ITERS: tl.constexpr, WORDS: tl.constexpr, SPLIT_K: tl.constexpr, PLANAR: tl.constexpr,
-                       DENORMAL: tl.constexpr, PDL: tl.constexpr, HALF2: tl.constexpr = False):
-    """Kernel 2 of the split-K path: as _down_kernel (columns = (expert slot, word)), but it builds the activations
-    itself from kernel 1's partials (sum over splits in a fixed order, SiLU(g) * u * topk_weight), applies scales per
-    (row, group) like _gate_up_split_kernel, and loads its first weight tile before waiting for kernel 1 (PDL)."""
+                       ROW_ITERS: tl.constexpr, WORDS: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr,
+                       HALF2: tl.constexpr):
+    """Kernel 2: program (token, ROW_ITERS blocks of BLOCK_N rows of H); the columns of a tile are (expert slot,
+    word), so all topk experts of the token are loaded at once and the combine is a row sum. It builds the
+    activations itself from kernel 1's partials (sum over splits in a fixed order, SiLU(g) * u * topk_weight),
+    applies scales per (row, group) like _gate_up_split_kernel, and loads its first weight tile before waiting for
+    kernel 1 (PDL)."""
     pid = tl.program_id(0)
     tok = pid % M
     hb = pid // M
@@ -566,22 +402,22 @@ def _down_split_kernel(p_ptr, tw_ptr, w_ptr, s_ptr, ids_ptr, out_ptr, num_pairs,
         gdc_wait()
         gdc_launch_dependents()  # the kernel after the MoE may start (if it was launched with PDL)
     tw = tl.load(tw_ptr + pair, mask=cmask, other=0.0).to(tl.float32)
-    a0 = _act_plane(p_ptr, pair, tw, word, 0, cmask, num_pairs, inter, SPLIT_K, WPG, PLANAR)
-    a1 = _act_plane(p_ptr, pair, tw, word, 1, cmask, num_pairs, inter, SPLIT_K, WPG, PLANAR)
-    a2 = _act_plane(p_ptr, pair, tw, word, 2, cmask, num_pairs, inter, SPLIT_K, WPG, PLANAR)
-    a3 = _act_plane(p_ptr, pair, tw, word, 3, cmask, num_pairs, inter, SPLIT_K, WPG, PLANAR)
-    a4 = _act_plane(p_ptr, pair, tw, word, 4, cmask, num_pairs, inter, SPLIT_K, WPG, PLANAR)
-    a5 = _act_plane(p_ptr, pair, tw, word, 5, cmask, num_pairs, inter, SPLIT_K, WPG, PLANAR)
-    a6 = _act_plane(p_ptr, pair, tw, word, 6, cmask, num_pairs, inter, SPLIT_K, WPG, PLANAR)
-    a7 = _act_plane(p_ptr, pair, tw, word, 7, cmask, num_pairs, inter, SPLIT_K, WPG, PLANAR)
+    a0 = _act_plane(p_ptr, pair, tw, word, 0, cmask, num_pairs, inter, SPLIT_K, WPG)
+    a1 = _act_plane(p_ptr, pair, tw, word, 1, cmask, num_pairs, inter, SPLIT_K, WPG)
+    a2 = _act_plane(p_ptr, pair, tw, word, 2, cmask, num_pairs, inter, SPLIT_K, WPG)
+    a3 = _act_plane(p_ptr, pair, tw, word, 3, cmask, num_pairs, inter, SPLIT_K, WPG)
+    a4 = _act_plane(p_ptr, pair, tw, word, 4, cmask, num_pairs, inter, SPLIT_K, WPG)
+    a5 = _act_plane(p_ptr, pair, tw, word, 5, cmask, num_pairs, inter, SPLIT_K, WPG)
+    a6 = _act_plane(p_ptr, pair, tw, word, 6, cmask, num_pairs, inter, SPLIT_K, WPG)
+    a7 = _act_plane(p_ptr, pair, tw, word, 7, cmask, num_pairs, inter, SPLIT_K, WPG)
     if HALF2:  # the activations as fp16 pairs of planes (i, i + 4), see _h2_fma
         p0, p1, p2, p3 = _h2_pair(a0, a4), _h2_pair(a1, a5), _h2_pair(a2, a6), _h2_pair(a3, a7)
     else:
         off = _group_sum(((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)), 1, CG, WPG) * DENORMAL_OFFSET
-        c0 = _x_scale(0, DENORMAL)
-        c1 = _x_scale(1, DENORMAL)
-        c2 = _x_scale(2, DENORMAL)
-        c3 = _x_scale(3, DENORMAL)
+        c0 = _x_scale(0)
+        c1 = _x_scale(1)
+        c2 = _x_scale(2)
+        c3 = _x_scale(3)
         a0, a1, a2, a3, a4, a5, a6, a7 = a0 * c0, a1 * c1, a2 * c2, a3 * c3, a4 * c0, a5 * c1, a6 * c2, a7 * c3
     for it in tl.static_range(ROW_ITERS):
         rows = row0 + it * BLOCK_N
@@ -593,12 +429,8 @@ def _down_split_kernel(p_ptr, tw_ptr, w_ptr, s_ptr, ids_ptr, out_ptr, num_pairs,
         if HALF2:
             y = tl.sum(_h2_group_dot(wt, p0, p1, p2, p3, BLOCK_N, CG) * _bf16_bits(sc), axis=1)
         else:
-            t = _group_sum(_dot_chunk(wt, a0, a1, a2, a3, a4, a5, a6, a7, magic, DENORMAL), BLOCK_N, CG, WPG)
-            if DENORMAL:
-                t = t - off
-            y = tl.sum(t * _bf16_bits(sc), axis=1)
-            if DENORMAL:
-                y = y * UNDO_DENORMAL
+            t = _group_sum(_dot_chunk(wt, a0, a1, a2, a3, a4, a5, a6, a7), BLOCK_N, CG, WPG) - off
+            y = tl.sum(t * _bf16_bits(sc), axis=1) * UNDO_DENORMAL
         out_rows = rows + tl.arange(0, BLOCK_N)
         tl.store(out_ptr + tok * stride_om + out_rows, y.to(out_ptr.dtype.element_ty), mask=out_rows < hidden)
         if it + 1 < ROW_ITERS:
@@ -634,15 +466,14 @@ def checkpoint_from_planar(packed: torch.Tensor, group_size: int) -> torch.Tenso
 _CACHE: dict[tuple, tuple] = {}
 
 
-def kernel_weights(packed: torch.Tensor, scales: torch.Tensor, layout: str,
+def kernel_weights(packed: torch.Tensor, scales: torch.Tensor,
                    prepacked: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """The tensors the kernels read: (packed in `layout`, scales as int16 bits), contiguous. The planar repack runs
-    once per (tensor, version) and is cached until the source tensor is freed (it doubles that tensor's memory
-    meanwhile); call it outside any timed region or graph capture (the bench's check and warm-up do)."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    """The tensors the kernels read: (packed in planar order, scales as int16 bits), contiguous. The planar repack
+    runs once per (tensor, version) and is cached until the source tensor is freed (it doubles that tensor's memory
+    meanwhile); call it outside any timed region or graph capture (the bench's check and warm-up do). prepacked:
+    `packed` is planar already."""
     scale_bits = scales.contiguous().view(torch.int16)
-    if layout == "checkpoint" or prepacked:
+    if prepacked:
         return packed.contiguous(), scale_bits
     key = (id(packed), packed._version)
     hit = _CACHE.get(key)
@@ -656,29 +487,80 @@ def kernel_weights(packed: torch.Tensor, scales: torch.Tensor, layout: str,
 
 # ---------------------------------------------------------------------------------------------------- configs
 
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def default_config(device) -> dict:
+    """DEFAULT_CONFIG on a GPU; in the interpreter (no inline PTX) the same blocking with the "denormal" dequant."""
+    if torch.device(device).type == "cuda" and not _interpreting():
+        return dict(DEFAULT_CONFIG)
+    return {**DEFAULT_CONFIG, "dequant": "denormal"}
+
+
 def load_configs(path: Path | str = CONFIG_PATH) -> dict:
-    """The tuning table {gpu name: {"layout", "dequant", "by_n": {n: {"gate_up", "down", ...}}}}; read once."""
+    """The tuning table {gpu name: {"dequant", "by_n": {n: {"gate_up", "down", "dequant", "pdl", ...}}}} at `path`;
+    read once. Selection reads config_tables.merged(CONFIG_PATH): the user's table over this one."""
     return config_tables.load(path)
 
 
 def save_configs(table: dict, path: Path | str = CONFIG_PATH) -> Path:
+    _SELECTED.clear()
     return config_tables.save(table, path)
 
 
-def select_config(m: int, device: torch.device, table: dict | None = None) -> dict:
-    """The tuned config for m tokens on this GPU: the table entry for the GPU's name, at the largest tuned n <= m
-    (the smallest above, for m below every key); DEFAULT_CONFIG when the GPU is not in the table."""
-    table = load_configs() if table is None else table
-    entry = table.get(device_name(device))
-    if not entry or not entry.get("by_n"):
-        return DEFAULT_CONFIG
-    keys = sorted(int(k) for k in entry["by_n"])
-    n = max([k for k in keys if k <= m], default=keys[0])
-    tuned = {k: v for k, v in entry["by_n"][str(n)].items() if k in ("gate_up", "down", "kernel", "pdl", "dequant")}
-    return {**DEFAULT_CONFIG, **{k: v for k, v in entry.items() if k in ("layout", "dequant")}, **tuned}
+def _entry_config(entry: dict, tuned: dict, default: dict) -> dict:
+    """A table entry at one n completed from `default`: the entry's dequant, then what the n sets."""
+    return {**default, **{k: v for k, v in entry.items() if k == "dequant"},
+            **{k: v for k, v in tuned.items() if k in TUNED_KEYS}}
 
 
-# ---------------------------------------------------------------------------------------------------- wrapper
+def misfit(config: dict, device, shape: MoeShape = K25_TP8) -> tuple[int, int] | None:
+    """(bytes needed, bytes allowed) when `config`'s kernels do not fit the shared memory per block of `device`;
+    None when they do, and always off CUDA (the interpreter has no shared memory to fit)."""
+    limits = None if _interpreting() else config_tables.device_limits(device)
+    if limits is None:
+        return None
+    need = compiled_shared_bytes(config, limits[0], shape)
+    return None if need <= limits[1] else (need, limits[1])
+
+
+def select(m: int, device, table: dict | None = None) -> tuple[dict, str]:
+    """(config, config_source) for m tokens on this GPU. The entry of the GPU's name in `table` (default: the
+    shipped table with the user's over it, config_tables.merged) at the largest tuned n <= m (the smallest above,
+    for m below every key): source "tuned"; default_config, source "default", when the GPU is not in the table;
+    source "default (tuned entry needs N B ...)" when the entry's kernels do not fit the GPU's shared memory per
+    block. Selections from the merged tables are recorded for config_tables.defaults_notice."""
+    merged = table is None
+    table = config_tables.merged(CONFIG_PATH) if merged else table
+    entry = table.get(device_name(device)) or {}
+    cfg, source = default_config(device), "default"
+    if entry.get("by_n"):
+        keys = sorted(int(k) for k in entry["by_n"])
+        n = max([k for k in keys if k <= m], default=keys[0])
+        tuned = _entry_config(entry, entry["by_n"][str(n)], cfg)
+        too_big = misfit(tuned, device)
+        if too_big:
+            source = config_tables.fit_source(*too_big)
+        else:
+            cfg, source = tuned, "tuned"
+    if merged:
+        config_tables.record("moe_int4", device, f"n={m}", source, bool(entry))
+    return cfg, source
+
+
+_SELECTED: dict[tuple, dict] = {}  # select_config from the tables (host cost of eager calls)
+
+
+def select_config(m: int, device, table: dict | None = None) -> dict:
+    """The config of select() (see there); from the tables, cached per config_tables.state()."""
+    if table is not None:
+        return select(m, device, table)[0]
+    key = (m, str(device), config_tables.state())
+    if key not in _SELECTED:
+        _SELECTED[key] = select(m, device)[0]
+    return dict(_SELECTED[key])
+
 
 def _pow2(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v > 0 and v & (v - 1) == 0
@@ -686,13 +568,13 @@ def _pow2(v) -> bool:
 
 def check_config(cfg: dict, s, device: torch.device) -> None:
     """ValueError naming the key for a config these shapes cannot run (checked on the host, before any launch)."""
-    if cfg["layout"] not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {cfg['layout']!r}")
+    if cfg.get("kernel", "split") != "split":
+        raise ValueError(f"kernel must be 'split' (the only kernel), got {cfg['kernel']!r}")
+    if cfg.get("layout", "planar") != "planar":
+        raise ValueError(f"layout must be 'planar' (the kernels read the planar order; kernel_weights repacks "
+                         f"checkpoint weights), got {cfg['layout']!r}")
     if cfg["dequant"] not in DEQUANTS:
         raise ValueError(f"dequant must be one of {DEQUANTS}, got {cfg['dequant']!r}")
-    kernel = cfg.get("kernel", "v3")
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     c1, c2 = cfg["gate_up"], cfg["down"]
     for where, c, keys in (("gate_up", c1, ("BLOCK_N", "num_warps")), ("down", c2, ("BLOCK_N",))):
         for key in keys:
@@ -702,15 +584,8 @@ def check_config(cfg: dict, s, device: torch.device) -> None:
         raise ValueError(f"down.ROW_ITERS must be an int >= 1, got {c2.get('ROW_ITERS')!r}")
     if "num_warps" in c2 and not _pow2(c2["num_warps"]):
         raise ValueError(f"down.num_warps must be a power of two, got {c2['num_warps']!r}")
-    split_keys = [k for k in ("SPLIT_K", "PREFETCH", "BLOCK_W") if k in c1]
-    if kernel == "v3":
-        if split_keys or cfg.get("pdl") or cfg["dequant"] == "half2":
-            raise ValueError(f"gate_up {split_keys}, pdl and dequant 'half2' need kernel 'split' (config has kernel "
-                             f"'v3')")
-        return
-    if cfg["dequant"] == "half2" and (cfg["layout"] != "planar" or s.group_size != 32):
-        raise ValueError(f"dequant 'half2' needs the planar layout and group size 32 (4 words per group), got "
-                         f"{cfg['layout']!r} and {s.group_size}")
+    if cfg["dequant"] == "half2" and s.group_size != 32:
+        raise ValueError(f"dequant 'half2' needs group size 32 (4 words per group), got {s.group_size}")
     n_groups = s.hidden // s.group_size
     split = c1.get("SPLIT_K", 1)
     if not isinstance(split, int) or isinstance(split, bool) or split < 1 or n_groups % split:
@@ -725,83 +600,161 @@ def check_config(cfg: dict, s, device: torch.device) -> None:
         raise ValueError("pdl (programmatic dependent launch) needs sm_90 or newer")
 
 
+def _launches(cfg: dict, s, pdl: bool, chain: bool) -> list[tuple]:
+    """(kernel, grid, constexprs, options) of the two launches of a checked config at shapes `s`."""
+    c1, c2 = cfg["gate_up"], cfg["down"]
+    wpg, words1 = s.group_size // PACK, s.hidden // PACK
+    split, warps1 = c1.get("SPLIT_K", 1), c1["num_warps"]
+    words2, block_topk = triton.next_power_of_2(s.inter // PACK), triton.next_power_of_2(s.topk)
+    half2 = cfg["dequant"] == "half2"
+    gate_up = dict(inter=s.inter, words_per_row=words1, n_groups=s.hidden // s.group_size, TOPK=s.topk, WPG=wpg,
+                   BLOCK_N=c1["BLOCK_N"], BLOCK_W=c1.get("BLOCK_W", min(128 * warps1,
+                                                                        triton.next_power_of_2(words1 // split))),
+                   SPLIT_K=split, PREFETCH=int(c1.get("PREFETCH", 1)), PDL=pdl, WAIT=chain, HALF2=half2)
+    down = dict(inter=s.inter, words_per_row=s.inter // PACK, n_groups=s.inter // s.group_size, TOPK=s.topk,
+                BLOCK_TOPK=block_topk, WPG=wpg, BLOCK_N=c2["BLOCK_N"], ROW_ITERS=c2.get("ROW_ITERS", 1),
+                WORDS=words2, SPLIT_K=split, PDL=pdl, HALF2=half2)
+    rows2 = c2["BLOCK_N"] * c2.get("ROW_ITERS", 1)
+    return [(_gate_up_split_kernel, (s.tokens * s.topk * split * triton.cdiv(s.inter, c1["BLOCK_N"]),), gate_up,
+             {"num_warps": warps1, "num_stages": c1.get("num_stages", 1)}),
+            (_down_split_kernel, (s.tokens * triton.cdiv(s.hidden, rows2),), down,
+             {"num_warps": c2.get("num_warps", max(1, min(8, block_topk * words2 // 128))),
+              "num_stages": c2.get("num_stages", 1)})]
+
+
+# ---------------------------------------------------------------------------------------------------- shared memory
+
+def compiled_shared_bytes(config: dict, cc: int, shape: MoeShape = K25_TP8) -> int:
+    """Shared memory per block, bytes, of the larger of the two kernels that `config` (completed from
+    DEFAULT_CONFIG) launches at `shape` with bf16 activations, compiled for sm_<cc> without a GPU (compare with
+    SMEM_LIMIT_BYTES[cc]). "pdl" compiles in for sm_90+ only (check_config refuses it below). A few seconds per
+    kernel the first time; repeats come from a cache per kernel and from Triton's."""
+    return compiled_shared_bytes_many([(config, cc)], shape)[0]
+
+
+def compiled_shared_bytes_many(cases: list[tuple[dict, int]], shape: MoeShape = K25_TP8) -> list[int]:
+    """compiled_shared_bytes of each (config, cc). Under the interpreter (whose kernels, and triton's own jit
+    helpers, cannot be compiled) one subprocess without it compiles them all."""
+    if not isinstance(_gate_up_split_kernel, JITFunction):
+        return config_tables.uninterpreted(__name__, "_shared_bytes_json", [[c, int(cc)] for c, cc in cases],
+                                           dataclasses.asdict(shape))
+    out = []
+    for config, cc in cases:
+        cfg = {**DEFAULT_CONFIG, **config}
+        check_config(cfg, shape, torch.device("cpu"))
+        pdl = bool(cfg.get("pdl")) and cc >= 90
+        out.append(max(_kernel_shared(fn.__name__, tuple(sorted(consts.items())), tuple(sorted(opts.items())), int(cc))
+                       for fn, _, consts, opts in _launches(cfg, shape, pdl, pdl)))
+    return out
+
+
+def _shared_bytes_json(cases: list, shape: dict) -> list[int]:
+    return compiled_shared_bytes_many([(c, cc) for c, cc in cases], MoeShape(**shape))
+
+
+# The run-time arguments as a bf16 launch passes them; "16:" marks the ints a launch specializes as multiples of 16
+# at the shapes compiled (H and E), the others (token and pair counts) are not specialized.
+_ARG_TYPES = {"x_ptr": "*bf16", "out_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*i16", "ids_ptr": "*i32",
+              "p_ptr": "*fp32", "tw_ptr": "*fp32", "num_pairs": "i32", "M": "i32", "num_experts": "16:i32",
+              "hidden": "16:i32", "stride_xm": "16:i32", "stride_om": "16:i32"}
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_shared(name: str, consts: tuple, opts: tuple, cc: int) -> int:
+    return config_tables.compiled_shared(globals()[name], _ARG_TYPES, dict(consts), dict(opts), cc)
+
+
+def selectable_configs(table: dict | None = None) -> list[dict]:
+    """Every config a GPU can be given, deduplicated: each entry of the shipped table (as select_config completes
+    it), the default, and every config the tuner's spaces can end on (any gate_up with any down, pdl or not)."""
+    table = load_configs() if table is None else table
+    out = [dict(DEFAULT_CONFIG)]
+    out += [_entry_config(entry, tuned, DEFAULT_CONFIG) for entry in table.values()
+            for tuned in entry.get("by_n", {}).values()]
+    out += [{**base, "gate_up": gu, "down": dn, "pdl": pdl} for base, gate_up, down in TUNE_SPACES.values()
+            for gu in gate_up for dn in down for pdl in (False, True)]
+    unique = {json.dumps(cfg, sort_keys=True): cfg for cfg in out}
+    return list(unique.values())
+
+
+# ---------------------------------------------------------------------------------------------------- tuning space
+
+# The tuner's spaces (harness/tune/moe_int4.py): a starting config and the gate_up and down candidates its
+# coordinate descent sweeps. "split-denormal" is the one the interpreter can run (the tuner's CPU dry run).
+# gate_up (rows, SPLIT_K, PREFETCH), one warp over 128 words of a row. All compile without spills for sm_90 with
+# triton 3.6 at K2.5 shapes (2.8-4.2 SASS instr/weight; K14: 7.3, half its chunk masked); SPLIT_K 7 is one 128-word
+# chunk per program, 2/4/8/14 leave part of the last chunk masked; 64-word chunks (a warp over 2 rows) cost ~2x the
+# instructions, BLOCK_N 16 at K1 and BLOCK_N 8 at K2 with prefetch spill.
+DENORMAL_GATE_UP = [{"BLOCK_N": bn, "num_warps": 1, "num_stages": 1, "SPLIT_K": sk, "PREFETCH": pf, "BLOCK_W": 128}
+                    for bn, sk, pf in ((4, 1, 1), (8, 1, 1), (8, 1, 0), (2, 1, 1), (8, 2, 0), (8, 4, 0), (2, 7, 0),
+                                       (4, 7, 0), (8, 7, 0), (16, 7, 0), (8, 8, 0), (8, 14, 0))]
+# half2: ~25% fewer SASS instructions per weight and far fewer registers (BN 8 without prefetch: 94 instead of 247),
+# so larger and unprefetched blockings fit (sm_90, triton 3.6: no spills in this list; BN 8 and BN 16 with prefetch
+# spill)
+HALF2_GATE_UP = [{"BLOCK_N": bn, "num_warps": 1, "num_stages": 1, "SPLIT_K": sk, "PREFETCH": pf, "BLOCK_W": 128}
+                 for bn, sk, pf in ((8, 1, 0), (4, 1, 1), (4, 1, 0), (16, 1, 0), (32, 1, 0), (2, 1, 1), (8, 2, 0),
+                                    (4, 7, 0), (8, 7, 0), (16, 7, 0), (8, 14, 0))]
+# down (rows, row blocks per program), 2 warps (the columns are topk x I/8 words); 32 rows or 4+ warps go through
+# shared memory. Every program rebuilds the token's activations (2 x SPLIT_K x topk x I fp32 from L2): more rows per
+# program (ROW_ITERS > 1, the next block prefetched while this one is computed) amortize that when SPLIT_K > 1.
+DOWN = [{"BLOCK_N": bn, "ROW_ITERS": it, "num_stages": 1} for bn, it in
+        ((16, 1), (8, 1), (4, 1), (8, 2), (16, 2), (8, 4), (8, 8))]
+TUNE_SPACES = {  # name: (starting config, gate_up candidates, down candidates)
+    "split-denormal": ({"dequant": "denormal", "pdl": False, "gate_up": DENORMAL_GATE_UP[1], "down": DOWN[0]},
+                       DENORMAL_GATE_UP, DOWN),
+    "split-half2": ({"dequant": "half2", "pdl": False, "gate_up": HALF2_GATE_UP[0], "down": DOWN[0]},
+                    HALF2_GATE_UP, DOWN),
+}
+
+
+# ---------------------------------------------------------------------------------------------------- wrapper
+
 def fused_moe_w4a16(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weights, topk_ids, *,
                     config: dict | None = None, check_ids: bool = True, prepacked: bool = False) -> torch.Tensor:
     """The reference's signature and result ([M, H] in x's dtype, fp16 or bf16 x), in two Triton launches.
 
-    config (default: select_config(M, device)): {"layout": "planar" | "checkpoint", "dequant": "denormal" |
-    "magic" | "half2", "kernel": "v3" | "split", "gate_up": {...}, "down": {"BLOCK_N", "ROW_ITERS", "num_stages"}, "pdl"}.
-    kernel "v3" (default): gate_up {"BLOCK_N", "num_warps", "num_stages"}; kernel 1 takes 128 * num_warps words per
-    step and writes SiLU(g) * u * w; kernel 2 gets topk * I/256 warps.
-    kernel "split": gate_up also takes "SPLIT_K" (divides H / group; default 1), "PREFETCH" (0/1, default 1) and
-    "BLOCK_W" (words per step, default min(128 * num_warps, words per split)); kernel 1 writes fp32 partial gate and
-    up sums per split, kernel 2 adds them (fixed order: deterministic, no atomics, no memset) and applies SiLU;
-    down may set "num_warps". "pdl": True (sm_90+, split only) lets kernel 2 start and load its first weight tile
-    while kernel 1 finishes (programmatic dependent launch; off in the interpreter); where kernels.pdl.enabled,
-    kernel 1 is launched with PDL too (it waits for the kernel before it first) and kernel 2 lets the kernel after
-    the MoE start early. A config the shapes cannot run raises ValueError.
+    config (default: select_config(M, device)), completed from default_config(device): {"dequant": "half2" |
+    "denormal", "gate_up": {"BLOCK_N", "num_warps", "num_stages", "SPLIT_K" (divides H / group; default 1),
+    "PREFETCH" (0/1, default 1), "BLOCK_W" (words per step, default min(128 * num_warps, words per split))},
+    "down": {"BLOCK_N", "ROW_ITERS", "num_stages", "num_warps" (default topk * I/256)}, "pdl"}. Kernel 1 writes fp32
+    partial gate and up sums per split, kernel 2 adds them (fixed order: deterministic, no atomics, no memset) and
+    applies SiLU. "pdl": True (sm_90+) lets kernel 2 start and load its first weight tile while kernel 1 finishes
+    (programmatic dependent launch; off in the interpreter); where kernels.pdl.enabled, kernel 1 is launched with
+    PDL too (it waits for the kernel before it first) and kernel 2 lets the kernel after the MoE start early. A
+    config the shapes cannot run raises ValueError.
     "denormal" is exact for fp16 x, and for bf16 x with |x| in [2^-41, 2^64] (smaller values lose bits; larger
-    overflow). "half2" (kernel "split", planar, group 32, CUDA only) multiplies in fp16 pairs and sums runs of 16
-    products in fp16 (relative error ~1e-3 of each run): activations must stay well inside fp16's range (|x| and
-    |SiLU(g) * u * topk_weight| below ~500, so a run of 16 products of |n - 8| <= 8 cannot overflow). check_ids=False skips the host-side id range check (a device sync) for graph capture; ids are then
-    clamped in the kernels. prepacked=True: the packed weights are already in the config's layout (repack_planar
-    once at load, drop the checkpoint copy): nothing is repacked or cached, so a whole model's experts fit without
-    a second copy.
+    overflow). "half2" (group 32, CUDA only) multiplies in fp16 pairs and sums runs of 16 products in fp16
+    (relative error ~1e-3 of each run): activations must stay well inside fp16's range (|x| and |SiLU(g) * u *
+    topk_weight| below ~500, so a run of 16 products of |n - 8| <= 8 cannot overflow). check_ids=False skips the
+    host-side id range check (a device sync) for graph capture; ids are then clamped in the kernels.
+    prepacked=True: the packed weights are planar already (repack_planar once at load, drop the checkpoint copy):
+    nothing is repacked or cached, so a whole model's experts fit without a second copy.
     """
     s = check_moe_inputs(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weights, topk_ids,
                          check_ids=check_ids)
-    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    interpret = _interpreting()
     if x.device.type != "cuda" and not interpret:
         raise RuntimeError("fused_moe_w4a16 needs a CUDA device (or TRITON_INTERPRET=1 for CPU tensors)")
     wpg = s.group_size // PACK
     if wpg & (wpg - 1):
         raise ValueError(f"the kernel needs a power-of-two group size (8, 16, 32, ...), got {s.group_size}")
-    cfg = {**DEFAULT_CONFIG, **(config or select_config(s.tokens, x.device))}
+    cfg = {**default_config(x.device), **(config or select_config(s.tokens, x.device))}
     check_config(cfg, s, x.device)
-    w13, s13 = kernel_weights(w13_packed, w13_scales, cfg["layout"], prepacked)
-    w2, s2 = kernel_weights(w2_packed, w2_scales, cfg["layout"], prepacked)
-    planar, denormal, half2 = cfg["layout"] == "planar", cfg["dequant"] == "denormal", cfg["dequant"] == "half2"
-    if half2 and interpret:
+    if cfg["dequant"] == "half2" and interpret:
         raise ValueError("dequant 'half2' runs inline PTX, which the Triton interpreter cannot: it needs a CUDA GPU")
+    w13, s13 = kernel_weights(w13_packed, w13_scales, prepacked)
+    w2, s2 = kernel_weights(w2_packed, w2_scales, prepacked)
     x = x if x.stride(1) == 1 else x.contiguous()
     ids = topk_ids.to(torch.int32).contiguous()
     tw = topk_weights.contiguous()  # before kernel 1: nothing may run between the two launches (PDL)
     pairs = s.tokens * s.topk
     out = torch.empty(s.tokens, s.hidden, dtype=x.dtype, device=x.device)
-    c1, c2 = cfg["gate_up"], cfg["down"]
-    warps1 = c1["num_warps"]
-    words1, words2 = s.hidden // PACK, triton.next_power_of_2(s.inter // PACK)
-    block_topk = triton.next_power_of_2(s.topk)
-    warps2 = c2.get("num_warps", max(1, min(8, block_topk * words2 // 128)))
-    if cfg.get("kernel", "v3") == "split":
-        split = c1.get("SPLIT_K", 1)
-        wps = words1 // split
-        block_w = c1.get("BLOCK_W", min(128 * warps1, triton.next_power_of_2(wps)))
-        pdl = bool(cfg.get("pdl")) and not interpret  # the interpreter has no inline asm; same result without
-        extra = {"launch_pdl": True} if pdl else {}
-        chain = pdl and _pdl.enabled(x.device)  # kernel 1 also overlaps the kernel before the MoE
-        partials = torch.empty(split, pairs, 2, s.inter, dtype=torch.float32, device=x.device)
-        _gate_up_split_kernel[(pairs * split * triton.cdiv(s.inter, c1["BLOCK_N"]),)](
-            x, w13, s13, ids, partials, tw, pairs, s.experts, x.stride(0), MAGIC, inter=s.inter, words_per_row=words1,
-            n_groups=s.hidden // s.group_size, TOPK=s.topk, WPG=wpg, BLOCK_N=c1["BLOCK_N"], BLOCK_W=block_w,
-            SPLIT_K=split, PREFETCH=int(c1.get("PREFETCH", 1)), PLANAR=planar, DENORMAL=denormal, PDL=pdl,
-            WAIT=chain, HALF2=half2, num_warps=warps1, num_stages=c1.get("num_stages", 1), **_pdl.launch_kwargs(chain))
-        _down_split_kernel[(s.tokens * triton.cdiv(s.hidden, c2["BLOCK_N"] * c2.get("ROW_ITERS", 1)),)](
-            partials, tw, w2, s2, ids, out, pairs, s.experts, s.hidden, out.stride(0), s.tokens,
-            MAGIC, inter=s.inter, words_per_row=s.inter // PACK, n_groups=s.inter // s.group_size, TOPK=s.topk,
-            BLOCK_TOPK=block_topk, WPG=wpg, BLOCK_N=c2["BLOCK_N"], ROW_ITERS=c2.get("ROW_ITERS", 1), WORDS=words2,
-            SPLIT_K=split, PLANAR=planar, DENORMAL=denormal, PDL=pdl, HALF2=half2, num_warps=warps2,
-            num_stages=c2.get("num_stages", 1), **extra)
-        return out
-    h = torch.empty(pairs, 4, s.inter, dtype=torch.float32, device=x.device)
-    _gate_up_kernel[(pairs * triton.cdiv(s.inter, c1["BLOCK_N"]),)](
-        x, w13, s13, ids, h, tw, pairs, s.experts, x.stride(0), MAGIC, inter=s.inter,
-        words_per_row=words1, n_groups=s.hidden // s.group_size, TOPK=s.topk, WPG=wpg, BLOCK_N=c1["BLOCK_N"],
-        BLOCK_W=min(128 * warps1, triton.next_power_of_2(words1)), PLANAR=planar,
-        DENORMAL=denormal, num_warps=warps1, num_stages=c1.get("num_stages", 1))
-    _down_kernel[(s.tokens * triton.cdiv(s.hidden, c2["BLOCK_N"] * c2.get("ROW_ITERS", 1)),)](
-        h, w2, s2, ids, out, s.experts, s.hidden, out.stride(0), s.tokens, MAGIC, inter=s.inter,
-        words_per_row=s.inter // PACK, n_groups=s.inter // s.group_size, TOPK=s.topk, BLOCK_TOPK=block_topk,
-        WPG=wpg, BLOCK_N=c2["BLOCK_N"], ROW_ITERS=c2.get("ROW_ITERS", 1), WORDS=words2, PLANAR=planar,
-        DENORMAL=denormal, num_warps=warps2, num_stages=c2.get("num_stages", 1))
+    pdl = bool(cfg.get("pdl")) and not interpret  # the interpreter has no inline asm; same result without
+    chain = pdl and _pdl.enabled(x.device)  # kernel 1 also overlaps the kernel before the MoE
+    (k1, grid1, consts1, opts1), (k2, grid2, consts2, opts2) = _launches(cfg, s, pdl, chain)
+    partials = torch.empty(consts1["SPLIT_K"], pairs, 2, s.inter, dtype=torch.float32, device=x.device)
+    k1[grid1](x, w13, s13, ids, partials, tw, pairs, s.experts, x.stride(0), **consts1, **opts1,
+              **_pdl.launch_kwargs(chain))
+    k2[grid2](partials, tw, w2, s2, ids, out, pairs, s.experts, s.hidden, out.stride(0), s.tokens, **consts2,
+              **opts2, **({"launch_pdl": True} if pdl else {}))
     return out

@@ -1,4 +1,4 @@
-"""Skinny GEMM y = x @ w.T for the bf16 projections of the verify forward (DESIGN.md 4.5): x [n, K] with n <= 16
+"""Skinny GEMM y = x @ w.T for the bf16 projections of the verify forward: x [n, K] with n <= 16
 tokens, w [N, K] streamed from DRAM once. cuBLAS runs these as weight-streaming GEMV-like GEMMs at ~1/3 of copy
 bandwidth for the per-rank Kimi-K2.5 shapes; here each shape and token bucket gets a tuned launch.
 
@@ -368,15 +368,41 @@ def check_config(cfg: dict, n: int) -> dict:
     return c
 
 
-_SELECTED: dict[tuple, dict] = {}  # select_config results from the committed table (host cost of eager calls)
+# Tiles the tuner sweeps. Dot: (BLOCK_N, BLOCK_K, num_warps, num_stages); BLOCK_N >= 64 with 4 warps runs wgmma on
+# sm_90, below it mma.sync; shared memory = stages x (BLOCK_N + 16) x BLOCK_K x 2 B (a stage more with PDL on sm_90,
+# the peeled first step), so these span 1-3 CTAs per SM and 64-144 KB of w in flight per SM; the 6-8 stage tiles go
+# deeper for a latency-bound CTA; BLOCK_N = 16 gives the 2112-row projection one column block per SM without
+# split-K. A tile over a GPU's shared memory is skipped there (fits).
+TUNE_DOT_TILES = [(64, 128, 4, 4), (64, 256, 4, 3), (128, 128, 4, 3), (32, 256, 4, 4), (64, 128, 8, 5),
+                  (64, 128, 4, 6), (64, 128, 4, 8), (32, 256, 4, 8), (16, 256, 4, 4), (16, 512, 4, 4),
+                  (16, 256, 2, 6)]
+# Fma: (BLOCK_N, BLOCK_K, num_warps) per token bucket: BLOCK_K = 8 x 32 x warps x U, so each thread streams U
+# 16-byte slices of BLOCK_N rows per step; registers grow with the tokens (x and accumulators are per token).
+TUNE_FMA_TILES = {1: [(4, 1024, 4), (8, 1024, 4)], 2: [(4, 1024, 4), (8, 1024, 4)], 4: [(4, 1024, 4), (2, 2048, 8)],
+                  8: [(2, 1024, 4), (2, 2048, 8)]}
+TABLE_EXTRAS = ("us", "cublas_us")  # timings the tuner stores beside a config
+_SELECTED: dict[tuple, dict] = {}  # select_config results from the tables (host cost of eager calls)
+
+
+def dot_config(tile, split=None, reduce="serial") -> dict:
+    bn, bk, nw, ns = tile
+    return {"kind": "dot", "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "reduce": reduce, "num_warps": nw,
+            "num_stages": ns}
+
+
+def fma_config(tile, split=None) -> dict:
+    bn, bk, nw = tile
+    return {"kind": "fma", "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "reduce": "serial", "num_warps": nw,
+            "num_stages": 1}
 
 
 def load_configs(path: Path | str = CONFIG_PATH) -> dict:
-    """The tuning table {gpu name: {"shapes": {"N,K": {n bucket: config}}, "tuned_on": {...}}}; read once."""
+    """The tuning table {gpu name: {"shapes": {"N,K": {n bucket: config}}, "tuned_on": {...}}} at `path`; read
+    once. Selection reads config_tables.merged(CONFIG_PATH): the user's table over this one."""
     return config_tables.load(path)
 
 
-def save_configs(table: dict, path: Path | str = CONFIG_PATH) -> Path:
+def save_configs(table: dict, path: Path | str) -> Path:
     _SELECTED.clear()
     return config_tables.save(table, path)
 
@@ -385,24 +411,126 @@ def shape_key(N: int, K: int) -> str:
     return f"{N},{K}"
 
 
-def select_config(n: int, N: int, K: int, device, table: dict | None = None,
-                  dtype: torch.dtype = torch.bfloat16) -> dict:
-    """The tuned config for n tokens and w [N, K] on this GPU: the table entry of the GPU's name and the shape, at
-    the smallest tuned n bucket >= n (buckets are powers of two, so an fma config runs with the BLOCK_M it was
-    tuned with; the largest bucket above every bucket); default_config when the GPU or shape is missing, the
-    bucket's config cannot serve n (an fma config above 8 tokens), or x is fp32 (the table holds 2-byte tunings:
-    an fp32 tile needs twice the shared memory)."""
-    table = load_configs() if table is None else table
-    buckets = table.get(device_name(device), {}).get("shapes", {}).get(shape_key(N, K))
+# ---------------------------------------------------------------------------------------------------- shared memory
+
+_TRITON_TYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+_SHARED: dict[tuple, int] = {}
+
+
+def _itemsize(dtype: str) -> int:
+    return torch.finfo(getattr(torch, dtype)).bits // 8
+
+
+def shared_bytes_bound(config: dict, dtype: str = "bfloat16") -> int:
+    """An upper bound of compiled_shared_bytes on every architecture, without compiling (tests hold it to that):
+    a stage more than num_stages, and the x tile twice (the fused activation loads gate and up)."""
+    c = check_config(config, 1)
+    if c["kind"] == "torch":
+        return 0
+    if c["kind"] == "fma":  # no tiles in shared memory: the per-token reductions' scratch only
+        return 8 * 4 * c["BLOCK_N"] * max(32, c["BLOCK_K"] // 8)
+    return (c["num_stages"] + 1) * (c["BLOCK_N"] + 2 * DOT_BLOCK_M) * c["BLOCK_K"] * _itemsize(dtype)
+
+
+def compiled_shared_bytes(config: dict, cc: int, dtype: str = "bfloat16") -> int:
+    """Shared memory per block (bytes) the config needs on sm_<cc>, compiled without a GPU: the larger of the fused
+    activation on and off, with PDL on sm_90+ (as launched by default; a PDL launch holds the peeled first tile
+    too, so without PDL needs no more). fma at 2 tokens: its per-token reductions reuse one scratch. Cached per
+    tile; under the interpreter one subprocess without it compiles."""
+    c = check_config(config, 1)
+    if c["kind"] == "torch":
+        return 0
+    tile = {k: c[k] for k in ("kind", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")}
+    key = (*tile.values(), int(cc), dtype)
+    if key not in _SHARED:
+        if _INTERPRET:
+            _SHARED[key] = config_tables.uninterpreted(__name__, "compiled_shared_bytes", tile, int(cc), dtype)
+            return _SHARED[key]
+        ty = _TRITON_TYPES[dtype]
+        types = {"x_ptr": f"*{ty}", "w_ptr": f"*{ty}", "y_ptr": f"*{ty}", "add_ptr": f"*{ty}", "p_ptr": "*fp32",
+                 "cnt_ptr": "*i32", "M": "i32", "n_split": "i32", **{k: "16:i32" for k in (
+                     "N", "K", "stride_xm", "stride_ym", "stride_am", "k_per_split")}}
+        dot = c["kind"] == "dot"
+        consts = dict(BLOCK_M=DOT_BLOCK_M if dot else 2, BLOCK_N=c["BLOCK_N"], BLOCK_K=c["BLOCK_K"],
+                      SPLIT=True, SERIAL=True, EVEN_K=True, ADD=True,
+                      **({"IEEE": dtype == "float32"} if dot else {"VEC": 16 // _itemsize(dtype)}))
+        opts = {"num_warps": c["num_warps"], "num_stages": c["num_stages"]}
+        _SHARED[key] = max(config_tables.compiled_shared(_dot_kernel if dot else _fma_kernel, types,
+                                                         {**consts, "ACT": act, "PDL": cc >= 90}, opts, int(cc))
+                           for act in (False, True))
+    return _SHARED[key]
+
+
+def fits(config: dict, cc: int, limit: int, dtype: str = "bfloat16") -> tuple[bool, int]:
+    """(whether the config fits `limit` bytes of shared memory per block on sm_<cc>, the bytes it needs or its
+    bound); compiles only when the bound does not fit."""
+    bound = shared_bytes_bound(config, dtype)
+    if bound <= limit:
+        return True, bound
+    need = compiled_shared_bytes(config, cc, dtype)
+    return need <= limit, need
+
+
+def selectable_configs() -> list[dict]:
+    """Every config selection or the tuner can pick on some GPU: the defaults (bf16 and fp32 tiles), the tuner's
+    tiles and every entry of the shipped table; kind "torch" (cuBLAS) left out, one per tile."""
+    out = [default_config(1, 4096, 4096), default_config(1, 4096, 4096, dtype=torch.float32)]
+    out += [dot_config(t) for t in TUNE_DOT_TILES]
+    out += [fma_config(t) for tiles in TUNE_FMA_TILES.values() for t in tiles]
+    for gpu in load_configs().values():
+        for buckets in gpu.get("shapes", {}).values():
+            out += [{k: v for k, v in c.items() if k not in TABLE_EXTRAS} for c in buckets.values()]
+    seen, unique = set(), []
+    for c in out:
+        c = check_config(c, 1)
+        key = tuple(c[k] for k in ("kind", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages"))
+        if c["kind"] != "torch" and key not in seen:
+            seen.add(key)
+            unique.append(c)
+    return unique
+
+
+# ---------------------------------------------------------------------------------------------------- selection
+
+def select(n: int, N: int, K: int, device, table: dict | None = None,
+           dtype: torch.dtype = torch.bfloat16) -> tuple[dict, str]:
+    """(config, config_source) for n tokens and w [N, K] on this GPU. The entry of the GPU's name and the shape in
+    `table` (default: the shipped table with the user's over it, config_tables.merged), at the smallest tuned n
+    bucket >= n (buckets are powers of two, so an fma config runs with the BLOCK_M it was tuned with; the largest
+    bucket above every bucket): source "tuned". default_config, source "default", when the GPU or shape is
+    missing, the bucket's config cannot serve n (an fma config above 8 tokens), or x is fp32 (the table holds
+    2-byte tunings); source "default (tuned entry needs N B ...)" when the entry does not fit the GPU's shared
+    memory per block. Selections from the merged tables are recorded for config_tables.defaults_notice."""
+    merged = table is None
+    table = config_tables.merged(CONFIG_PATH) if merged else table
+    gpu = table.get(device_name(device), {})
+    buckets = gpu.get("shapes", {}).get(shape_key(N, K))
+    cfg, source = None, "default"
     if buckets and dtype != torch.float32:
         keys = sorted(int(b) for b in buckets)
         b = min([k for k in keys if k >= n], default=keys[-1])
-        cfg = {k: v for k, v in buckets[str(b)].items() if k in DEFAULT_DOT}
         try:
-            return check_config(cfg, n)
+            cfg = check_config({k: v for k, v in buckets[str(b)].items() if k in DEFAULT_DOT}, n)
         except ValueError:
-            pass
-    return default_config(n, N, K, sm_count(device), dtype)
+            cfg = None
+        limits = config_tables.device_limits(device)
+        if cfg is not None and limits is not None:
+            ok, need = fits(cfg, *limits, str(dtype).split(".")[1])
+            if not ok:
+                cfg, source = None, config_tables.fit_source(need, limits[1])
+        if cfg is not None:
+            source = "tuned"
+    if cfg is None:
+        cfg = default_config(n, N, K, sm_count(device), dtype)
+    if merged:
+        config_tables.record("skinny_gemm", device, f"n={n}", source, bool(gpu))
+    return cfg, source
+
+
+def select_config(n: int, N: int, K: int, device, table: dict | None = None,
+                  dtype: torch.dtype = torch.bfloat16) -> dict:
+    """The config of select() (see there)."""
+    return select(n, N, K, device, table, dtype)[0]
 
 
 # ---------------------------------------------------------------------------------------------------- wrapper
@@ -510,7 +638,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, config: dict | None = None, *, add:
     if not (x.is_cuda or _INTERPRET):
         return linear_reference(x, w, add, act).to(x.dtype)
     if config is None:
-        key = (n, N, K, x.device, x.dtype)
+        key = (n, N, K, x.device, x.dtype, config_tables.state())
         config = _SELECTED.get(key) or _SELECTED.setdefault(key, select_config(n, N, K, x.device, dtype=x.dtype))
     cfg = check_config(config, n)
     if cfg["kind"] == "torch":

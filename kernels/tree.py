@@ -24,6 +24,8 @@ from verifybench.kernels.tree_triton import (FLAG_CYCLE, FLAG_ID_RANGE, FLAG_MIS
                                  FLAG_NAN_SCORE, FLAG_UNSORTED, MASK_MODES)
 
 BACKENDS = ("reference", "kernel")
+FLAG_NAMES = {"missing parent": FLAG_MISSING_PARENT, "cycle": FLAG_CYCLE, "id out of range": FLAG_ID_RANGE,
+              "NaN score": FLAG_NAN_SCORE, "duplicate or unsorted top_scores_index": FLAG_UNSORTED}
 KERNEL_SCORE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # the kernel ranks scores as fp32 keys
 
 
@@ -170,7 +172,8 @@ def build_tree(verified_id, parent_list, top_scores_index, draft_tokens, seq_len
     retrieve_next_sibling [B, D], draft_tokens [B*D]); int64 indices, mask as DESIGN.md 4.4 lays it out.
 
     top_scores_index rows must be strictly ascending (no duplicate, no unsorted candidate): the reference raises,
-    the kernel flags FLAG_UNSORTED in-kernel (no sync). `seq_lens_sum` (the host's sum of seq_lens) sizes the full
+    the kernel flags FLAG_UNSORTED in-kernel (no sync) into `flags`; without `flags`, outside graph capture, the
+    kernel path reads its own flags after the launch (a sync) and raises for a flagged request. `seq_lens_sum` (the host's sum of seq_lens) sizes the full
     mask. Outside CUDA-graph capture the kernel path reads seq_lens.sum() (a device sync) when the mask is full or
     seq_lens_sum is given, and raises if a given one differs; inside capture it trusts seq_lens_sum, which the full
     mask then requires (a wrong one gives a wrong mask, never a store outside it)."""
@@ -211,9 +214,19 @@ def build_tree(verified_id, parent_list, top_scores_index, draft_tokens, seq_len
         if mask_mode == "full":
             raise ValueError("mask_mode 'full' inside CUDA graph capture needs seq_lens_sum (it sizes the mask)")
         seq_lens_sum = 0  # the qlen masks do not depend on it
-    return _tt.build_tree(verified_id.contiguous(), parent_list.contiguous(), top_scores_index.contiguous(),
-                          draft_tokens.contiguous(), seq_lens.contiguous(), topk, spec_steps, d, mask_mode,
-                          tree_mask_numel(mask_mode, batch, d, seq_lens_sum), mask_dtype, seq_lens_sum, flags)
+    own = flags is None and not _capturing(verified_id)  # no flags to report through: check them here (a sync)
+    out_flags = torch.zeros(batch, dtype=torch.int32, device=verified_id.device) if own else flags
+    out = _tt.build_tree(verified_id.contiguous(), parent_list.contiguous(), top_scores_index.contiguous(),
+                         draft_tokens.contiguous(), seq_lens.contiguous(), topk, spec_steps, d, mask_mode,
+                         tree_mask_numel(mask_mode, batch, d, seq_lens_sum), mask_dtype, seq_lens_sum, out_flags)
+    if own:
+        bad = out_flags.nonzero().flatten().tolist()
+        if bad:
+            bits = int(out_flags[bad[0]])
+            names = [n for n, f in FLAG_NAMES.items() if bits & f]
+            raise ValueError(f"request {bad[0]}: invalid tree input ({', '.join(names)}): check top_scores_index "
+                             "(strictly ascending, in range), parent_list and seq_lens")
+    return out
 
 
 def _tree_parents(b: int, top: list[int], parent_list: list[int], topk: int, spec_steps: int) -> list[int]:

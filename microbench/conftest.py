@@ -5,7 +5,7 @@ import importlib
 import pytest
 
 from verifybench.harness.engine.pytest_plugin import (device_benchmark, pytest_benchmark_update_machine_info,  # noqa: F401
-                                                      pytest_sessionstart)
+                                                      pytest_sessionstart, pytest_terminal_summary)
 
 
 @pytest.fixture(scope="module", autouse=True)

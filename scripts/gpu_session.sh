@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# One call on a lent GPU machine: the steps named in $STEPS, each under its own timeout, logs and results under
-# $OUT (the device tool returns what is there). Prints a short table of step, exit code and seconds at the end.
-#   STEPS="install env tests verify" OUT=/tmp/out scripts/gpu_session.sh
+# One call on a lent GPU machine: the steps named in $STEPS, each under its own timeout; logs and results go to
+# $WORK and are bundled into $OUT/bundle.tgz at the end (the device tool returns at most 8 files). Prints a short
+# table of step, exit code and seconds last.
+#   STEPS="install env cycle" OUT=/tmp/out scripts/gpu_session.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/verifybench-gpu}
-mkdir -p "$OUT"
+WORK=${WORK:-/tmp/vb}
+mkdir -p "$OUT" "$WORK/run"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export VERIFYBENCH_GIT_COMMIT=${VERIFYBENCH_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+BASE=results/baselines/nvidia-h200-x1
 # Triton's compile cache from an earlier call, when one was carried (a fresh machine compiles everything again)
 cache=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
 if [ -f .cache-carry/triton-cache.tar.gz ]; then
@@ -18,25 +21,46 @@ step() {  # step NAME SECONDS COMMAND...
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
   echo "=== $name (limit ${limit}s): $*"
-  timeout --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  timeout --kill-after=10 "$limit" "$@" > "$WORK/$name.log" 2>&1
   local rc=$?
-  tail -n "${TAIL:-25}" "$OUT/$name.log"
+  tail -n "${TAIL:-25}" "$WORK/$name.log"
   summary+=("$(printf '%-14s rc=%-4s %5ss' "$name" "$rc" "$((SECONDS - t0))")")
 }
 for s in ${STEPS:-install env}; do
   case $s in
     install) step install 120 .ci/install ;;
     env) step env 60 verifybench env ;;
-    gputests) step gputests "${LIMIT:-300}" python3 -m pytest -q -m gpu -x -p no:randomly ;;
     tests) step tests "${LIMIT:-420}" python3 -m pytest -q -x ;;
-    verify) step verify "${LIMIT:-300}" verifybench verify --tokens "${TOKENS:-1-8}" --out "$OUT/run"
-            step compare 60 verifybench compare results/baselines/nvidia-h200-x1/verify.json "$OUT"/run/verify-*.json ;;
-    run) step run "${LIMIT:-540}" verifybench run --out "$OUT/run"
-         step compare 60 verifybench compare results/baselines/nvidia-h200-x1/verify.json "$OUT"/run/verify-*.json ;;
+    cycle) step cycle "${LIMIT:-400}" verifybench cycle --out "$WORK/run" ;;
+    mla_verify) step mla_verify 200 verifybench mla_verify --out "$WORK/run" ;;
+    verify) step verify "${LIMIT:-300}" verifybench verify --tokens "${TOKENS:-1-8}" --out "$WORK/run"
+            step compare 60 verifybench compare "$BASE/verify.json" "$WORK"/run/verify-*.json ;;
+    run) step run "${LIMIT:-540}" verifybench run --out "$WORK/run"
+         step compare 60 verifybench compare "$BASE/verify.json" "$WORK"/run/verify-*.json ;;
+    record) step record 200 verifybench record "$WORK/run/forward.json.gz" --tokens 4 \
+              --components misc,attn_proj,attn_core,allreduce,router,moe,dense,head
+            for r in verify_forward only-misc only-attn_proj only-attn_core only-allreduce only-router only-moe \
+                     only-dense only-head; do
+              step "trace-$r" 60 verifybench trace "$WORK/run/forward.json.gz" --cycle-range "$r" \
+                --json "$WORK/run/trace-$r.json"
+            done ;;
+    recordcycle) step recordcycle 200 verifybench record "$WORK/run/cycle.json.gz" --what cycle --replays 10
+                 step tracecycle 60 verifybench trace "$WORK/run/cycle.json.gz" --cycle-range spec_cycle \
+                   --verify-range verify --json "$WORK/run/trace-cycle.json" ;;
+    testdata) step testdata 200 bash -c "verifybench record $WORK/run/small-forward.json.gz --layers 3 --replays 3 \
+                && verifybench record $WORK/run/small-cycle.json.gz --what cycle --layers 3 --replays 3" ;;
+    sweeplist) step sweeplist 60 python3 -m verifybench.harness.dist.allreduce --nccl-sweep --list ;;
+    core) step core "${LIMIT:-480}" verifybench run --components verify,cycle,mla_verify --out "$WORK/run"
+          step compare 60 verifybench compare "$BASE/verify.json" "$WORK"/run/verify-*.json ;;
+    hidden) step hidden "${LIMIT:-300}" env VERIFYBENCH_CONFIG_TABLES=none VERIFYBENCH_MEMORY_CAP_GIB=94 \
+              verifybench run --components moe_int4,verify --tokens 1,4,8 --out "$WORK/hidden" ;;
+    dvt) step dvt 240 python3 scripts/defaults_vs_tuned.py "$WORK/run/defaults_vs_tuned.json" ;;
+    gputests) step gputests "${LIMIT:-300}" python3 -m pytest -q -m gpu -x -p no:randomly ;;
     bench) step bench "${LIMIT:-300}" python3 -m pytest --benchmark-only -q microbench/ \
-             --benchmark-json="$OUT/bench.json" ;;
+             --benchmark-json="$WORK/run/bench.json" ;;
     savecache) tar -czf "$OUT/triton-cache.tar.gz" -C "$cache" . && ls -la "$OUT/triton-cache.tar.gz" ;;
     *) echo "unknown step $s" ;;
   esac
 done
-printf '%s\n' "${summary[@]}"
+printf '%s\n' "${summary[@]}" | tee "$WORK/summary.txt"
+tar -czf "$OUT/bundle.tgz" -C "$WORK" . && ls -la "$OUT/bundle.tgz"

@@ -7,6 +7,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from verifybench.harness.engine.pytest_plugin import pytest_terminal_summary  # noqa: E402,F401 (the defaults notice)
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():

@@ -1,6 +1,7 @@
-"""The allreduce component on CPU: a 2-rank gloo run under torchrun (table, JSON, checks, agreed counts), the failure
+"""The allreduce component on CPU: an 8-rank gloo run under torchrun (table, JSON, checks, agreed counts), the failure
 paths (a rank that exits early, a rank that hangs) ending the job non-zero within the bound, naming the rank and
-leaving no process behind, the NCCL sweep driver (one fresh torchrun per setting), and the pure pieces.
+leaving no process behind, the NCCL sweep driver (one fresh 8-rank torchrun per setting, ranking, combination,
+export lines), the measured stand-in figure read back from a result, and the pure pieces.
 """
 from __future__ import annotations
 
@@ -10,38 +11,56 @@ import sys
 import pytest
 import torch
 
-from verifybench.harness.dist.allreduce import parse_bytes, parse_int_list, plan_sizes
-from verifybench.harness.dist.allreduce_results import build_cases, busbw_factor, table_rows
+from verifybench.harness.dist import sweep
+from verifybench.harness.dist.allreduce import main as allreduce_main, parse_bytes, parse_int_list, plan_sizes
+from verifybench.harness.dist.allreduce_results import build_cases, busbw_factor, stand_in_from_result, table_rows
 from verifybench.harness.dist.backends import BF16_EXACT_MAX, expected_sum, pattern_modulus
 from verifybench.harness.dist.sweep import parse_nccl_log, parse_setting
+from verifybench.harness.engine import results
 from verifybench.harness.engine.results import load_run
+from verifybench.harness.model.build import allreduce_stand_in_us
 from torchrun_jobs import BOUND_S, TORCHRUN, assert_no_orphans
 from torchrun_jobs import run_job
+
+TORCHRUN_8 = [a for a in TORCHRUN if not a.startswith("--nproc-per-node")] + ["--nproc-per-node=8"]
 
 FAST = ["--backend", "gloo", "--preset", "tiny", "--tokens", "1,2", "--warmup", "2", "--samples", "5",
         "--isolated-samples", "6", "--calls-per-sample", "3"]
 
 
-def test_gloo_two_rank_run_prints_table_and_saves_checked_json(tmp_path):
-    rc, out, _, tag = _run(TORCHRUN + ["-m", "verifybench.harness.dist.allreduce", *FAST, "--out", str(tmp_path), "--name", "r.json"])
+@pytest.fixture(scope="module")
+def quick_sweep(tmp_path_factory):
+    """One quick sweep (two settings, each a fresh 8-rank gloo torchrun, every mode): the 8-rank allreduce job and
+    the sweep driver are both checked on it, so CI starts the 8 ranks twice, not three times."""
+    out_dir = tmp_path_factory.mktemp("sweep")
+    rc, out, _, tag = _run([sys.executable, "-m", "verifybench.harness.dist.allreduce", "--nccl-sweep", "--quick",
+                            *FAST, "--mode", "graph,eager,isolated", "--nproc-per-node", "8",
+                            "--out", str(out_dir)], timeout_s=240)
     assert rc == 0, out[-3000:]
+    assert_no_orphans(tag)
+    return out, next(out_dir.glob("allreduce-sweep-*/summary.json"))
+
+
+def test_gloo_eight_rank_run_prints_table_and_saves_checked_json(quick_sweep):
+    _, summary = quick_sweep
+    job = next(summary.parent.glob("00-*"))
+    out = (job / "output.log").read_text()
     assert re.search(r"size\(B\)\s+count\s+type\s+backend\s+mode\s+time\(us\)\s+algbw\(GB/s\)\s+busbw\(GB/s\)\s+#wrong",
                      out), out[-3000:]
-    run = load_run(tmp_path / "r.json")
+    run = load_run(job / "allreduce.json")
     assert run["component"] == "allreduce"
-    assert run["extra"]["world_size"] == 2 and run["extra"]["complete"]
+    assert run["extra"]["world_size"] == 8 and run["extra"]["complete"]
     cases = run["cases"]
     assert {(c["params"]["size_bytes"], c["params"]["mode"]) for c in cases} == {
         (s, m) for s in (512, 1024) for m in ("graph", "eager", "isolated")}
     for c in cases:
         assert c["check"]["ok"], c["check"]
-        assert c["params"]["world_size"] == 2 and c["derived"]["wrong"] == 0
-        assert len(c["derived"]["rank_medians_us"]) == 2  # both ranks contributed a time
+        assert c["params"]["world_size"] == 8 and c["derived"]["wrong"] == 0
+        assert len(c["derived"]["rank_medians_us"]) == 8  # every rank contributed a time
         assert c["derived"]["time_us"] == max(c["derived"]["rank_medians_us"])
         assert c["warmup_calls"] == 2  # the agreed counts, not an adaptive stop
         assert len(c["samples_us"]) == (6 if c["params"]["mode"] == "isolated" else 5)
         assert c["calls_per_sample"] == (1 if c["params"]["mode"] == "isolated" else 3)
-    assert_no_orphans(tag)
 
 
 def test_rank_exiting_early_ends_job_nonzero_within_bound_naming_it(tmp_path):
@@ -64,23 +83,67 @@ def test_rank_hanging_ends_job_nonzero_within_bound_naming_it(tmp_path, rank):
     assert_no_orphans(tag)
 
 
-def test_nccl_sweep_runs_each_setting_in_a_fresh_torchrun(tmp_path):
-    rc, out, _, tag = _run([sys.executable, "-m", "verifybench.harness.dist.allreduce", "--nccl-sweep", "--setting", "default",
-                            "--setting", "NCCL_PROTO=LL,NCCL_MAX_NCHANNELS=2", *FAST, "--mode", "graph",
-                            "--nproc-per-node", "2", "--out", str(tmp_path)], timeout_s=150)
-    assert rc == 0, out[-3000:]
-    assert "fastest setting per size" in out
-    summary = next(tmp_path.glob("allreduce-sweep-*/summary.json"))
+def test_quick_nccl_sweep_runs_each_setting_in_a_fresh_eight_rank_torchrun_and_prints_exports(quick_sweep):
+    out, summary = quick_sweep
+    assert "1. [default] default" in out and "2. [protocol x algorithm] NCCL_PROTO=LL,NCCL_ALGO=Ring" in out
+    assert "the NCCL variables do nothing here" in out  # gloo: a plumbing check, said so
+    assert re.search(r"\[sweep 1/3, \d+/1800 s\] default \.\.\. ok", out), out[-3000:]
+    assert "settings ranked at verify sizes" in out and "fastest setting per size" in out
+    assert "export NCCL_NVLS_ENABLE=0" in out and "not a recommendation" in out
     run = load_run(summary)
-    assert {c["params"]["nccl_setting"] for c in run["cases"]} == {"default", "NCCL_PROTO=LL,NCCL_MAX_NCHANNELS=2"}
-    assert all(c["check"]["ok"] for c in run["cases"])
+    assert {c["params"]["nccl_setting"] for c in run["cases"]} == {"default", "NCCL_PROTO=LL,NCCL_ALGO=Ring"}
+    assert all(c["check"]["ok"] and c["params"]["world_size"] == 8 for c in run["cases"])
+    assert run["extra"]["winner"]["setting"] in ("default", "NCCL_PROTO=LL,NCCL_ALGO=Ring")
     # each setting reached its ranks' environment (recorded in their fingerprint), multicast still off
     for i, want in enumerate((None, "LL")):
         setting_run = load_run(next(summary.parent.glob(f"{i:02d}-*/allreduce.json")))
         env = setting_run["fingerprint"]["env"]
         assert env.get("NCCL_PROTO") == want
         assert env["NCCL_NVLS_ENABLE"] == "0" and env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
-    assert_no_orphans(tag)
+    us, source = stand_in_from_result(str(summary), 512)  # a sweep summary serves as the stand-in's source
+    assert us > 0 and "under NCCL setting" in source and "CPU numbers" in source
+
+
+def test_sweep_list_names_every_pcie_knob_and_the_combination(capsys):
+    assert allreduce_main(["--list"]) == 0
+    out = capsys.readouterr().out
+    for setting in ("NCCL_P2P_DISABLE=1", "NCCL_SHM_DISABLE=1", "NCCL_P2P_LEVEL=PXB", "NCCL_P2P_LEVEL=PHB",
+                    "NCCL_P2P_LEVEL=SYS", "NCCL_BUFFSIZE=1048576", "NCCL_BUFFSIZE=8388608", "NCCL_NTHREADS=64",
+                    "NCCL_NTHREADS=512", "NCCL_MIN_NCHANNELS=1,NCCL_MAX_NCHANNELS=1",
+                    "NCCL_MIN_NCHANNELS=32,NCCL_MAX_NCHANNELS=32", "NCCL_PROTO=LL128,NCCL_ALGO=Tree",
+                    "NCCL_PROTO=Simple,NCCL_ALGO=Ring"):
+        assert f"] {setting}\n" in out, setting
+    assert "best of each group combined" in out
+    assert sweep.group_of({"NCCL_P2P_LEVEL": "SYS"}) == "transport" and sweep.group_of({}) == "default"
+
+
+def _outcome(label: str, env: dict, times: dict[int, float], status: str = "ok") -> dict:
+    cases = [{"params": {"backend": "nccl", "size_bytes": s, "mode": "graph", "origin": f"{s // 512} tok"},
+              "check": {"ok": True}, "derived": {"time_us": t}} for s, t in times.items()]
+    return {"label": label, "group": sweep.group_of(env), "env": env, "status": status, "run": {"cases": cases}}
+
+
+def test_sweep_ranks_at_verify_sizes_and_combines_the_best_of_independent_groups():
+    outcomes = [_outcome("default", {}, {512: 20.0, 1024: 22.0}),
+                _outcome("NCCL_PROTO=LL,NCCL_ALGO=Ring", {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"},
+                         {512: 10, 1024: 11}),
+                _outcome("NCCL_PROTO=Simple,NCCL_ALGO=Tree", {"NCCL_PROTO": "Simple", "NCCL_ALGO": "Tree"},
+                         {512: 15, 1024: 16}),
+                _outcome("NCCL_NTHREADS=256", {"NCCL_NTHREADS": "256"}, {512: 18, 1024: 21}),
+                _outcome("NCCL_BUFFSIZE=8388608", {"NCCL_BUFFSIZE": "8388608"}, {512: 30, 1024: 30}),  # slower
+                _outcome("NCCL_P2P_LEVEL=SYS", {"NCCL_P2P_LEVEL": "SYS"}, {512: 5.0}),  # one size missing
+                _outcome("NCCL_SHM_DISABLE=1", {"NCCL_SHM_DISABLE": "1"}, {}, status="exit 1")]
+    ranking = sweep.rank_settings(outcomes)
+    assert [r["setting"] for r in ranking] == ["NCCL_PROTO=LL,NCCL_ALGO=Ring", "NCCL_PROTO=Simple,NCCL_ALGO=Tree",
+                                               "NCCL_NTHREADS=256", "default", "NCCL_BUFFSIZE=8388608"]
+    assert ranking[0]["x default"] == pytest.approx((110 / 440) ** 0.5)
+    labels, env = sweep.combine_winners(outcomes, ranking)
+    assert labels == ["NCCL_PROTO=LL,NCCL_ALGO=Ring", "NCCL_NTHREADS=256"]  # one per group, only those that beat it
+    assert env == {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_NTHREADS": "256"}
+    assert sweep.combine_winners(outcomes[:2], sweep.rank_settings(outcomes[:2])) is None  # one group: no new run
+    lines = sweep.export_lines(env, {"NCCL_IB_DISABLE": "1", "NCCL_DEBUG": "INFO", "PATH": "/bin"})
+    assert lines == ["export NCCL_ALGO=Ring", "export NCCL_IB_DISABLE=1", "export NCCL_NTHREADS=256",
+                     "export NCCL_NVLS_ENABLE=0", "export NCCL_PROTO=LL", "export TORCH_SYMM_MEM_DISABLE_MULTICAST=1"]
 
 
 def test_sweep_refuses_settings_that_enable_multicast():
@@ -167,5 +230,53 @@ def test_case_time_is_the_slowest_ranks_median_and_a_wrong_output_reports_no_tim
     assert row["time(us)"] == "FAIL"
 
 
+def _stored(path, component: str, cases: list[tuple[str, int, str, float, str]], device: str = "cuda"):
+    """A result file with passing cases (backend, size, mode, time, origin)."""
+    run = results.make_run(component, [], {"gpu_model": "NVIDIA X", "env": {}})
+    run["cases"] = [{"name": f"{b}/{s}/{m}", "check": {"ok": True, "detail": ""}, "mode": m, "device": device,
+                     "samples_us": [t], "summary": {"median_us": t}, "derived": {"time_us": t},
+                     "params": {"backend": b, "size_bytes": s, "mode": m, "origin": o}} for b, s, m, t, o in cases]
+    return results.write_json_atomic(path, run)
+
+
+AR_CASES = [("nccl", 14336, "graph", 30.0, "1 tok"), ("nccl", 28672, "graph", 32.0, "2 tok"),
+            ("nccl", 57344, "graph", 40.0, "4 tok"), ("symm-one-shot", 14336, "graph", 12.0, "1 tok"),
+            ("symm-one-shot", 28672, "graph", 50.0, "2 tok"), ("symm-one-shot", 57344, "graph", 60.0, "4 tok"),
+            ("nccl", 14336, "eager", 5.0, "1 tok"), ("nccl", 1 << 20, "graph", 99.0, "pow2")]
+
+
+def test_stand_in_takes_the_median_at_the_nearest_size_of_the_named_or_fastest_backend(tmp_path):
+    path = str(_stored(tmp_path / "ar.json", "allreduce", AR_CASES))
+    assert stand_in_from_result(path, 14336) == (12.0, f"{path}: symm-one-shot, the fastest, graph mode, at 14336 B")
+    us, source = stand_in_from_result(f"{path}:nccl", 14336)  # named: graph mode, never the faster eager figure
+    assert us == 30.0 and source == f"{path}: nccl, graph mode, at 14336 B"
+    us, source = stand_in_from_result(path, 7168 * 3 * 2)  # 43008 B: nearest measured is 57344 (ratio 1.33 < 1.5)
+    assert us == 40.0 and "at 57344 B (the size nearest 43008 B)" in source
+    us, source = stand_in_from_result(path)  # no size: the median over the verify sizes, not the pow2 one
+    assert us == 32.0 and "nccl, the fastest" in source and "median over its 3 verify sizes 14336-57344 B" in source
+    with pytest.raises(ValueError, match="backend gloo"):
+        stand_in_from_result(f"{path}:gloo", 14336)
+    other = _stored(tmp_path / "v.json", "verify", [])
+    with pytest.raises(ValueError, match="allreduce result or NCCL sweep summary"):
+        stand_in_from_result(str(other))
+
+
+def test_verifybench_allreduce_from_sets_the_one_gpu_stand_in_and_names_its_source(tmp_path, monkeypatch):
+    path = str(_stored(tmp_path / "ar.json", "allreduce", AR_CASES))
+    monkeypatch.delenv("VERIFYBENCH_ALLREDUCE_US", raising=False)
+    monkeypatch.setenv("VERIFYBENCH_ALLREDUCE_FROM", f"{path}:nccl")
+    assert allreduce_stand_in_us(28672) == (32.0, f"measured: {path}: nccl, graph mode, at 28672 B")
+    assert allreduce_stand_in_us()[0] == 32.0
+    monkeypatch.setenv("VERIFYBENCH_ALLREDUCE_US", "20")
+    with pytest.raises(ValueError, match="not both"):
+        allreduce_stand_in_us()
+    monkeypatch.delenv("VERIFYBENCH_ALLREDUCE_FROM")
+    assert allreduce_stand_in_us() == (20.0, "VERIFYBENCH_ALLREDUCE_US")
+    monkeypatch.setenv("VERIFYBENCH_ALLREDUCE_FROM", str(tmp_path / "missing.json"))
+    monkeypatch.delenv("VERIFYBENCH_ALLREDUCE_US")
+    with pytest.raises(ValueError):
+        allreduce_stand_in_us()
+
+
 def _run(cmd: list[str], timeout_s: float = 120):
-    return run_job(cmd, timeout_s)
+    return run_job(cmd, timeout_s, drop_env=("VERIFYBENCH_ALLREDUCE_US", "VERIFYBENCH_ALLREDUCE_FROM"))

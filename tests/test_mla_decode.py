@@ -271,7 +271,7 @@ def test_mla_decode_selects_from_the_table_unless_told(monkeypatch, fresh_select
     table = {md.device_name(DEV): {"shapes": {"8,2,48,32": {"128": cfg}}}}
     seen = []
     real = md.select_config
-    monkeypatch.setattr(md, "load_configs", lambda *a: table)
+    monkeypatch.setattr(md.config_tables, "merged", lambda path: table)  # the tables selection reads
     monkeypatch.setattr(md, "select_config", lambda *a, **kw: seen.append((a, kw)) or real(*a, **kw))
     assert rel_error(mla_decode(q, cache, 150, 32).float(), want) <= 1e-2
     assert seen == [((2, 8, 150, torch.device(DEV)), {"d": 48, "kv_lora": 32, "dtype": torch.float16})]

@@ -27,7 +27,7 @@ def mt():
     if not torch.cuda.is_available():
         from triton.runtime.interpreter import InterpretedFunction
 
-        if not isinstance(module._gate_up_kernel, InterpretedFunction):
+        if not isinstance(module._gate_up_split_kernel, InterpretedFunction):
             os.environ["TRITON_INTERPRET"] = "1"
             module = importlib.reload(module)
     return module
@@ -109,14 +109,13 @@ def test_fused_matches_reference_fp16(mt, weights, m):
     assert rel_error(out.float(), ref) <= 1e-2
 
 
-@pytest.mark.parametrize("layout,dequant", [("planar", "magic"), ("checkpoint", "denormal")])
-def test_fused_layout_and_dequant_variants_match_reference(mt, weights, layout, dequant):
+def test_fused_with_skewed_routing_fp16_weights_and_int64_ids_matches_reference(mt, weights):
     dev = _device()
     ws = _on(dev, weights)
     x = torch.randn(3, H, dtype=torch.float16, device=dev)
     tw, ids = moe.route_skewed(3, E, TOPK, hot_experts=1, seed=7, device=dev)
     tw = tw.half()  # any float dtype for the routing weights; int64 ids
-    out = mt.fused_moe_w4a16(x, *ws, tw, ids.long(), config={**SMALL_CFG, "layout": layout, "dequant": dequant})
+    out = mt.fused_moe_w4a16(x, *ws, tw, ids.long(), config=SMALL_CFG)
     assert rel_error(out.float(), moe.reference_moe_w4a16(x.float(), *ws, tw, ids)) <= 1e-2
 
 
@@ -132,46 +131,98 @@ def test_fused_shares_an_expert_between_tokens(mt, weights):
 
 def test_planar_repack_is_cached_per_tensor_and_version(mt, weights):
     packed, scales = weights[0].clone(), weights[1]
-    first, _ = mt.kernel_weights(packed, scales, "planar")
-    again, _ = mt.kernel_weights(packed, scales, "planar")
+    first, _ = mt.kernel_weights(packed, scales)
+    again, _ = mt.kernel_weights(packed, scales)
     assert again is first
     packed.add_(0)  # an in-place update bumps the version: repacked again
-    assert mt.kernel_weights(packed, scales, "planar")[0] is not first
+    assert mt.kernel_weights(packed, scales)[0] is not first
 
 
 def test_select_config_uses_default_off_table_and_largest_tuned_n_below_m(mt):
-    table = {"cpu": {"layout": "planar", "dequant": "magic",
+    table = {"cpu": {"dequant": "denormal",
                      "by_n": {"1": {"gate_up": {"BLOCK_N": 2, "num_warps": 1}, "down": {"BLOCK_N": 4}},
                               "4": {"gate_up": {"BLOCK_N": 8, "num_warps": 2}, "down": {"BLOCK_N": 16}}}}}
     cpu = torch.device("cpu")
-    assert mt.select_config(3, cpu, {}) == mt.DEFAULT_CONFIG
+    assert mt.select(3, cpu, {}) == (mt.default_config(cpu), "default")
     assert mt.select_config(3, cpu, table)["gate_up"]["BLOCK_N"] == 2
     assert mt.select_config(9, cpu, table)["down"]["BLOCK_N"] == 16
-    assert mt.select_config(3, cpu, table)["dequant"] == "magic"
+    assert mt.select(3, cpu, table)[1] == "tuned"
+
+
+def test_select_falls_back_to_the_default_when_the_tuned_entry_does_not_fit(mt, monkeypatch):
+    table = {"cpu": {"by_n": {"1": {"gate_up": {"BLOCK_N": 2, "num_warps": 1}, "down": {"BLOCK_N": 4}}}}}
+    monkeypatch.setattr(mt, "misfit", lambda cfg, device, shape=None: (300000, 101376))
+    cfg, source = mt.select(1, torch.device("cpu"), table)
+    assert cfg == mt.default_config("cpu")
+    assert source.startswith("default (") and "300000 B" in source and "101376 B" in source
+
+
+def test_default_config_is_the_shipped_family_and_the_interpreter_gets_denormal(mt):
+    """On a GPU: half2 as every shipped entry picks, with the blocking of the shipped n = 2 entry and no pdl
+    (sm_90+ only); in the interpreter the same blocking with the dequant it can run."""
+    table = mt.load_configs()
+    assert {e.get("dequant") for gpu in table.values() for e in gpu["by_n"].values()} == {"half2"}
+    n2 = table["NVIDIA H200"]["by_n"]["2"]
+    assert mt.DEFAULT_CONFIG["gate_up"] == n2["gate_up"] and mt.DEFAULT_CONFIG["down"] == n2["down"]
+    assert mt.DEFAULT_CONFIG["dequant"] == "half2" and not mt.DEFAULT_CONFIG["pdl"]
+    cpu = mt.default_config("cpu")
+    assert cpu["dequant"] == "denormal" and cpu["gate_up"] == mt.DEFAULT_CONFIG["gate_up"]
 
 
 def test_shipped_config_table_names_gpus_and_every_n(mt):
     table = mt.load_configs()
     for gpu, entry in table.items():
-        assert entry["layout"] in mt.LAYOUTS and entry["dequant"] in ("denormal", "magic"), gpu
         assert {int(n) for n in entry["by_n"]} >= set(range(1, 9)), gpu
+        for n, tuned in entry["by_n"].items():
+            cfg = mt._entry_config(entry, tuned, mt.DEFAULT_CONFIG)
+            assert "layout" not in entry and tuned.get("kernel", "split") == "split", (gpu, n)
+            mt.check_config(cfg, mt.K25_TP8, torch.device("cpu"))
+
+
+ARCHS = (80, 86, 89, 90, 100, 120)
+
+
+def _largest_tiles(configs: list[dict], dequant: str) -> dict:
+    """The selectable config of `dequant` with the largest gate_up tile (rows x words x warps, prefetch) and the
+    largest down tile (rows, then row iterations): the shared memory of these kernels is reduction scratch that
+    grows with the tile (no other parameter changes it), so this config bounds the others of its dequant."""
+    mine = [c for c in configs if c["dequant"] == dequant]
+    gate_up = max((c["gate_up"] for c in mine), key=lambda g: (g["BLOCK_N"] * g.get("BLOCK_W", 128) * g["num_warps"],
+                                                                 g.get("PREFETCH", 1)))
+    down = max((c["down"] for c in mine), key=lambda d: (d["BLOCK_N"], d.get("ROW_ITERS", 1)))
+    return next(c for c in mine if c["gate_up"] == gate_up and c["down"] == down)  # selectable itself
+
+
+def test_every_selectable_config_fits_each_architecture(mt):
+    """Compiled for each architecture without a GPU (under the interpreter in one subprocess): the default and, per
+    dequant, the selectable config with the largest tiles (shipped entries and tuner space alike) need no more
+    shared memory per block than the architecture allows. pdl configs are selectable (and compiled with PDL) on
+    sm_90+ only. Minutes the first time on a loaded 2-core machine; Triton's cache serves repeats."""
+    import triton
+
+    if "nvidia" not in triton.backends.backends:
+        pytest.skip("this triton has no NVIDIA backend to compile for")
+    configs = [{**mt.DEFAULT_CONFIG, **c} for c in mt.selectable_configs()]
+    assert mt.DEFAULT_CONFIG in configs and any(c["dequant"] == "denormal" for c in configs)
+    cases = []
+    for cc in ARCHS:
+        here = [c for c in configs if cc >= 90 or not c.get("pdl")]
+        cases += [(c, cc) for c in [mt.DEFAULT_CONFIG, *(_largest_tiles(here, d) for d in mt.DEQUANTS)]]
+    for (cfg, cc), shared in zip(cases, mt.compiled_shared_bytes_many(cases)):
+        assert 0 <= shared <= mt.SMEM_LIMIT_BYTES[cc], (cc, shared, cfg)
 
 
 # ---------------------------------------------------------------------------------------------------- split kernel
 
 # kernel "split": H = 64 is 8 words, 2 groups per gate_up row
 SPLIT_CFGS = {
-    "K1 prefetch, 2 chunks": {"kernel": "split", "gate_up": {"BLOCK_N": 16, "num_warps": 1, "SPLIT_K": 1,
+    "K1 prefetch, 2 chunks": {"gate_up": {"BLOCK_N": 16, "num_warps": 1, "SPLIT_K": 1,
                                                              "BLOCK_W": 4}, "down": {"BLOCK_N": 32, "ROW_ITERS": 2}},
-    "K2 no prefetch": {"kernel": "split", "gate_up": {"BLOCK_N": 16, "num_warps": 1, "SPLIT_K": 2, "PREFETCH": 0},
+    "K2 no prefetch": {"gate_up": {"BLOCK_N": 16, "num_warps": 1, "SPLIT_K": 2, "PREFETCH": 0},
                        "down": {"BLOCK_N": 64, "ROW_ITERS": 1}},
-    "K2 masked rows and words, pdl": {"kernel": "split", "pdl": True,
+    "K2 masked rows and words, pdl": {"pdl": True,
                                       "gate_up": {"BLOCK_N": 64, "num_warps": 1, "SPLIT_K": 2, "BLOCK_W": 8},
                                       "down": {"BLOCK_N": 16, "ROW_ITERS": 4}},
-    "magic dequant": {"kernel": "split", "dequant": "magic", "gate_up": {"BLOCK_N": 32, "num_warps": 1, "SPLIT_K": 2},
-                      "down": {"BLOCK_N": 64, "ROW_ITERS": 1}},
-    "checkpoint layout": {"kernel": "split", "layout": "checkpoint",
-                          "gate_up": {"BLOCK_N": 32, "num_warps": 1, "SPLIT_K": 1}, "down": {"BLOCK_N": 64}},
 }
 
 
@@ -197,13 +248,13 @@ def test_split_kernel_shares_experts_between_tokens(mt, weights):
     assert rel_error(out.float(), moe.reference_moe_w4a16(x.float(), *ws, tw, ids)) <= 1e-2
 
 
-@pytest.mark.parametrize("kernel", ["v3", "split"])
-def test_prepacked_planar_weights_match_reference_without_caching(mt, weights, kernel):
+@pytest.mark.parametrize("name", ["small", "K2 no prefetch"])
+def test_prepacked_planar_weights_match_reference_without_caching(mt, weights, name):
     """bench_verify's call: planar weights given as they are (prepacked=True, check_ids=False)."""
     dev = _device()
     w13, s13, w2, s2 = _on(dev, weights)
     planar = (mt.repack_planar(w13, 32), s13, mt.repack_planar(w2, 32), s2)
-    cfg = {**(SMALL_CFG if kernel == "v3" else SPLIT_CFGS["K2 no prefetch"]), "layout": "planar"}
+    cfg = SMALL_CFG if name == "small" else SPLIT_CFGS[name]
     x = torch.randn(2, H, dtype=torch.float16, device=dev)
     tw, ids = moe.route_uniform(2, E, TOPK, seed=21, device=dev)
     cached = len(mt._CACHE)
@@ -222,13 +273,9 @@ BAD_CONFIGS = {
     "gate_up BLOCK_N 3": ({**_SPLIT, "gate_up": {**_SPLIT["gate_up"], "BLOCK_N": 3}}, r"gate_up\.BLOCK_N"),
     "down BLOCK_N 0": ({**_SPLIT, "down": {"BLOCK_N": 0}}, r"down\.BLOCK_N"),
     "ROW_ITERS 0": ({**_SPLIT, "down": {"BLOCK_N": 16, "ROW_ITERS": 0}}, "ROW_ITERS"),
-    "unknown kernel": ({**_SPLIT, "kernel": "v9"}, "kernel must be one of"),
-    "SPLIT_K on v3": ({**SMALL_CFG, "gate_up": {**SMALL_CFG["gate_up"], "SPLIT_K": 2}}, "need kernel 'split'"),
-    "pdl on v3": ({**SMALL_CFG, "pdl": True}, "need kernel 'split'"),
-    "unknown layout": ({**_SPLIT, "layout": "tiled"}, "layout must be"),
-    "unknown dequant": ({**_SPLIT, "dequant": "lut"}, "dequant must be"),
-    "half2 on v3": ({**SMALL_CFG, "dequant": "half2"}, "need kernel 'split'"),
-    "half2 on the checkpoint layout": ({**_SPLIT, "dequant": "half2", "layout": "checkpoint"}, "planar layout"),
+    "another kernel": ({**_SPLIT, "kernel": "v3"}, "kernel must be 'split'"),
+    "checkpoint layout": ({**_SPLIT, "layout": "checkpoint"}, "layout must be 'planar'"),
+    "unknown dequant": ({**_SPLIT, "dequant": "magic"}, "dequant must be"),
 }
 
 
@@ -254,20 +301,19 @@ def weights_k32():
     return (*moe.quantize_w4a16(torch.randn(E, 2 * I, H) * 0.1), *moe.quantize_w4a16(torch.randn(E, H, I) * 0.1))
 
 
-def test_select_config_passes_the_kernel_choice_per_n(mt):
-    split = {"kernel": "split", "pdl": True, "gate_up": {"BLOCK_N": 8, "num_warps": 1, "SPLIT_K": 7},
-             "down": {"BLOCK_N": 16, "ROW_ITERS": 1}, "us": 12.0, "old_us": 16.0}
-    table = {"cpu": {"layout": "planar", "dequant": "denormal",
+def test_select_config_passes_the_tuned_keys_per_n(mt):
+    split = {"pdl": True, "gate_up": {"BLOCK_N": 8, "num_warps": 1, "SPLIT_K": 7},
+             "down": {"BLOCK_N": 16, "ROW_ITERS": 1}, "us": 12.0, "by_space_us": {"split-denormal": 12.0}}
+    table = {"cpu": {"dequant": "denormal",
                      "by_n": {"1": split, "4": {"gate_up": {"BLOCK_N": 4, "num_warps": 1}, "down": {"BLOCK_N": 8}}}}}
     cpu = torch.device("cpu")
     one = mt.select_config(1, cpu, table)
-    assert one["kernel"] == "split" and one["pdl"] is True and one["gate_up"]["SPLIT_K"] == 7
-    assert "us" not in one and "old_us" not in one
-    assert mt.select_config(5, cpu, table)["kernel"] == "v3"  # entries without "kernel" are the v3 kernels
+    assert one["pdl"] is True and one["gate_up"]["SPLIT_K"] == 7
+    assert "us" not in one and "by_space_us" not in one
     assert one["dequant"] == "denormal"  # the table's own default
-    table["cpu"]["by_n"]["1"] = {**split, "dequant": "half2", "by_space_us": {"new": 13.0, "half2": 12.0}}
-    one = mt.select_config(1, cpu, table)
-    assert one["dequant"] == "half2" and "by_space_us" not in one  # a per-n dequant wins over the table's
+    assert mt.select_config(5, cpu, table)["pdl"] is False  # the default's
+    table["cpu"]["by_n"]["1"] = {**split, "dequant": "half2"}
+    assert mt.select_config(1, cpu, table)["dequant"] == "half2"  # a per-n dequant wins over the table's
 
 
 # ---------------------------------------------------------------------------------------------------- errors
@@ -437,18 +483,18 @@ def test_bench_cases_refuse_a_gpu_preset_without_cuda():
         bench.cases("kimi-k2.5", 8, 4096)
 
 
-HALF2_CFGS = {  # kernel split, fp16-pair dequant: prefetch or not, split-K, masked rows, row iterations, pdl
-    "BN8 pf0": {"kernel": "split", "dequant": "half2", "gate_up": {"BLOCK_N": 8, "num_warps": 1, "PREFETCH": 0},
+HALF2_CFGS = {  # fp16-pair dequant: prefetch or not, split-K, masked rows, row iterations, pdl
+    "BN8 pf0": {"dequant": "half2", "gate_up": {"BLOCK_N": 8, "num_warps": 1, "PREFETCH": 0},
                 "down": {"BLOCK_N": 16, "ROW_ITERS": 1}},
-    "BN4 pf1 pdl": {"kernel": "split", "dequant": "half2", "pdl": True,
+    "BN4 pf1 pdl": {"dequant": "half2", "pdl": True,
                     "gate_up": {"BLOCK_N": 4, "num_warps": 1, "PREFETCH": 1, "BLOCK_W": 128},
                     "down": {"BLOCK_N": 8, "ROW_ITERS": 4}},
-    "BN2 2 warps w256": {"kernel": "split", "dequant": "half2", "pdl": True,
+    "BN2 2 warps w256": {"dequant": "half2", "pdl": True,
                          "gate_up": {"BLOCK_N": 2, "num_warps": 2, "PREFETCH": 1, "BLOCK_W": 256},
                          "down": {"BLOCK_N": 8, "ROW_ITERS": 8}},
-    "BN16 K4": {"kernel": "split", "dequant": "half2", "gate_up": {"BLOCK_N": 16, "num_warps": 1, "SPLIT_K": 4,
+    "BN16 K4": {"dequant": "half2", "gate_up": {"BLOCK_N": 16, "num_warps": 1, "SPLIT_K": 4,
                                                                    "PREFETCH": 0}, "down": {"BLOCK_N": 4}},
-    "BN512 masked rows": {"kernel": "split", "dequant": "half2", "gate_up": {"BLOCK_N": 512, "num_warps": 4,
+    "BN512 masked rows": {"dequant": "half2", "gate_up": {"BLOCK_N": 512, "num_warps": 4,
                                                                             "PREFETCH": 0}, "down": {"BLOCK_N": 16}},
 }
 
@@ -493,22 +539,18 @@ def test_checkpoint_from_planar_inverts_the_repack():
 def test_tuning_candidates_fit_the_k25_tp8_shapes():
     """Every GPU candidate passes check_config at K2.5 TP8 (a bad one would only be skipped on the H200)."""
     bench = importlib.import_module("verifybench.harness.tune.moe_int4")
+    mt = bench.mt
     p = bench.preset_shape("kimi-k2.5", 8)
-    for base, key, cands in ((bench.OLD_BASE, "gate_up", bench.GATE_UP_CANDIDATES),
-                             (bench.OLD_BASE, "down", bench.DOWN_CANDIDATES),
-                             (bench.NEW_BASE, "gate_up", bench.SPLIT_GATE_UP_CANDIDATES),
-                             (bench.NEW_BASE, "down", bench.SPLIT_DOWN_CANDIDATES),
-                             (bench.HALF2_BASE, "gate_up", bench.HALF2_GATE_UP_CANDIDATES),
-                             (bench.HALF2_BASE, "down", bench.SPLIT_DOWN_CANDIDATES)):
-        for c in cands:
-            assert bench._valid({**base, key: c}, p), (key, c)
-            assert bench._valid({**base, key: c, "pdl": True}, p) == (base["kernel"] == "split")
-    jobs = bench._prewarm_jobs(bench.TUNE_NS, bench.GATE_UP_CANDIDATES, bench.DOWN_CANDIDATES,
-                               bench.SPLIT_GATE_UP_CANDIDATES, bench.SPLIT_DOWN_CANDIDATES)
-    jobs += bench._prewarm_jobs(bench.TUNE_NS, [], [], bench.HALF2_GATE_UP_CANDIDATES, bench.SPLIT_DOWN_CANDIDATES,
-                                bench.HALF2_BASE)
+    assert bench.SPACES == ("split-denormal", "split-half2")
+    jobs = []
+    for base, gate_up, down in mt.TUNE_SPACES.values():
+        for key, cands in (("gate_up", gate_up), ("down", down)):
+            for c in cands:
+                assert bench._valid({**base, key: c}, p), (key, c)
+                assert bench._valid({**base, key: c, "pdl": True}, p)
+        jobs += bench._prewarm_jobs(bench.TUNE_NS, gate_up, down, base)
     assert all(bench._valid(cfg, p) for _, cfg in jobs)
-    assert any(cfg["dequant"] == "half2" for _, cfg in jobs)
+    assert {cfg["dequant"] for _, cfg in jobs} == {"denormal", "half2"}
 
 
 def test_tune_that_measures_nothing_writes_no_table(mt, tmp_path, monkeypatch):
@@ -532,7 +574,7 @@ def test_tune_dry_run_on_cpu_writes_a_table_select_config_can_use(mt, tmp_path):
     table = bench.tune("tiny", 1, (1,), out=str(out), jobs=0, log=lines.append)
     assert json.loads(out.read_text()) == table
     entry = table["cpu"]["by_n"]["1"]
-    assert entry["kernel"] in mt.KERNELS and "old_us" in entry and "old_config" in entry
+    assert entry["dequant"] == "denormal" and set(entry["by_space_us"]) == {"split-denormal"}
     assert any(line.startswith("[  1/") for line in lines)  # progress lines
     assert any("does not fit preset tiny" in line for line in lines)  # the invalid smoke candidate is left out
     assert lines[-1].startswith(f"wrote {out}")
@@ -553,7 +595,7 @@ def test_prewarm_compiles_in_a_spawned_process(mt):
     if torch.cuda.is_available():
         pytest.skip("the CPU path of the prewarm")
     bench = importlib.import_module("verifybench.harness.tune.moe_int4")
-    cfg = {**bench.NEW_BASE, **{k: bench.SMOKE[k][0] for k in ("gate_up", "down")}}
+    cfg = {**mt.TUNE_SPACES["split-denormal"][0], **{k: bench.SMOKE[k][0] for k in ("gate_up", "down")}}
     assert bench._prewarm_worker("tiny", 1, [(1, cfg)]) == []
     bad = {**cfg, "gate_up": {**cfg["gate_up"], "SPLIT_K": 3}}
     assert "SPLIT_K" in bench._prewarm_worker("tiny", 1, [(1, bad)])[0]

@@ -75,11 +75,20 @@ def test_fixed_counts_are_exact_for_collectives():
 
 
 def test_every_mode_runs_on_cpu_and_records_its_timer():
+    def cycle(mark):  # cycle mode times one whole cycle that marks each of its phases
+        sum(range(50))
+        mark("a")
+        sum(range(50))
+        mark("b")
+
     for mode in MODES:
-        m = measure(lambda: sum(range(100)), mode=mode, device="cpu", max_time_s=0.2, warmup_s=0)
+        kw = {"phases": ("a", "b")} if mode == "cycle" else {}
+        fn = cycle if mode == "cycle" else (lambda: sum(range(100)))
+        m = measure(fn, mode=mode, device="cpu", max_time_s=0.2, warmup_s=0, **kw)
         assert m.timer == "perf_counter" and m.device == "cpu"
         assert m.summary.min_us > 0
         assert m.mode == ("hot" if mode.startswith("host_") else mode)
+        assert (m.phases is not None) == (mode == "cycle")
 
 
 def test_graph_mode_rotates_over_every_input_set_equally():

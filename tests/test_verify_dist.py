@@ -1,6 +1,7 @@
-"""The verify forward on several ranks (verifybench.harness.dist.verify) on CPU: a 2-rank gloo run under torchrun (checks, both
-timed variants and the allreduces alone per n, agreed counts, rank 0's JSON and table), the debug run without an
-allreduce that the cross-rank check must fail, a crashing rank ending the job within the bound, and the pure pieces.
+"""The verify forward on several ranks (verifybench.harness.dist.verify) on CPU: an 8-rank gloo run under torchrun
+(checks, both timed variants and the allreduces alone per n, agreed counts, rank 0's JSON and table), the debug run
+without an allreduce that the cross-rank check must fail, a crashing rank ending the job within the bound, and the
+pure pieces.
 """
 from __future__ import annotations
 
@@ -14,27 +15,29 @@ from verifybench.harness.engine.results import load_run
 from torchrun_jobs import BOUND_S, TORCHRUN, assert_no_orphans, run_job
 
 VERIFY_DIST = TORCHRUN + ["-m", "verifybench.harness.dist.verify"]
+VERIFY_DIST_8 = [a for a in TORCHRUN if not a.startswith("--nproc-per-node")] + ["--nproc-per-node=8", "-m",
+                                                                                 "verifybench.harness.dist.verify"]
 FAST = ["--allreduce", "gloo", "--preset", "tiny", "--tp", "1", "--context", "64", "--warmup", "2", "--samples", "3"]
 
 
-def test_two_rank_gloo_run_checks_times_both_variants_and_saves(tmp_path):
-    rc, out, _, tag = _run(VERIFY_DIST + [*FAST, "--tokens", "1,2", "--out", str(tmp_path), "--name", "r.json"])
+def test_eight_rank_gloo_run_checks_times_both_variants_and_saves(tmp_path):
+    rc, out, _, tag = _run(VERIFY_DIST_8 + [*FAST, "--tokens", "1,2", "--out", str(tmp_path), "--name", "r.json"])
     assert rc == 0, out[-3000:]
     assert re.search(r"n\s+size\(B\)\s+backend\s+full\(us\)\s+no-AR\(us\)\s+AR marginal\(us\)\s+per AR\(us\)", out), \
         out[-3000:]
     assert "CPU numbers" in out and "stand-in: 7.7 us" in out
     run = load_run(tmp_path / "r.json")
     assert run["component"] == "verify_dist"
-    assert run["extra"]["world_size"] == 2 and run["extra"]["complete"]
+    assert run["extra"]["world_size"] == 8 and run["extra"]["complete"]
     cases = {(c["params"]["tokens"], c["params"]["variant"]): c for c in run["cases"]}
     assert set(cases) == {(n, v) for n in (1, 2) for v in ("full", "without-allreduce", "only-allreduce")}
     for (n, variant), c in cases.items():
         p, d = c["params"], c["derived"]
         assert c["check"]["ok"], c["check"]
-        assert "bit-identical across 2 ranks" in c["check"]["detail"] and "#wrong 0" in c["check"]["detail"]
-        assert p == {"preset": "tiny", "tp": 1, "world_size": 2, "backend": "gloo", "tokens": n, "context": 64,
+        assert "bit-identical across 8 ranks" in c["check"]["detail"] and "#wrong 0" in c["check"]["detail"]
+        assert p == {"preset": "tiny", "tp": 1, "world_size": 8, "backend": "gloo", "tokens": n, "context": 64,
                      "layers": 3, "variant": variant}
-        assert len(d["rank_medians_us"]) == 2 and d["time_us"] == max(d["rank_medians_us"])
+        assert len(d["rank_medians_us"]) == 8 and d["time_us"] == max(d["rank_medians_us"])
         assert c["mode"] == "graph" and c["warmup_calls"] == 2 and len(c["samples_us"]) == 3  # the agreed counts
         assert c["calls_per_sample"] == 1
     for n in (1, 2):
@@ -115,6 +118,23 @@ def test_ranks_get_their_own_weights_replicated_ones_and_identical_inputs():
     assert vd.allocated_bytes(f0.s, 16, 2) == sum(storages.values()) + f0.lm_head.numel() * 2
 
 
+def test_a_measured_stand_in_is_taken_at_each_token_counts_size(tmp_path, monkeypatch):
+    from verifybench.harness.engine import results
+
+    run = results.make_run("allreduce", [], {"gpu_model": "NVIDIA X", "env": {}})
+    run["cases"] = [{"name": f"nccl/{s}", "check": {"ok": True, "detail": ""}, "mode": "graph", "device": "cuda",
+                     "samples_us": [t], "summary": {"median_us": t}, "derived": {"time_us": t},
+                     "params": {"backend": "nccl", "size_bytes": s, "mode": "graph", "origin": f"{s // 512} tok"}}
+                    for s, t in ((512, 10.0), (1024, 20.0))]
+    path = results.write_json_atomic(tmp_path / "ar.json", run)
+    monkeypatch.delenv("VERIFYBENCH_ALLREDUCE_US", raising=False)
+    monkeypatch.setenv("VERIFYBENCH_ALLREDUCE_FROM", str(path))
+    plan = vd.make_plan(vd.build_parser().parse_args(["--preset", "tiny", "--tp", "1", "--tokens", "1,2",
+                                                      "--allreduce", "gloo"]))
+    assert plan["stand_in_by_n_us"] == [10.0, 20.0]  # hidden 256 x n x 2 B
+    assert plan["stand_in_us"] == 15.0 and plan["stand_in_source"].startswith(f"measured: {path}: nccl")
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--allreduce", "gloo,nccl"], "on its own"),
     (["--allreduce", "mpi"], "unknown --allreduce"),
@@ -128,4 +148,5 @@ def test_bad_arguments_are_refused_before_any_rendezvous(argv, message, capsys):
 
 def _run(cmd: list[str], timeout_s: float = 150):
     # the defaults these tests assert
-    return run_job(cmd, timeout_s, drop_env=("VERIFYBENCH_ALLREDUCE_US", "VERIFYBENCH_VERIFY_OPS"))
+    return run_job(cmd, timeout_s, drop_env=("VERIFYBENCH_ALLREDUCE_US", "VERIFYBENCH_ALLREDUCE_FROM",
+                                             "VERIFYBENCH_VERIFY_OPS"))

@@ -55,3 +55,46 @@ def assert_no_orphans(tag: str, grace_s: float = 5.0) -> None:
     while alive(tag) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not alive(tag), f"processes left behind: {alive(tag)}"
+
+
+def start_job(cmd: list[str], drop_env: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
+    """Like run_job, but returns at once: (the launcher process, its tag); the caller waits and reads."""
+    tag = f"job-{uuid.uuid4().hex[:10]}"
+    env = {k: v for k, v in os.environ.items() if k not in drop_env}
+    env.update(OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(cmd + ["--run-tag", tag], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return proc, tag
+
+
+def rank_processes(tag: str) -> dict[int, tuple[int, dict]]:
+    """rank -> (pid, environment) of the live worker processes of the job tagged `tag` (the launcher has no RANK)."""
+    found = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            if tag.encode() not in (d / "cmdline").read_bytes():
+                continue
+            env = dict(kv.split("=", 1) for kv in (d / "environ").read_bytes().decode(errors="replace").split("\0")
+                       if "=" in kv)
+        except OSError:
+            continue
+        if "RANK" in env and "TORCHELASTIC_RUN_ID" in env:
+            found[int(env["RANK"])] = (int(d.name), env)
+    return found
+
+
+def rank_step(env: dict, rank: int) -> str | None:
+    """The step label rank `rank` last published to the job's store (harness/dist/guard.py Watchdog), or None."""
+    import json
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), None, False, timedelta(seconds=5),
+                          wait_for_workers=False)
+    run_id = f"{env['TORCHELASTIC_RUN_ID']}.{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    prefixed = dist.PrefixStore(f"verifybench/{run_id}/", store)
+    key = f"progress/{rank}"
+    return json.loads(prefixed.get(key))["label"] if prefixed.check([key]) else None

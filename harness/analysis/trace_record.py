@@ -1,14 +1,17 @@
-"""`verifybench record`: a PyTorch profiler trace (Chrome JSON, gzipped) of the suite's own verify forward, as an
-engine's profiler switch would write one, for `verifybench trace` to decompose beside the suite's direct
-measurement of the same forward.
+"""`verifybench record`: a PyTorch profiler trace (Chrome JSON, gzipped) of the suite's own verify forward or
+speculative cycle, as an engine's profiler switch would write one, for `verifybench trace` to decompose beside the
+suite's direct measurement of the same graphs in the same process.
 
-The forward of n tokens is captured as one CUDA graph and replayed --replays times, each replay inside a
-record_function range named "verify_forward" (so `verifybench trace --cycle-range verify_forward` finds one cycle per
-replay), and timed in the same process with the engine (graph mode) for the direct figure.
+forward: the forward of n tokens captured as one CUDA graph, replayed --replays times, each replay inside a
+record_function range "verify_forward"; with --components, each component's isolated forward too, in ranges
+"only-<component>". cycle: --replays whole cycles (harness/model/cycle.py) in ranges "spec_cycle", each phase in a
+range of its own name. Beside the trace, <name>.direct.json holds the engine's measurement of each range's graph or
+cycle (graph mode, or cycle mode).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import json
 import tempfile
@@ -19,12 +22,34 @@ from verifybench.harness.engine import results
 from verifybench.harness.engine.timing import cuda_available, measure
 
 RANGE = "verify_forward"
+CYCLE_RANGE = "spec_cycle"
+
+
+def _export(prof, out: Path) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(raw))
+        data = gzip.compress(raw.read_bytes(), mtime=0)
+    results.write_atomic(out, lambda f: f.write(data))
+
+
+def _captured(fn):
+    import torch
+
+    fn()  # compile and warm before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph
 
 
 def record_forward(out: Path, preset: str, tp: int, context: int, tokens: int, replays: int,
-                   layers: int | None = None) -> dict:
-    """Trace `replays` replays of the captured forward of `tokens` tokens into `out` (.json.gz); returns the direct
-    measurement of the same graph (median us, graph mode) and the trace's path."""
+                   layers: int | None = None, components: tuple[str, ...] = ()) -> dict:
+    """Trace `replays` replays of the captured forward of `tokens` tokens (and of each of `components` alone) into
+    `out` (.json.gz); returns the direct measurement of each graph (median us, graph mode) and the trace's path."""
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -32,29 +57,65 @@ def record_forward(out: Path, preset: str, tp: int, context: int, tokens: int, r
 
     fwd = build_forward(preset, tp, layers, context, allreduce_stand_in_us()[0])
     try:
-        fwd.forward(tokens)  # compile and warm before capture
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fwd.forward(tokens)
-        graph.replay()
-        torch.cuda.synchronize()
-        direct = measure(graph.replay, mode="graph", calls_per_sample=1, max_time_s=1.0)
+        bodies = {RANGE: lambda: fwd.forward(tokens)}
+        bodies.update({f"only-{c}": (lambda c=c: fwd.forward(tokens, frozenset({c}))) for c in components})
+        # graph mode captures the same body into a graph of its own: the direct figure of the traced graph
+        direct = {name: measure(fn, mode="graph", calls_per_sample=1, max_time_s=1.0) for name, fn in bodies.items()}
+        graphs = {name: _captured(fn) for name, fn in bodies.items()}
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(replays):
-                with record_function(RANGE):
-                    graph.replay()
+            for name, g in graphs.items():
+                for _ in range(replays):
+                    with record_function(name):
+                        g.replay()
             torch.cuda.synchronize()
-        with tempfile.TemporaryDirectory() as tmp:
-            raw = Path(tmp) / "trace.json"
-            prof.export_chrome_trace(str(raw))
-            data = gzip.compress(raw.read_bytes(), mtime=0)
-        results.write_atomic(out, lambda f: f.write(data))
-        del graph
+        _export(prof, out)
+        del graphs
     finally:
         release_forwards()
-    return {"trace": str(out), "tokens": tokens, "replays": replays, "direct_median_us": direct.median_us,
-            "mode": direct.mode, "samples": direct.summary.n}
+    return {"trace": str(out), "what": "forward", "tokens": tokens, "replays": replays,
+            "direct_median_us": direct[RANGE].median_us, "mode": "graph", "samples": direct[RANGE].summary.n,
+            "ranges": {name: {"median_us": m.median_us, "samples": m.summary.n} for name, m in direct.items()}}
+
+
+def record_cycle(out: Path, preset: str, tp: int, context: int, config: str, attention: str, replays: int,
+                 layers: int | None = None) -> dict:
+    """Trace `replays` whole cycles, each in a "spec_cycle" range with its phases in ranges of their own, into `out`;
+    returns the direct measurement of the cycle and its phases (cycle mode) in the same process."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from verifybench.harness.components.cycle import make_cycle
+    from verifybench.harness.model.build import allreduce_stand_in_us, build_forward, release_forwards
+    from verifybench.harness.model.cycle import PHASES, parse_configs
+
+    (cfg,) = parse_configs(config)
+    ar_us = allreduce_stand_in_us()[0]
+    fwd = build_forward(preset, tp, layers, context, ar_us)
+    try:
+        cyc = make_cycle(fwd, cfg, attention, ar_us)[0]
+        direct = measure(cyc.step, mode="cycle", phases=PHASES, max_time_s=1.5)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(replays):
+                with record_function(CYCLE_RANGE), contextlib.ExitStack() as stack:
+                    phase = iter(PHASES)
+                    stack.enter_context(record_function(next(phase)))
+
+                    def mark(name, stack=stack, phase=phase):
+                        stack.close()  # the phase that just ended
+                        following = next(phase, None)
+                        if following:
+                            stack.enter_context(record_function(following))
+
+                    cyc.step(mark)
+            torch.cuda.synchronize()
+        _export(prof, out)
+        del cyc
+    finally:
+        release_forwards()
+    phases = {p: sorted(v["device_us"])[len(v["device_us"]) // 2] for p, v in direct.phases.items()}
+    return {"trace": str(out), "what": "cycle", "config": config, "attention": attention, "replays": replays,
+            "direct_median_us": direct.median_us, "mode": "cycle", "samples": direct.summary.n,
+            "phases_median_us": phases}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -65,6 +126,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=positive_int, default=4, help="tokens verified per forward (default 4)")
     p.add_argument("--replays", type=positive_int, default=5, help="forward replays traced (default 5)")
     p.add_argument("--layers", type=positive_int, default=None, help="layers to build (default all)")
+    p.add_argument("--what", choices=("forward", "cycle"), default="forward",
+                   help="the verify forward (default) or the whole speculative cycle")
+    p.add_argument("--components", default="", help="forward: components also traced alone, comma-separated "
+                   "(e.g. moe,attn_core), each in a range only-<component>")
+    p.add_argument("--config", default="2,1,3", help="cycle: steps,topk,draft_tokens (default 2,1,3)")
+    p.add_argument("--attention", choices=("extend", "split_kv"), default="extend",
+                   help="cycle: the verify attention (default extend, the engine's)")
 
 
 def run(args) -> int:
@@ -83,8 +151,23 @@ def run(args) -> int:
         raise ValueError(plan.skip)
     if plan.reduced:
         raise ValueError(f"{plan.note}: pass --layers {plan.units} to trace the forward that fits")
+    from verifybench.harness.model.forward import COMPONENTS
+
+    comps = tuple(c.strip() for c in args.components.split(",") if c.strip())
+    unknown = [c for c in comps if c not in COMPONENTS]
+    if unknown:
+        raise ValueError(f"--components: unknown {', '.join(unknown)}; choose from {', '.join(COMPONENTS)}")
+    if args.what == "cycle":
+        from verifybench.harness.model.cycle import parse_configs
+
+        parse_configs(args.config)
     results.check_writable(args.out.parent)
-    info = record_forward(args.out, args.preset, args.tp, args.context, args.tokens, args.replays, args.layers)
+    if args.what == "cycle":
+        info = record_cycle(args.out, args.preset, args.tp, args.context, args.config, args.attention, args.replays,
+                            args.layers)
+    else:
+        info = record_forward(args.out, args.preset, args.tp, args.context, args.tokens, args.replays, args.layers,
+                              comps)
     results.write_json_atomic(args.out.with_name(args.out.name.replace(".json.gz", ".direct.json")), info)
     print(json.dumps(info))
     return 0

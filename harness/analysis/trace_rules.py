@@ -26,7 +26,7 @@ DEFAULT_RULES: tuple[tuple[str, str], ...] = (
     (r"^_(dot|fma|reduce)_kernel$|^_serial_reduce$", "projections"),
     (r"^_(q_absorb|v_up)_kernel$", "projections"),  # the kv_b absorption GEMMs: the suite counts them in attn_proj
     (r"^_(gate_up|down)(_split)?_kernel$", "moe"),
-    (r"^_(split|combine)_kernel$", "attention"),  # kernels/mla_decode.py
+    (r"^_(split|combine|extend)_kernel$", "attention"),  # kernels/mla_decode.py, kernels/mla_verify.py
     (r"^_(rmsnorm|mla_prep)_kernel$", "misc"),
     (r"^_softmax_topk_kernel$", "router"),
     (r"^_(organize|build_tree|verify|assign|argmax)_kernel$", "tree_sampling"),
@@ -37,7 +37,8 @@ DEFAULT_RULES: tuple[tuple[str, str], ...] = (
     # norms, activations, rotary embedding
     (r"rms_?norm|layer_?norm|(silu|gelu|gelu_tanh|act)_and_mul|rotary|(^|_)rope(_|$)", "misc"),
     # attention: FlashInfer (MLA and paged), FlashAttention, FlashMLA, Triton decode / extend / split-KV verify
-    (r"BatchMLAPaged|Batch(Decode|Prefill)With|Single(Decode|Prefill)With|flash_?fwd|flash_?mla|fmha", "attention"),
+    (r"BatchMLAPaged|Batch(Decode|Prefill)With|Single(Decode|Prefill)With|flash_?fwd|flash_?mla|fmha|sdpa|"
+     r"flash_?fprop|efficient_attention", "attention"),  # ... and torch's scaled_dot_product_attention (cuDNN, mem-eff)
     (r"^_fwd_(grouped_)?kernel|_verify_prefix_stage|_verify_combine_stage|merge_?state|mla|attention", "attention"),
     # draft tree, greedy verify, sampling, argmax, softmax / top-k / sort of the draft and verify steps
     (r"build_tree|verify_?tree|tree_?speculative|argmax|sampl|renorm|softmax|topk|sort", "tree_sampling"),

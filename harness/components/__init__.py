@@ -14,6 +14,9 @@ A component is one module of this package with
     release() -> None
         drop what the cases cached (weights, process groups), so the next component has the GPU's memory
 
+Optional: add_arguments(parser) declares the component's own options for its command (`verifybench <name>`);
+their values reach cases() as keyword arguments (`verifybench run` passes none: the component's defaults).
+
 The CLI, `verifybench run` and the pytest-benchmark modules all loop over the same `cases`. To add a component:
 write the module and add its name to REGISTRY (docs/adding-a-component.md).
 """
@@ -23,7 +26,8 @@ import importlib
 from types import ModuleType
 
 # In `verifybench run` order: the baseline first, so every results folder holds the copy ceiling.
-REGISTRY = ("baseline", "graph_replay", "kv_tree", "skinny_gemm", "mla_decode", "moe_int4", "allreduce", "verify")
+REGISTRY = ("baseline", "graph_replay", "kv_tree", "skinny_gemm", "mla_decode", "mla_verify", "moe_int4", "allreduce",
+            "verify", "cycle")
 PROTOCOL = ("NAME", "HELP", "cases", "tables", "charts", "release")
 
 

@@ -1,12 +1,11 @@
-"""MLA decode attention of the verify forward (attn_core, DESIGN.md 4.5) at one rank's shape (Kimi-K2.5 TP8: 8 heads,
+"""MLA decode attention of the verify forward (attn_core) at one rank's shape (Kimi-K2.5 TP8: 8 heads,
 n = 1..8 query tokens, D = 576 = 512 latent + 64 rope, over context + n keys, bf16): the Triton flash-decoding kernel
 (kernels/mla_decode.py) with the tuned table's config and with the untuned default, beside the plain-torch path the
 forward used before (q @ keys.T in bf16 -> float -> * scale -> softmax -> bf16 -> @ keys[:, :512]). Cold: every
-call reads another cache, >= 4 caches totalling >= 4x L2, inside the graph (DESIGN.md 3), as a forward reads each
-layer's cache once.
+call reads another cache, >= 4 caches totalling >= 4x L2, inside the graph, as a forward reads each layer's cache
+once. Each kernel case records its config and config_source (tuned, default, or why a tuned entry was not used).
 
-Run: pytest --benchmark-only microbench/bench_mla_decode.py
-Tune: python3 -m microbench.bench_mla_decode tune [--out PATH] [--time-limit S]   (CPU check: tune --smoke)
+Run: pytest --benchmark-only microbench/bench_mla_decode.py; tune this GPU's table: verifybench tune
 """
 from __future__ import annotations
 
@@ -35,7 +34,7 @@ CPU_NS = (1, 4, 8)
 CPU_CONTEXTS = (256,)
 MAX_N = 8  # caches hold context + MAX_N rows, so every n of one context shares them
 MAX_COPIES = 64
-TOL = 1e-2  # bf16 output (DESIGN.md 3)
+TOL = 1e-2  # bf16 output: a few ulp of bf16 over softmax-weighted fp32 sums
 IMPLS = ("triton", "triton-default", "torch")  # triton: select_config (tuned table); torch: verify_forward's path
 # triton.jit picks the interpreter at decoration time: CPU runs of the kernel need TRITON_INTERPRET=1 before import
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -122,12 +121,13 @@ def _check(fn, a: Attn, n: int, length: int, cache: torch.Tensor) -> tuple[bool,
     return ok, f"rel_err={err:.2e} vs fp32 reference (tol {TOL:g}), {out.dtype} out"
 
 
-def _config(impl: str, a: Attn, n: int, length: int, device: str, dtype: torch.dtype) -> dict | None:
+def _config(impl: str, a: Attn, n: int, length: int, device: str, dtype: torch.dtype) -> tuple[dict | None, str]:
+    """(config, config_source) of an implementation (None for the torch path)."""
     if impl == "triton":
-        return md.select_config(n, a.heads, length, device, d=a.d, kv_lora=a.kv_lora, dtype=dtype)
+        return md.select(n, a.heads, length, device, d=a.d, kv_lora=a.kv_lora, dtype=dtype)
     if impl == "triton-default":
-        return md.default_config(n, a.heads, length, device)
-    return None
+        return md.default_config(n, a.heads, length, device), "default"
+    return None, None
 
 
 # ---------------------------------------------------------------------------------------------------- cases
@@ -142,7 +142,7 @@ def make_case(a: Attn, n: int, context: int, impl: str, device: str, measure_kw:
 
     def setup():
         caches, plan = planned_caches(context + MAX_N, a.d, device, dtype)
-        cfg = _config(impl, a, n, length, device, dtype)
+        cfg, source = _config(impl, a, n, length, device, dtype)
         fn = impl_fn(impl, a, length, cfg)
         qs = [torch.randn(a.heads, n, a.d, device=device).to(dtype) for _ in caches]  # one q per layer
         fns = [lambda q=q, c=c: fn(q, c) for q, c in zip(qs, caches)]
@@ -155,7 +155,7 @@ def make_case(a: Attn, n: int, context: int, impl: str, device: str, measure_kw:
                  "floor_us": moved / (cp * 1e3), "copy_gbps": cp, "rotation": len(fns),
                  **({"memory_note": plan.note} if plan.reduced else {})}
             if cfg is not None:
-                d["config"] = cfg
+                d["config"], d["config_source"] = cfg, source
                 d["splits_run"] = splits_run(cfg, length)
                 d["programs"] = programs(cfg, a, n, length)
             return d
@@ -204,7 +204,7 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
         us = r["summary"]["median_us"]
         if prm["impl"] == "triton":
             row.update({"triton_us": us, "triton_eta": d["eta"], "config": config_str(d.get("config")),
-                        "programs": d.get("programs")})
+                        "config_source": d.get("config_source"), "programs": d.get("programs")})
         elif prm["impl"] == "triton-default":
             row["default_us"] = us
         else:

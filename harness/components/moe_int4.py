@@ -128,6 +128,16 @@ def _slots(p: presets.Preset, n: int, device: str) -> int:
 
 # ---------------------------------------------------------------------------------------------------- cases
 
+def _config_record(impl: str, n: int, device: str, config: dict | None) -> dict:
+    """The Triton kernel's config and where it came from (the tuned table, the default, or given by the case)."""
+    if impl != "triton":
+        return {}
+    if config is not None:
+        return {"config": config, "config_source": "given"}
+    cfg, source = mt.select(n, device)
+    return {"config": cfg, "config_source": source}
+
+
 def make_case(preset: str, tp: int, impl: str, n: int, routing: str, device: str, mode: str,
           measure_kw: dict, config: dict | None = None) -> CaseSpec:
     p = preset_shape(preset, tp)
@@ -184,7 +194,8 @@ def make_case(preset: str, tp: int, impl: str, n: int, routing: str, device: str
                     "gbps": ceiling.gbps(mean["bytes_moved"], m.median_us),
                     "eta": ceiling.eta(mean["bytes_moved"], m.median_us, copy),
                     "floor_us": mean["bytes_moved"] / (copy * 1e3), "copy_gbps": copy, "rotation": len(fns),
-                    "layer_sets": sets, **({"memory_note": "; ".join(notes)} if notes else {})}
+                    "layer_sets": sets, **({"memory_note": "; ".join(notes)} if notes else {}),
+                    **_config_record(impl, n, device, config)}
 
         return fns, check, derive
 

@@ -1,10 +1,10 @@
 """Skinny bf16 GEMMs of the verify forward, y = x @ w.T with x [n, K] at n = 1..8 tokens and the per-rank weight shapes
 of a preset (Kimi-K2.5 TP8: q_a/kv_a, q_b, o_proj, router, shared expert, layer-0 dense MLP, lm_head): the Triton
-kernel (kernels/skinny_gemm.py, tuned table or default config) and F.linear (cuBLAS) side by side, cold: every call
-reads another weight copy, >= 4 copies totalling >= 4x L2, inside the graph (DESIGN.md 3).
+kernel (kernels/skinny_gemm.py, tuned table or default config; each case records which and why as config_source) and
+F.linear (cuBLAS) side by side, cold: every call reads another weight copy, >= 4 copies totalling >= 4x L2, inside
+the graph.
 
-Run: pytest --benchmark-only microbench/bench_skinny_gemm.py
-Tune: python3 -m microbench.bench_skinny_gemm tune [--out PATH] [--time-limit S]   (CPU check: tune --smoke)
+Run: pytest --benchmark-only microbench/bench_skinny_gemm.py; tune this GPU's table: verifybench tune
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ HELP = "bf16 projections at n <= 16 tokens: Triton weight-streaming GEMM vs cuBL
 GPU_NS = (1, 4, 8)
 CPU_NS = (1, 4, 8)
 MAX_COPIES = 64
-TOL = 1e-2  # bf16 output (DESIGN.md 3)
+TOL = 1e-2  # bf16 output: a few ulp of bf16 over K-long fp32 sums
 IMPLS = ("triton", "torch")  # torch = F.linear: cuBLAS on a GPU
 
 
@@ -125,9 +125,9 @@ def make_case(shape: Shape, n: int, impl: str, device: str, measure_kw: dict, pr
 
     def setup():
         ws, plan = planned_copies(shape, device, dtype)
-        cfg = None
+        cfg, source = None, None
         if impl == "triton" and (device == "cuda" or sg._INTERPRET):
-            cfg = config or sg.select_config(n, shape.N, shape.K, device, dtype=dtype)
+            cfg, source = (config, "given") if config else sg.select(n, shape.N, shape.K, device, dtype=dtype)
         fn = _impl_fn(impl, cfg)
         xs = [torch.randn(n, shape.K, device=device).to(dtype) for _ in ws]  # one x per copy, as layers differ
         fns = [lambda x=x, w=w: fn(x, w) for x, w in zip(xs, ws)]
@@ -140,7 +140,7 @@ def make_case(shape: Shape, n: int, impl: str, device: str, measure_kw: dict, pr
                  "floor_us": moved / (copy * 1e3), "copy_gbps": copy, "rotation": len(fns),
                  "per_forward": shape.per_forward, **({"memory_note": plan.note} if plan.reduced else {})}
             if cfg is not None:
-                d["config"] = cfg
+                d["config"], d["config_source"] = cfg, source
                 d["plan"] = sg.plan(n, shape.N, shape.K, cfg, sg.sm_count(device))
             return d
 
@@ -177,7 +177,8 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
             "floor_us": d["floor_us"]})
         us = r["summary"]["median_us"]
         if prm["impl"] == "triton":
-            row.update({"triton_us": us, "triton_eta": d["eta"], "config": config_str(d.get("config"))})
+            row.update({"triton_us": us, "triton_eta": d["eta"], "config": config_str(d.get("config")),
+                        "config_source": d.get("config_source")})
         else:
             row.update({"torch_us": us, "torch_eta": d["eta"]})
     side = list(by_key.values())

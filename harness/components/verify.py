@@ -11,11 +11,11 @@ import torch
 
 from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.analysis import decompose
-from verifybench.harness.engine.results import WITHHELD, cpu_numbers, withhold, write_atomic
+from verifybench.harness.engine.results import WITHHELD, cpu_numbers, stamp, withhold, write_atomic
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cuda_available
 from verifybench.harness.model import presets
-from verifybench.kernels import pdl
+from verifybench.kernels import config_tables, pdl
 from verifybench.kernels.moe_int4 import reference_moe_w4a16
 from verifybench.harness.model.build import (CONTEXT, allreduce_stand_in_us, as_checkpoint, build_forward,
                                              release_forwards)
@@ -46,9 +46,11 @@ def fused_vs_torch(fwd: VerifyForward, n: int) -> float:
     finally:
         fwd.layers, fwd.ops = layers, fused
     return rel_error(h_fused, h_torch)
-# the deployment's drafting and bookkeeping per cycle (Kimi-K2.5, 8xH200: 27 ms cycle, 25.6 ms of it verify), used
-# beside the measured forward in the report's break-even; labelled as assumptions there
+# the deployment's drafting and re-extend + bookkeeping per cycle (Kimi-K2.5 on 8x RTX PRO 6000 Blackwell, PCIe,
+# SGLang EAGLE-3: a 27 ms cycle at 3 draft tokens, 25.6 ms of it verify), used beside the measured forward in the
+# report's break-even where no cycle result measured them; labelled as assumptions there
 DEFAULT_DRAFT_MS, DEFAULT_OVERHEAD_MS = 1.0, 0.4
+DEPLOYMENT = "Kimi-K2.5 on 8x RTX PRO 6000 Blackwell, PCIe, SGLang EAGLE-3"
 
 
 MAX_TOKENS = 8  # the forward's buffers hold n = 1..MAX_TOKENS
@@ -121,6 +123,7 @@ def _case(preset, tp, layers, context, n, variant: str, comps: frozenset, plan: 
             d = {"tokens": n, "variant": variant, "allreduce_stand_in_us": ar_us, "allreduce_source": ar_source,
                  "ops": fwd.ops.name}
             d["pdl"] = not no_pdl and pdl.enabled(fwd.device)
+            d["config_source"] = config_tables.sources(fwd.device)  # per kernel: tuned / default
             d.update(layers_run=len(fwd.layers), layers_total=total)
             if plan is not None and plan.reduced:
                 d["memory_note"] = plan.note
@@ -282,34 +285,85 @@ def setup_lines(records: list[dict]) -> list[dict]:
     return [row]
 
 
-def break_even_rows(table: list[dict]) -> list[dict]:
-    """tau* = (T_draft + T_verify(n) + T_overhead) / T_decode per n, with T_decode the measured one-token forward."""
+def measured_overheads(cycle: dict | None) -> tuple[dict, str]:
+    """({D: (config label, draft_ms, overhead_ms)}, why empty) from a loaded cycle result: per D the cheapest
+    (configuration, attention) case, its draft phase, and as overhead everything else the cycle costs beyond its bare
+    forward at D (tree attention, gathers, eager verify, sync, bookkeeping, re-extend). A CPU run's phases are CPU
+    numbers: not used."""
+    if cycle is None:
+        return {}, "no cycle result"
+    if cpu_numbers(cycle.get("cases", [])):
+        return {}, "the cycle result holds CPU numbers"
+    out = {}
+    try:
+        for case in cycle["cases"]:
+            d = case.get("derived", {})
+            if not case["check"]["ok"] or "cycle_ms" not in d:
+                continue
+            p = case["params"]
+            draft = d["table_ms"]["draft"]
+            overhead = d["cycle_ms"] - draft - d["bare_forward_ms"]
+            label = f"({p['steps']},{p['topk']},{p['draft_tokens']}) {p['attention']}"
+            best = out.get(p["draft_tokens"])
+            if best is None or draft + overhead < best[1] + best[2]:
+                out[p["draft_tokens"]] = (label, draft, max(0.0, overhead))
+    except (KeyError, TypeError) as e:
+        return {}, f"the cycle result cannot be read: missing {e}"
+    return out, "" if out else "no passing cycle case"
+
+
+def break_even_rows(table: list[dict], cycle: dict | None = None) -> list[dict]:
+    """tau* = (T_draft + T_verify(n) + T_overhead) / T_decode per n, with T_decode the measured one-token forward.
+    With a cycle result (a loaded result dict), draft and overhead are its measured ones at D = n, the ASSUMED
+    defaults at the n it did not run; each row then says which."""
     decode = next((r["measured_us"] for r in table if r["n"] == 1), None)
     if decode is None:
         return []
+    measured, _ = measured_overheads(cycle)
     rows = []
     for r in table:
-        be = decompose.break_even(1.0, decode / 1e3, r["measured_us"] / 1e3, DEFAULT_DRAFT_MS, DEFAULT_OVERHEAD_MS)
-        rows.append({"n": r["n"], "verify_ms": r["measured_us"] / 1e3, "cycle_ms": be.cycle_ms,
-                     "break-even accept len": be.tau_star, "max accept len (n)": r["n"],
-                     "pays off at full acceptance": r["n"] > be.tau_star})
+        config, draft_ms, overhead_ms = measured.get(r["n"], (None, DEFAULT_DRAFT_MS, DEFAULT_OVERHEAD_MS))
+        be = decompose.break_even(1.0, decode / 1e3, r["measured_us"] / 1e3, draft_ms, overhead_ms)
+        row = {"n": r["n"], "verify_ms": r["measured_us"] / 1e3, "cycle_ms": be.cycle_ms,
+               "break-even accept len": be.tau_star, "max accept len (n)": r["n"],
+               "pays off at full acceptance": r["n"] > be.tau_star}
+        if cycle is not None:
+            row.update({"draft_ms": draft_ms, "overhead_ms": overhead_ms,
+                        "draft+overhead": f"measured {config}" if config else "ASSUMED"})
+        rows.append(row)
     return rows
+
+
+def break_even_title(cycle: dict | None = None, cycle_name: str | None = None) -> str:
+    """The break-even table's title: where draft and overhead came from (measured by the cycle result named, or
+    ASSUMED)."""
+    head = "break-even accept length per n: T_decode = the measured n=1 forward, T_verify(n) = the measured forward"
+    assumed = (f"draft {DEFAULT_DRAFT_MS} ms and overhead {DEFAULT_OVERHEAD_MS} ms per cycle ASSUMED (the "
+               f"deployment's: {DEPLOYMENT})")
+    measured, why = measured_overheads(cycle)
+    if not measured:
+        return f"{head}, {assumed}" + (f"; {why}, not used" if cycle is not None else "")
+    name = cycle_name or f"cycle-{stamp(cycle)}.json"
+    return (f"{head}, draft and overhead (the cycle beyond its draft and its bare forward) measured per cycle "
+            f"(cycle result {name}, the cheapest case) at n = "
+            f"{', '.join(str(d) for d in sorted(measured))}, elsewhere {assumed}")
 
 
 RATIOS = ("measured/roofline", "no_comm/roofline", "parts_error_%")  # CPU: withheld
 
 
-def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
-    """The setup, the decomposition per n, marginal costs, bytes and eta per component, the break-even and the
-    token fit. From a CPU run (the smoke profile) the conclusions CPU timer noise cannot support (roofline ratios,
-    the parts' error, marginal costs, eta, break-even accept length, the fit) are withheld in their cells; the times
-    stay."""
+def tables(records: list[dict], cycle: dict | None = None,
+           cycle_name: str | None = None) -> list[tuple[str, list[dict]]]:
+    """The setup, the decomposition per n, marginal costs, bytes and eta per component, the break-even (with draft
+    and overhead measured by `cycle`, a loaded cycle result, where given) and the token fit. From a CPU run (the
+    smoke profile) the conclusions CPU timer noise cannot support (roofline ratios, the parts' error, marginal
+    costs, eta, break-even accept length, the fit) are withheld in their cells; the times stay."""
     dec = decomposition(records)
     cpu = cpu_numbers(records)
     short = [{k: v for k, v in row.items() if not k.endswith("_marginal_us")} for row in dec["table"]]
     marginal = [{"n": row["n"], **{k: v for k, v in row.items() if k.endswith("_marginal_us")}} for row in dec["table"]]
     etas = component_eta(records)
-    be = break_even_rows(dec["table"])
+    be = break_even_rows(dec["table"], cycle)
     full = [r for r in records if r["params"]["variant"] == "full" and r["check"]["ok"]]
     scale = full[0]["derived"].get("all_layers_scale") if full else None
     if scale:  # fewer layers ran (memory): the whole forward estimated by its bytes, labelled as such
@@ -328,9 +382,7 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
                else ""), short),
            ("marginal cost of each component (us; forward minus forward without it)", marginal),
            ("bytes and eta of each component (isolated time vs copy bandwidth)", etas)]
-    out.append((f"break-even accept length per n: T_decode = the measured n=1 forward, T_verify(n) = the measured "
-                f"forward, draft {DEFAULT_DRAFT_MS} ms and overhead {DEFAULT_OVERHEAD_MS} ms per cycle ASSUMED (the "
-                "deployment's)", be))
+    out.append((break_even_title(cycle, cycle_name), be))
     if "fit" in dec:
         f = dec["fit"]
         row = {"a_us": f["a"], "a_ci_us": f["a_halfwidth"], "b_us": f["b"], "b_ci_us": f["b_halfwidth"],

@@ -2,7 +2,8 @@
 isolated modes; an nccl-tests style table (the max over ranks of each rank's median) and a results JSON.
 
   torchrun --nproc-per-node=N -m verifybench.harness.dist.allreduce [--preset kimi-k2.5] [--backend ...] [--mode ...]
-  python -m verifybench.harness.dist.allreduce --nccl-sweep --nproc-per-node=N   (one fresh torchrun per NCCL setting)
+  python -m verifybench.harness.dist.allreduce --nccl-sweep --nproc-per-node=N   (one fresh torchrun per NCCL setting;
+      --list shows the settings, --quick runs two)
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from verifybench.harness.dist.backends import (ALL_BACKENDS, BACKEND_HELP, ELEME
                                         prepare_for_timing, unavailable_reason)
 from verifybench.harness.dist.allreduce_results import ENGINE_MODE, MODES, Output
 from verifybench.harness.dist.guard import (Agreement, Watchdog, announce_safe_env, init_group, maybe_fault, parse_fault,
-                                rank_main)
+                                            rank_main)
 from verifybench.harness.engine.timing import measure
 
 MODE_HELP = {"graph": "K ops captured in one CUDA graph, replay time / K (CPU: K calls in a loop)",
@@ -45,12 +46,17 @@ def parse_bytes(text: str) -> int:
     return int(float(text[:-1] if scale > 1 else text) * scale)
 
 
-def parse_int_list(text: str) -> list[int]:
-    """'1-8' or '1,2,4' or '1-4,8' -> sorted unique ints."""
+def parse_int_list(text: str, name: str = "--tokens") -> list[int]:
+    """'1-8' or '1,2,4' or '1-4,8' -> sorted unique ints >= 1 (ValueError naming `name` otherwise)."""
     out: set[int] = set()
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        lo, _, hi = part.partition("-")
-        out.update(range(int(lo), int(hi or lo) + 1))
+    try:
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            lo, _, hi = part.partition("-")
+            out.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise ValueError(f"{name} takes counts like 1-8 or 1,2,4, got {text!r}") from None
+    if not out or min(out) < 1:
+        raise ValueError(f"{name} takes counts >= 1 like 1-8 or 1,2,4, got {text!r}")
     return sorted(out)
 
 
@@ -117,11 +123,33 @@ def _comm_for(backend: str, comm: Comm) -> Comm:
     return replace(comm, device=torch.device("cpu")) if backend == "gloo" else comm
 
 
+def check_arguments(args) -> list[str]:
+    """Everything a rank would refuse after the rendezvous, refused before it (ValueError naming the option): the
+    backends, modes, sizes, token and batch counts, the preset. Returns the backends asked for."""
+    requested = args.backend.split(",") if args.backend else list(ALL_BACKENDS)
+    unknown = [b for b in requested if b not in ALL_BACKENDS]
+    if unknown or len(set(requested)) != len(requested):
+        raise ValueError(f"--backend takes distinct names of {', '.join(ALL_BACKENDS)}, got {args.backend!r}")
+    try:
+        _make_plan(args, "cpu", requested)
+    except (KeyError, IndexError, ZeroDivisionError, OverflowError) as e:
+        raise ValueError(f"--sizes/--pow2: cannot read {args.sizes or args.pow2!r} ({type(e).__name__})") from None
+    return requested
+
+
 def _make_plan(args, device_type: str, requested: list[str]) -> dict:
     hidden = args.hidden or presets.get(args.preset).hidden  # TP does not divide the hidden size
-    pow2 = tuple(parse_bytes(x) for x in args.pow2.split(":")) if args.pow2 else None
-    sizes = plan_sizes(hidden, parse_int_list(args.tokens), parse_int_list(args.batches),
-                       [parse_bytes(s) for s in args.sizes.split(",")] if args.sizes else [], pow2)
+    try:
+        pow2 = tuple(parse_bytes(x) for x in args.pow2.split(":")) if args.pow2 else None
+        extra = [parse_bytes(s) for s in args.sizes.split(",")] if args.sizes else []
+    except ValueError:
+        raise ValueError(f"--sizes / --pow2 take byte counts like 14336, 14K, 1M (--pow2 MIN:MAX), got "
+                         f"{args.sizes or args.pow2!r}") from None
+    if pow2 is not None and (len(pow2) != 2 or not 0 < pow2[0] <= pow2[1]):
+        raise ValueError(f"--pow2 takes MIN:MAX with 0 < MIN <= MAX, got {args.pow2!r}")
+    if any(s <= 0 for s in extra):
+        raise ValueError(f"--sizes must be positive byte counts, got {args.sizes!r}")
+    sizes = plan_sizes(hidden, parse_int_list(args.tokens), parse_int_list(args.batches, "--batches"), extra, pow2)
     warm, samples, iso, k = DEFAULT_COUNTS[device_type]
     modes = args.mode.split(",") if args.mode else list(MODES)
     unknown = [m for m in modes if m not in MODES]
@@ -223,13 +251,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="results folder (default results/<machine-slug>/)")
     p.add_argument("--name", help="results file name (default allreduce-<UTC time>.json)")
     sweep = p.add_argument_group("NCCL setting sweep (driver mode, run without torchrun)")
-    sweep.add_argument("--nccl-sweep", action="store_true", help="run every setting in its own torchrun")
+    sweep.add_argument("--nccl-sweep", action="store_true", help="run every setting in its own torchrun, rank them "
+                       "at verify sizes, run the best of each group combined, print the winner as export lines")
+    sweep.add_argument("--list", action="store_true", help="print the sweep's settings and exit")
+    sweep.add_argument("--quick", action="store_true", help="two settings (default and one protocol x algorithm): "
+                       "checks the sweep's plumbing, e.g. on CPU, where gloo ignores every NCCL variable")
     sweep.add_argument("--setting", action="append", help="KEY=VAL[,KEY=VAL...] or 'default'; repeatable "
-                       "(default: the built-in list, see harness/allreduce_sweep.py)")
+                       "(default: the built-in list, see --list)")
     sweep.add_argument("--nproc-per-node", type=int, help="ranks per setting (default: GPUs here, or 2)")
     sweep.add_argument("--setting-timeout", type=float, default=180, help="seconds per setting (default 180)")
-    sweep.add_argument("--sweep-time-limit", type=float, help="total seconds: settings that might not finish "
-                       "inside it are skipped, and the summary is still written")
+    sweep.add_argument("--sweep-time-limit", type=float, help="total seconds for the sweep (default 1800): a "
+                       "setting that might not finish inside it is skipped, and the summary is still written")
     sweep.add_argument("--torchrun-args", default="", help="extra torchrun arguments, e.g. rendezvous options")
     p.add_argument("--label", help=argparse.SUPPRESS)  # sweep setting this rank runs under
     p.add_argument("--fault", help=argparse.SUPPRESS)  # exit-early:RANK[@CASE] | hang:RANK[@CASE] (tests)
@@ -240,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     announce_safe_env()
-    if args.nccl_sweep:
+    if args.nccl_sweep or args.list:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             print("error: --nccl-sweep is the driver: run it with plain python, it starts torchrun per setting",
                   file=sys.stderr)
@@ -248,6 +280,11 @@ def main(argv: list[str] | None = None) -> int:
         from verifybench.harness.dist.sweep import run_sweep
 
         return run_sweep(args)
+    try:
+        check_arguments(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     rank_main(run_rank, args, STORE_TIMEOUT_S)
     return 0
 

@@ -1,8 +1,11 @@
 """Allreduce results across ranks: per-rank records -> one Case per (size, mode) with the max over ranks, the
-nccl-tests style table, and rank 0's results file (re-saved after each backend, so a later crash keeps the numbers).
+nccl-tests style table, rank 0's results file (re-saved after each backend, so a later crash keeps the numbers), and
+the measured figure a one-GPU verify stands in for its allreduces, read back from such a file or a sweep summary.
 """
 from __future__ import annotations
 
+import math
+import re
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -11,7 +14,7 @@ from tabulate import tabulate
 
 from verifybench.harness.engine import fingerprint
 from verifybench.harness.engine import results
-from verifybench.harness.dist.backends import ELEMENT_BYTES
+from verifybench.harness.dist.backends import ALL_BACKENDS, ELEMENT_BYTES
 from verifybench.harness.engine.results import Case
 from verifybench.harness.engine.timing import Measurement
 
@@ -171,3 +174,65 @@ class Output:
         if fingerprint.throttled(self.fp):
             print("WARNING: a GPU reported throttling when the run started")
         print(f"saved {self.path}", flush=True)
+
+
+# ---- a measured figure for the one-GPU stand-in ----
+
+STAND_IN_MODES = ("graph", "eager", "isolated")  # engines replay their allreduces inside CUDA graphs: graph first
+
+
+def _split_spec(spec: str) -> tuple[Path, str | None]:
+    """'PATH' or 'PATH:BACKEND' (BACKEND one of ALL_BACKENDS; any other colon belongs to the path)."""
+    head, sep, tail = spec.rpartition(":")
+    return (Path(head), tail) if sep and tail in ALL_BACKENDS else (Path(spec), None)
+
+
+def stand_in_from_result(spec: str, size_bytes: int | None = None) -> tuple[float, str]:
+    """(latency us, source) from an allreduce result or a sweep summary: the time (max over ranks of the per-rank
+    median) of the named backend, else the fastest one (in a sweep: under its fastest setting), in graph mode where
+    measured. At `size_bytes` (the forward's hidden x n x 2 B): the nearest measured size; without it, the median
+    over the file's verify sizes (hidden x n tokens x 2 B). Raises ValueError, naming the file, when it has none."""
+    path, backend = _split_spec(spec)
+    run = results.load_run(path)
+    if run["component"] not in (COMPONENT, "allreduce_sweep"):
+        raise ValueError(f"{path}: an allreduce result or NCCL sweep summary is needed, got {run['component']!r}")
+    cases = [c for c in run["cases"] if c["check"]["ok"] and (backend is None or c["params"]["backend"] == backend)]
+    mode = next((m for m in STAND_IN_MODES if any(c["params"]["mode"] == m for c in cases)), None)
+    if mode is None:
+        raise ValueError(f"{path}: no passing allreduce case" + (f" of backend {backend}" if backend else ""))
+    cpu = results.cpu_numbers(cases)
+    if cpu:
+        import torch
+
+        if torch.cuda.is_available():
+            raise ValueError(f"{path}: a CPU (gloo) run: its times are not a GPU allreduce latency")
+    series: dict[str, dict[int, float]] = {}  # who -> size -> time
+    origin: dict[int, str] = {}
+    for c in cases:
+        if c["params"]["mode"] == mode:
+            p = c["params"]
+            who = p["backend"] + (f" under NCCL setting {p['nccl_setting']}" if "nccl_setting" in p else "")
+            series.setdefault(who, {})[p["size_bytes"]] = c["derived"]["time_us"]
+            origin[p["size_bytes"]] = p.get("origin", "")
+    if size_bytes is not None:
+        sizes = sorted({s for times in series.values() for s in times})
+        size = min(sizes, key=lambda s: (abs(math.log(s / size_bytes)), s))
+        picks = {who: times[size] for who, times in series.items() if size in times}
+        where = f"at {size} B" + ("" if size == size_bytes else f" (the size nearest {size_bytes} B)")
+    else:
+        verify = sorted(s for s, o in origin.items() if re.fullmatch(r"\d+ tok", o))
+        if not verify:
+            raise ValueError(f"{path}: no verify sizes (hidden x n tokens x 2 B) measured; give the forward's size")
+        picks = {who: _median([times[s] for s in verify if s in times]) for who, times in series.items()
+                 if all(s in times for s in verify)}
+        where = f"median over its {len(verify)} verify sizes {verify[0]}-{verify[-1]} B"
+    if not picks:
+        raise ValueError(f"{path}: no backend measured every size asked for")
+    who = min(picks, key=picks.get)
+    chosen = "" if backend else (", the fastest" if len(picks) > 1 else "")
+    source = f"{path}: {who}{chosen}, {mode} mode, {where}" + (" (CPU numbers)" if cpu else "")
+    return picks[who], source
+
+
+def _median(values: list[float]) -> float:
+    return float(np.median(values))

@@ -3,6 +3,10 @@
 Each backend gives an ArOp whose `run()` does one sum-allreduce of `inp` into `out` (the same tensor when in
 place) on the current stream, so the engine can time it eagerly or capture it in a CUDA graph. Nothing here uses
 multicast (NVLS, multimem): the NCCL environment keeps it off and the symm-mem ops used are the P2P-load ones.
+
+torch's symmetric-memory one-shot and two-shot stand for the engines' custom (PCIe-IPC) one-shot and two-shot
+allreduces: like them, each rank maps its peers' buffers (CUDA IPC / cuMem handles) and loads them over P2P, with
+no multicast. So they need P2P between every pair of the job's GPUs, and are skipped, saying so, where it is missing.
 """
 from __future__ import annotations
 
@@ -14,6 +18,8 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
+
+from verifybench.harness.engine.topology import missing_p2p_pairs
 
 DTYPE = torch.bfloat16
 ELEMENT_BYTES = 2
@@ -161,7 +167,19 @@ def unavailable_reason(name: str, comm: Comm) -> str | None:
             return f"torch.distributed._symmetric_memory missing ({type(e).__name__})"
         if not hasattr(torch.ops.symm_mem, SYMM_OPS[name]):
             return f"this torch ({torch.__version__}) has no torch.ops.symm_mem.{SYMM_OPS[name]}"
+        return p2p_reason(list(range(comm.local_world_size)))  # every rank of the job is cuda:<local rank>
     return None
+
+
+def p2p_reason(devices: list[int], can_access=None) -> str | None:
+    """Why the P2P-load backends cannot run on `devices`, or None when every ordered pair has peer access."""
+    missing = missing_p2p_pairs(devices, can_access)
+    if not missing:
+        return None
+    shown = ", ".join(f"{i}->{j}" for i, j in missing[:6])
+    if len(missing) > 6:
+        shown += f" and {len(missing) - 6} more"
+    return f"no P2P access between GPUs {shown} (CUDA peer access): it loads peers' buffers over P2P"
 
 
 # ---- backends: make(comm, max_numel) -> (numel -> ArOp); collective setup happens here, on every rank ----

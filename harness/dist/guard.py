@@ -4,12 +4,16 @@ that ends the whole job when a rank dies or hangs (non-zero exit, naming the ran
 The watchdog runs on its own store connection in a daemon thread, so it keeps working while the main thread is
 blocked in a collective, a CUDA synchronize or a graph replay (none of which a timeout in torch.distributed covers).
 Ranks never tear down their process groups: they flush and `os._exit`, because teardown is where jobs hang.
+A rank that fails only because a peer died or froze waits CULPRIT_FIRST_S before it exits, so the launcher sees the
+faulty rank go first and names it as the root cause; a frozen peer on the same host is killed for that reason.
 """
 from __future__ import annotations
 
 import faulthandler
 import json
+import math
 import os
+import signal
 import socket
 import sys
 import threading
@@ -29,8 +33,60 @@ EXIT_PEER_FAILED = 3  # a peer reported an error, stopped beating, or the store 
 EXIT_STUCK = 4  # this rank is the one that stopped making progress
 EXIT_WAITED = 5  # this rank gave up waiting for a stuck peer
 EXIT_FAULT = 7  # injected crash (--fault exit-early:RANK)
-STUCK_FIRST_GRACE_S = 2.0  # a waiting rank exits this long after the stuck one, so the launcher names the right rank
+EXIT_BAD_INPUT = 2  # an argument the job cannot honour (named on stderr), before any rendezvous
+# a rank that fails because of a peer exits this long after the faulty one, so the launcher (torchrun polls its
+# workers every 0.1 s by default) records the faulty rank first: its "Root Cause" is the first exit it observes
+CULPRIT_FIRST_S = 2.0
+STUCK_FIRST_GRACE_S = CULPRIT_FIRST_S
+HANG_TIMEOUT_RANGE_S = (1.0, 86400.0)  # below 1 s the heartbeat (0.5 s) cannot tell a slow step from a hang
 PREFIX = "[allreduce]"
+
+
+def check_hang_timeout(value) -> float:
+    """--hang-timeout as seconds, or ValueError naming it and the range (NaN would switch the watchdog off, a value
+    <= 0 would end a healthy job at its first check)."""
+    lo, hi = HANG_TIMEOUT_RANGE_S
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not (math.isfinite(seconds) and lo <= seconds <= hi):
+        raise ValueError(f"--hang-timeout must be a number of seconds in [{lo:g}, {hi:g}], got {value!r}")
+    return seconds
+
+
+def hang_timeout_arg(text: str) -> float:
+    """argparse type for --hang-timeout: refused at parse time (exit 2, one line) when check_hang_timeout refuses."""
+    import argparse
+
+    try:
+        return check_hang_timeout(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--hang-timeout ")) from None
+
+
+def process_state(pid: int) -> str | None:
+    """The one-letter state of a local process from /proc (R, S, D, T stopped, t traced, Z zombie, X dead), or None
+    when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _same_job(pid: int) -> bool:
+    """Whether local process `pid` is a sibling worker of this one: same parent (the launcher) and command line."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+        with open("/proc/self/cmdline", "rb") as f:
+            mine = f.read()
+    except (OSError, IndexError, ValueError):
+        return False
+    return ppid == os.getppid() and cmdline == mine
 
 
 def log_prefix() -> str:
@@ -132,24 +188,33 @@ class Agreement:
 class Watchdog:
     """Heartbeat + progress per rank in the store; aborts this process when the job cannot finish.
 
-    - a peer that reports an error, or whose heartbeat stops for `dead_timeout_s`: exit EXIT_PEER_FAILED;
+    - a peer that reports an error, whose process is gone (same host: at once), or whose heartbeat stops for
+      `dead_timeout_s`: exit EXIT_PEER_FAILED, CULPRIT_FIRST_S after naming it; a frozen peer on this host (its
+      heartbeat stopped, its process still there, e.g. SIGSTOP) is killed first, since the launcher only sees exits
+      and would otherwise wait out its own 30 s SIGTERM timeout on a process that cannot act on SIGTERM;
     - no progress on this rank for `hang_timeout_s` (marks come from the main thread via `mark`): the ranks with
       the oldest step are named as stuck; a stuck rank exits EXIT_STUCK at once (with its stack), the others
-      EXIT_WAITED after STUCK_FIRST_GRACE_S, so torchrun's "root cause" is the stuck rank when it can still exit.
-    Worst case from a failure to every rank gone: hang_timeout_s + STUCK_FIRST_GRACE_S + the launcher's teardown.
+      EXIT_WAITED after CULPRIT_FIRST_S, so torchrun's "root cause" is the stuck rank when it can still exit.
+    Worst case from a failure to every rank gone: min(dead_timeout_s, hang_timeout_s) + 1 s (the read period) +
+    CULPRIT_FIRST_S + the launcher's teardown.
     """
 
     def __init__(self, info: RankInfo, hang_timeout_s: float, dead_timeout_s: float | None = None,
                  period_s: float = 0.5):
         self.info = info
-        self.hang_timeout_s = hang_timeout_s
+        self.hang_timeout_s = check_hang_timeout(hang_timeout_s)
         self.dead_timeout_s = dead_timeout_s or max(5.0, hang_timeout_s / 2)
         self.period_s = period_s
         self.store = open_store(info, timeout_s=max(5.0, self.dead_timeout_s))
         self.seq, self.label = 0, "start"
         self.changed = time.monotonic()
         self.stopped = False
+        self.aborting = threading.Event()  # set once this process has decided to exit for a reason it names
+        self._abort_lock = threading.Lock()
         self.peers = [r for r in range(info.world_size) if r != info.rank]
+        self.where: dict[int, dict] = {}  # rank -> its published progress (host, pid), as last read
+        self.statuses: dict[int, dict] = {}  # rank -> its status once it reported one
+        self.seen_beat: dict[int, tuple] = {}  # rank -> (last heartbeat value, when it changed)
         self._thread = threading.Thread(target=self._loop, name="allreduce-watchdog", daemon=True)
 
     def start(self) -> "Watchdog":
@@ -183,11 +248,11 @@ class Watchdog:
     def _loop(self) -> None:
         start = last_ok = last_read = time.monotonic()
         beat, published_seq = 0, -1
-        seen_beat = {r: (None, start) for r in self.peers}  # rank -> (last value, when it changed)
+        self.seen_beat = {r: (None, start) for r in self.peers}
         read_every_s = max(1.0, len(self.peers) / 16)  # every rank reads every peer: keep the store load O(N) per s
         while not self.stopped:
             time.sleep(self.period_s)
-            if self.stopped:
+            if self.stopped or self.aborting.is_set():
                 return
             now = time.monotonic()
             try:
@@ -201,40 +266,93 @@ class Watchdog:
                     continue
                 last_read = now
                 peers = {r: (self._get(f"hb/{r}"), self._get(f"status/{r}")) for r in self.peers}
+                for r in self.peers:
+                    if r not in self.where:
+                        p = self._get(f"progress/{r}")
+                        if p:
+                            self.where[r] = p
                 last_ok = now
             except Exception as e:
                 if now - last_ok > self.dead_timeout_s:
                     self._abort(f"lost the rendezvous store {self.info.master_addr}:{self.info.master_port} for "
-                                f"{now - last_ok:.0f} s ({type(e).__name__}); the launcher is gone", EXIT_PEER_FAILED)
+                                f"{now - last_ok:.0f} s ({type(e).__name__}); the launcher is gone", EXIT_PEER_FAILED,
+                                culprit_first=False)
                 continue
             try:
-                self._judge(peers, seen_beat, now)
+                self._judge(peers, now)
             except Exception as e:  # never let a malformed value end the watchdog silently
                 sys.stderr.write(f"{log_prefix()} rank {self.info.rank}: watchdog: {type(e).__name__}: {e}\n")
 
-    def _judge(self, peers: dict, seen_beat: dict, now: float) -> None:
+    def _local_pid(self, rank: int) -> int | None:
+        w = self.where.get(rank)
+        return int(w["pid"]) if w and w.get("host") == self.info.host and w.get("pid") else None
+
+    def _local_fault(self, rank: int) -> str | None:
+        """Why local peer `rank` cannot be alive and well, from its process state; None when it looks fine or is
+        not on this host."""
+        pid = self._local_pid(rank)
+        if pid is None:
+            return None
+        state = process_state(pid)
+        if state is None or state in "ZX":
+            return f"died (process {pid} on {self.info.host} is {'gone' if state is None else 'a zombie'})"
+        if state in "Tt":
+            return f"is stopped (process {pid} on {self.info.host}: SIGSTOP or a debugger)"
+        return None
+
+    def _judge(self, peers: dict, now: float) -> None:
         for r, (hb, status) in peers.items():
+            if status:
+                self.statuses[r] = status
             if status and status["state"] == "error":
-                self._abort(f"rank {r} failed: {status['message']}", EXIT_PEER_FAILED)
+                self.peer_down(r, f"failed: {status['message']}", kill=False)  # it is exiting on its own
             if status:  # done or aborted on its own: nothing more to watch
                 continue
-            if hb != seen_beat[r][0]:
-                seen_beat[r] = (hb, now)
-            elif now - seen_beat[r][1] > max(self.dead_timeout_s, self.hang_timeout_s if hb is None else 0):
+            fault = self._local_fault(r)
+            if fault and fault.startswith("died") and not self._status_now(r):  # gone: no timeout needed
+                self.peer_down(r, f"{fault}, at {self._step_of(r)}")
+            if hb != self.seen_beat[r][0]:
+                self.seen_beat[r] = (hb, now)
+            elif now - self.seen_beat[r][1] > max(self.dead_timeout_s, self.hang_timeout_s if hb is None else 0):
                 what = "never started beating" if hb is None else "stopped responding"
-                self._abort(f"rank {r} {what}: no heartbeat for {now - seen_beat[r][1]:.0f} s "
-                            f"(last step: {self._step_of(r)})", EXIT_PEER_FAILED)
+                self.peer_down(r, f"{what}: no heartbeat for {now - self.seen_beat[r][1]:.0f} s"
+                               + (f"; it {fault}" if fault else "") + f" (last step: {self._step_of(r)})", kill=True)
         if now - self.changed > self.hang_timeout_s:
             self._abort_stuck(now)
 
-    def _step_of(self, rank: int) -> str:
+    def _status_now(self, rank: int, store: dist.Store | None = None) -> dict | None:
+        """Rank's reported status read now (through `store` when the caller is not the watchdog thread)."""
+        if store is None and threading.current_thread() is not self._thread:
+            return None
+        key = f"status/{rank}"
         try:
-            p = self._get(f"progress/{rank}")
+            if store is None:
+                return self._get(key)
+            return json.loads(store.get(key)) if store.check([key]) else None
+        except Exception:
+            return None
+
+    def _step_of(self, rank: int, store: dist.Store | None = None) -> str:
+        try:
+            if store is None and threading.current_thread() is not self._thread:
+                p = self.where.get(rank)
+            elif store is None:
+                p = self._get(f"progress/{rank}")
+            else:
+                p = json.loads(store.get(f"progress/{rank}")) if store.check([f"progress/{rank}"]) else None
         except Exception:
             p = None
         return f"#{p['seq']} '{p['label']}' on {p['host']} pid {p['pid']}" if p else "unknown"
 
     def _abort_stuck(self, now: float) -> None:
+        # a peer whose heartbeat stopped is frozen, not merely slow: it is the cause whatever its step (a hang
+        # timeout shorter than the dead timeout would otherwise blame every rank of a collective it never joined)
+        frozen = [r for r in self.peers if r not in self.statuses and now - self.seen_beat[r][1] > 2.5]
+        if frozen:
+            r = frozen[0]
+            fault = self._local_fault(r)
+            self.peer_down(r, f"stopped responding: no heartbeat for {now - self.seen_beat[r][1]:.0f} s"
+                           + (f"; it {fault}" if fault else "") + f" (last step: {self._step_of(r)})", kill=True)
         progress = {self.info.rank: self.seq}
         for r in self.peers:
             try:
@@ -249,21 +367,80 @@ class Watchdog:
         if not waiting:
             msg = (f"all {len(stuck)} ranks made no progress for {stalled_s:.0f} s (rank {self.info.rank} at "
                    f"{self._step_of(self.info.rank)}): a collective that never completes")
-            self._abort(msg, EXIT_STUCK, dump_stack=True)
+            self._abort(msg, EXIT_STUCK, dump_stack=True, culprit_first=False)
         who = f"rank{'s' if len(stuck) > 1 else ''} {', '.join(map(str, stuck))}"
         msg = (f"{who} stopped making progress (no new step for over {self.hang_timeout_s:.0f} s); last step: "
                + "; ".join(f"rank {r} {self._step_of(r)}" for r in stuck)
                + "; waiting: " + "; ".join(f"rank {r} at {self._step_of(r)}" for r in waiting))
         if self.info.rank in stuck:
-            self._abort(msg, EXIT_STUCK, dump_stack=True)
-        time.sleep(STUCK_FIRST_GRACE_S)
+            self._abort(msg, EXIT_STUCK, dump_stack=True, culprit_first=False)
         self._abort(msg, EXIT_WAITED)
 
-    def _abort(self, message: str, code: int, dump_stack: bool = False) -> None:
+    def find_culprit(self, store: dist.Store | None = None,
+                     window_s: float | None = None) -> tuple[int, str] | None:
+        """(rank, why) of a peer that failed, died or froze, watched for up to `window_s` (default: long enough to
+        see a remote peer's heartbeat stop; 0.5 s when every peer is on this host, where the process state says it
+        at once), or None. For the main thread (with its own `store` connection), after an exception that a
+        collective may have raised only because of such a peer."""
+        read_every_s = max(1.0, len(self.peers) / 16)
+        local = all(self._local_pid(r) is not None for r in self.peers)
+        window_s = window_s if window_s is not None else (0.5 if local else 2 * read_every_s + 1)
+        start = time.monotonic()
+        while True:
+            for r in self.peers:
+                status = self.statuses.get(r) or self._status_now(r, store)
+                fault = None if status else self._local_fault(r)
+                if fault:  # it may have reported just before its process ended
+                    status = self._status_now(r, store)
+                if status and status["state"] == "error":
+                    return r, f"failed: {status['message']}"
+                if fault and not status:
+                    return r, f"{fault}, at {self._step_of(r, store)}"
+            now = time.monotonic()
+            if now - start >= window_s:
+                break
+            time.sleep(0.05)
+        for r in self.peers:  # seen beating by the watchdog thread's reads, once a read period, unless frozen
+            if r not in self.statuses and r in self.seen_beat and self.seen_beat[r][1] < now - read_every_s - 1:
+                return r, f"stopped responding: no heartbeat for {now - self.seen_beat[r][1]:.0f} s"
+        return None
+
+    def peer_down(self, rank: int, why: str, context: str = "", kill: bool = False) -> None:
+        """Exit because peer `rank` is the root cause. With `kill`, a process of this job on this host that is still
+        there (frozen) is killed first, so the launcher sees it end: it only sees exits, and a stopped process
+        would sit out its SIGTERM timeout (30 s) after this rank left, with this rank named."""
+        pid = self._local_pid(rank)
+        killed = ""
+        if kill and pid and process_state(pid) not in (None, "Z", "X") and _same_job(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed = f"; killed its process {pid} so that the launcher sees it end first"
+            except OSError as e:
+                killed = f"; could not kill its process {pid} ({e.strerror})"
+        self._abort(f"root cause: rank {rank} {why}{killed}{context}", EXIT_PEER_FAILED)
+
+    def wait_for_abort(self) -> None:
+        """Block for good when another thread of this process is already exiting for a reason it named."""
+        if self.aborting.is_set():
+            while True:
+                time.sleep(3600)
+
+    def _abort(self, message: str, code: int, dump_stack: bool = False, culprit_first: bool = True) -> None:
+        """Say why, tell the peers, and exit `code`; with `culprit_first`, only CULPRIT_FIRST_S later (another rank
+        is the cause: the launcher must see that one exit first)."""
+        with self._abort_lock:  # the first to decide exits the process; a second caller waits for that
+            if self.aborting.is_set():
+                while True:
+                    time.sleep(3600)
+            self.aborting.set()
         sys.stderr.write(f"{log_prefix()} rank {self.info.rank}: ABORT (exit {code}): {message}\n")
         if dump_stack:
             faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         self.report("aborted", message)
+        if culprit_first:
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            time.sleep(CULPRIT_FIRST_S)
         hard_exit(code)
 
 
@@ -309,17 +486,49 @@ def announce_safe_env() -> None:
         print(f"{log_prefix()} forced {forced}: multicast stays off", file=sys.stderr)
 
 
+# options of the torchrun jobs (dist.allreduce, dist.verify) that count something: given, each must be >= 1
+COUNT_OPTIONS = ("warmup", "samples", "isolated_samples", "calls_per_sample", "layers", "context", "hidden", "tp")
+
+
+def check_edge(args, info: RankInfo) -> None:
+    """What every job checks before its rendezvous (ValueError naming the option): --hang-timeout, the counts in
+    COUNT_OPTIONS, and on rank 0, which writes the results, that a given --out folder can be written (not only after
+    the measuring)."""
+    args.hang_timeout = check_hang_timeout(args.hang_timeout)
+    for dest in COUNT_OPTIONS:  # a 0 would otherwise be swapped for the default (`args.samples or default`)
+        value = getattr(args, dest, None)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"--{dest.replace('_', '-')} must be a whole number >= 1, got {value!r}")
+    if info.rank == 0 and getattr(args, "out", None) is not None:
+        from verifybench.harness.engine.results import check_writable
+
+        check_writable(args.out)  # ResultsError, a ValueError
+
+
 def rank_main(run_rank, args, store_timeout_s: float) -> None:
     """A torchrun worker (or a lone process) around `run_rank(args, info, store, guard) -> exit code`: the watchdog
     runs throughout, an exception is reported to the other ranks, and the process never returns: it exits without
-    process-group teardown (where jobs hang). Rank 0, when it serves the store, waits for the others' status."""
+    process-group teardown (where jobs hang). An exception that followed from a peer's death or freeze (a collective
+    that lost its peer) names that peer as the root cause instead. Rank 0, when it serves the store, waits for the
+    others' status. An argument check_edge refuses exits EXIT_BAD_INPUT before any rendezvous."""
     info = rank_info()
+    try:
+        check_edge(args, info)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        hard_exit(EXIT_BAD_INPUT)
     store = open_store(info, store_timeout_s, host_it=info.rank == 0 and not info.agent_store)
     guard = Watchdog(info, args.hang_timeout).start()
     try:
         code = run_rank(args, info, store, guard)
     except BaseException as e:
+        guard.wait_for_abort()  # the watchdog already named the cause and is ending this process
         traceback.print_exc()
+        culprit = guard.find_culprit(store) if isinstance(e, Exception) else None
+        if culprit:
+            rank, why = culprit
+            guard.peer_down(rank, why, f"; this rank's {type(e).__name__} followed from it",
+                            kill=not why.startswith("failed"))
         guard.report("error", f"{type(e).__name__}: {e} (on {info.host})")
         print(f"{log_prefix()} rank {info.rank}: failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         hard_exit(EXIT_RANK_ERROR)

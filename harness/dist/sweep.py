@@ -1,5 +1,7 @@
-"""NCCL setting sweep: each setting (NCCL_PROTO, NCCL_ALGO, channel counts, P2P level, ...) runs in a fresh torchrun of
-verifybench.harness.dist.allreduce, and the transport and algorithm NCCL chose are read back from its INFO log.
+"""NCCL setting sweep: each setting (P2P/SHM transport, P2P level, protocol x algorithm, channels, buffer size,
+threads, ...) runs in a fresh torchrun of verifybench.harness.dist.allreduce, the transport and algorithm NCCL chose
+are read back from its INFO log, the settings are ranked at verify sizes, the best of each group is run combined,
+and the winner is printed as `export` lines, all inside a time budget.
 
 Fresh processes, not fresh process groups: NCCL caches most of its parameters the first time it reads them in a
 process (NCCL_PARAM), so a second communicator in the same process would silently keep the first setting.
@@ -22,27 +24,34 @@ from tabulate import tabulate
 
 from verifybench.harness.engine import fingerprint
 from verifybench.harness.engine import results
-from verifybench.harness.dist.guard import force_safe_env
+from verifybench.harness.dist.guard import SAFE_ENV, force_safe_env
 
-# Small-message knobs for one node; "default" is the environment as launched. NVLS stays off (SAFE_ENV).
+# Knobs that matter for small allreduces on one node, PCIe boxes without NVLink first. "default" is the environment
+# as launched. A setting's group comes from its variables (VAR_GROUP): the settings of a group are alternatives,
+# different groups are independent, so the sweep ends by combining the best of each. NVLS stays off (SAFE_ENV).
 DEFAULT_SETTINGS = (
     "default",
-    "NCCL_PROTO=LL", "NCCL_PROTO=LL128", "NCCL_PROTO=Simple",
-    "NCCL_ALGO=Ring", "NCCL_ALGO=Tree",
-    "NCCL_MIN_NCHANNELS=1,NCCL_MAX_NCHANNELS=1", "NCCL_MIN_NCHANNELS=2,NCCL_MAX_NCHANNELS=2",
-    "NCCL_MIN_NCHANNELS=8,NCCL_MAX_NCHANNELS=8", "NCCL_MIN_NCHANNELS=32",
-    "NCCL_PROTO=LL,NCCL_ALGO=Ring,NCCL_MAX_NCHANNELS=2",
-    "NCCL_P2P_LEVEL=LOC",  # no peer-to-peer: what the SHM transport costs
+    "NCCL_P2P_DISABLE=1", "NCCL_SHM_DISABLE=1",
+    "NCCL_P2P_LEVEL=PXB", "NCCL_P2P_LEVEL=PHB", "NCCL_P2P_LEVEL=SYS",
+    *(f"NCCL_PROTO={p},NCCL_ALGO={a}" for p in ("LL", "LL128", "Simple") for a in ("Ring", "Tree")),
+    *(f"NCCL_MIN_NCHANNELS={c},NCCL_MAX_NCHANNELS={c}" for c in (1, 4, 8, 16, 32)),
+    *(f"NCCL_BUFFSIZE={b}" for b in (1 << 20, 2 << 20, 8 << 20)),
+    *(f"NCCL_NTHREADS={t}" for t in (64, 128, 256, 512)),
     "NCCL_CUMEM_ENABLE=0",  # legacy IPC handles instead of cuMem
     "NCCL_GRAPH_MIXING_SUPPORT=0",  # no extra cross-stream ordering for mixing graph and eager NCCL calls
 )
-SWEEP_BACKENDS = "nccl,pynccl"
+QUICK_SETTINGS = ("default", "NCCL_PROTO=LL,NCCL_ALGO=Ring")  # the plumbing in two jobs
+VAR_GROUP = {"NCCL_P2P_DISABLE": "transport", "NCCL_SHM_DISABLE": "transport", "NCCL_P2P_LEVEL": "transport",
+             "NCCL_PROTO": "protocol x algorithm", "NCCL_ALGO": "protocol x algorithm",
+             "NCCL_MIN_NCHANNELS": "channels", "NCCL_MAX_NCHANNELS": "channels",
+             "NCCL_BUFFSIZE": "buffer size", "NCCL_NTHREADS": "threads"}
+COMBINED = "best of each group combined"
+GPU_SWEEP_BACKENDS, CPU_SWEEP_BACKENDS = "nccl,pynccl", "gloo"
 SWEEP_MODES = "graph"
 LOG_SUBSYS = "INIT,ENV,GRAPH,TUNING"
 ALGO_IDS = {0: "Tree", 1: "Ring", 2: "CollNetDirect", 3: "CollNetChain", 4: "NVLS", 5: "NVLSTree", 6: "PAT"}
 PROTO_IDS = {0: "LL", 1: "LL128", 2: "Simple"}
-
-
+DEFAULT_BUDGET_S = 1800.0
 def parse_setting(text: str) -> tuple[str, dict]:
     """'NCCL_PROTO=LL,NCCL_ALGO=Ring' -> (label, env); 'default' -> ('default', {}). Refuses multicast."""
     text = text.strip()
@@ -58,6 +67,11 @@ def parse_setting(text: str) -> tuple[str, dict]:
                                                     and not env["NCCL_ALGO"].startswith("^")):
         raise ValueError(f"setting {text!r} would use NVLS multicast, which stays off on these machines")
     return text, env
+
+
+def group_of(env: dict) -> str:
+    """'protocol x algorithm', 'transport+threads', ...; 'default' for no variables."""
+    return "+".join(sorted({VAR_GROUP.get(k, k) for k in env})) or "default"
 
 
 # ---- NCCL's INFO log ----
@@ -120,10 +134,10 @@ def _gpu_count() -> int:
         return 0
 
 
-def worker_argv(args) -> list[str]:
+def worker_argv(args, backends: str) -> list[str]:
     """The measurement options of this command line, for each setting's verifybench.harness.dist.allreduce run."""
     out = ["--preset", args.preset, "--tp", str(args.tp), "--tokens", args.tokens, "--batches", args.batches,
-           "--backend", args.backend or SWEEP_BACKENDS, "--mode", args.mode or SWEEP_MODES,
+           "--backend", args.backend or backends, "--mode", args.mode or SWEEP_MODES,
            "--hang-timeout", str(args.hang_timeout)]
     for flag, value in (("--hidden", args.hidden), ("--sizes", args.sizes), ("--pow2", args.pow2),
                         ("--warmup", args.warmup), ("--samples", args.samples),
@@ -148,7 +162,8 @@ def _kill_group(proc: subprocess.Popen) -> None:
             continue
 
 
-def run_setting(label: str, env_setting: dict, folder: Path, args, nproc: int) -> dict:
+def run_setting(label: str, env_setting: dict, folder: Path, args, nproc: int, backends: str,
+                timeout_s: float) -> dict:
     """One fresh torchrun under `env_setting`; returns its status, log summary and results (if any)."""
     folder.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
@@ -159,13 +174,14 @@ def run_setting(label: str, env_setting: dict, folder: Path, args, nproc: int) -
                     "NCCL_DEBUG_FILE": str(folder / "nccl.%h.%p.log")})
     extra = shlex.split(args.torchrun_args)
     cmd = [sys.executable, "-m", "torch.distributed.run", *([] if extra else ["--standalone"]),
-           f"--nproc-per-node={nproc}", *extra, "-m", "verifybench.harness.dist.allreduce", *worker_argv(args),
-           "--out", str(folder), "--name", "allreduce.json", "--label", label, "--no-nccl-log"]
+           f"--nproc-per-node={nproc}", *extra, "-m", "verifybench.harness.dist.allreduce",
+           *worker_argv(args, backends), "--out", str(folder), "--name", "allreduce.json", "--label", label,
+           "--no-nccl-log"]
     t0 = time.monotonic()
     with open(folder / "output.log", "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            rc = proc.wait(timeout=args.setting_timeout)
+            rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             rc = None
         finally:
@@ -177,21 +193,73 @@ def run_setting(label: str, env_setting: dict, folder: Path, args, nproc: int) -
         run = results.load_run(folder / "allreduce.json")
     except results.ResultsError:
         pass
-    status = "ok" if rc == 0 else (f"timeout after {args.setting_timeout:.0f} s" if rc is None else f"exit {rc}")
+    status = "ok" if rc == 0 else (f"timeout after {timeout_s:.0f} s" if rc is None else f"exit {rc}")
     tail = (folder / "output.log").read_text(errors="replace").splitlines()[-12:] if rc != 0 else []
-    return {"label": label, "env": env_setting, "status": status, "wall_s": wall_s, "run": run,
-            "nccl_log": parse_nccl_logs(folder), "output_tail": tail, "folder": str(folder)}
+    return {"label": label, "group": group_of(env_setting), "env": env_setting, "status": status, "wall_s": wall_s,
+            "run": run, "nccl_log": parse_nccl_logs(folder), "output_tail": tail, "folder": str(folder)}
 
 
-def _times(outcome: dict) -> dict[tuple[str, int], float]:
-    """(backend, size) -> graph-mode time (us) of the passing cases of one setting's run."""
+# ---- ranking ----
+
+def _times(outcome: dict, verify_only: bool = False) -> dict[tuple[str, int], float]:
+    """(backend, size) -> graph-mode time (us) of the passing cases of one setting's run; `verify_only`: only the
+    verify sizes (hidden x n tokens x 2 B, one request)."""
     run = outcome["run"] or {"cases": []}
     return {(c["params"]["backend"], c["params"]["size_bytes"]): c["derived"]["time_us"]
-            for c in run["cases"] if c["check"]["ok"] and c["params"]["mode"] == "graph"}
+            for c in run["cases"] if c["check"]["ok"] and c["params"]["mode"] == "graph"
+            and (not verify_only or re.fullmatch(r"\d+ tok", c["params"].get("origin", "")))}
+
+
+def rank_settings(outcomes: list[dict]) -> list[dict]:
+    """Settings by the geometric mean of their graph-mode times over the verify sizes and backends (those the
+    default measured, else all measured), fastest first; a setting missing one is left out, not ranked on fewer."""
+    times = {o["label"]: _times(o, verify_only=True) for o in outcomes if o["status"] == "ok"}
+    times = {label: t for label, t in times.items() if t}
+    if not times:
+        return []
+    common = set(times["default"]) if "default" in times else set().union(*times.values())
+    times = {label: t for label, t in times.items() if common <= set(t)}
+    geo = {label: math.exp(sum(math.log(t[k]) for k in common) / len(common)) for label, t in times.items()}
+    base = geo.get("default")
+    groups = {o["label"]: o["group"] for o in outcomes}
+    rows = [{"setting": label, "group": groups[label], "geomean(us)": g,
+             "x default": g / base if base else None} for label, g in geo.items()]
+    return sorted(rows, key=lambda r: r["geomean(us)"])
+
+
+def base_groups(group: str) -> set[str]:
+    return set(group.split("+"))
+
+
+def combine_winners(outcomes: list[dict], ranking: list[dict]) -> tuple[list[str], dict] | None:
+    """The fastest setting of each group (beating the default where one ran), combined while their groups do not
+    overlap; None when fewer than two groups contribute (the combination would be one of the runs)."""
+    env_of = {o["label"]: o["env"] for o in outcomes}
+    base = next((r["geomean(us)"] for r in ranking if r["setting"] == "default"), None)
+    taken, labels, env = set(), [], {}
+    for r in ranking:  # fastest first: the first of each group is its winner
+        if r["setting"] in ("default", COMBINED) or (base is not None and r["geomean(us)"] >= base):
+            continue
+        groups = base_groups(r["group"])
+        if groups & taken:
+            continue
+        taken |= groups
+        labels.append(r["setting"])
+        env.update(env_of[r["setting"]])
+    return (labels, env) if len(labels) > 1 else None
+
+
+def export_lines(env_setting: dict, launched: dict) -> list[str]:
+    """The winning environment as shell lines: the NCCL_* variables the sweep ran under (as launched, multicast
+    off) with the winner's on top."""
+    merged = {k: v for k, v in launched.items() if k.startswith("NCCL_") and not k.startswith("NCCL_DEBUG")}
+    merged.update(SAFE_ENV)
+    merged.update(env_setting)
+    return [f"export {k}={shlex.quote(v)}" for k, v in sorted(merged.items())]
 
 
 def summary_tables(outcomes: list[dict]) -> list[tuple[str, list[dict]]]:
-    """Per setting the graph-mode time per size; per size the fastest setting against the default."""
+    """Per setting the graph-mode time per size; per size the fastest setting against the default; the ranking."""
     times = {o["label"]: _times(o) for o in outcomes}
     keys = sorted({k for t in times.values() for k in t})
     sizes = sorted({s for _, s in keys})
@@ -212,50 +280,108 @@ def summary_tables(outcomes: list[dict]) -> list[tuple[str, list[dict]]]:
         if base.get((b, s)):
             row["gain vs default"] = f"{100 * (1 - candidates[0][0] / base[(b, s)]):+.1f}%"
         best.append(row)
-    overall = []
-    for b in backends:
-        for label, t in times.items():
-            common = [s for s in sizes if (b, s) in t and (b, s) in base]
-            if common and len(common) == len([s for s in sizes if (b, s) in base]):
-                geo = math.exp(sum(math.log(t[(b, s)] / base[(b, s)]) for s in common) / len(common))
-                overall.append({"backend": b, "setting": label, "time / default (geomean over sizes)": geo})
-    overall.sort(key=lambda r: (r["backend"], r["time / default (geomean over sizes)"]))
-    return [("graph-mode time (us) per NCCL setting, max over ranks", grid),
-            ("fastest setting per size", best), ("settings ranked (all sizes)", overall)]
+    return [("graph-mode time (us) per NCCL setting, max over ranks", grid), ("fastest setting per size", best),
+            ("settings ranked at verify sizes (geomean over sizes and backends)", rank_settings(outcomes))]
+
+
+# ---- the driver ----
+
+def sweep_settings(args) -> list[tuple[str, dict]]:
+    return [parse_setting(s) for s in (args.setting or (QUICK_SETTINGS if args.quick else DEFAULT_SETTINGS))]
+
+
+def print_setting_list(settings: list[tuple[str, dict]], combine: bool = True) -> None:
+    print(f"NCCL settings ({len(settings)}, each in a fresh torchrun; then the {COMBINED}):" if combine
+          else f"NCCL settings ({len(settings)}, each in a fresh torchrun):")
+    for i, (label, env) in enumerate(settings):
+        print(f"  {i + 1:2d}. [{group_of(env)}] {label}")
+
+
+def _skipped(label: str, env: dict, why: str) -> dict:
+    return {"label": label, "group": group_of(env), "env": env, "status": f"skipped ({why})", "wall_s": 0.0,
+            "run": None, "nccl_log": {}, "output_tail": [], "folder": None}
 
 
 def run_sweep(args) -> int:
-    settings = [parse_setting(s) for s in (args.setting or DEFAULT_SETTINGS)]
-    nproc = args.nproc_per_node or _gpu_count() or 2
+    settings = sweep_settings(args)
+    if args.list:
+        print_setting_list(settings)
+        return 0
+    gpus = _gpu_count()
+    nproc = args.nproc_per_node or gpus or 2
+    backends = GPU_SWEEP_BACKENDS if gpus else CPU_SWEEP_BACKENDS
+    budget_s = args.sweep_time_limit or DEFAULT_BUDGET_S
+    launched = dict(os.environ)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     root = Path(args.out or results.RESULTS_DIR / _machine_slug()) / f"allreduce-sweep-{stamp}"
-    outcomes = []
+    print_setting_list(settings)
+    print(f"{nproc} ranks per setting, backends {args.backend or backends}, time budget {budget_s:.0f} s "
+          f"(--sweep-time-limit), at most {args.setting_timeout:.0f} s per setting", flush=True)
+    cpu = "gloo" in (args.backend or backends).split(",")
+    if cpu:
+        print("NOTE: gloo on CPU: the NCCL variables do nothing here; this checks the sweep's plumbing, and its "
+              "ranking is noise, not a recommendation.", flush=True)
     t0 = time.monotonic()
-    for i, (label, env) in enumerate(settings):
-        slug = re.sub(r"[^A-Za-z0-9]+", "-", label).strip("-").lower()
-        print(f"[sweep {i + 1}/{len(settings)}] {label} ...", end=" ", flush=True)
-        if args.sweep_time_limit and time.monotonic() - t0 + args.setting_timeout > args.sweep_time_limit:
-            print("skipped: the sweep's time limit would be exceeded", flush=True)
-            outcomes.append({"label": label, "env": env, "status": "skipped (time limit)", "wall_s": 0.0, "run": None,
-                             "nccl_log": {}, "output_tail": [], "folder": None})
-            continue
-        outcome = run_setting(label, env, root / f"{i:02d}-{slug}", args, nproc)
+    outcomes: list[dict] = []
+
+    def run_one(i: int, total: int, label: str, env: dict) -> None:
+        elapsed = time.monotonic() - t0
+        left = budget_s - elapsed
+        print(f"[sweep {i}/{total}, {elapsed:.0f}/{budget_s:.0f} s] {label} ...", end=" ", flush=True)
+        longest = max((o["wall_s"] for o in outcomes), default=0.0)
+        if left < max(10.0, longest):
+            print("skipped: the time budget would be exceeded", flush=True)
+            outcomes.append(_skipped(label, env, "time budget"))
+            return
+        slug = re.sub(r"[^A-Za-z0-9]+", "-", label).strip("-").lower()[:60]
+        outcome = run_setting(label, env, root / f"{i - 1:02d}-{slug}", args, nproc, backends,
+                              min(args.setting_timeout, left))
         print(f"{outcome['status']} in {outcome['wall_s']:.0f} s; transport {transport_summary(outcome['nccl_log'])}",
               flush=True)
         outcomes.append(outcome)
-    fp = next((o["run"]["fingerprint"] for o in outcomes if o["run"]), fingerprint.collect())
+
+    total = len(settings) + 1
+    for i, (label, env) in enumerate(settings):
+        run_one(i + 1, total, label, env)
+    combo = combine_winners(outcomes, rank_settings(outcomes))
+    if combo:
+        print(f"combining: {' + '.join(combo[0])}")
+        run_one(total, total, COMBINED, combo[1])
+    else:
+        print(f"[sweep {total}/{total}] {COMBINED}: not run (fewer than two groups have a setting that beat the "
+              "default)", flush=True)
+    return _report(outcomes, nproc, root, launched, cpu)
+
+
+def _report(outcomes: list[dict], nproc: int, root: Path, launched: dict, cpu: bool) -> int:
+    ranking = rank_settings(outcomes)
+    winner = ranking[0] if ranking else None
+    env_of = {o["label"]: o["env"] for o in outcomes}
+    exports = export_lines(env_of[winner["setting"]], launched) if winner else []
+    fp = next((o["run"]["fingerprint"] for o in outcomes if o["run"]), None) or fingerprint.collect()
     cases = [{**c, "name": f"{o['label']}/{c['name']}", "params": {**c["params"], "nccl_setting": o["label"],
                                                                   "nccl_env": o["env"]}}
              for o in outcomes if o["run"] for c in o["run"]["cases"]]
-    extra = {"nproc_per_node": nproc, "settings": [{k: v for k, v in o.items() if k != "run"} for o in outcomes]}
+    extra = {"nproc_per_node": nproc, "settings": [{k: v for k, v in o.items() if k != "run"} for o in outcomes],
+             "ranking": ranking, "winner": winner and {**winner, "env": env_of[winner["setting"]],
+                                                       "exports": exports}}
     run = results.make_run("allreduce_sweep", [], fp, extra)
     run["cases"] = cases
+    root.mkdir(parents=True, exist_ok=True)
     path = results.write_json_atomic(root / "summary.json", results.validate_run(run, "sweep summary"))
     for title, rows in summary_tables(outcomes):
         if rows:
             print(f"\n{title}\n" + tabulate(rows, headers="keys", floatfmt=".2f", missingval="-"))
     for o in outcomes:
-        if o["status"] != "ok":
+        if o["status"] not in ("ok",) and not o["status"].startswith("skipped"):
             print(f"\n{o['label']}: {o['status']}; last output:\n  " + "\n  ".join(o["output_tail"]))
+    if winner:
+        note = " (CPU plumbing check: not a recommendation)" if cpu else ""
+        what = ("default: no setting beat the environment as launched, which is" if winner["setting"] == "default"
+                else f"{winner['setting']}; paste to use it")
+        print(f"\nfastest at verify sizes{note}: {what}:")
+        print("\n".join(exports))
+    else:
+        print("\nno setting finished with passing checks at the verify sizes: nothing to recommend")
     print(f"saved {path}")
-    return 0 if all(o["status"] in ("ok", "skipped (time limit)") for o in outcomes) else 1
+    return 0 if all(o["status"] == "ok" or o["status"].startswith("skipped") for o in outcomes) else 1

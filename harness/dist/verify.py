@@ -1,7 +1,7 @@
-"""The synthetic verify forward (DESIGN.md 4.5) on N ranks with a real allreduce (issue 7): each rank runs one TP
-rank's forward of the preset at --tp, and the two allreduces per layer go over the N ranks through the chosen
-backend, captured in the forward's CUDA graph. Per token count n: a cross-rank check, then the full forward, the
-forward without its allreduce and the allreduces alone, each timed in graph mode with counts fixed on every rank.
+"""The synthetic verify forward on N ranks with a real allreduce: each rank runs one TP rank's forward of the preset
+at --tp, and the two allreduces per layer go over the N ranks through the chosen backend, captured in the forward's
+CUDA graph. Per token count n: a cross-rank check, then the full forward, the forward without its allreduce and the
+allreduces alone, each timed in graph mode with counts fixed on every rank.
 
   torchrun --nproc-per-node=N -m verifybench.harness.dist.verify [--preset kimi-k2.5] [--tp 8] [--context 4096] [--layers L]
       [--tokens 1-8] [--allreduce nccl,pynccl,symm-one-shot,symm-two-shot | gloo] [--out DIR] [--hang-timeout S]
@@ -12,8 +12,8 @@ the inputs (h0 and every stand-in buffer) are identical on every rank, so with a
 after every layer is identical on every rank, and without one it differs: that is the check (with the nccl-tests
 pattern check of the allreduce itself).
 Reported per n: time = max over ranks of each rank's median; allreduce marginal = full - without; per allreduce =
-marginal / (2 x layers); beside it the device wait the one-GPU report stands in (VERIFYBENCH_ALLREDUCE_US).
-A rank that dies or hangs ends the job non-zero within --hang-timeout, naming the rank (harness.dist_guard).
+marginal / (2 x layers); beside it the device wait the one-GPU report stands in at that size (VERIFYBENCH_ALLREDUCE_US
+or VERIFYBENCH_ALLREDUCE_FROM). A rank that dies or hangs ends the job non-zero within --hang-timeout, naming it.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ from verifybench.harness.dist.backends import (DTYPE, GPU_BACKENDS, ArOp, Comm, 
                                         unavailable_reason)
 from verifybench.harness.dist.allreduce_results import measurement_from_dict
 from verifybench.harness.dist.guard import (Agreement, Watchdog, announce_safe_env, init_group, maybe_fault, parse_fault,
-                                rank_main)
+                                            rank_main)
 from verifybench.harness.engine.results import Case
 from verifybench.harness.engine.timing import measure
 from verifybench.harness.model import build
@@ -63,7 +63,7 @@ BACKEND_HELP = {  # how each reduces the forward's [n, hidden] bf16 tensors, whi
 NO_HEAD = ALL - {"head"}  # the head's lm_head is a per-rank vocab shard: its argmax differs by design
 # (warm-up calls, samples) per variant and n, identical on every rank; one forward per graph replay
 DEFAULT_COUNTS = {"cuda": (3, 40), "cpu": (2, 5)}
-REL_TOL = 1e-2  # DESIGN.md 3, bf16 paths; a real allreduce gives bit-identical streams (sums broadcast to all)
+REL_TOL = 1e-2  # bf16 paths; a real allreduce gives bit-identical streams (sums broadcast to all)
 CONTROL_MIN_REL = 0.1  # without the allreduce the ranks' streams must differ by at least this, or the check is blind
 STORE_TIMEOUT_S = 600  # blocking store reads; the watchdog ends a real hang long before
 DEFAULT_HANG_TIMEOUT_S = 120.0  # the first forward of each n compiles Triton kernels: allow for a cold cache
@@ -338,9 +338,10 @@ def build_cases(name: str, per_rank: list[list[dict]], plan: dict, world_size: i
     """Per n and variant one Case: time = max over ranks of each rank's median, samples of that slowest rank.
     The allreduce figures go on the full forward's case and into the table row."""
     cases, rows = [], []
-    n_ar, stand_in = 2 * plan["layers_run"], plan["stand_in_us"]
+    n_ar = 2 * plan["layers_run"]
     for i, n in enumerate(plan["tokens"]):
         recs = [r[i] for r in per_rank]
+        stand_in = plan["stand_in_by_n_us"][i]
         ok, detail = recs[0]["ok"], recs[0]["detail"]
         size = n * plan["hidden"] * 2
         row = {"n": n, "size(B)": size, "backend": name}
@@ -413,7 +414,9 @@ class Output:
             out.append(f"NOTE: {p['layers_run']} of the preset's {p['preset_layers']} layers, not scaled.")
         if p["no_allreduce"]:
             out.append("NOTE: --no-allreduce (debug): the allreduce is a no-op, the cross-rank check must fail.")
-        out.append(f"stand-in: {p['stand_in_us']:g} us per allreduce in the one-GPU report ({p['stand_in_source']})")
+        per_n = "" if len(set(p["stand_in_by_n_us"])) == 1 else "; at each n's size in the table"
+        out.append(f"stand-in: {p['stand_in_us']:g} us per allreduce in the one-GPU report ({p['stand_in_source']})"
+                   + per_n)
         return out
 
     def save(self, skipped: dict, complete: bool) -> dict:
@@ -458,6 +461,8 @@ class Output:
 def make_plan(args) -> dict:
     """Everything every rank must agree on; validated before any process group exists (same answer on every rank)."""
     cuda = torch.cuda.is_available()
+    if args.context is not None and not 1 <= args.context <= 1 << 20:
+        raise ValueError(f"--context must be in 1..{1 << 20} tokens, got {args.context}")
     backends = args.allreduce.split(",") if args.allreduce else ["nccl" if cuda else "gloo"]
     unknown = [b for b in backends if b not in BACKENDS]
     if unknown:
@@ -473,11 +478,12 @@ def make_plan(args) -> dict:
     device = "cuda" if cuda and backends != ["gloo"] else "cpu"
     warm, samples = DEFAULT_COUNTS[device]
     ar_us, ar_source = build.allreduce_stand_in_us()
+    by_n = [build.allreduce_stand_in_us(n * s.hidden * 2)[0] for n in tokens]  # a measured figure: at each n's size
     return {"preset": args.preset, "tp": args.tp, "context": args.context, "layers": args.layers,
             "layers_run": s.layers, "preset_layers": presets.get(args.preset).layers, "hidden": s.hidden,
             "tokens": tokens, "backends": backends, "device": device, "warmup_calls": args.warmup or warm,
             "samples": args.samples or samples, "calls_per_sample": 1, "no_allreduce": args.no_allreduce,
-            "stand_in_us": ar_us, "stand_in_source": ar_source, "variants": list(VARIANTS),
+            "stand_in_us": ar_us, "stand_in_source": ar_source, "stand_in_by_n_us": by_n, "variants": list(VARIANTS),
             "rank_bytes": allocated_bytes(s, args.context, max(tokens))}
 
 

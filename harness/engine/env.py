@@ -1,5 +1,5 @@
-"""`verifybench env`: the run fingerprint of this machine and process (GPUs, clocks and throttle reasons, versions,
-NCCL_*/CUDA_*/TORCH_* variables, git state), as a table or JSON."""
+"""`verifybench env`: the run fingerprint of this machine and process (GPUs, GPU-to-GPU links and P2P access, clocks
+and throttle reasons, versions, NCCL_*/CUDA_*/TORCH_* variables, git state), as a table or JSON."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +7,7 @@ import json
 
 from tabulate import tabulate
 
-from verifybench.harness.engine import fingerprint
+from verifybench.harness.engine import fingerprint, topology
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,6 +30,7 @@ def run(args) -> int:
                      f"PCIe gen{g['pcie_gen']} x{g['pcie_width']} NVLink {g['nvlink_active']}/{g['nvlink_links']}"))
     rows += [(k, v) for k, v in fp["env"].items()]
     print(tabulate(rows, tablefmt="plain"))
+    print("\n" + topology.table(fp["topology"]))
     if not fp["cuda_available"]:
         print("no CUDA device: the fingerprint of a CPU machine")
     return 0

@@ -1,4 +1,5 @@
-"""Run fingerprint: the GPU, its clocks and throttle state, software versions, the environment and the git state.
+"""Run fingerprint: the GPU, its clocks and throttle state, GPU-to-GPU links and P2P access, software versions,
+the environment and the git state.
 
 Works without a GPU (fewer fields); pynvml imports without one but fails on first use, so every probe is guarded.
 """
@@ -14,11 +15,11 @@ from pathlib import Path
 
 import torch
 
-from verifybench.harness.engine import hostpin
+from verifybench.harness.engine import hostpin, topology
 from verifybench.harness.engine.nvml import nvml_handles, try_call as _try
+from verifybench.harness.engine.topology import NVLINK_MAX_LINKS
 
 ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_")
-NVLINK_MAX_LINKS = 18
 # clock-event reasons that mean the GPU ran slower than asked (idle, app-clock and sync-boost are not throttling)
 THROTTLE_BITS = {
     "sw_power_cap": 0x4,
@@ -60,7 +61,7 @@ def clock_snapshot(index: int | None = None) -> dict | None:
     }
 
 
-def _gpu_static(nv, h, index: int, handles) -> dict:
+def _gpu_static(nv, h, index: int) -> dict:
     ecc = _try(nv.nvmlDeviceGetEccMode, h)
     power_limit_mw = _try(nv.nvmlDeviceGetEnforcedPowerLimit, h)
     links = {}
@@ -69,10 +70,6 @@ def _gpu_static(nv, h, index: int, handles) -> dict:
         if state is None:
             break
         links[link] = bool(state)
-    topology = {}
-    for j, other in enumerate(handles):
-        if j != index:
-            topology[j] = _try(nv.nvmlDeviceGetTopologyCommonAncestor, h, other)
     return {
         "index": index,
         "name": _try(nv.nvmlDeviceGetName, h),
@@ -85,7 +82,6 @@ def _gpu_static(nv, h, index: int, handles) -> dict:
         "pcie_width": _try(nv.nvmlDeviceGetCurrPcieLinkWidth, h),
         "nvlink_active": sum(links.values()),
         "nvlink_links": len(links),
-        "topology_to": topology,
         "now": clock_snapshot(index),
     }
 
@@ -125,7 +121,7 @@ def _git() -> dict:
 def collect() -> dict:
     """The full fingerprint of this machine and process, as plain JSON-able data."""
     nv, handles = nvml_handles()
-    gpus = [_gpu_static(nv, h, i, handles) for i, h in enumerate(handles)] if nv else []
+    gpus = [_gpu_static(nv, h, i) for i, h in enumerate(handles)] if nv else []
     fp = {
         "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "host": socket.gethostname(),
@@ -138,6 +134,7 @@ def collect() -> dict:
         "driver": _try(nv.nvmlSystemGetDriverVersion) if nv else None,
         "cuda_driver": _try(nv.nvmlSystemGetCudaDriverVersion) if nv else None,
         "gpus": gpus,
+        "topology": topology.collect(),
         "versions": _versions(),
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)},
         "git": _git(),

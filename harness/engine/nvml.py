@@ -6,15 +6,26 @@ from functools import lru_cache
 
 
 @lru_cache(maxsize=1)
-def nvml():
-    """pynvml, initialised, or None when there is no driver."""
+def _init() -> tuple[object | None, str | None]:
     try:
         import pynvml
-
+    except Exception as e:
+        return None, f"pynvml not importable ({type(e).__name__})"
+    try:
         pynvml.nvmlInit()
-        return pynvml
-    except Exception:
-        return None
+    except Exception as e:
+        return None, f"NVML did not start ({type(e).__name__}: {e}): no NVIDIA driver here"
+    return pynvml, None
+
+
+def nvml():
+    """pynvml, initialised, or None when there is no driver."""
+    return _init()[0]
+
+
+def unavailable_reason() -> str | None:
+    """Why nvml() is None, or None when NVML works."""
+    return _init()[1]
 
 
 def try_call(fn, *args, default=None):

@@ -13,6 +13,7 @@ import torch
 from verifybench.harness.engine import fingerprint, hostpin, hostprobe, memory, timing
 from verifybench.harness.engine.results import METHOD_VERSION, Case
 from verifybench.harness.engine.runner import CaseSpec
+from verifybench.kernels import config_tables
 
 VOLATILE_KEYS = ("created_utc", "loadavg")  # differ run to run: pytest-benchmark would flag the machine as changed
 
@@ -31,6 +32,12 @@ def pytest_sessionstart(session):
     memory.apply_cap()
     if not torch.cuda.is_available():
         torch.set_num_threads(1)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Which kernels ran on default configs on which GPU (no tuned table for it), once per GPU."""
+    for line in config_tables.defaults_notice():
+        terminalreporter.write_line(line)
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):

@@ -18,7 +18,7 @@ from verifybench.harness.engine import fingerprint
 from verifybench.harness.engine import hostprobe
 from verifybench.harness.engine.stats import Summary, summarize
 
-MODES = ("cold", "hot", "graph", "isolated", "host_sync", "host_call")
+MODES = ("cold", "hot", "graph", "isolated", "host_sync", "host_call", "cycle")
 MODE_HELP = {
     "cold": "L2 flushed before each sample (a 2x-L2 buffer written, enqueued before the start event); CUDA events",
     "hot": "K calls back to back between two CUDA events, / K (host-bound ops show the host's launch rate)",
@@ -26,6 +26,8 @@ MODE_HELP = {
     "isolated": "one call per sample after a barrier, GPU kept busy while it is enqueued; CUDA events",
     "host_sync": "host clock around call + torch.cuda.synchronize() (the distortion the suite exposes)",
     "host_call": "host clock around the call alone, device drained first: the CPU cost of enqueueing it",
+    "cycle": "whole speculative cycles back to back, a CUDA event at each cycle boundary and no sync but the "
+             "cycle's own; a second pass puts an event and a host stamp after every phase",
 }
 CPU_CACHE_BYTES = 64 << 20  # no portable LLC query; 64 MiB exceeds the LLC of the CPUs we run on
 # cold rotation: a graph-mode case that streams weights rotates over sets whose total is >= this many caches
@@ -36,7 +38,8 @@ MAX_CALLS_PER_SAMPLE = 1024
 DEFAULT_MAX_TIME_S = 2.0  # per case; VERIFYBENCH_MAX_TIME_S overrides (quick CPU runs)
 MAX_TIME_ENV = "VERIFYBENCH_MAX_TIME_S"
 # samples that include host time (host clock, or back-to-back launches the host may not keep up with)
-HOST_TIMED_MODES = ("host_call", "host_sync", "hot")
+HOST_TIMED_MODES = ("host_call", "host_sync", "hot", "cycle")
+PHASE_PASS_CYCLES = 200  # cycles of the per-phase pass (at most as many as sampled; at least min_samples)
 GATE_BATCH_S = 0.02  # gated batches stay this short, so one rarely spans a change of host state
 # device spin before the start event, so launch latency stays outside the sample: the host must record the start
 # event, replay and record the end event within it. 20 us was too short while the host CPU ran slow (~1.7x):
@@ -61,6 +64,8 @@ class Measurement:
     host_probe_us: list[float] = field(default_factory=list)  # hostprobe reads before, between batches and after
     host_gate: dict | None = None  # batches kept/dropped by the host-speed gate; None when no gate ran
     process_state: dict | None = None  # process_state() when sampling began
+    # cycle mode: per phase, {"device_us": [...], "host_us": [...]}, one entry per cycle of the phase pass
+    phases: dict | None = None
     summary: Summary = field(init=False)
 
     def __post_init__(self) -> None:
@@ -95,6 +100,7 @@ class Measurement:
             "process_state": self.process_state,
             "summary": self.summary.as_dict(),
             "samples_us": list(self.samples_us),
+            **({"phases": self.phases} if self.phases is not None else {}),
         }
 
 
@@ -257,6 +263,59 @@ class _CpuSampler(_Sampler):
         return out
 
 
+def _no_mark(phase: str) -> None:
+    pass
+
+
+class _CycleSampler(_Sampler):
+    """Whole cycles of `step(mark)` back to back, stamped (a CUDA event, or the host clock on a CPU) at each cycle
+    boundary: nothing waits for the device but what the cycle itself syncs, as an engine runs it. `phase_pass`
+    stamps after every `mark(phase)` too: the per-phase split, device and host, the way a per-phase profiler
+    without syncs sees it."""
+
+    def __init__(self, step, phases: Sequence[str], device: str):
+        self.step, self.phases, self.cuda = step, tuple(phases), device == "cuda"
+        self.timer = "cuda_event" if self.cuda else "perf_counter"
+        self.calls = 1
+
+    def _stamp(self):
+        event = None
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+        return event, time.perf_counter()
+
+    def _device_us(self, a, b) -> float:
+        return a[0].elapsed_time(b[0]) * 1e3 if self.cuda else (b[1] - a[1]) * 1e6
+
+    def batch(self, count: int) -> list[float]:
+        stamps = [self._stamp()]
+        for _ in range(count):
+            self.step(_no_mark)
+            stamps.append(self._stamp())
+        if self.cuda:
+            torch.cuda.synchronize()
+        return [self._device_us(a, b) for a, b in zip(stamps, stamps[1:])]
+
+    def phase_pass(self, cycles: int) -> dict:
+        rows = []
+        for _ in range(cycles):
+            marks = [(None, self._stamp())]
+            self.step(lambda phase: marks.append((phase, self._stamp())))
+            rows.append(marks)
+        if self.cuda:
+            torch.cuda.synchronize()
+        out = {p: {"device_us": [], "host_us": []} for p in self.phases}
+        for marks in rows:
+            names = tuple(m[0] for m in marks[1:])
+            if names != self.phases:
+                raise RuntimeError(f"a cycle marked phases {names}, expected {self.phases}")
+            for (_, a), (phase, b) in zip(marks, marks[1:]):
+                out[phase]["device_us"].append(self._device_us(a, b))
+                out[phase]["host_us"].append((b[1] - a[1]) * 1e6)
+        return out
+
+
 def measure(
     fn: Callable[[], object] | Sequence[Callable[[], object]],
     *,
@@ -273,6 +332,7 @@ def measure(
     samples: int | None = None,
     flush_bytes: int | None = None,
     host_gate: "hostprobe.HostGate | None | bool" = True,
+    phases: Sequence[str] | None = None,
 ) -> Measurement:
     """Time `fn` (or rotate over a list of callables, one per input set) and return per-call samples in us.
 
@@ -292,6 +352,9 @@ def measure(
     and after it; if the time cap comes with fewer than `min_samples` kept, the dropped samples are kept too and the
     stop reason says so. host_gate=False (or VERIFYBENCH_HOST_GATE=off) keeps every batch; a HostGate object forces
     that gate.
+    cycle mode: `fn(mark)` runs one whole cycle and calls mark(phase) after each of `phases`, in order; a sample
+    is one cycle (CUDA events at cycle boundaries only), and a second pass of up to PHASE_PASS_CYCLES cycles stamps
+    every phase (Measurement.phases).
     """
     if max_time_s is None:
         max_time_s = max_time_from_env()
@@ -308,6 +371,13 @@ def measure(
     fns = list(fn) if isinstance(fn, (list, tuple)) else [fn]
     if not fns or not all(callable(f) for f in fns):
         raise TypeError("fn must be a callable or a non-empty sequence of callables")
+    if (mode == "cycle") != (phases is not None):
+        raise ValueError("cycle mode takes the phase names (phases=...), and only cycle mode does")
+    if mode == "cycle":
+        if len(fns) != 1 or not phases or len(set(phases)) != len(phases):
+            raise ValueError("cycle mode times one step(mark) callable over distinct, non-empty phase names")
+        step = fns[0]
+        fns = [lambda: step(_no_mark)]
     device = device or ("cuda" if cuda_available() else "cpu")
     if device == "cuda" and not cuda_available():
         raise RuntimeError("device='cuda' asked for, but torch sees no CUDA device")
@@ -338,8 +408,11 @@ def measure(
     if mode_used in ("graph", "hot") and calls_per_sample is None:
         calls_per_sample = _auto_calls(fns, device, mode_used)
 
-    sampler_cls = _CudaSampler if device == "cuda" else _CpuSampler
-    sampler = sampler_cls(fns, mode_used, calls_per_sample or 1, barrier, flush_bytes)
+    if mode_used == "cycle":
+        sampler = _CycleSampler(step, phases, device)
+    else:
+        sampler_cls = _CudaSampler if device == "cuda" else _CpuSampler
+        sampler = sampler_cls(fns, mode_used, calls_per_sample or 1, barrier, flush_bytes)
     if host_gate is True:  # the default rule: on a GPU machine, every host-timed measurement with adaptive stopping
         gate_default = cuda_available() and samples is None and host_timed(mode_used, device)
         host_gate = hostprobe.process_gate() if gate_default else None
@@ -352,6 +425,8 @@ def measure(
     try:
         out, stop_reason, gate_record = _sample(sampler, samples, min_samples, max_samples, rel_ci_target,
                                                 max_time_s, t_start, gate, probes)
+        phase_samples = (sampler.phase_pass(max(min_samples, min(len(out), PHASE_PASS_CYCLES)))
+                         if mode_used == "cycle" else None)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -371,6 +446,7 @@ def measure(
         host_probe_us=probes,
         host_gate=gate_record,
         process_state=state,
+        phases=phase_samples,
     )
 
 

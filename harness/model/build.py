@@ -103,12 +103,24 @@ def ops_choice(device: str) -> str:
 MAX_ALLREDUCE_US = 10_000.0  # 10 ms: beyond any allreduce of a verify step (a unit slip, us for ns, lands above)
 
 
-def allreduce_stand_in_us() -> tuple[float, str]:
-    """The latency the one-GPU stand-in waits, and where it comes from; VERIFYBENCH_ALLREDUCE_US must be a number
-    of microseconds in [0, MAX_ALLREDUCE_US]."""
-    text = os.environ.get("VERIFYBENCH_ALLREDUCE_US")
+def allreduce_stand_in_us(size_bytes: int | None = None) -> tuple[float, str]:
+    """The latency the one-GPU stand-in waits, and where it comes from. VERIFYBENCH_ALLREDUCE_US: a number of
+    microseconds in [0, MAX_ALLREDUCE_US]. VERIFYBENCH_ALLREDUCE_FROM: an allreduce result or NCCL sweep summary,
+    PATH or PATH:BACKEND, whose measured time is taken at `size_bytes` (the forward's hidden x n x 2 B, nearest
+    size) or, without it, as the median over its verify sizes; fastest backend unless one is named. Not both."""
+    text, spec = os.environ.get("VERIFYBENCH_ALLREDUCE_US"), os.environ.get("VERIFYBENCH_ALLREDUCE_FROM")
+    if text is not None and spec is not None:
+        raise ValueError("set VERIFYBENCH_ALLREDUCE_US or VERIFYBENCH_ALLREDUCE_FROM, not both")
+    if spec is not None:
+        from verifybench.harness.dist.allreduce_results import stand_in_from_result
+
+        us, source = stand_in_from_result(spec, size_bytes)
+        if not (math.isfinite(us) and 0 <= us <= MAX_ALLREDUCE_US):
+            raise ValueError(f"VERIFYBENCH_ALLREDUCE_FROM: {source}: {us} us is outside [0, {MAX_ALLREDUCE_US:g}]")
+        return us, f"measured: {source}"
     if text is None:
-        return REFERENCE_ALLREDUCE_US, "reference figure (NCCL all_reduce_perf, graph mode, 2xH200)"
+        return REFERENCE_ALLREDUCE_US, ("reference figure (NCCL all_reduce_perf, graph mode, 2xH200 over NVLink; "
+                                        "PCIe boxes are slower: measure yours)")
     try:
         us = float(text)
     except ValueError:

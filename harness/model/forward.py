@@ -132,6 +132,11 @@ class VerifyForward:
         self.s, self.context, self.device, self.max_tokens, self.dtype = s, context, device, max_tokens, dtype
         self.moe_fn, self.allreduce_fn, self.verify_fn, self.ops = moe_fn, allreduce_fn, verify_fn, ops
         self._recording = False  # routing is copied out only in an eager forward, never inside a timed graph
+        # speculative-cycle hooks: head_fn(x) replaces the head's lm_head + argmax + chain verify; aux = (layer
+        # indices, [n, len * hidden] buffer per n) copies the residual stream entering those layers (EAGLE-3's
+        # captured hidden states)
+        self.head_fn: Callable | None = None
+        self.aux: tuple[tuple[int, ...], dict] | None = None
         d, h, dt = device, s.hidden, dtype
         qk_head = s.qk_nope + s.qk_rope
         self.layers = []
@@ -193,6 +198,9 @@ class VerifyForward:
         h.copy_(b["h0"])
         x = ops.rmsnorm(h, self.layers[0]["ln1"]) if on("misc") else b["x"]
         for i, L in enumerate(self.layers):
+            if self.aux is not None and i in self.aux[0]:
+                k = self.aux[0].index(i)
+                self.aux[1][n][:, k * s.hidden:(k + 1) * s.hidden].copy_(h)
             # --- attention (MLA, weight-absorbed as engines run it at decode/verify sizes)
             q_a, qkv = b["q_a"], b["qkv"]
             if on("attn_proj"):
@@ -236,6 +244,8 @@ class VerifyForward:
             if on("misc"):
                 last = i + 1 == len(self.layers)
                 x = ops.add_rmsnorm(h, mlp_out, self.final_ln if last else self.layers[i + 1]["ln1"])
+        if on("head") and self.head_fn is not None:
+            return self.head_fn(x if on("misc") else b["x"])
         if on("head"):
             logits = ops.linear(x if on("misc") else b["x"], self.lm_head)
             b["predict"].copy_(torch.argmax(logits, dim=-1))

@@ -1,10 +1,8 @@
 """Tuner of the mla_decode kernel's config table (run through `verifybench tune`)."""
 from __future__ import annotations
 
-import copy
 import importlib
 import math
-import os
 import time
 
 import torch
@@ -13,31 +11,33 @@ import triton
 from verifybench.harness.engine import ceiling
 from verifybench.harness.engine.runner import rel_error
 from verifybench.harness.engine.timing import cuda_available, measure
+from verifybench.harness.components.mla_decode import (Attn, MAX_N, TOL, attn_shape, bytes_moved, cache_copies,
+                                                        config_str, impl_fn, programs, splits_run)
+from verifybench.harness.tune.common import merged_table, report_tune
+from verifybench.kernels import config_tables
 from verifybench.kernels import mla_decode as md
-
-
-from verifybench.harness.components.mla_decode import (Attn, INTERPRET, MAX_N, TOL, attn_shape, bytes_moved, cache_copies, config_str, impl_fn, programs, splits_run)
-from verifybench.harness.tune.common import report_tune, tune_main
 
 TUNE_NS = tuple(range(1, 9))
 TUNE_CONTEXTS = (4096, 32768)  # table buckets: a length uses the largest bucket <= it
 
 # ---------------------------------------------------------------------------------------------------- tuning
 
-SPLITS = (16, 32, 64, 128, 256)
-# (block_rows, block_keys, num_warps, num_stages) tried at the best split's program count; a tile is tried only
-# where block_rows <= the rows rounded up to a power of two (more would be padding). Every (n, tile) is one
-# compile (ROWS and NQ are constexpr), the dominant cost of the sweep, so the list stays short: bigger key tiles
-# or a deeper pipeline put more cache bytes in flight per SM; 32/64 rows read the cache once for more rows.
-TILES = [(16, 32, 4, 2), (16, 64, 4, 2), (16, 32, 4, 3), (32, 32, 8, 2), (32, 64, 8, 2), (64, 32, 8, 2)]
+SPLITS = md.TUNE_SPLITS
+TILES = md.TUNE_TILES
 SMOKE = Attn(2, 48, 32, 48 ** -0.5)
 SMOKE_SPLITS = (2, 4)
 SMOKE_TILES = [(16, 32, 4, 2), (16, 16, 4, 3)]
 
 
-def _tile_cfg(tile, num_splits: int) -> dict:
-    br, bk, nw, ns = tile
-    return {"num_splits": num_splits, "block_rows": br, "block_keys": bk, "num_warps": nw, "num_stages": ns}
+def _fits(a: Attn, n: int, tile, device: str, log) -> bool:
+    """Whether the tile fits this GPU's shared memory per block (always off CUDA); a miss is named in the log."""
+    limits = config_tables.device_limits(device)
+    if limits is None:
+        return True
+    ok, need = md.fits(md.tile_config(tile), *limits, heads=a.heads, n=n, d=a.d, kv_lora=a.kv_lora)
+    if not ok:
+        log(f"  n={n} tile {tile} skipped: needs {need} B shared memory, this GPU allows {limits[1]} B")
+    return ok
 
 
 class _Tuner:
@@ -96,10 +96,11 @@ def _split_cands(t: _Tuner, tile_cfg: dict, splits) -> list[dict]:
     return [{**tile_cfg, "num_splits": s} for s in sorted(out)]
 
 
-def tune(out: str | None = None, time_limit_s: float = 90.0, smoke: bool = False, preset: str = "kimi-k2.5",
-         tp: int = 8, log=print) -> dict:
-    """Tune n in TUNE_NS at TUNE_CONTEXTS and write the table JSON to `out` (a whole table: the committed one, or the
-    file at `out`, with this GPU's buckets replaced). Pass 1 over every (n, context) first, so a time limit still
+def tune(out: str, time_limit_s: float = 90.0, smoke: bool = False, preset: str = "kimi-k2.5", tp: int = 8,
+         log=print) -> dict | None:
+    """Tune n in TUNE_NS at TUNE_CONTEXTS and write the table JSON to `out`: the table there (else none) with this
+    GPU's entry (there, else the shipped one) updated bucket by bucket; None and nothing written when no shape was
+    measured. Pass 1 over every (n, context) first, so a time limit still
     leaves every shape its most valuable tuning: (1) the split count at the default tile (the default fills too
     few SMs), then per n: (2) each tile at the program count (row blocks x splits) that won (1), (3) half and
     double the winner's splits. Shapes not reached keep the default at run time (default_us = us when nothing beat
@@ -135,9 +136,9 @@ def tune(out: str | None = None, time_limit_s: float = 90.0, smoke: bool = False
             progs = programs(s["best"], a, n, t.length)
             rows = a.heads * n
             for tile in tiles:
-                if tile[0] > max(16, triton.next_power_of_2(rows)):
+                if tile[0] > max(16, triton.next_power_of_2(rows)) or not _fits(a, n, tile, device, log):
                     continue
-                cfg = _tile_cfg(tile, max(1, round(progs / triton.cdiv(rows, tile[0]))))
+                cfg = md.tile_config(tile, max(1, round(progs / triton.cdiv(rows, tile[0]))))
                 s["best"], s["us"] = t.best([t.full(cfg)], s["best"], s["us"])
             best = s["best"]
             s["best"], s["us"] = t.best(_split_cands(t, best, (best["num_splits"] // 2, best["num_splits"] * 2)),
@@ -149,10 +150,10 @@ def tune(out: str | None = None, time_limit_s: float = 90.0, smoke: bool = False
         del s["tuner"]
     cache_copies.cache_clear()
     name = md.device_name(device)
-    path = out or DEFAULT_TUNE_OUT
-    base = path if os.path.isfile(path) else md.CONFIG_PATH
-    table = copy.deepcopy(md.load_configs(str(base)))
-    entry = table.setdefault(name, {})
+    if not any(s["us"] < math.inf for s in state.values()):
+        log(f"mla_decode: no shape measured in {time_limit_s:.0f} s; no table written")
+        return None
+    table, entry = merged_table(out, md.CONFIG_PATH, name)
     shapes = entry.setdefault("shapes", {})
     rows, skipped = [], []
     for (context, n), s in sorted(state.items(), key=lambda kv: (kv[0][1], kv[0][0])):
@@ -172,20 +173,8 @@ def tune(out: str | None = None, time_limit_s: float = 90.0, smoke: bool = False
                          "triton": importlib.import_module("triton").__version__,
                          "date_utc": time.strftime("%Y-%m-%d", time.gmtime()),
                          "sweep_s": round(time.perf_counter() - t0), "copy_gbps": round(cp, 1)}
-    written = md.save_configs(table, path)
+    written = md.save_configs(table, out)
     partial_note = (f"time limit ({time_limit_s:.0f} s) reached: split count only (default tile): "
                     f"{', '.join(partial)}",)
     report_tune(log, written, t0, name, cp, rows, time_limit_s, skipped, partial_note if partial else ())
     return table
-
-
-DEFAULT_TUNE_OUT = "mla_decode_configs.tuned.json"  # the committed table is overwritten only when --out names it
-
-
-def main(argv=None) -> int:
-    return tune_main(argv, "microbench.bench_mla_decode", __doc__, md.CONFIG_PATH, DEFAULT_TUNE_OUT, 90.0, INTERPRET,
-                     lambda args: tune(args.out, args.time_limit, smoke=args.smoke, preset=args.preset, tp=args.tp))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

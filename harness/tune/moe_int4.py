@@ -23,50 +23,10 @@ from verifybench.harness.components.moe_int4 import (TOL, make_case, preset_shap
 # ---------------------------------------------------------------------------------------------------- tuning
 
 TUNE_NS = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32)
-# Old space, kernel "v3" (the 2026-11-29 sweep). (rows, warps): kernel 1 holds 2 chunks of BLOCK_N gate + BLOCK_N up
-# rows in registers; 8 rows spill on 3.6
-GATE_UP_CANDIDATES = [{"BLOCK_N": bn, "num_warps": nw, "num_stages": 1} for bn, nw in
-                      ((2, 1), (4, 1), (2, 2), (4, 2), (2, 4))]
-# (rows, row blocks per program): ROW_ITERS > 1 prefetches the next block while computing this one
-DOWN_CANDIDATES = [{"BLOCK_N": bn, "ROW_ITERS": it, "num_stages": 1} for bn, it in
-                   ((4, 1), (8, 1), (16, 1), (4, 2), (8, 2), (2, 4), (4, 4))]
-# New space, kernel "split": (rows, SPLIT_K, PREFETCH), one warp over 128 words of a row. All compile without spills
-# for sm_90 with triton 3.6 at K2.5 shapes (2.8-4.2 SASS instr/weight; K14: 7.3, half its chunk masked); SPLIT_K 7 is
-# one 128-word chunk per program, 2/4/8/14 leave part of the last chunk masked; 64-word chunks (a warp over 2 rows)
-# cost ~2x the instructions, BLOCK_N 16 at K1 and BLOCK_N 8 at K2 with prefetch spill (MOE_INT4_NOTES.md 2).
-SPLIT_GATE_UP_CANDIDATES = [{"BLOCK_N": bn, "num_warps": 1, "num_stages": 1, "SPLIT_K": sk, "PREFETCH": pf, "BLOCK_W": 128}
-                            for bn, sk, pf in ((4, 1, 1), (8, 1, 1), (8, 1, 0), (2, 1, 1), (8, 2, 0), (8, 4, 0),
-                                               (2, 7, 0), (4, 7, 0), (8, 7, 0), (16, 7, 0), (8, 8, 0), (8, 14, 0))]
-# kernel 2 of the split path: 2 warps (the columns are topk x I/8 words); 32 rows or 4+ warps go through shared memory.
-# Every program rebuilds the token's activations (2 x SPLIT_K x topk x I fp32 from L2): more rows per program
-# (ROW_ITERS) amortize that when SPLIT_K > 1. The last three (4 x 8, 4 x 16, 8 x 16) won nowhere on the H200 beyond
-# run-to-run noise (results/nvidia-h200-x1/tune-a9bf804/moe_int4-tune-half2.log).
-SPLIT_DOWN_CANDIDATES = [{"BLOCK_N": bn, "ROW_ITERS": it, "num_stages": 1} for bn, it in
-                         ((16, 1), (8, 1), (4, 1), (8, 2), (16, 2), (8, 4), (8, 8), (4, 8), (4, 16), (8, 16))]
-# Space "half2" (kernel split, fp16-pair dequant, CUDA only): ~25% fewer SASS instructions per weight and far fewer
-# registers (BN 8 without prefetch: 94 instead of 247), so larger and unprefetched blockings fit (sm_90, triton 3.6:
-# no spills in this list; BN 8 with prefetch and BN 16 with prefetch spill)
-HALF2_GATE_UP_CANDIDATES = [{"BLOCK_N": bn, "num_warps": 1, "num_stages": 1, "SPLIT_K": sk, "PREFETCH": pf,
-                             "BLOCK_W": 128}
-                            for bn, sk, pf in ((8, 1, 0), (4, 1, 1), (4, 1, 0), (16, 1, 0), (32, 1, 0), (2, 1, 1),
-                                               (8, 2, 0), (4, 7, 0), (8, 7, 0), (16, 7, 0), (8, 14, 0))]
-# two warps over 256 words: twice the bytes per step at n = 1-4, where a program's 7 dependent steps set its time
-# (76-168 registers, no spills: sm_90, triton 3.6; the last of the 3.5 steps per row is half masked). On the H200
-# BN 4 with prefetch wins n = 1 only: 14.39 against 14.91 us for the committed BN 2 in the same sweep
-# (results/nvidia-h200-x1/tune-669a51f/moe_int4-tune-half2.log; the committed table was kept: -0.6% of a forward).
-HALF2_GATE_UP_CANDIDATES += [{"BLOCK_N": bn, "num_warps": 2, "num_stages": 1, "SPLIT_K": 1, "PREFETCH": pf,
-                              "BLOCK_W": 256} for bn, pf in ((2, 1), (4, 0), (4, 1))]
-OLD_BASE = {"layout": "planar", "dequant": "denormal", "kernel": "v3", "gate_up": GATE_UP_CANDIDATES[1],
-            "down": DOWN_CANDIDATES[2]}
-NEW_BASE = {"layout": "planar", "dequant": "denormal", "kernel": "split", "pdl": False,
-            "gate_up": SPLIT_GATE_UP_CANDIDATES[1], "down": SPLIT_DOWN_CANDIDATES[0]}
-HALF2_BASE = {**NEW_BASE, "dequant": "half2", "gate_up": HALF2_GATE_UP_CANDIDATES[0]}
-SPACES = ("old", "new", "half2")  # v3; split; split with half2 dequant
+SPACES = tuple(mt.TUNE_SPACES)  # split-denormal, split-half2: (starting config, gate_up and down candidates) each
 # CPU dry run (preset tiny, interpreter): the same code path with few, large blocks (the interpreter's cost is per
 # program); timings are meaningless there
-SMOKE = {"old_gate_up": [{"BLOCK_N": 64, "num_warps": 1, "num_stages": 1}],
-         "old_down": [{"BLOCK_N": 128, "ROW_ITERS": 2, "num_stages": 1}],
-         "gate_up": [{"BLOCK_N": 64, "num_warps": 1, "num_stages": 1, "SPLIT_K": 1, "PREFETCH": 1, "BLOCK_W": 16},
+SMOKE = {"gate_up": [{"BLOCK_N": 64, "num_warps": 1, "num_stages": 1, "SPLIT_K": 1, "PREFETCH": 1, "BLOCK_W": 16},
                      {"BLOCK_N": 64, "num_warps": 1, "num_stages": 1, "SPLIT_K": 2, "PREFETCH": 0, "BLOCK_W": 128},
                      {"BLOCK_N": 64, "num_warps": 1, "num_stages": 1, "SPLIT_K": 3}],  # invalid: skipped
          "down": [{"BLOCK_N": 128, "ROW_ITERS": 2, "num_stages": 1}, {"BLOCK_N": 256, "ROW_ITERS": 1, "num_stages": 1}]}
@@ -77,13 +37,10 @@ def _cfg_key(cfg: dict) -> str:
 
 
 def short_config(cfg: dict) -> str:
-    """A config in one short string: 'v3 gu 4/1 dn 16x1' or 'split gu 8r K7 pf0 w128 dn 16x1 pdl'."""
+    """A config in one short string: 'gu 8r K7 pf0 w128 dn 16x1 pdl half2'."""
     c1, c2 = cfg["gate_up"], cfg["down"]
-    if cfg.get("kernel", "v3") == "v3":
-        gu = f"v3 gu {c1['BLOCK_N']}/{c1['num_warps']}"
-    else:
-        gu = (f"split gu {c1['BLOCK_N']}r K{c1.get('SPLIT_K', 1)} pf{int(c1.get('PREFETCH', 1))}"
-              + (f" w{c1['BLOCK_W']}" if "BLOCK_W" in c1 else "") + (f" nw{c1['num_warps']}" if c1["num_warps"] != 1 else ""))
+    gu = (f"gu {c1['BLOCK_N']}r K{c1.get('SPLIT_K', 1)} pf{int(c1.get('PREFETCH', 1))}"
+          + (f" w{c1['BLOCK_W']}" if "BLOCK_W" in c1 else "") + (f" nw{c1['num_warps']}" if c1["num_warps"] != 1 else ""))
     return (f"{gu} dn {c2['BLOCK_N']}x{c2.get('ROW_ITERS', 1)}" + (" pdl" if cfg.get("pdl") else "")
             + (" half2" if cfg.get("dequant") == "half2" else ""))
 
@@ -119,6 +76,7 @@ class _Tuner:
 
     def __init__(self, preset: str, tp: int, device: str, max_time_s: float, deadline: float, total: int, log):
         self.preset, self.tp, self.device, self.max_time_s = preset, tp, device, max_time_s
+        self.shape = _shape(preset_shape(preset, tp))
         self.deadline, self.total, self.log = deadline, total, log
         self.t0 = time.perf_counter()
         self.done = 0
@@ -131,6 +89,12 @@ class _Tuner:
         key = (n, _cfg_key(cfg))
         if key not in self.cache:
             if self.out_of_time():
+                return math.inf
+            too_big = mt.misfit(cfg, self.device, self.shape)
+            if too_big:  # it would fail to launch here; select() would not pick it either
+                self.log(f"    skipped {short_config(cfg)}: needs {too_big[0]} B of shared memory, the GPU allows "
+                         f"{too_big[1]} B")
+                self.cache[key] = (math.inf, None)
                 return math.inf
             self.cache[key] = _time_config(self.preset, self.tp, n, cfg, self.max_time_s, self.device, self.log)
             self.done += 1
@@ -151,11 +115,14 @@ class _Tuner:
         return best, best_us
 
 
+def _shape(p: presets.Preset) -> moe.MoeShape:
+    return moe.MoeShape(tokens=1, hidden=p.hidden, inter=p.expert_intermediate, experts=p.experts, topk=p.topk,
+                        group_size=p.expert_group_size)
+
+
 def _valid(cfg: dict, p: presets.Preset) -> bool:
-    shape = moe.MoeShape(tokens=1, hidden=p.hidden, inter=p.expert_intermediate, experts=p.experts, topk=p.topk,
-                         group_size=p.expert_group_size)
     try:
-        mt.check_config({**mt.DEFAULT_CONFIG, **cfg}, shape, torch.device("cpu"))
+        mt.check_config({**mt.DEFAULT_CONFIG, **cfg}, _shape(p), torch.device("cpu"))
         return True
     except ValueError:
         return False
@@ -187,6 +154,7 @@ def _prewarm_worker(preset: str, tp: int, jobs: list) -> list[str]:
     failed = []
     for n, cfg in jobs:
         try:
+            mt.misfit(cfg, device, _shape(p))  # compiles the shared-memory check here, in parallel (Triton's cache)
             tw, ids = moe.route_uniform(n, ws[0].shape[0], p.topk, seed=n, device=device)
             mt.fused_moe_w4a16(torch.randn(n, p.hidden, device=device).to(act), *ws, tw, ids, config=cfg,
                                check_ids=False)
@@ -198,7 +166,7 @@ def _prewarm_worker(preset: str, tp: int, jobs: list) -> list[str]:
 
 
 def _probe_pdl_worker(preset: str, tp: int) -> str | None:
-    """None when kernel "split" with pdl matches the reference eagerly and replayed from a CUDA graph; else why.
+    """None when pdl configs match the reference eagerly and replayed from a CUDA graph; else why.
     Run in a separate process: a capture that fails there cannot leave the tuner's capture stream broken."""
     if not cuda_available():
         return None  # the interpreter runs pdl configs without PDL
@@ -207,7 +175,7 @@ def _probe_pdl_worker(preset: str, tp: int) -> str | None:
         ws = _small_layer(preset, tp, "cuda")
         x = torch.randn(2, p.hidden, device="cuda").to(torch.bfloat16)
         tw, ids = moe.route_uniform(2, ws[0].shape[0], p.topk, seed=5, device="cuda")
-        cfg = {**NEW_BASE, "pdl": True}
+        cfg = {**mt.TUNE_SPACES["split-half2"][0], "pdl": True}
         ref = moe.reference_moe_w4a16(x.float(), *ws, tw, ids)
         eager = mt.fused_moe_w4a16(x, *ws, tw, ids, config=cfg, check_ids=False)
         graph = torch.cuda.CUDAGraph()
@@ -253,32 +221,28 @@ def _prewarm(preset: str, tp: int, jobs: list, workers: int, log, probe: bool = 
     return pdl_error is None
 
 
-def _prewarm_jobs(ns, old_gu, old_dn, new_gu, new_dn, new_base=None) -> list:
-    """(n, config) calls that build every kernel variant the sweep may launch: v3 specializes on the token and pair
-    counts (n = 1, even, odd, multiple of 16), the split kernels do not (one n does), but kernel 2 depends on SPLIT_K
-    and both on pdl."""
-    jobs = []
-    for n in sorted({min(ns), *[m for m in ns if m in (2, 3, 16)]}) if old_gu or old_dn else []:
-        jobs += [(n, {**OLD_BASE, "gate_up": c}) for c in old_gu] + [(n, {**OLD_BASE, "down": c}) for c in old_dn]
+def _prewarm_jobs(ns, gate_up: list, down: list, base: dict) -> list:
+    """(n, config) calls that build every kernel variant a space's sweep may launch: the kernels do not specialize
+    on the token count (one n does), but kernel 2 depends on SPLIT_K and both on pdl."""
     n = min(ns)
-    base = NEW_BASE if new_base is None else new_base
-    for pdl in (False, True) if new_gu else ():
-        jobs += [(n, {**base, "pdl": pdl, "gate_up": c}) for c in new_gu]
-        for split_rep in {c.get("SPLIT_K", 1): c for c in new_gu}.values():
-            jobs += [(n, {**base, "pdl": pdl, "gate_up": split_rep, "down": c}) for c in new_dn]
+    jobs = []
+    for pdl in (False, True) if gate_up else ():
+        jobs += [(n, {**base, "pdl": pdl, "gate_up": c}) for c in gate_up]
+        for split_rep in {c.get("SPLIT_K", 1): c for c in gate_up}.values():
+            jobs += [(n, {**base, "pdl": pdl, "gate_up": split_rep, "down": c}) for c in down]
     return jobs
 
 
 def tune(preset: str = "kimi-k2.5", tp: int = 8, ns=TUNE_NS, *, out: str | None = None, in_place: bool = False,
          max_minutes: float = 4.0, max_time_s: float = 0.2, spaces=SPACES, jobs: int | None = None,
          log=print) -> dict:
-    """Per n: the old space (kernel v3: gate_up blocking, then down blocking), the new one (kernel split: gate_up
-    blocking x SPLIT_K x prefetch, then down blocking, then pdl, then the 3 best gate_up again with that down) and
-    "half2" (the new space's sweep with the fp16-pair dequant and its own gate_up list), every candidate checked
-    against the fp32 reference, then timed in graph mode with cold rotation (uniform routing). The winners are
-    re-timed side by side; the fastest is the table's entry for n. Writes the whole table (other GPUs' entries
-    kept) to `out`, or to mt.CONFIG_PATH with in_place. Without CUDA: a dry run of the same code path in the
-    interpreter (preset tiny, small candidate lists, meaningless times; half2, which needs a GPU, is left out)."""
+    """Per n and space (mt.TUNE_SPACES: split-denormal, split-half2, the fp32 and the fp16-pair dequant): gate_up
+    blocking x SPLIT_K x prefetch, then down blocking, then pdl, then the 3 best gate_up again with that down, every
+    candidate checked against the fp32 reference, skipped where it does not fit the GPU's shared memory, then timed
+    in graph mode with cold rotation (uniform routing). The winners are re-timed side by side; the fastest is the
+    table's entry for n. Writes the whole table (other GPUs' entries kept) to `out`, or to mt.CONFIG_PATH with
+    in_place. Without CUDA: a dry run of the same code path in the interpreter (preset tiny, small candidate lists,
+    meaningless times; split-half2, which needs a GPU, is left out)."""
     t0 = time.perf_counter()
     device = "cuda" if cuda_available() else "cpu"
     if device == "cpu" and preset != "tiny":
@@ -287,33 +251,26 @@ def tune(preset: str = "kimi-k2.5", tp: int = 8, ns=TUNE_NS, *, out: str | None 
         raise ValueError(f"spaces must be some of {SPACES}, got {spaces!r}")
     p = preset_shape(preset, tp)
     smoke = device == "cpu"
-    if smoke and "half2" in spaces:
-        log("space half2 left out: its inline PTX needs a CUDA GPU")
-        spaces = tuple(sp for sp in spaces if sp != "half2")
-    lists = SMOKE if smoke else {"old_gate_up": GATE_UP_CANDIDATES, "old_down": DOWN_CANDIDATES,
-                                 "gate_up": SPLIT_GATE_UP_CANDIDATES, "down": SPLIT_DOWN_CANDIDATES,
-                                 "half2_gate_up": HALF2_GATE_UP_CANDIDATES}
-    old_base = dict(OLD_BASE)  # the sweeps start from the v3 table's usual choice
-    split_spaces = {"new": (dict(NEW_BASE), lists["gate_up"]), "half2": (dict(HALF2_BASE), lists.get("half2_gate_up"))}
-    split_spaces = {sp: v for sp, v in split_spaces.items() if sp in spaces}
+    if smoke and "split-half2" in spaces:
+        log("space split-half2 left out: its inline PTX needs a CUDA GPU")
+        spaces = tuple(sp for sp in spaces if sp != "split-half2")
     if smoke:
-        old_base.update(gate_up=lists["old_gate_up"][0], down=lists["old_down"][0])
-        split_spaces["new"][0].update(gate_up=lists["gate_up"][0], down=lists["down"][0])
-    for sp, (base, cands) in split_spaces.items():
+        base = {**mt.TUNE_SPACES["split-denormal"][0], "gate_up": SMOKE["gate_up"][0], "down": SMOKE["down"][0]}
+        split_spaces = {"split-denormal": (base, SMOKE["gate_up"], SMOKE["down"])}
+    else:
+        split_spaces = {sp: (dict(base), gu, dn) for sp, (base, gu, dn) in mt.TUNE_SPACES.items()}
+    split_spaces = {sp: v for sp, v in split_spaces.items() if sp in spaces}
+    for sp, (base, cands, dn) in split_spaces.items():
         fit = [c for c in cands if _valid({**base, "gate_up": c}, p)]
         for c in cands:
             if c not in fit:
                 log(f"candidate {c} does not fit preset {preset} (H {p.hidden}, group {p.expert_group_size}): left out")
-        split_spaces[sp] = (base, fit)
-    old_gu, old_dn, new_dn = lists["old_gate_up"], lists["old_down"], lists["down"]
-    per_n = (len(old_gu) + len(old_dn) if "old" in spaces else 0) + \
-        sum(len(gu) + len(new_dn) + 1 + 3 for _, gu in split_spaces.values()) + len(spaces)
+        split_spaces[sp] = (base, fit, dn)
+    per_n = sum(len(gu) + len(dn) + 1 + 3 for _, gu, dn in split_spaces.values()) + len(spaces)
     log(f"tune {preset}-tp{tp} on {mt.device_name(torch.device(device))}: n = {', '.join(map(str, ns))}; "
         f"spaces {', '.join(spaces)}; ~{per_n} timed configs per n, {max_time_s} s each; cap {max_minutes} min")
     workers = (0 if smoke else min(12, max(1, (os.cpu_count() or 2) - 2))) if jobs is None else jobs
-    prewarm = _prewarm_jobs(ns, old_gu if "old" in spaces else [], old_dn if "old" in spaces else [], [], [])
-    for base, gu in split_spaces.values():
-        prewarm += _prewarm_jobs(ns, [], [], gu, new_dn, base)
+    prewarm = [job for base, gu, dn in split_spaces.values() for job in _prewarm_jobs(ns, gu, dn, base)]
     pdl_ok = _prewarm(preset, tp, prewarm, workers, log, probe=not smoke and bool(split_spaces))
     prewarm_s = time.perf_counter() - t0
     tuner = _Tuner(preset, tp, device, max_time_s, t0 + 60 * max_minutes, per_n * len(ns), log)
@@ -323,13 +280,9 @@ def tune(preset: str = "kimi-k2.5", tp: int = 8, ns=TUNE_NS, *, out: str | None 
         if tuner.out_of_time():
             break
         row = {}
-        if "old" in spaces:
-            cfg, _ = tuner.sweep(n, old_base, "gate_up", old_gu, "old")
-            cfg, us = tuner.sweep(n, cfg, "down", old_dn, "old")
-            row["old"] = (cfg, us)
-        for sp, (base, gu) in split_spaces.items():
+        for sp, (base, gu, dn) in split_spaces.items():
             cfg, _ = tuner.sweep(n, base, "gate_up", gu, sp)
-            cfg, _ = tuner.sweep(n, cfg, "down", new_dn, sp)
+            cfg, _ = tuner.sweep(n, cfg, "down", dn, sp)
             if pdl_ok:
                 cfg, _ = tuner.sweep(n, cfg, "pdl", [not cfg.get("pdl")], sp)
             ranked = sorted(gu, key=lambda c: tuner.cache.get((n, _cfg_key({**base, "gate_up": c})), (math.inf,))[0])
@@ -362,16 +315,11 @@ def tune(preset: str = "kimi-k2.5", tp: int = 8, ns=TUNE_NS, *, out: str | None 
     for n, res in final.items():
         space = min(res, key=lambda k: res[k]["us"])
         cfg = res[space]["config"]
-        entry = {"kernel": cfg.get("kernel", "v3"), "gate_up": cfg["gate_up"], "down": cfg["down"],
-                 "us": round(res[space]["us"], 2), "eta": round(res[space]["eta"], 3)}
-        if cfg["dequant"] != "denormal":
-            entry["dequant"] = cfg["dequant"]
-        entry["by_space_us"] = {sp: round(r["us"], 2) for sp, r in res.items()}
+        entry = {"gate_up": cfg["gate_up"], "down": cfg["down"], "dequant": cfg["dequant"],
+                 "us": round(res[space]["us"], 2), "eta": round(res[space]["eta"], 3),
+                 "by_space_us": {sp: round(r["us"], 2) for sp, r in res.items()}}
         if cfg.get("pdl"):
             entry["pdl"] = True
-        if "old" in res:
-            entry["old_us"] = round(res["old"]["us"], 2)
-            entry["old_config"] = {k: res["old"]["config"][k] for k in ("gate_up", "down")}
         by_n[str(n)] = entry
     for n in skipped:  # keep the table complete; select_config would fall back the same way
         lower = [m for m in final if m < n]
@@ -379,7 +327,7 @@ def tune(preset: str = "kimi-k2.5", tp: int = 8, ns=TUNE_NS, *, out: str | None 
             why = "every candidate failed" if n in failed else "time cap"
             by_n[str(n)] = {**by_n[str(max(lower))], "untuned": f"{why}: copied from n={max(lower)}"}
     table[name] = {
-        "layout": "planar", "dequant": "denormal", "by_n": by_n,
+        "by_n": by_n,
         "tuned_on": {"preset": f"{preset}-tp{tp}", "torch": torch.__version__, "triton": __import__("triton").__version__,
                      "date_utc": time.strftime("%Y-%m-%d", time.gmtime()), "sweep_s": round(time.perf_counter() - t0),
                      "spaces": list(spaces)}}
@@ -426,8 +374,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="python3 -m microbench.bench_moe_int4", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="tune: per n, sweeps kernel v3 (old space), kernel split (new space: split-K, prefetch, blocking, "
-               "PDL) and kernel split with the fp16-pair dequant (half2 space), checks every candidate against the "
+        epilog="tune: per n, sweeps split-K, prefetch, blocking and PDL with the fp32 dequant (split-denormal "
+               "space) and with the fp16-pair dequant (split-half2 space), checks every candidate against the "
                "fp32 reference, times it in graph mode with weights rotated "
                "over 4 layers (cold), prints one progress line per timed config and a table per n at the end, and "
                "writes the tuned table JSON to --out (kernels/moe_int4_configs.json only with --in-place). "
@@ -447,8 +395,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-time-s", type=float, default=0.2,
                     help="sampling time cap per timed config, in seconds (default %(default)s)")
     ap.add_argument("--spaces", default=",".join(SPACES),
-                    help="config spaces to sweep, comma separated: old (kernel v3), new (kernel split), half2 (split "
-                         "with the fp16-pair dequant; GPU only); default %(default)s")
+                    help="config spaces to sweep, comma separated: split-denormal (fp32 dequant), split-half2 "
+                         "(fp16-pair dequant; GPU only); default %(default)s")
     ap.add_argument("--jobs", type=int, default=None,
                     help="processes that compile the sweep's kernels first (default min(12, cores - 2); 0: off)")
     args = ap.parse_args(argv)

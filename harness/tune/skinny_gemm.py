@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import importlib
 import math
-import os
 import time
 
 import torch
@@ -12,46 +11,28 @@ import torch.nn.functional as F
 from verifybench.harness.engine import ceiling
 from verifybench.harness.engine.runner import rel_error
 from verifybench.harness.engine.timing import cuda_available, measure
+from verifybench.harness.components.skinny_gemm import Shape, TOL, config_str, shapes, weight_copies
+from verifybench.harness.tune.common import merged_table, report_tune
+from verifybench.kernels import config_tables
 from verifybench.kernels import skinny_gemm as sg
 
-
-from verifybench.harness.components.skinny_gemm import (Shape, TOL, config_str, shapes, weight_copies)
-from verifybench.harness.tune.common import report_tune, tune_main
-
 TUNE_NS = (1, 2, 4, 8)  # table buckets; n <= 16 beyond them gets bucket 16 (the best dot config)
-
-# ---------------------------------------------------------------------------------------------------- tuning
-
-# (BLOCK_N, BLOCK_K, num_warps, num_stages). BLOCK_N >= 64 with 4 warps runs wgmma on sm_90, below it mma.sync;
-# smem per CTA = stages x (BLOCK_N + 16) x BLOCK_K x 2 B (one tile more with PDL: the peeled first step), so these
-# range over 1-3 CTAs per SM and 64-144 KB of w in flight per SM. The last three go deeper (6-8 stages, 120-180 KB
-# with PDL on sm_90, triton 3.6): ncu showed the tuned tiles long-scoreboard-bound at one 4-warp CTA per SM
-# (results/nvidia-h200-x1/verify-half2/ncu-layer-n8.txt). Timed on the H200 (results/nvidia-h200-x1/tune-a9bf804/):
-# only lm_head picks one (8 stages, -3%); every projection of a layer keeps its 3-4 stage tile. The BLOCK_N = 16 tiles
-# (mma.sync, 48-160 KB of shared memory with PDL) give the 2112-row q_a/kv_a projection one column block per SM
-# without split-K (no reduce launch), and the 384-1536-row GEMMs 4x the blocks of BLOCK_N = 64 at less split-K.
-# Timed on the H200 (results/nvidia-h200-x1/tune-669a51f/): they win only the router and shared gate_up run alone
-# (-2%); q_a/kv_a keeps BLOCK_N 64 with split-K 4. That sweep timed o_proj's dot tiles ~10% slower than the one
-# before, so the committed table was kept.
-DOT_TILES = [(64, 128, 4, 4), (64, 256, 4, 3), (128, 128, 4, 3), (32, 256, 4, 4), (64, 128, 8, 5), (64, 128, 4, 6),
-             (64, 128, 4, 8), (32, 256, 4, 8), (16, 256, 4, 4), (16, 512, 4, 4), (16, 256, 2, 6)]
-# (BLOCK_N, BLOCK_K, num_warps) per token bucket: BLOCK_K = 8 x 32 x warps x U, so each thread streams U 16-byte
-# slices of BLOCK_N rows per step; registers grow with the tokens (x and accumulators are per token).
-FMA_TILES = {1: [(4, 1024, 4), (8, 1024, 4)], 2: [(4, 1024, 4), (8, 1024, 4)], 4: [(4, 1024, 4), (2, 2048, 8)],
-             8: [(2, 1024, 4), (2, 2048, 8)]}
 SMOKE_SHAPES = [Shape("smoke_split", 48, 256, 1), Shape("smoke_wide", 128, 64, 1)]
 
 
-def _dot(tile, split=None, reduce="serial") -> dict:
-    bn, bk, nw, ns = tile
-    return {"kind": "dot", "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "reduce": reduce, "num_warps": nw,
-            "num_stages": ns}
-
-
-def _fma(tile, split=None) -> dict:
-    bn, bk, nw = tile
-    return {"kind": "fma", "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "reduce": "serial", "num_warps": nw,
-            "num_stages": 1}
+def fitting(cfgs: list[dict], device: str, log) -> list[dict]:
+    """The configs that fit this GPU's shared memory per block (all of them off CUDA); the rest named in the log."""
+    limits = config_tables.device_limits(device)
+    if limits is None:
+        return cfgs
+    out = []
+    for c in cfgs:
+        ok, need = sg.fits(c, *limits)
+        if ok:
+            out.append(c)
+        else:
+            log(f"  skipped {config_str(c)}: needs {need} B shared memory, this GPU allows {limits[1]} B")
+    return out
 
 
 class _Tuner:
@@ -105,9 +86,9 @@ def tune_shape(shape: Shape, device: str, ns=TUNE_NS, measure_kw: dict | None = 
     dtype = torch.bfloat16 if device == "cuda" else torch.float16
     kw = measure_kw or {"max_time_s": 0.15, "warmup_s": 0.0}
     t = _Tuner(shape, device, dtype, kw, deadline, log)
-    tiles = DOT_TILES[:2] if smoke else DOT_TILES
+    tiles = sg.TUNE_DOT_TILES[:2] if smoke else sg.TUNE_DOT_TILES
     n_dot = max(ns)
-    dot, dot_us = t.best(n_dot, [_dot(tile) for tile in tiles])
+    dot, dot_us = t.best(n_dot, fitting([sg.dot_config(tile) for tile in tiles], device, log))
     if dot is None:
         return {}
     # split-K around the heuristic's choice and none at all (one launch, no partials), then the other reduction
@@ -126,8 +107,9 @@ def tune_shape(shape: Shape, device: str, ns=TUNE_NS, measure_kw: dict | None = 
     buckets = {}
     for n in ns:
         us_dot = dot_us if n == n_dot else t.time(n, dot)
-        fma_tiles = FMA_TILES[_fma_bucket(n)][: 1 if smoke else None]
-        fma, us_fma = t.best(n, [_fma(tile) for tile in fma_tiles]) if n <= sg.FMA_MAX_TOKENS else (None, math.inf)
+        fma_tiles = sg.TUNE_FMA_TILES[_fma_bucket(n)][: 1 if smoke else None]
+        fma_cfgs = fitting([sg.fma_config(tile) for tile in fma_tiles], device, log)
+        fma, us_fma = t.best(n, fma_cfgs) if n <= sg.FMA_MAX_TOKENS and fma_cfgs else (None, math.inf)
         cfg, us = (dot, us_dot) if us_dot <= us_fma else (t.full(fma), us_fma)
         if us < math.inf:
             buckets[str(n)] = {**cfg, "us": round(us, 3)}
@@ -143,15 +125,16 @@ def tune_shape(shape: Shape, device: str, ns=TUNE_NS, measure_kw: dict | None = 
 
 
 def _fma_bucket(n: int) -> int:
-    """The FMA_TILES key for n tokens: the next power of two (the fma kernel's BLOCK_M)."""
+    """The TUNE_FMA_TILES key for n tokens: the next power of two (the fma kernel's BLOCK_M)."""
     return min(8, 1 << (max(1, n) - 1).bit_length())
 
 
-def tune(preset: str = "kimi-k2.5", tp: int = 8, out: str | None = None, time_limit_s: float = 100.0,
-         smoke: bool = False, log=print) -> dict:
-    """Tune every shape of the preset (or SMOKE_SHAPES on CPU) and write the table JSON to `out` (a whole table:
-    the committed one with this GPU's entry replaced shape by shape). Shapes left when the time limit hits keep the
-    default config at run time."""
+def tune(out: str, time_limit_s: float = 100.0, smoke: bool = False, preset: str = "kimi-k2.5", tp: int = 8,
+         log=print) -> dict | None:
+    """Tune every shape of the preset (or SMOKE_SHAPES on CPU) and write the table JSON to `out`: the table there
+    (else none) with this GPU's entry (there, else the shipped one) updated shape by shape. Shapes left when the
+    time limit hits keep the default config at run time. Returns the table written, or None (nothing written) when
+    no shape was measured."""
     t0 = time.perf_counter()
     deadline = t0 + time_limit_s
     device = "cuda" if cuda_available() and not smoke else "cpu"
@@ -173,16 +156,16 @@ def tune(preset: str = "kimi-k2.5", tp: int = 8, out: str | None = None, time_li
             + "; ".join(f"n={n} {c['us']:.2f} us {config_str(c)}" for n, c in b.items()))
     weight_copies.cache_clear()
     name = sg.device_name(device)
-    path = out or DEFAULT_TUNE_OUT
-    table = dict(sg.load_configs(path if os.path.isfile(path) else sg.CONFIG_PATH))
-    entry = dict(table.get(name, {}))
+    if not results:
+        log(f"skinny_gemm: no shape measured in {time_limit_s:.0f} s; no table written")
+        return None
+    table, entry = merged_table(out, sg.CONFIG_PATH, name)
     entry["shapes"] = {**entry.get("shapes", {}), **{s.key: b for s, b in results.items()}}
     entry["tuned_on"] = {"preset": f"{preset}-tp{tp}" if not smoke else "smoke", "torch": torch.__version__,
                          "triton": importlib.import_module("triton").__version__,
                          "date_utc": time.strftime("%Y-%m-%d", time.gmtime()),
                          "sweep_s": round(time.perf_counter() - t0), "copy_gbps": round(copy, 1)}
-    table[name] = entry
-    written = sg.save_configs(table, path)
+    written = sg.save_configs(table, out)
     rows = []
     for shape, b in results.items():
         for n, c in sorted(b.items(), key=lambda kv: int(kv[0])):
@@ -193,15 +176,3 @@ def tune(preset: str = "kimi-k2.5", tp: int = 8, out: str | None = None, time_li
                          "cublas_eta": ceiling.eta(moved, cub, copy) if cub else None, "config": config_str(c)})
     report_tune(log, written, t0, name, copy, rows, time_limit_s, skipped)
     return table
-
-
-DEFAULT_TUNE_OUT = "skinny_gemm_configs.tuned.json"  # the committed table is overwritten only when --out names it
-
-
-def main(argv=None) -> int:
-    return tune_main(argv, "microbench.bench_skinny_gemm", __doc__, sg.CONFIG_PATH, DEFAULT_TUNE_OUT, 100.0,
-                     sg._INTERPRET, lambda args: tune(args.preset, args.tp, args.out, args.time_limit, smoke=args.smoke))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,0 +1,250 @@
+"""The whole EAGLE-3 speculative cycle of one TP rank as SGLang's EAGLE worker runs it, per phase, with no sync but
+the cycle's own: draft steps / target verify / draft re-extend / other, and what the verify costs beyond the forward.
+
+Run: verifybench cycle [--configs "2,1,3;3,1,4;5,1,6;5,4,8"] [--attention extend,split_kv]
+"""
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import torch
+
+from verifybench.harness.components.mla_verify import variant_config
+from verifybench.harness.engine import memory
+from verifybench.harness.engine.results import cpu_numbers, withhold
+from verifybench.harness.engine.runner import CaseSkipped, CaseSpec
+from verifybench.harness.engine.timing import cuda_available, measure
+from verifybench.harness.model import presets
+from verifybench.harness.model.build import CONTEXT, allreduce_stand_in_us, build_forward, device_wait, release_forwards
+from verifybench.harness.model.cycle import ATTENTION, ENGINE_PHASES, PHASES, Cycle, SpecConfig, parse_configs
+from verifybench.harness.model.draft import draft_shape, weight_bytes
+from verifybench.harness.model.forward import allocated_bytes
+
+NAME = "cycle"
+HELP = "the whole EAGLE-3 cycle (draft, tree, verify with the tree mask, sync, bookkeeping, re-extend) per phase"
+GPU_CONFIGS = "2,1,3;3,1,4;5,1,6;5,4,8"  # (steps, topk, draft tokens): SGLang's chain default for Kimi and beyond
+CPU_CONFIGS = "2,1,3;2,2,3"
+CASE_MAX_TIME_S = 1.5
+PART_MAX_TIME_S = 0.4  # each forward measured beside the cycle
+ROOT_TOKEN = 7  # the checks' last verified token
+MAX_DRAFT_TOKENS = 8  # the target forward's buffers
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--configs", default=None, help="(steps,topk,draft_tokens) triples separated by ';' (default "
+                   f"{GPU_CONFIGS} on a GPU, {CPU_CONFIGS} on CPU); draft tokens include the root, at most "
+                   f"{MAX_DRAFT_TOKENS}")
+    p.add_argument("--attention", default=None, help="verify attention variants, comma-separated: extend (the "
+                   "engine's serial prefill kernel), split_kv (ours) (default both on a GPU; CPU: the torch reference)")
+
+
+def _plan(preset: str, tp: int, context: int, cfgs: list[SpecConfig]) -> memory.Plan:
+    full = presets.get(preset, tp)
+    rows = max(max(c.topk, c.steps + 1) for c in cfgs)
+    extra = weight_bytes(draft_shape(full), context, rows)
+    device = "cuda" if cuda_available() else "cpu"
+    return memory.plan(lambda n: allocated_bytes(presets.get(preset, tp, n), context, MAX_DRAFT_TOKENS) + extra,
+                       full.layers, full.dense_layers + 1, f"the {preset} TP{tp} target forward and draft model at "
+                       f"context {context}", "layers", device)
+
+
+def cases(preset: str, tp: int, context: int = CONTEXT, tokens: tuple[int, ...] | None = None,
+          configs: str | None = None, attention: str | None = None) -> list[CaseSpec]:
+    """One case per (configuration, attention variant); `tokens` keeps the configurations with those draft-token
+    counts."""
+    gpu = cuda_available()
+    cfgs = parse_configs(configs or (GPU_CONFIGS if gpu else CPU_CONFIGS))
+    if tokens:
+        cfgs = [c for c in cfgs if c.draft_tokens in tokens]
+        if not cfgs:
+            raise ValueError(f"--tokens {','.join(map(str, tokens))}: no cycle configuration has that many draft "
+                             "tokens (see --configs)")
+    too_many = [c.label for c in cfgs if c.draft_tokens > MAX_DRAFT_TOKENS]
+    if too_many:
+        raise ValueError(f"--configs: at most {MAX_DRAFT_TOKENS} draft tokens, got {', '.join(too_many)}")
+    variants = [v.strip() for v in attention.split(",")] if attention else (list(ATTENTION) if gpu else ["split_kv"])
+    bad = [v for v in variants if v not in ATTENTION]
+    if bad or len(set(variants)) != len(variants):
+        raise ValueError(f"--attention takes distinct names of {', '.join(ATTENTION)}, got {attention!r}")
+    plan = _plan(preset, tp, context, cfgs)
+    return [_case(preset, tp, context, c, v, plan) for c in cfgs for v in variants]
+
+
+def _median_ms(samples_us: list[float]) -> float:
+    return statistics.median(samples_us) / 1e3
+
+
+def make_cycle(fwd, cfg: SpecConfig, attention: str, allreduce_us: float) -> tuple[Cycle, dict, str]:
+    """The cycle over `fwd` as the component runs it: the logits all-gather a device wait of the allreduce
+    stand-in's latency (none on CPU), the attention variant's tiles (the engine's for extend, with no programmatic
+    dependent launch, as the engine launches its Triton kernels); also the tiles and where they come from."""
+    gpu = fwd.device == "cuda"
+    att_cfg, att_source = variant_config(attention, fwd.device)
+    cyc = Cycle(fwd, cfg, attention, device_wait(allreduce_us) if gpu else (lambda t: None), graphs=gpu,
+                attention_config=att_cfg, attention_pdl=False if attention == "extend" else None)
+    return cyc, att_cfg, att_source
+
+
+def _case(preset: str, tp: int, context: int, cfg: SpecConfig, attention: str, plan: memory.Plan) -> CaseSpec:
+    ar_us, ar_source = allreduce_stand_in_us()
+    layers = plan.units if plan.reduced else None
+    total = presets.get(preset, tp).layers
+
+    def setup():
+        if plan.units == 0:
+            raise CaseSkipped(plan.skip)
+        fwd = build_forward(preset, tp, layers, context, ar_us)
+        cyc, att_cfg, att_source = make_cycle(fwd, cfg, attention, ar_us)
+        d = cfg.draft_tokens
+
+        def check():
+            err = cyc.attention_error()
+            ok = err <= 1e-2
+            detail = [f"tree attention vs masked torch reference rel_err {err:.2e}"]
+            greedy = cyc.greedy_continuation(ROOT_TOKEN)
+            if cfg.topk == 1:  # a chain: the target's own continuation is a path the tree holds
+                n, emitted = cyc.run_check(ROOT_TOKEN, greedy[: d - 1])
+                ok = ok and n == d - 1 and emitted == greedy
+                detail.append(f"oracle draft accepted {n} of {d - 1}, emitted the target's greedy tokens: "
+                              f"{emitted == greedy}")
+            wrong = [(greedy[0] + 1) % cyc.full_vocab] * (d - 1)
+            n, emitted = cyc.run_check(ROOT_TOKEN, wrong)
+            ok = ok and n == 0 and emitted == greedy[:1]
+            detail.append(f"wrong draft accepted {n}, emitted the bonus token only: {emitted == greedy[:1]}")
+            cyc.accepted = cyc.cycles = 0
+            return ok, "; ".join(detail)
+
+        def derive(m):
+            return {**_derive(m, fwd, cyc, cfg, attention, ar_us, ar_source, total, plan),
+                    "attention_config": att_cfg, "attention_config_source": att_source}
+
+        return cyc.step, check, derive
+
+    label = f"{preset}-tp{tp}" + (f"-L{plan.units}" if plan.reduced else "")
+    return CaseSpec(f"cycle/{label}/{cfg.label}/{attention}",
+                    {"preset": preset, "tp": tp, "context": context, "layers": layers, "steps": cfg.steps,
+                     "topk": cfg.topk, "draft_tokens": cfg.draft_tokens, "attention": attention}, "cycle", setup,
+                    {"phases": PHASES, "max_time_s": CASE_MAX_TIME_S})
+
+
+def _derive(m, fwd, cyc: Cycle, cfg: SpecConfig, attention, ar_us, ar_source, total, plan) -> dict:
+    d = cfg.draft_tokens
+    accepted = cyc.accepted / max(1, cyc.cycles)
+
+    def forward_us(fn) -> float:
+        return measure(fn, mode="graph", calls_per_sample=1, max_time_s=PART_MAX_TIME_S).median_us
+
+    bare_us = forward_us(lambda: fwd.forward(d))
+    decode_us = forward_us(lambda: fwd.forward(1))
+    graph_us = forward_us(cyc.verify_body)
+    attn_tree_us = forward_us(lambda: cyc.target.forward(d, frozenset({"attn_core"})))
+    attn_decode_us = forward_us(lambda: fwd.forward(d, frozenset({"attn_core"})))
+    phases_ms = {p: _median_ms(m.phases[p]["device_us"]) for p in PHASES}
+    host_ms = {p: _median_ms(m.phases[p]["host_us"]) for p in PHASES}
+    cycle_ms = m.median_us / 1e3
+    table_ms = {k: sum(phases_ms[p] for p in v) for k, v in ENGINE_PHASES.items()}
+    table_ms["other"] = cycle_ms - sum(table_ms.values())
+    in_cycle_ms = table_ms["target verify"]
+    beyond = {"tree_attention": (attn_tree_us - attn_decode_us) / 1e3,
+              "graph_rest": (graph_us - bare_us - (attn_tree_us - attn_decode_us)) / 1e3,
+              "verify_eager": phases_ms["verify"] - graph_us / 1e3,
+              "sync": phases_ms["sync"], "bookkeeping": phases_ms["bookkeeping"]}
+    out = {"phases_ms": phases_ms, "host_phases_ms": host_ms, "cycle_ms": cycle_ms,
+           "phases_sum_error": sum(phases_ms.values()) / cycle_ms - 1, "table_ms": table_ms,
+           "decode_ms": decode_us / 1e3, "decode_mode": "graph", "bare_forward_ms": bare_us / 1e3,
+           "verify_graph_ms": graph_us / 1e3, "verify_in_cycle_ms": in_cycle_ms,
+           "beyond_bare_ms": beyond, "beyond_bare_total_ms": in_cycle_ms - bare_us / 1e3,
+           "attention_per_forward_ms": {"tree": attn_tree_us / 1e3, "decode (forward's)": attn_decode_us / 1e3},
+           "accepted_mean": accepted, "allreduce_stand_in_us": ar_us, "allreduce_source": ar_source,
+           "logits_gather": f"device wait of {ar_us} us (the allreduce stand-in's latency)" if fwd.device == "cuda"
+           else "none (one rank)", "attention_ran": attention if fwd.device == "cuda" else "torch reference (CPU)",
+           "graphs": cyc.graphs, "layers_run": len(fwd.layers), "layers_total": total}
+    if plan.reduced:
+        out["memory_note"] = plan.note
+    return out
+
+
+def _ok(records):
+    return [r for r in records if r["check"]["ok"] and "phases_ms" in r.get("derived", {})]
+
+
+def _key(r) -> dict:
+    p = r["params"]
+    return {"steps,topk,D": f"{p['steps']},{p['topk']},{p['draft_tokens']}", "attention": p["attention"]}
+
+
+def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
+    """The deployment's per-phase table, the fine phases (device and host), the verify beyond the bare forward,
+    and the cycle against a plain decode step."""
+    rows = _ok(records)
+    cpu = cpu_numbers(records)
+    engine, fine, beyond, vs = [], [], [], []
+    for r in rows:
+        dv, key = r["derived"], _key(r)
+        cyc = dv["cycle_ms"]
+        engine.append({**key, **{f"{k}_ms": v for k, v in dv["table_ms"].items()},
+                       **{f"{k}_%": 100 * v / cyc for k, v in dv["table_ms"].items()}, "cycle_ms": cyc})
+        fine.append({**key, **{f"{p}_ms": dv["phases_ms"][p] for p in PHASES},
+                     **{f"{p}_host_ms": dv["host_phases_ms"][p] for p in PHASES},
+                     "sum_vs_cycle_%": 100 * dv["phases_sum_error"]})
+        beyond.append({**key, "bare_forward_ms": dv["bare_forward_ms"], "verify_in_cycle_ms": dv["verify_in_cycle_ms"],
+                       **{f"{k}_ms": v for k, v in dv["beyond_bare_ms"].items()},
+                       "beyond_total_ms": dv["beyond_bare_total_ms"]})
+        vs.append({**key, "decode_ms": dv["decode_ms"], "cycle_ms": cyc, "break-even accept len": cyc / dv["decode_ms"],
+                   "accepted per cycle (random draft)": dv["accepted_mean"]})
+    if cpu:
+        engine = withhold(engine, lambda k: k.endswith("_%"))
+        fine = withhold(fine, ("sum_vs_cycle_%",))
+        beyond = withhold(beyond, lambda k: k not in ("steps,topk,D", "attention", "bare_forward_ms",
+                                                      "verify_in_cycle_ms"))
+        vs = withhold(vs, ("break-even accept len",))
+    first = rows[0]["derived"] if rows else {}
+    setup = [{"layers": f"{first.get('layers_run')} of {first.get('layers_total')}", "graphs": first.get("graphs"),
+              "allreduce": f"device wait of {first.get('allreduce_stand_in_us')} us ({first.get('allreduce_source')})",
+              "logits gather": first.get("logits_gather"), **({"memory": first["memory_note"]}
+                                                              if first.get("memory_note") else {})}] if rows else []
+    return [("setup (one GPU: allreduce and all-gather are device waits of a stated latency)", setup),
+            ("the cycle as the deployment's profiler splits it (ms per cycle; other = cycle - the phases)", engine),
+            ("phases, device (CUDA events between phases, no sync added) and host (perf_counter), ms; their sum "
+             "against the cycle measured without phase events", fine),
+            ("what the verify in the cycle costs beyond the bare forward at the same n (ms per cycle): "
+             "tree_attention = the tree-masked attention kernel against the forward's decode attention, every "
+             "layer; graph_rest = the rest of the verify graph against the bare forward (embedding, logits all-gather, "
+             "hidden-state capture); verify_eager = argmax and greedy tree verify after the graph, launch gaps "
+             "included; sync = accept lengths to the host; bookkeeping = slots freed and kept, gathers", beyond),
+            ("the cycle against a plain decode step (the n = 1 forward of the same run); break-even accept length = "
+             "cycle / decode", vs)]
+
+
+def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
+    """Stacked phases per configuration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from verifybench.harness.components.verify import write_png
+
+    rows = _ok(records)
+    if not rows:
+        return []
+    labels = [f"{_key(r)['steps,topk,D']}\n{r['params']['attention']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows)), 4.5))
+    bottom = [0.0] * len(rows)
+    for p in PHASES:
+        vals = [r["derived"]["phases_ms"][p] for r in rows]
+        ax.bar(labels, vals, bottom=bottom, label=p)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.plot(labels, [r["derived"]["cycle_ms"] for r in rows], "k_", markersize=30, label="cycle (no phase events)")
+    ax.set_ylabel("ms per cycle")
+    ax.set_title("EAGLE-3 cycle per phase (steps, topk, draft tokens)" + (" (CPU numbers)" if cpu_numbers(records)
+                                                                          else ""))
+    ax.legend(fontsize=8)
+    return [write_png(fig, Path(directory) / f"cycle_phases-{stamp}.png")]
+
+
+def release() -> None:
+    release_forwards()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

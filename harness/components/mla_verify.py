@@ -1,0 +1,270 @@
+"""MLA verify attention with the tree mask at one rank's shape: the engine-style serial "extend" kernel (what SGLang's
+Triton backend runs for verify) beside our "split_kv", per context and draft-token count, and per forward.
+
+One request (batch 1) of D tree tokens, the root included, over `context` prefix rows plus its D own rows (Kimi-K2.5
+TP8: 8 heads, DK = 576 = 512 latent + 64 rope, bf16). The mask is a chain (topk 1: a token sees itself and every
+earlier tree token), the deployment's default; the default set adds one branching tree (spec_steps 5, topk 4, D 8).
+"extend" runs with the engine's tiles for this GPU's capability (ENGINE_EXTEND_CONFIGS) and without programmatic
+dependent launch, as the engine launches it; "split_kv" with its default config, as our forward launches it. Graph
+mode, every call reading another cache (>= 4 caches totalling >= 4x L2), as a forward reads each layer's cache once;
+per_forward_us is the median times the preset's layers: what the engine's kernel choice costs per forward.
+CPU (preset tiny, under TRITON_INTERPRET=1): a 64-token context, fp16 (bf16 arithmetic is wrong in the interpreter)
+and a split config sized to the tiny shapes, since the interpreter runs every launched program.
+
+Run: pytest --benchmark-only microbench/bench_mla_verify.py
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+import triton
+
+from verifybench.harness.engine import ceiling, memory
+from verifybench.harness.engine.results import cpu_numbers, withhold, write_atomic
+from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
+from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
+from verifybench.harness.model import presets
+from verifybench.kernels import mla_verify as mv
+from verifybench.kernels import pdl
+from verifybench.kernels import tree
+from verifybench.kernels.tree_inputs import random_tree
+
+NAME = "mla_verify"
+HELP = "MLA verify attention with the tree mask: engine-style serial extend vs split-KV, per context and per forward"
+VARIANTS = ("extend", "split_kv")
+GPU_CONTEXTS = (1024, 4096, 16384, 32768)
+GPU_NS = (3, 6)  # the deployment's draft-token counts D (root included)
+CPU_CONTEXTS = (64,)
+CPU_NS = (3,)
+TREE = (5, 4, 8)  # (spec_steps, topk, D): a branching tree beside the chains
+TREE_VOCAB = 1000  # build_tree's token ids only; the mask does not depend on them
+SPARE_ROWS = mv.MAX_TREE  # caches hold context + this many rows, so every D of one context shares them
+MAX_COPIES = 256  # a 1k-context cache is 1.25 MB: about 200 of them make 4x an H200's L2
+CPU_COPIES = 2  # the interpreter takes ~0.2-0.5 s a call: the smoke run checks the rotation, not its size
+TOL = 1e-2  # bf16 output against the fp32 reference
+# a split_kv config for the tiny shapes: 2 splits of 16-key tiles, so the tree keys share the last split and the
+# combine runs; the default's 256 splits would cost the interpreter seconds per call
+CPU_SPLIT_CONFIG = {"num_splits": 2, "min_split_keys": 16, "block_keys": 16}
+# triton.jit picks the interpreter at decoration time: CPU runs of the kernels need TRITON_INTERPRET=1 before import
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def runs_here(spec: CaseSpec) -> bool:
+    """Whether a case's kernels can run in this process (a GPU, or the interpreter on CPU)."""
+    return spec.params["device"] == "cuda" or INTERPRET
+
+
+# ---------------------------------------------------------------------------------------------------- inputs
+
+_HELD: dict = {}  # the caches of one (rows, dk, device, dtype) and their memory plan; cases of one context share them
+
+
+def planned_caches(rows: int, dk: int, device: str, dtype: torch.dtype) -> tuple[tuple, memory.Plan]:
+    """The rotation's caches (random, one per layer a forward would read), as many as fit the free memory (at least
+    one, else CaseSkipped); the previous shape's caches are dropped first."""
+    key = (rows, dk, device, dtype)
+    if _HELD.get("key") != key:
+        _HELD.clear()
+        per_set = rows * dk * dtype.itemsize
+        wanted = cold_rotation_sets(per_set, device, MAX_COPIES if device == "cuda" else CPU_COPIES)
+        plan = memory.plan(lambda c: c * per_set, wanted, 1, f"the {rows}-row KV-cache copies", "copies", device)
+        if plan.units == 0:
+            raise CaseSkipped(plan.skip)
+        gen = torch.Generator(device=device)
+        gen.manual_seed(1234)
+        caches = tuple(torch.randn(rows, dk, device=device, generator=gen).to(dtype) for _ in range(plan.units))
+        _HELD.update(key=key, plan=plan, caches=caches)
+    return _HELD["caches"], _HELD["plan"]
+
+
+def tree_mask(n: int, tree_shape: tuple[int, int, int] | None, context: int, device: str) -> torch.Tensor:
+    """The mask of one request: a chain of n tokens (bool [1, n, n], lower triangle), or build_tree's qlen_only mask
+    (flat bool [n * n]) of a random draft of (spec_steps, topk, D = n)."""
+    if tree_shape is None:
+        return torch.ones(n, n, dtype=torch.bool, device=device).tril()[None].contiguous()
+    steps, topk, d = tree_shape
+    inp = random_tree(1, topk, steps, d, TREE_VOCAB, seed=7, context=context, spread=0)
+    return tree.build_tree(**inp, mask_mode="qlen_only", backend="reference")[0].contiguous().to(device)
+
+
+def variant_config(variant: str, device: str) -> tuple[dict, str]:
+    """(config, where it comes from): the engine's extend tiles for this GPU's capability; split_kv's default."""
+    if variant == "split_kv":
+        if device == "cpu":
+            return mv.check_config(variant, CPU_SPLIT_CONFIG), "CPU config sized to the tiny shapes"
+        return mv.check_config(variant), "DEFAULT_CONFIGS['split_kv']"
+    if device == "cpu":
+        return mv.check_config(variant), "DEFAULT_CONFIGS['extend'] (no GPU)"
+    major, minor = torch.cuda.get_device_capability()
+    cc = 10 * major + minor
+    if cc in mv.ENGINE_EXTEND_CONFIGS:
+        return mv.check_config(variant, mv.ENGINE_EXTEND_CONFIGS[cc]), f"ENGINE_EXTEND_CONFIGS[{cc}] (SGLang's tiles)"
+    return mv.check_config(variant), f"DEFAULT_CONFIGS['extend'] (no engine entry for sm_{cc})"
+
+
+def split_counts(cfg: dict, heads: int, n: int, context: int, device: str) -> tuple[int, int]:
+    """(splits launched, splits this request uses) of a split_kv call, as the kernel cuts them."""
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count \
+        if device == "cuda" else mv.DEFAULT_SMS
+    launched = cfg["num_splits"] or mv.default_num_splits(1, heads * n, cfg["block_rows"], sms)
+    keys = context + n
+    splits = max(1, min(launched, triton.cdiv(keys, cfg["min_split_keys"])))
+    split_keys = triton.cdiv(triton.cdiv(keys, splits), cfg["block_keys"]) * cfg["block_keys"]  # whole key tiles
+    return launched, triton.cdiv(keys, split_keys)
+
+
+# ---------------------------------------------------------------------------------------------------- cases
+
+def make_case(preset: str, tp: int, context: int, n: int, tree_shape, variant: str, device: str,
+              measure_kw: dict) -> CaseSpec:
+    p = presets.get(preset, tp)
+    heads, kv_lora, rope = p.heads, p.kv_lora, p.qk_rope
+    dk, scale = kv_lora + rope, (p.qk_nope + p.qk_rope) ** -0.5
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16
+    label = "chain" if tree_shape is None else ",".join(map(str, tree_shape))
+    params = {"preset": preset, "tp": tp, "layers": p.layers, "heads": heads, "DK": dk, "kv_lora": kv_lora,
+              "context": context, "n": n, "tree": label, "batch": 1, "variant": variant, "device": device,
+              "dtype": str(dtype).split(".")[1]}
+    mask_id = "chain" if tree_shape is None else "tree" + "-".join(map(str, tree_shape))  # no commas in test ids
+    name = f"mla_verify/{preset}-tp{tp}/ctx{context}/{mask_id}/{variant}/n{n}"
+
+    def setup():
+        if device != "cuda" and not INTERPRET:
+            raise CaseSkipped("the Triton kernels need a GPU, or TRITON_INTERPRET=1 set before import on CPU")
+        caches, plan = planned_caches(context + SPARE_ROWS, dk, device, dtype)
+        cfg, source = variant_config(variant, device)
+        launch_pdl = False if variant == "extend" else None  # the engine launches extend without PDL
+        starts = torch.zeros(1, dtype=torch.int32, device=device)
+        lens = torch.full((1,), context, dtype=torch.int32, device=device)
+        mask = tree_mask(n, tree_shape, context, device)
+
+        def call(q, cache):
+            return mv.mla_verify(q, cache, starts, lens, mask, kv_lora, scale, variant, cfg, pdl=launch_pdl)
+
+        qs = [torch.randn(heads, n, dk, device=device).to(dtype) for _ in caches]  # one q per layer
+        fns = [lambda q=q, c=c: call(q, c) for q, c in zip(qs, caches)]
+
+        def check() -> tuple[bool, str]:
+            q = torch.randn(heads, n, dk, device=device).to(dtype)
+            ref = mv.mla_verify_reference(q.float(), caches[0].float(), starts, lens, mask, kv_lora, scale)
+            out = call(q, caches[0])
+            err = rel_error(out.float(), ref)
+            ok = tuple(out.shape) == tuple(ref.shape) and out.dtype == dtype and err <= TOL
+            return ok, f"rel_err={err:.2e} vs fp32 reference (tol {TOL:g}), {out.dtype} out"
+
+        def derive(m) -> dict:
+            moved = mv.bytes_moved(heads, n, context, n, kv_lora, rope, dtype.itemsize)
+            copy_gbps = ceiling.copy_gbps(device)
+            d = {"bytes_moved": moved, "cache_bytes": (context + n) * dk * dtype.itemsize,
+                 "gbps": ceiling.gbps(moved, m.median_us), "eta": ceiling.eta(moved, m.median_us, copy_gbps),
+                 "floor_us": moved / (copy_gbps * 1e3), "copy_gbps": copy_gbps,
+                 "per_forward_us": m.median_us * p.layers, "config": cfg, "config_source": source,
+                 "pdl": pdl.resolve(launch_pdl, torch.device(device)), "rotation": len(fns),
+                 **({"memory_note": plan.note} if plan.reduced else {})}
+            if variant == "split_kv":
+                d["splits_launched"], d["splits_used"] = split_counts(cfg, heads, n, context, device)
+            return d
+
+        return fns, check, derive
+
+    return CaseSpec(name=name, params=params, mode="graph", setup=setup, measure_kw={"device": device, **measure_kw})
+
+
+def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = None) -> list[CaseSpec]:
+    """Per context, draft-token count D (chain masks) and variant, plus the TREE at its D with the default set or
+    when --tokens names that D. GPU: GPU_CONTEXTS and `context`, D in GPU_NS. CPU (preset tiny): CPU_CONTEXTS, D in
+    CPU_NS; its cases skip unless TRITON_INTERPRET=1 was set before import."""
+    bad = [t for t in tokens or () if isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= mv.MAX_TREE]
+    if bad:
+        raise ValueError(f"--tokens: MLA verify takes D = 1..{mv.MAX_TREE} tree tokens per request, got {bad}")
+    gpu = cuda_available()
+    if not gpu and preset != "tiny":
+        raise ValueError(f"preset {preset!r} needs a GPU (the interpreter would take hours); use 'tiny' on CPU")
+    presets.get(preset, tp)  # an unknown preset or a TP that does not divide it is refused now, not at setup
+    ns = tokens or (GPU_NS if gpu else CPU_NS)
+    shapes = [(n, None) for n in ns]
+    if (tokens is None and gpu) or TREE[2] in (tokens or ()):
+        shapes.append((TREE[2], TREE))
+    if gpu:
+        contexts, device, kw = sorted({context, *GPU_CONTEXTS}), "cuda", {"max_time_s": 0.5}
+    else:  # a sample is one pass over the rotation; no compile to warm up in the interpreter
+        contexts, device = CPU_CONTEXTS, "cpu"
+        kw = {"max_time_s": 0.2, "warmup_s": 0.0, "warmup_calls": 1, "min_samples": 3, "calls_per_sample": CPU_COPIES}
+    return [make_case(preset, tp, c, n, shape, v, device, kw) for c in contexts for n, shape in shapes for v in VARIANTS]
+
+
+# ---------------------------------------------------------------------------------------------------- tables
+
+def side_by_side(records: list[dict]) -> list[dict]:
+    """Per (context, D, tree): each variant's median and eta, per layer and per forward, and their ratio."""
+    rows: dict[tuple, dict] = {}
+    for r in records:
+        if not (r["name"].startswith("mla_verify/") and r["check"]["ok"] and "summary" in r):
+            continue
+        prm, d = r["params"], r["derived"]
+        row = rows.setdefault((prm["preset"], prm["tp"], prm["context"], prm["n"], prm["tree"]), {
+            "context": prm["context"], "n": prm["n"], "tree": prm["tree"], "MB": d["bytes_moved"] / 1e6})
+        v = prm["variant"]
+        row.update({f"{v}_us": r["summary"]["median_us"], f"{v}_eta": d["eta"],
+                    f"{v}_per_forward_ms": d["per_forward_us"] / 1e3})
+    out = sorted(rows.values(), key=lambda row: (row["tree"] != "chain", row["n"], row["context"]))
+    for row in out:
+        if row.get("extend_us") and row.get("split_kv_us"):
+            row["extend/split_kv"] = row["extend_us"] / row["split_kv_us"]
+            row["extend_minus_split_kv_per_forward_ms"] = (row["extend_per_forward_ms"]
+                                                           - row["split_kv_per_forward_ms"])
+    return out
+
+
+def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
+    rows = side_by_side(records)
+    if cpu_numbers(records):  # CPU timer noise and an interpreter cannot support a GPU kernel's ratio or eta
+        rows = withhold(rows, lambda k: k.endswith("eta") or k in ("extend/split_kv",
+                                                                   "extend_minus_split_kv_per_forward_ms"))
+    layers = sorted({r["params"]["layers"] for r in records if r["name"].startswith("mla_verify/")})
+    per_forward = f"x {', '.join(map(str, layers))} layers" if layers else "x layers"
+    return [(f"MLA verify attention, tree mask: engine-style extend vs split_kv (graph mode, caches rotated; "
+             f"per forward = per layer {per_forward})", rows)]
+
+
+def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
+    """One PNG: median time vs context, per variant and mask (D)."""
+    ok = [r for r in records if r["name"].startswith("mla_verify/") and r["check"]["ok"] and "summary" in r]
+    if not ok:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines: dict[tuple, list] = {}
+    for r in ok:
+        prm = r["params"]
+        lines.setdefault((prm["variant"], prm["tree"], prm["n"]), []).append((prm["context"],
+                                                                               r["summary"]["median_us"]))
+    fig, ax = plt.subplots(figsize=(8, 5))
+    masks = sorted({(label != "chain", n, label) for _, label, n in lines})
+    for (variant, label, n), points in sorted(lines.items()):
+        xs, ys = zip(*sorted(points))
+        color = f"C{masks.index((label != 'chain', n, label)) % 10}"  # one color per mask, one line style per variant
+        ax.plot(xs, ys, "-o" if variant == "extend" else "--s", color=color,
+                label=f"{variant}, {'chain' if label == 'chain' else 'tree ' + label} D={n}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context (prefix tokens in the KV cache)")
+    ax.set_ylabel("us per layer (median)")
+    ax.set_ylim(bottom=0)
+    ax.set_title("MLA verify attention: engine-style extend vs split_kv"
+                 + (" (CPU numbers: the plumbing, not a GPU's figures)" if cpu_numbers(records) else ""))
+    ax.legend(fontsize=8, ncol=2)
+    path = Path(directory) / f"mla_verify-{stamp}.png"
+    try:
+        return [write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=120, bbox_inches="tight"))]
+    finally:
+        plt.close(fig)
+
+
+def release() -> None:
+    """Drop the cached KV-cache copies."""
+    _HELD.clear()

@@ -1,0 +1,298 @@
+"""One EAGLE-3 speculative cycle of one tensor-parallel rank, phase by phase as SGLang's EAGLE worker runs it (batch 1,
+page size 1): draft, tree, verify, sync, bookkeeping, re-extend; graph-captured where the engine captures.
+
+- draft: steps - 1 draft forwards on topk rows each, top-k expansion per step (the first step's top-k comes from the
+  previous cycle's re-extend), then organize_draft_results; one graph.
+- tree: build_tree (full mask, as the engine's Triton backend takes it: a seq_lens sum read on the host first) and the
+  verify tokens' slots written into the request-to-token table (prepare_for_verify); eager.
+- verify: one graph: the target's vocab-parallel embedding of the D tree tokens, the forward with tree-masked MLA
+  attention (variant "extend", the engine's serial prefill kernel, or "split_kv", ours), the LM head over all D
+  rows and the logits all-gather; then eager: full-vocabulary argmax and the greedy tree verify.
+- sync: accept lengths, accepted indices and predictions to the host (the engine's three .tolist()).
+- bookkeeping: eager: the rejected slots freed and the accepted ones kept (two boolean-mask indexings, each a device
+  sync), their slots remapped, seq_lens advanced, the accepted rows' tokens and captured hidden states gathered.
+- reextend: one graph: the draft over steps + 1 rows (the accepted path, padded) with the target's hidden states
+  fused, and the next cycle's first top-k.
+The benchmark keeps its context fixed: every cycle writes the same D cache rows. The draft's weights are random, so
+it proposes tokens the target rejects; `draft_override` replaces its tokens (the correctness checks use the
+target's own greedy continuation and a wrong one).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from verifybench.harness.model.draft import DraftModel
+from verifybench.harness.model.forward import COMPONENTS, VerifyForward
+from verifybench.kernels import tree
+from verifybench.kernels.mla_verify import VARIANTS, mla_verify, mla_verify_reference
+
+PHASES = ("draft", "tree", "verify", "sync", "bookkeeping", "reextend")
+# the deployment's per-phase table, with SGLang's placement: build_tree ends draft(); verify() prepares the slots,
+# runs the target, verifies, syncs and does the bookkeeping
+ENGINE_PHASES = {"draft": ("draft", "tree"), "target verify": ("verify", "sync", "bookkeeping"),
+                 "draft re-extend": ("reextend",)}
+ATTENTION = VARIANTS  # "split_kv" (ours), "extend" (the engine's)
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    steps: int
+    topk: int
+    draft_tokens: int  # D, the root included
+
+    def __post_init__(self):
+        for name in ("steps", "topk", "draft_tokens"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        if self.draft_tokens < 2:
+            raise ValueError(f"draft_tokens must be >= 2 (the root and at least one drafted token), got "
+                             f"{self.draft_tokens}")
+        most = tree.num_candidates(self.topk, self.steps) + 1
+        if self.draft_tokens > most:
+            raise ValueError(f"draft_tokens={self.draft_tokens}: steps={self.steps}, topk={self.topk} draft at most "
+                             f"{most - 1} tokens (+ the root)")
+
+    @property
+    def label(self) -> str:
+        return f"s{self.steps}k{self.topk}d{self.draft_tokens}"
+
+
+def parse_configs(text: str) -> list[SpecConfig]:
+    """'2,1,3;5,4,8' -> [SpecConfig(2, 1, 3), SpecConfig(5, 4, 8)] (steps, topk, draft tokens), checked."""
+    out = []
+    for part in text.split(";"):
+        try:
+            steps, topk, d = (int(x) for x in part.split(","))
+        except ValueError:
+            raise ValueError(f"--configs takes steps,topk,draft_tokens triples separated by ';' (e.g. "
+                             f"\"2,1,3;5,4,8\"), got {part!r}") from None
+        out.append(SpecConfig(steps, topk, d))
+    if len(set(out)) != len(out):
+        raise ValueError(f"--configs lists a configuration twice: {text!r}")
+    return out
+
+
+def aux_layers(layers: int) -> tuple[int, ...]:
+    """The layers whose input hidden states EAGLE-3 captures: 2, L // 2 and L - 3 (distinct, within the layers)."""
+    return tuple(sorted({min(max(i, 0), layers - 1) for i in (2, layers // 2, layers - 3)}))
+
+
+class Cycle:
+    """The cycle over a built target forward `fwd` (shared, not modified: a shallow copy gets the tree attention and
+    the cycle's head). gather(t) stands for an all-gather of logits into `t` (in place); `graphs`: capture draft,
+    verify and re-extend (CUDA only); attention_config / attention_pdl: the tree attention's tiles and programmatic
+    dependent launch (None: its defaults)."""
+
+    def __init__(self, fwd: VerifyForward, cfg: SpecConfig, attention: str, gather: Callable, graphs: bool,
+                 attention_config: dict | None = None, attention_pdl: bool | None = None):
+        if attention not in ATTENTION:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
+        d = cfg.draft_tokens
+        if d > fwd.max_tokens:
+            raise ValueError(f"draft_tokens={d}: the target forward holds at most {fwd.max_tokens} tokens")
+        self.fwd, self.cfg, self.attention, self.gather = fwd, cfg, attention, gather
+        self.graphs = graphs and fwd.device == "cuda"
+        s, dev, self.d = fwd.s, fwd.device, d
+        self.cuda = dev == "cuda"
+        self.backend = "kernel" if self.cuda else "reference"
+        i64 = dict(device=dev, dtype=torch.int64)
+        rows = max(cfg.topk, cfg.steps + 1)
+        self.draft = DraftModel(s, fwd.context, dev, fwd.ops.rmsnorm, fwd.ops.add_rmsnorm, fwd.allreduce_fn,
+                                gather, max_rows=rows, dtype=fwd.dtype)
+        # the target's logits: this rank's slice computed; the other ranks' slices stand for the all-gather's data,
+        # set below any logit so that the greedy tokens follow this rank's computation
+        self.full_logits = torch.full((d, s.vocab * s.tp), -1e30, device=dev, dtype=torch.float32)
+        self.cand = torch.zeros(d, **i64)
+        self.starts = torch.zeros(1, device=dev, dtype=torch.int32)
+        self.prefix = torch.full((1,), fwd.context, device=dev, dtype=torch.int32)
+        self.mask = torch.ones(1, d, d, device=dev, dtype=torch.bool).tril_()
+        self.seq_lens = torch.full((1,), fwd.context, **i64)
+        self.seq_lens_next = self.seq_lens.clone()
+        self.req_to_token = torch.zeros(1, fwd.context + 2 * d, device=dev, dtype=torch.int32)
+        self.req_pool = torch.zeros(1, **i64)
+        self.out_cache_loc = torch.arange(fwd.context, fwd.context + d, **i64)
+        self.free_slots = torch.zeros(d, **i64)
+        self.root = torch.zeros(1, **i64)
+        self.parents0 = torch.arange(-1, cfg.topk, **i64).view(1, -1)
+        self.flags = torch.zeros(1, device=dev, dtype=torch.int32)
+        self.aux = torch.zeros(d, 3 * s.hidden, device=dev, dtype=fwd.dtype)
+        self.re_ids = torch.zeros(cfg.steps + 1, **i64)
+        self.re_aux = torch.zeros(cfg.steps + 1, 3 * s.hidden, device=dev, dtype=fwd.dtype)
+        self.accept_num = torch.zeros(1, device=dev, dtype=torch.int32)
+        self.step0_p = torch.full((1, cfg.topk), 1.0 / cfg.topk, device=dev, dtype=torch.float32)
+        self.step0_i = torch.arange(cfg.topk, **i64).view(1, -1)
+        self.step0_h = torch.zeros(1, s.hidden, device=dev, dtype=fwd.dtype)
+        self.draft_override: torch.Tensor | None = None  # [D - 1] tokens put in place of the draft's
+        self.attention_config, self.attention_pdl = attention_config, attention_pdl
+        # the target forward as the cycle runs it: tree-masked attention, the cycle's head, captured hidden states
+        self.target = copy.copy(fwd)
+        self.target.ops = dataclasses.replace(fwd.ops, mla=self._tree_attention)
+        self.target.head_fn = self._head
+        self.target.aux = (aux_layers(len(fwd.layers)), {d: self.aux})
+        self._draft_run = self._replayable(self._draft_body)
+        self._verify_run = self._replayable(self.verify_body)
+        self._reextend_run = self._replayable(self._reextend_body)
+        self.accepted = self.cycles = 0  # drafted tokens accepted, over cycles run
+        self.full_vocab = s.vocab * s.tp
+
+    # ------------------------------------------------------------------------------------------- graph bodies
+
+    def _tree_attention(self, q, cache, length, kv_lora, scale):
+        if self.cuda:
+            return mla_verify(q, cache, self.starts, self.prefix, self.mask, kv_lora, scale, variant=self.attention,
+                              config=self.attention_config, pdl=self.attention_pdl)
+        return mla_verify_reference(q, cache, self.starts, self.prefix, self.mask, kv_lora, scale)
+
+    def _head(self, x):
+        vocab = self.fwd.s.vocab
+        self.full_logits[:, :vocab].copy_(self.fwd.ops.linear(x, self.fwd.lm_head))
+        self.gather(self.full_logits)
+
+    def verify_body(self):
+        emb = self.draft.embed[self.cand.remainder(self.fwd.s.vocab)]
+        self.fwd.allreduce_fn(emb)
+        self.fwd.buf[self.d]["h0"].copy_(emb)
+        self.target.forward(self.d, frozenset(COMPONENTS))
+
+    def _draft_body(self):
+        k, steps = self.cfg.topk, self.cfg.steps
+        scores = self.step0_p
+        score_list, token_list, parents = [scores.unsqueeze(1)], [self.step0_i], [self.parents0]
+        ids, hidden = self.step0_i.flatten(), self.step0_h.repeat_interleave(k, dim=0)
+        for i in range(1, steps):
+            probs, hid = self.draft.forward(ids, hidden, fuse=False)
+            tp, ti = probs.topk(k, dim=-1)
+            expand = scores.unsqueeze(2) * tp.view(1, k, k)
+            scores, chosen = expand.flatten(1).topk(k, dim=-1)
+            score_list.append(expand)
+            token_list.append(ti.view(1, k * k))
+            parents.append(chosen + k * k * (i - 1) + k)
+            hidden = hid.index_select(0, chosen.flatten() // k)
+            ids = ti.view(1, k * k).gather(1, chosen).flatten()
+        self._draft_out = tree.organize_draft_results(score_list, token_list, parents, self.d,
+                                                      backend=self.backend, flags=self.flags)
+
+    def _reextend_body(self):
+        probs, hid = self.draft.forward(self.re_ids, self.re_aux, fuse=True)
+        last = self.accept_num.long()
+        p, i = probs.index_select(0, last).topk(self.cfg.topk, dim=-1)
+        self.step0_p.copy_(p)
+        self.step0_i.copy_(i)
+        self.step0_h.copy_(hid.index_select(0, last))
+
+    def _replayable(self, body: Callable) -> Callable:
+        """`body` as the engine runs it: replayed from a CUDA graph (captured on first use), or eager."""
+        if not self.graphs:
+            return body
+        state = {}
+
+        def run():
+            if "graph" not in state:
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    body()  # lazy handles and compilation stay out of the capture
+                torch.cuda.current_stream().wait_stream(stream)
+                torch.cuda.synchronize()
+                state["graph"] = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(state["graph"]):
+                    body()
+            state["graph"].replay()
+
+        return run
+
+    # ------------------------------------------------------------------------------------------- the cycle
+
+    def step(self, mark: Callable[[str], None]) -> list[int]:
+        """One cycle; mark(phase) after each phase. Returns the tokens it emitted (accepted drafts + the bonus)."""
+        cfg, d = self.cfg, self.d
+        self._draft_run()
+        parent_list, top, dtoks = self._draft_out
+        if self.draft_override is not None:
+            dtoks = self.draft_override.view(1, d - 1)
+        mark("draft")
+        seq_sum = int(self.seq_lens.sum().item())  # the engine's torch.sum(seq_lens).item()
+        mask_full, _, r_index, r_next, r_sib, cand = tree.build_tree(
+            self.root, parent_list, top, dtoks, self.seq_lens, cfg.topk, cfg.steps, d, "full", backend=self.backend,
+            seq_lens_sum=seq_sum, flags=self.flags if self.cuda else None)
+        self.mask.copy_(mask_full.view(1, d, seq_sum + d)[:, :, seq_sum:])
+        self.cand.copy_(cand)
+        tree.assign_req_to_token(self.req_to_token, self.req_pool, self.seq_lens, self.out_cache_loc, d,
+                                 backend=self.backend)
+        mark("tree")
+        self._verify_run()
+        predict = tree.argmax(self.full_logits, backend=self.backend)
+        predicts, accept_index, accept_num = tree.verify_tree_greedy(
+            cand.view(1, d), r_index, r_next, r_sib, predict, cfg.steps + 1, backend=self.backend)
+        mark("verify")
+        n = accept_num.tolist()[0]
+        path = accept_index.tolist()[0][: n + 1]
+        emitted = predicts.tolist()
+        mark("sync")
+        keep = torch.zeros(d, device=self.cand.device, dtype=torch.bool)
+        keep[accept_index[0, : n + 1].long()] = True
+        freed = self.out_cache_loc[~keep]
+        self.free_slots[: freed.numel()].copy_(freed)
+        kept = self.out_cache_loc[keep]
+        tree.assign_req_to_token(self.req_to_token, self.req_pool, self.seq_lens, kept, n + 1, backend=self.backend)
+        self.seq_lens_next.copy_(self.seq_lens).add_(n + 1)
+        rows = accept_index[0].long().clamp(min=0)
+        self.re_ids.copy_(predicts.long().index_select(0, rows))
+        self.re_aux.copy_(self.aux.index_select(0, rows))
+        self.accept_num.copy_(accept_num)
+        self.root.copy_(predicts[path[-1]: path[-1] + 1])
+        mark("bookkeeping")
+        self._reextend_run()
+        mark("reextend")
+        self.accepted += n
+        self.cycles += 1
+        return [emitted[i] for i in path]
+
+    # ------------------------------------------------------------------------------------------- checks
+
+    def greedy_continuation(self, root: int) -> list[int]:
+        """The target's own greedy tokens after `root`, D of them, by D chain-masked verify forwards (eager)."""
+        d = self.d
+        tokens = [root] + [0] * (d - 1)
+        self.mask.copy_(torch.ones(d, d, dtype=torch.bool).tril_().view(1, d, d))
+        out = []
+        for i in range(d):
+            self.cand.copy_(torch.tensor(tokens))
+            self.verify_body()
+            nxt = int(torch.argmax(self.full_logits[i]).item())
+            out.append(nxt)
+            if i + 1 < d:
+                tokens[i + 1] = nxt
+        return out
+
+    def run_check(self, root: int, override: list[int]) -> tuple[int, list[int]]:
+        """One cycle from `root` with the draft's tokens replaced by `override`: (accepted count, emitted)."""
+        self.root.fill_(root)
+        self.draft_override = torch.tensor(override, device=self.cand.device, dtype=torch.int64)
+        try:
+            emitted = self.step(lambda phase: None)
+        finally:
+            self.draft_override = None
+        return len(emitted) - 1, emitted
+
+    def attention_error(self) -> float:
+        """Relative error of the tree attention (this cycle's variant) against the plain-torch masked reference,
+        on fresh random queries over layer 0's cache and a random tree mask."""
+        s, d, dev = self.fwd.s, self.d, self.fwd.device
+        q = torch.randn(s.heads, d, s.latent, device=dev, dtype=self.fwd.dtype)
+        saved = self.mask.clone()
+        vis = torch.rand(1, d, d, device=dev) < 0.5
+        self.mask.copy_((vis | torch.eye(d, dtype=torch.bool, device=dev)).tril_())
+        try:
+            cache, scale = self.fwd.layers[0]["kv_cache"], (s.qk_nope + s.qk_rope) ** -0.5
+            got = self._tree_attention(q, cache, None, s.kv_lora, scale)
+            ref = mla_verify_reference(q, cache, self.starts, self.prefix, self.mask, s.kv_lora, scale)
+        finally:
+            self.mask.copy_(saved)
+        return ((got.double() - ref.double()).norm() / ref.double().norm()).item()

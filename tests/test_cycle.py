@@ -1,0 +1,102 @@
+"""The speculative cycle on the tiny preset (CPU): the engine's phases in order, greedy acceptance end to end (an
+oracle draft accepts every token, a wrong one none), the cycle timing mode, and the command's argument checks."""
+import pytest
+import torch
+
+from verifybench.harness.components import cycle as component
+from verifybench.harness.engine.timing import measure
+from verifybench.harness.model.build import build_forward
+from verifybench.harness.model.cycle import PHASES, Cycle, SpecConfig, aux_layers, parse_configs
+
+
+@pytest.fixture(scope="module")
+def fwd():
+    torch.set_num_threads(1)
+    return build_forward("tiny", 1, None, 64, 0.0)
+
+
+def _cycle(fwd, steps, topk, d):
+    return Cycle(fwd, SpecConfig(steps, topk, d), "split_kv", lambda t: None, graphs=False)
+
+
+def test_oracle_draft_accepts_every_token_and_emits_the_target_greedy_sequence(fwd):
+    cyc = _cycle(fwd, 3, 1, 4)
+    greedy = cyc.greedy_continuation(11)
+    accepted, emitted = cyc.run_check(11, greedy[:3])
+    assert accepted == 3 and emitted == greedy
+    # the next cycle starts from the bonus token
+    assert int(cyc.root) == greedy[-1]
+
+
+def test_wrong_draft_accepts_none_and_emits_the_bonus_token_only(fwd):
+    cyc = _cycle(fwd, 2, 2, 3)
+    greedy = cyc.greedy_continuation(5)
+    accepted, emitted = cyc.run_check(5, [(greedy[0] + 1) % cyc.full_vocab] * 2)
+    assert accepted == 0 and emitted == greedy[:1]
+
+
+def test_half_right_draft_stops_at_the_first_wrong_token(fwd):
+    cyc = _cycle(fwd, 3, 1, 4)
+    greedy = cyc.greedy_continuation(3)
+    accepted, emitted = cyc.run_check(3, [greedy[0], (greedy[1] + 1) % cyc.full_vocab, greedy[2]])
+    assert accepted == 1 and emitted == greedy[:2]
+
+
+def test_cycle_marks_the_engine_phases_in_order(fwd):
+    cyc = _cycle(fwd, 2, 2, 3)
+    seen = []
+    cyc.step(seen.append)
+    assert tuple(seen) == PHASES
+
+
+def test_cycle_mode_times_whole_cycles_and_each_phase(fwd):
+    cyc = _cycle(fwd, 2, 1, 3)
+    m = measure(cyc.step, mode="cycle", phases=PHASES, max_time_s=0.3, min_samples=3)
+    assert m.mode == "cycle" and len(m.samples_us) >= 3
+    assert set(m.phases) == set(PHASES)
+    assert all(len(v["device_us"]) >= 3 and min(v["device_us"]) >= 0 for v in m.phases.values())
+    # a cycle's phases account for the cycle (CPU: host clock, so only loosely)
+    phase_sum = sum(sorted(v["device_us"])[len(v["device_us"]) // 2] for v in m.phases.values())
+    assert 0.5 < phase_sum / m.median_us < 2
+
+
+def test_cycle_mode_refuses_a_step_that_skips_a_phase():
+    with pytest.raises(RuntimeError, match="marked phases"):
+        measure(lambda mark: mark("a"), mode="cycle", phases=("a", "b"), max_time_s=0.05, min_samples=2)
+    with pytest.raises(ValueError, match="phases"):
+        measure(lambda: None, mode="cycle", max_time_s=0.05)
+
+
+def test_component_case_checks_then_times(fwd):
+    spec = component.cases("tiny", 1, 64, (3,), configs="2,1,3")[0]
+    case = spec.run(max_time_s=0.2)
+    assert case.check_ok, case.check_detail
+    assert "oracle draft accepted 2 of 2" in case.check_detail
+    d = case.derived
+    assert set(d["phases_ms"]) == set(PHASES) and d["cycle_ms"] > 0 and d["decode_ms"] > 0
+    record = {**case.as_dict(), "device": "cpu"}
+    titles = [t for t, _ in component.tables([record])]
+    assert any("deployment" in t for t in titles)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("2,1", "triples"), ("2,1,3;2,1,3", "twice"), ("0,1,3", "steps"), ("2,1,1", "draft_tokens"),
+    ("2,1,4", "at most 2"), ("x,1,3", "triples")])
+def test_configs_are_checked(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_configs(text)
+
+
+def test_cases_refuse_what_the_forward_cannot_hold():
+    with pytest.raises(ValueError, match="at most 8"):
+        component.cases("tiny", 1, 64, None, configs="9,1,10")
+    with pytest.raises(ValueError, match="no cycle configuration"):
+        component.cases("tiny", 1, 64, (5,), configs="2,1,3")
+    with pytest.raises(ValueError, match="--attention"):
+        component.cases("tiny", 1, 64, None, attention="flash")
+
+
+def test_aux_layers_are_distinct_and_inside_the_model():
+    assert aux_layers(61) == (2, 30, 58)
+    assert aux_layers(3) == (0, 1, 2)
+    assert all(0 <= i < 2 for i in aux_layers(2))

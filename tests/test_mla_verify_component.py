@@ -1,0 +1,114 @@
+"""The mla_verify component on CPU (the interpreter, fp16, tiny preset): its cases, one case of each variant checked
+and timed end to end, its table and chart, --tokens reaching the cases and bad token counts refused.
+"""
+import argparse
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels module is first imported (conftest too)
+
+from verifybench.harness import components, run  # noqa: E402
+from verifybench.harness.components import mla_verify  # noqa: E402
+from verifybench.harness.engine.results import WITHHELD  # noqa: E402
+
+NAME = "mla_verify"
+cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke profile's shapes and timings")
+
+
+@pytest.fixture(scope="module")
+def records():
+    """One chain case of each variant, run through CaseSpec.run() (check, then time)."""
+    specs = mla_verify.cases("tiny", 1, 64, None)
+    try:
+        yield [spec.run().as_dict() for spec in specs if spec.params["n"] == 3]
+    finally:
+        mla_verify.release()
+
+
+def test_component_is_registered_after_mla_decode_and_keeps_the_protocol():
+    assert components.REGISTRY.index("mla_verify") == components.REGISTRY.index("mla_decode") + 1
+    assert components.load("mla_verify") is mla_verify
+
+
+@cpu_only
+def test_cpu_cases_are_both_variants_of_a_chain_at_the_tiny_shapes():
+    specs = mla_verify.cases("tiny", 1, 64, None)
+    assert [(s.params["variant"], s.params["n"], s.params["tree"], s.params["context"]) for s in specs] == [
+        ("extend", 3, "chain", 64), ("split_kv", 3, "chain", 64)]
+    assert {s.mode for s in specs} == {"graph"} and {s.params["dtype"] for s in specs} == {"float16"}
+    assert specs[0].params["heads"] == 4 and specs[0].params["DK"] == 40 and specs[0].params["layers"] == 3
+    assert all(mla_verify.runs_here(s) for s in specs)
+
+
+@cpu_only
+def test_each_variant_checks_against_the_reference_then_is_timed(records):
+    assert [r["params"]["variant"] for r in records] == ["extend", "split_kv"]
+    for r in records:
+        assert r["check"]["ok"], r["check"]["detail"]
+        assert r["mode"] == "graph" and r["summary"]["median_us"] > 0
+        d = r["derived"]
+        assert d["per_forward_us"] == pytest.approx(r["summary"]["median_us"] * 3)
+        assert d["bytes_moved"] == ((64 + 3) * 40 + 4 * 3 * (2 * 32 + 8)) * 2
+        assert d["rotation"] == mla_verify.CPU_COPIES and d["config"] and d["config_source"]
+        assert d["pdl"] is False  # off in the interpreter
+    assert records[1]["derived"]["splits_launched"] == 2 and records[1]["derived"]["splits_used"] == 2
+
+
+@cpu_only
+def test_table_sets_the_variants_side_by_side_and_withholds_cpu_ratios(records):
+    [(title, rows)] = mla_verify.tables(records)
+    assert "extend" in title and "3 layers" in title
+    [row] = rows
+    assert (row["context"], row["n"], row["tree"]) == (64, 3, "chain")
+    assert row["extend_us"] > 0 and row["split_kv_us"] > 0
+    assert row["extend_per_forward_ms"] == pytest.approx(row["extend_us"] * 3 / 1e3)
+    assert row["extend/split_kv"] == WITHHELD and row["extend_minus_split_kv_per_forward_ms"] == WITHHELD
+    assert row["extend_eta"] == WITHHELD
+
+
+@cpu_only
+def test_chart_is_one_png_named_with_the_stamp(records, tmp_path):
+    [path] = mla_verify.charts(records, tmp_path, "20260101T000000Z")
+    assert path.name == "mla_verify-20260101T000000Z.png" and path.read_bytes()[:4] == b"\x89PNG"
+    assert mla_verify.charts([], tmp_path, "x") == []
+
+
+@cpu_only
+def test_cli_tokens_reach_the_cases_and_the_tree_joins_at_its_draft_count():
+    parser = argparse.ArgumentParser()
+    run.add_scope_arguments(parser)
+    args = parser.parse_args(["--tokens", "2,5"])
+    args.command = NAME
+    scope = run.resolve_scope(args)
+    specs = mla_verify.cases(scope["preset"], scope["tp"], scope["context"], scope["tokens"])
+    assert sorted({s.params["n"] for s in specs}) == [2, 5] and {s.params["tree"] for s in specs} == {"chain"}
+    specs = mla_verify.cases("tiny", 1, 64, (8,))
+    assert [(s.params["tree"], s.params["variant"]) for s in specs] == [
+        ("chain", "extend"), ("chain", "split_kv"), ("5,4,8", "extend"), ("5,4,8", "split_kv")]
+
+
+@cpu_only
+def test_the_branching_tree_case_passes_its_check():
+    [spec] = [s for s in mla_verify.cases("tiny", 1, 64, (8,)) if s.params["tree"] != "chain"
+              and s.params["variant"] == "extend"]
+    try:
+        _, check, _ = spec.setup()
+        ok, detail = check()
+    finally:
+        mla_verify.release()
+    assert ok, detail
+
+
+@pytest.mark.parametrize("tokens", [(0,), (3, 65), (True,)])
+def test_a_bad_token_count_is_a_value_error(tokens):
+    with pytest.raises(ValueError, match="--tokens"):
+        mla_verify.cases("tiny", 1, 64, tokens)
+
+
+@cpu_only
+def test_a_full_size_preset_on_cpu_is_a_value_error():
+    with pytest.raises(ValueError, match="needs a GPU"):
+        mla_verify.cases("kimi-k2.5", 8, 4096, None)

@@ -1,0 +1,224 @@
+"""`verifybench plan` (analysis/plan.py) and the verify report's break-even with a cycle result's measured costs."""
+import json
+from pathlib import Path
+
+import pytest
+
+from verifybench.harness.analysis import plan
+from verifybench.harness.cli import main as cli_main
+from verifybench.harness.components import verify as bench_verify
+from verifybench.harness.engine import results
+
+VERIFY_BASELINE = Path(__file__).resolve().parent.parent / "results/baselines/nvidia-h200-x1/verify.json"
+DEPLOYMENT = ["--decode-ms", "11.1", "--verify-ms", "3:25.6,6:28.7", "--draft-ms", "1", "--reextend-ms", "0.3"]
+
+
+def _cycle_case(steps, topk, d, attention="extend", ok=True, draft=1.0, verify=20.0, reextend=0.3, other=0.2,
+                decode=10.0, device="cuda"):
+    """A cycle case record as `verifybench cycle` stores it."""
+    cycle_ms = draft + verify + reextend + other
+    case = {"name": f"cycle/{steps},{topk},{d}/{attention}",
+            "params": {"preset": "kimi-k2.5", "tp": 8, "context": 4096, "steps": steps, "topk": topk,
+                       "draft_tokens": d, "attention": attention},
+            "check": {"ok": ok, "detail": "tree and accepts match the reference" if ok else "mismatch"},
+            "derived": {"phases_ms": {"draft": draft, "tree": other / 2, "verify": verify, "sync": other / 4,
+                                      "bookkeeping": other / 4, "reextend": reextend},
+                        "table_ms": {"draft": draft, "verify": verify, "reextend": reextend, "other": other},
+                        "cycle_ms": cycle_ms, "decode_ms": decode, "bare_forward_ms": verify - 1.0}}
+    if ok:
+        case.update(mode="isolated", device=device, samples_us=[cycle_ms * 1e3] * 3,
+                    summary={"n": 3, "median_us": cycle_ms * 1e3})
+    return case
+
+
+def _cycle_run(cases, gpu="NVIDIA H200"):
+    run = results.make_run("cycle", [], {"gpu_model": gpu, "cuda_available": gpu != "cpu", "slug": "x"})
+    run["cases"] = cases
+    return run
+
+
+def _save(tmp_path, run, name="cycle-20261201T000000Z.json"):
+    return results.save_run(run, tmp_path, name=name)
+
+
+def _json_rows(path):
+    return {tuple(r["config_tuple"]): r for r in json.loads(Path(path).read_text())["rows"]}
+
+
+def test_tau_from_rates_is_one_plus_cumulative_products_up_to_the_depth():
+    assert plan.tau_from_rates([0.8, 0.7], (2, 1, 3)) == pytest.approx(1 + 0.8 + 0.8 * 0.7)
+    assert plan.tau_from_rates([0.8, 0.7, 0.6], (5, 1, 3)) == pytest.approx(1 + 0.8 + 0.56)  # D-1 = 2 limits it
+    assert plan.tau_from_rates([0.5], (5, 4, 8)) == pytest.approx(1 + 0.5 + 0.25 + 0.125 + 0.0625 + 0.03125)
+    with pytest.raises(ValueError, match="depth 5"):
+        plan.tau_from_rates([0.8, 0.7], (5, 1, 6))
+
+
+def test_configs_refuse_a_tree_too_small_for_its_draft_tokens():
+    assert plan.parse_configs("2,1,3; 5,4,8") == [(2, 1, 3), (5, 4, 8)]
+    for bad in ("2,1,4", "1,1,1", "0,1,2", "2,x,3", "2,1", "2,1,3;2,1,3", ";"):
+        with pytest.raises(ValueError, match="--configs"):
+            plan.parse_configs(bad)
+
+
+def test_keyed_values_take_d_or_steps_topk_d_keys():
+    assert plan.parse_keyed("3:2.4,6:3.1", "--accept-len", 1) == {3: 2.4, 6: 3.1}
+    assert plan.parse_keyed("5,4,8:3.3;2,1,3:2.4", "--accept-len", 1) == {(5, 4, 8): 3.3, (2, 1, 3): 2.4}
+    assert plan.parse_keyed("3:2.4,5,4,8:3.3", "--accept-len", 1) == {3: 2.4, (5, 4, 8): 3.3}
+    for bad in ("3", "3:nan", "3:inf", "3:0.5", "1,2:2", "x:2", "3:2,3:2.5"):
+        with pytest.raises(ValueError, match="--accept-len"):
+            plan.parse_keyed(bad, "--accept-len", 1)
+
+
+def test_plan_from_numbers_reproduces_the_deployment_break_even(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert cli_main(["plan", *DEPLOYMENT, "--accept-len", "3:2.4,6:3.1", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    rows = _json_rows(out)
+    assert set(rows) == {(2, 1, 3), (5, 1, 6)}  # no accept length for the other defaults: not ranked, said so
+    assert "not ranked" in text and "(3,1,4)" in text
+    three, six = rows[(2, 1, 3)], rows[(5, 1, 6)]
+    assert three["cycle_ms"] == pytest.approx(1 + 25.6 + 0.3 + plan.ASSUMED_OTHER_MS)
+    assert three["tau_star"] == pytest.approx(27.0 / 11.1) and three["pays"] == "no"
+    assert three["tok_s"] == pytest.approx(1000 * 2.4 / 27.0)
+    assert six["speedup"] == pytest.approx(3.1 * 11.1 / 30.1) and six["pays"] == "yes"
+    assert "best: (5,1,6)" in text and "3 vs 6 draft tokens" in text and "other 0.1 ms (ASSUMED)" in text
+
+
+def test_plan_draws_the_verify_line_for_d_not_given_and_ranks_best_first(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert cli_main(["plan", *DEPLOYMENT, "--accept-rates", "0.8,0.7,0.6,0.5,0.4", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    data = json.loads(out.read_text())
+    toks = [r["tok_s"] for r in data["rows"]]
+    assert toks == sorted(toks, reverse=True) and len(toks) == 4
+    rows = _json_rows(out)
+    assert rows[(3, 1, 4)]["verify_ms"] == pytest.approx(25.6 + 3.1 / 3) and rows[(3, 1, 4)]["verify_from"] == \
+        "interpolated"
+    assert rows[(5, 4, 8)]["verify_from"] == "extrapolated" and "least-squares line" in text
+    assert "APPROXIMATION" in text  # a topk > 1 tree from per-depth rates
+
+
+def test_plan_draft_per_step_scales_with_steps(tmp_path):
+    out = tmp_path / "plan.json"
+    assert cli_main(["plan", "--decode-ms", "11.1", "--verify-ms", "3:25.6,6:28.7", "--draft-step-ms", "0.4",
+                     "--configs", "2,1,3;5,1,6", "--accept-rates", "0.7", "--json", str(out)]) == 0
+    rows = _json_rows(out)
+    assert rows[(2, 1, 3)]["draft_ms"] == pytest.approx(0.8) and rows[(5, 1, 6)]["draft_ms"] == pytest.approx(2.0)
+
+
+def test_plan_reads_a_cycle_result_skipping_failed_checks_and_other_attention(tmp_path, capsys):
+    path = _save(tmp_path, _cycle_run([
+        _cycle_case(2, 1, 3, verify=20.0), _cycle_case(5, 1, 6, verify=23.0),
+        _cycle_case(2, 1, 3, attention="split_kv", verify=19.0), _cycle_case(3, 1, 4, ok=False)]))
+    out = tmp_path / "plan.json"
+    assert cli_main(["plan", str(path), "--accept-len", "3:2.4,6:3.1", "--json", str(out)]) == 0
+    rows = _json_rows(out)
+    assert set(rows) == {(2, 1, 3), (5, 1, 6)}
+    assert rows[(2, 1, 3)]["cycle_ms"] == pytest.approx(21.5) and rows[(2, 1, 3)]["verify_from"] == "measured"
+    assert rows[(2, 1, 3)]["tau_star"] == pytest.approx(21.5 / 10.0)  # the cycle run's own plain decode
+    assert cli_main(["plan", str(path), "--attention", "all", "--accept-len", "3:2.4", "--json", str(out)]) == 0
+    labels = [r["config"] for r in json.loads(out.read_text())["rows"]]
+    assert labels == ["(2,1,3) split_kv", "(2,1,3) extend"]
+    capsys.readouterr()
+    assert cli_main(["plan", str(path), "--attention", "flash", "--accept-len", "3:2.4"]) == 2
+    assert "split_kv" in capsys.readouterr().err
+
+
+def test_plan_reads_the_cycle_tables_profiler_column_names(tmp_path):
+    case = _cycle_case(2, 1, 3, draft=1.0, verify=20.0, reextend=0.3, other=0.2)
+    case["derived"]["table_ms"] = {"draft": 1.0, "target verify": 20.0, "draft re-extend": 0.3, "other": 0.2}
+    overheads = plan.cycle_overheads(_cycle_run([case]))
+    assert overheads == {3: ((2, 1, 3), 1.0, pytest.approx(0.5))}
+    del case["derived"]["table_ms"]["other"]
+    with pytest.raises(ValueError, match="no 'other'"):
+        plan.cycle_costs(_cycle_run([case]))
+
+
+def test_plan_refuses_cost_flags_and_unknown_configs_with_a_cycle_result(tmp_path, capsys):
+    path = _save(tmp_path, _cycle_run([_cycle_case(2, 1, 3)]))
+    assert cli_main(["plan", str(path), "--draft-ms", "1", "--accept-len", "3:2.4"]) == 2
+    assert "--draft-ms" in capsys.readouterr().err
+    assert cli_main(["plan", str(path), "--configs", "5,1,6", "--accept-len", "6:2.4"]) == 2
+    assert "(5, 1, 6)" in capsys.readouterr().err
+
+
+def test_plan_refuses_a_cpu_smoke_result(tmp_path, capsys):
+    path = _save(tmp_path, _cycle_run([_cycle_case(2, 1, 3, device="cpu")], gpu="cpu"))
+    assert cli_main(["plan", str(path), "--accept-len", "3:2.4"]) == 2
+    assert "CPU" in capsys.readouterr().err
+
+
+def test_plan_reads_a_verify_result_with_assumed_draft_costs(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert cli_main(["plan", str(VERIFY_BASELINE), "--accept-rates", "0.7", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    full = {c["params"]["tokens"]: c["summary"]["median_us"] / 1e3 for c in results.load_run(VERIFY_BASELINE)["cases"]
+            if c["check"]["ok"] and c["params"]["variant"] == "full"}
+    row = _json_rows(out)[(5, 1, 6)]
+    assert row["verify_ms"] == pytest.approx(full[6]) and row["verify_from"] == "measured"
+    assert row["tau_star"] == pytest.approx(row["cycle_ms"] / full[1])
+    assert row["draft_ms"] == pytest.approx(5 * plan.ASSUMED_DRAFT_STEP_MS) and "ASSUMED" in text
+    assert cli_main(["plan", str(VERIFY_BASELINE), "--verify-ms", "3:1", "--accept-rates", "0.7"]) == 2
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--accept-rates", "1.2"], "--accept-rates"),
+    (["--accept-rates", "nan"], "--accept-rates"),
+    (["--accept-len", "3:3.5"], "outside 1..3"),
+    (["--accept-len", "7:2"], "none of its keys"),
+    (["--accept-len", "3:2", "--configs", "2,1,3;5,1,6"], "no accept length for"),
+    (["--accept-len", "3:2", "--draft-step-ms", "1"], "give one"),
+])
+def test_plan_refuses_bad_input_in_one_line(argv, says, capsys):
+    assert cli_main(["plan", *DEPLOYMENT, *argv]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1
+
+
+def test_plan_needs_costs_and_a_line_needs_two_points(capsys):
+    assert cli_main(["plan", "--accept-len", "3:2"]) == 2
+    assert "--decode-ms" in capsys.readouterr().err
+    assert cli_main(["plan", "--decode-ms", "11", "--verify-ms", "3:25", "--accept-rates", "0.7"]) == 2
+    assert "one point" in capsys.readouterr().err
+    assert cli_main(["plan", "--decode-ms", "11", "--verify-ms", "3:25", "--configs", "2,1,3",
+                     "--accept-rates", "0.7"]) == 0
+
+
+def test_newest_cycle_is_the_latest_stamped_file(tmp_path):
+    assert plan.newest_cycle(tmp_path) is None
+    for stamp in ("20261201T000000Z", "20261202T000000Z"):
+        _save(tmp_path, _cycle_run([_cycle_case(2, 1, 3)]), name=f"cycle-{stamp}.json")
+    assert plan.newest_cycle(tmp_path).name == "cycle-20261202T000000Z.json"
+
+
+def _verify_table():
+    return [{"n": n, "measured_us": 10_000.0 + 1_000.0 * n} for n in range(1, 7)]
+
+
+def test_verify_break_even_without_a_cycle_is_labelled_assumed_for_the_pcie_deployment():
+    rows = bench_verify.break_even_rows(_verify_table())
+    assert rows[2]["break-even accept len"] == pytest.approx((1.0 + 13.0 + 0.4) / 11.0)
+    title = bench_verify.break_even_title()
+    assert "ASSUMED" in title and "RTX PRO 6000" in title and "H200" not in title
+
+
+def test_verify_break_even_uses_the_cycle_results_measured_draft_and_overhead_per_d():
+    cycle = _cycle_run([_cycle_case(2, 1, 3, draft=2.0, reextend=0.5, other=0.5),
+                        _cycle_case(3, 2, 3, draft=3.0, reextend=0.5, other=0.5),  # dearer at the same D
+                        _cycle_case(5, 1, 6, draft=4.0, reextend=0.5, other=1.0)])
+    rows = {r["n"]: r for r in bench_verify.break_even_rows(_verify_table(), cycle)}
+    # overhead: the cycle beyond its draft and its bare forward (here 1 ms below the cycle's verify phase)
+    assert rows[3]["break-even accept len"] == pytest.approx((2.0 + 13.0 + 2.0) / 11.0)
+    assert rows[3]["draft+overhead"] == "measured (2,1,3) extend"
+    assert rows[6]["cycle_ms"] == pytest.approx(4.0 + 16.0 + 2.5)
+    assert rows[4]["draft+overhead"] == "ASSUMED" and rows[4]["cycle_ms"] == pytest.approx(1.0 + 14.0 + 0.4)
+    title = bench_verify.break_even_title(cycle, "cycle-X.json")
+    assert "(cycle result cycle-X.json, the cheapest case) at n = 3, 6" in title and "elsewhere" in title
+    assert f"cycle-{results.stamp(cycle)}.json" in bench_verify.break_even_title(cycle)
+
+
+def test_verify_break_even_ignores_a_cpu_cycle_result_and_says_so():
+    cycle = _cycle_run([_cycle_case(2, 1, 3, draft=5.0, device="cpu")], gpu="cpu")
+    rows = bench_verify.break_even_rows(_verify_table(), cycle)
+    assert all(r["draft+overhead"] == "ASSUMED" for r in rows)
+    assert "CPU numbers, not used" in bench_verify.break_even_title(cycle)

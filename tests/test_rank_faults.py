@@ -1,0 +1,187 @@
+"""Real rank faults under torchrun (gloo, CPU): one non-zero rank is really SIGKILLed or SIGSTOPped while the ranks
+are inside the timed allreduce loop. The job must end non-zero within --hang-timeout + MARGIN_S of the signal, name
+the faulty rank as torchrun's root cause (never a healthy rank that only noticed it), leave no output marked
+complete and no process behind. A --hang-timeout the watchdog cannot honour is refused at the edge with exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from verifybench.harness.dist import guard
+from torchrun_jobs import REPO, alive, assert_no_orphans, rank_processes, rank_step, start_job
+
+WORLD, FAULTY = 4, 3  # 4 ranks: 8 take ~30 s to start on a loaded 2-core CI box; the faulty rank is not rank 0
+HANG_TIMEOUT_S = 10.0
+MARGIN_S = 10.0  # the launcher's teardown (it polls every 0.1 s) and a loaded CPU's slack
+START_S = 180  # the ranks must reach the timed loop within this
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}"]
+# a long eager loop (samples x K gloo allreduces), so the fault lands inside a collective
+JOB = ["-m", "verifybench.harness.dist.allreduce", "--backend", "gloo", "--preset", "tiny", "--tokens", "1",
+       "--mode", "eager", "--warmup", "2", "--samples", "5000", "--calls-per-sample", "3",
+       "--hang-timeout", str(HANG_TIMEOUT_S)]
+IN_LOOP = ": eager"  # the label guard.mark gives the timed loop (harness/dist/allreduce.py)
+
+
+def _fault_in_loop(tmp_path, sig: signal.Signals) -> tuple[int, str, float]:
+    """Start the job, wait until rank FAULTY is in the timed loop, send `sig` to it; (rc, output, seconds from the
+    signal to the launcher's exit). The stopped process, if still there at the end, is killed by its pid."""
+    proc, tag = start_job(TORCHRUN + JOB + ["--out", str(tmp_path), "--name", "r.json"])
+    victim = None
+    try:
+        deadline = time.monotonic() + START_S
+        while time.monotonic() < deadline and proc.poll() is None:
+            ranks = rank_processes(tag)
+            if FAULTY in ranks and IN_LOOP in (rank_step(ranks[FAULTY][1], FAULTY) or ""):
+                victim = ranks[FAULTY][0]
+                break
+            time.sleep(0.2)
+        assert victim, f"rank {FAULTY} never reached the timed loop:\n{proc.communicate(timeout=30)[0][-3000:]}"
+        time.sleep(0.3)  # inside a collective by now: each gloo allreduce is a few ms
+        os.kill(victim, sig)
+        signalled = time.monotonic()
+        try:
+            out, _ = proc.communicate(timeout=HANG_TIMEOUT_S + MARGIN_S + 30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            pytest.fail(f"the job did not end within {HANG_TIMEOUT_S + MARGIN_S + 30} s of {sig.name}:\n{out[-3000:]}")
+        return proc.returncode, out, time.monotonic() - signalled
+    finally:
+        if victim and alive(tag):
+            try:
+                os.kill(victim, signal.SIGKILL)  # a stopped process ignores everything else
+            except ProcessLookupError:
+                pass
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+        assert_no_orphans(tag)
+
+
+def _check_outcome(rc: int, out: str, after_s: float, tmp_path) -> None:
+    assert rc != 0, out[-3000:]
+    assert after_s < HANG_TIMEOUT_S + MARGIN_S, (after_s, out[-3000:])
+    root = re.search(r"Root Cause \(first observed failure\):\s*\[0\]:.*?rank\s*:\s*(\d+) \(local_rank", out, re.S)
+    assert root and int(root.group(1)) == FAULTY, out[-3000:]
+    # no healthy rank blames itself ("rank 0: failed: ...") or another healthy rank
+    assert not re.search(rf"rank (?!{FAULTY}\b)\d+: failed|root cause: rank (?!{FAULTY}\b)\d+", out), out[-3000:]
+    for path in tmp_path.iterdir():  # rank 0 saves after each backend: nothing may claim to be complete
+        assert not path.name.endswith(".tmp"), path
+        assert not json.loads(path.read_text())["extra"]["complete"], path
+
+
+def test_a_rank_killed_mid_collective_is_the_root_cause_and_the_job_ends_at_once(tmp_path):
+    rc, out, after_s, = _fault_in_loop(tmp_path, signal.SIGKILL)
+    _check_outcome(rc, out, after_s, tmp_path)
+    assert "Signal 9 (SIGKILL)" in out
+    assert after_s < MARGIN_S, after_s  # a death needs no timeout: the launcher sees the exit
+
+
+def test_a_frozen_rank_is_named_and_ended_within_the_hang_timeout(tmp_path):
+    rc, out, after_s = _fault_in_loop(tmp_path, signal.SIGSTOP)
+    _check_outcome(rc, out, after_s, tmp_path)
+    assert f"root cause: rank {FAULTY} stopped responding" in out, out[-3000:]
+    assert "killed its process" in out  # so the launcher saw it end, instead of waiting out SIGTERM on it
+
+
+def test_a_hang_timeout_the_watchdog_cannot_honour_is_refused_at_the_edge():
+    """NaN would switch the watchdog off, 0 or a negative value end a healthy job at the first check: exit 2 and
+    one line naming the option, before any rendezvous (a plain run: the same code runs in every torchrun rank)."""
+    r = subprocess.run([sys.executable, "-m", "verifybench.harness.dist.allreduce", "--backend", "gloo", "--preset",
+                        "tiny", "--hang-timeout", "nan"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    lines = [line for line in r.stderr.splitlines() if line.strip() and "forced" not in line]
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert lines == ["error: --hang-timeout must be a number of seconds in [1, 86400], got nan"], r.stderr[-2000:]
+    assert "saved" not in r.stdout
+
+
+@pytest.mark.parametrize("value", ["nan", "-1", "0", "0.5", "inf", "1e9", "abc", None])
+def test_every_hang_timeout_outside_its_range_is_named(value):
+    with pytest.raises(ValueError, match=r"--hang-timeout must be a number of seconds in \[1, 86400\]"):
+        guard.check_hang_timeout(value)
+    with pytest.raises(argparse.ArgumentTypeError, match=r"must be a number of seconds in \[1, 86400\]"):
+        guard.hang_timeout_arg(str(value))
+    assert guard.check_hang_timeout("30") == 30.0 and guard.hang_timeout_arg("4") == 4.0
+
+
+def test_an_unwritable_out_is_refused_before_the_rendezvous_on_rank_0(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    info = guard.RankInfo(0, 2, 0, 2, "127.0.0.1", 1, True, "r", "h")
+    with pytest.raises(ValueError, match="output folder .*a-file/sub is not writable"):
+        guard.check_edge(SimpleNamespace(hang_timeout=30, out=blocker / "sub"), info)
+    other = guard.RankInfo(1, 2, 1, 2, "127.0.0.1", 1, True, "r", "h")  # only rank 0 writes results
+    guard.check_edge(SimpleNamespace(hang_timeout="30", out=blocker / "sub"), other)
+    args = SimpleNamespace(hang_timeout="12.5", out=None)
+    guard.check_edge(args, info)
+    assert args.hang_timeout == 12.5
+
+
+def _watchdog_seeing(peers: dict[int, int]) -> guard.Watchdog:
+    """A Watchdog (no store, no thread) whose peers' published pids are `peers` (rank -> pid, on this host)."""
+    w = guard.Watchdog.__new__(guard.Watchdog)
+    w.info = guard.RankInfo(0, len(peers) + 1, 0, len(peers) + 1, "127.0.0.1", 1, True, "r", socket.gethostname())
+    w.peers = sorted(peers)
+    w.where = {r: {"host": w.info.host, "pid": pid, "seq": 3, "label": "gloo 512B: eager"} for r, pid in peers.items()}
+    w.statuses, w.seen_beat = {}, {r: (1, time.monotonic()) for r in peers}
+    w._thread = None
+    return w
+
+
+def test_the_culprit_of_a_failed_collective_is_the_peer_whose_process_died_or_stopped():
+    sleepers = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
+    try:
+        healthy, dead, stopped = sleepers
+        dead.kill()
+        dead.wait()  # reaped: its pid is gone, as torchrun reaps a killed rank
+        assert _watchdog_seeing({1: healthy.pid}).find_culprit(window_s=0.2) is None
+        rank, why = _watchdog_seeing({1: healthy.pid, 2: dead.pid}).find_culprit(window_s=0.2)
+        assert rank == 2 and why.startswith(f"died (process {dead.pid}")
+        os.kill(stopped.pid, signal.SIGSTOP)
+        time.sleep(0.2)
+        rank, why = _watchdog_seeing({1: healthy.pid, 3: stopped.pid}).find_culprit(window_s=0.2)
+        assert rank == 3 and "is stopped" in why
+        w = _watchdog_seeing({1: healthy.pid})
+        w.statuses = {1: {"state": "error", "message": "ValueError: bad"}}  # a peer that reported its own error
+        assert w.find_culprit(window_s=0.2) == (1, "failed: ValueError: bad")
+        w = _watchdog_seeing({1: healthy.pid})
+        w.where = {}  # a peer on another host: only its heartbeat can tell
+        w.seen_beat = {1: (5, time.monotonic() - 30)}
+        rank, why = w.find_culprit(window_s=0.2)
+        assert rank == 1 and why.startswith("stopped responding: no heartbeat for 30 s")
+    finally:
+        for p in sleepers:
+            p.kill()
+            p.wait()
+
+
+def test_only_a_sibling_worker_of_this_job_is_ever_killed():
+    other = subprocess.Popen(["sleep", "60"])  # another command line, another parent: not this job's worker
+    try:
+        assert not guard._same_job(other.pid)
+        assert guard.process_state(other.pid) in ("S", "R")
+    finally:
+        other.kill()
+        other.wait()
+    assert guard.process_state(other.pid) is None
+
+
+@pytest.mark.parametrize("dest", guard.COUNT_OPTIONS)
+@pytest.mark.parametrize("value", [0, -3])
+def test_a_count_of_zero_is_refused_not_swapped_for_the_default(dest, value):
+    info = guard.RankInfo(1, 2, 1, 2, "127.0.0.1", 1, True, "r", "h")
+    flag = "--" + dest.replace("_", "-")
+    with pytest.raises(ValueError, match=f"{flag} must be a whole number >= 1, got {value}"):
+        guard.check_edge(SimpleNamespace(hang_timeout=30, **{dest: value}), info)
+    guard.check_edge(SimpleNamespace(hang_timeout=30, **{dest: 1}), info)
