@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import glob
 import json
 import os
 import tempfile
@@ -38,21 +39,55 @@ def load(path: Path | str) -> dict:
     return _TABLES[key]
 
 
-def save(table: dict, path: Path | str) -> Path:
-    """Write the whole table atomically (temp file beside it, fsync, rename): a reader never sees half a table."""
+def _umask() -> int:
+    mask = os.umask(0o22)
+    os.umask(mask)
+    return mask
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def _remove_stale_temps(path: Path) -> None:
+    """Temp files of `path` left by a writer that was killed (SIGKILL leaves no chance to clean up): their names
+    carry the writer's pid, and a pid that no longer runs will not finish them."""
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        pid = tmp.name[len(path.name) + 2:].split(".", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+
+
+def write_atomic(path: Path, write) -> Path:
+    """`write(file)` into a temp file beside `path`, fsync, then rename: a reader never sees half a file, a failed
+    write leaves no temp file behind (and one a killed writer left is removed by the next write of that name), and
+    the file is readable by the owner and the group whatever the umask (0644 under the common one)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    _remove_stale_temps(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(table, indent=1, sort_keys=True) + "\n")
+        with os.fdopen(fd, "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, (0o666 & ~_umask()) | 0o640)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return path
+
+
+def save(table: dict, path: Path | str) -> Path:
+    """Write the whole table through write_atomic: a reader never sees half a table."""
+    path = write_atomic(Path(path), lambda f: f.write((json.dumps(table, indent=1, sort_keys=True) + "\n").encode()))
     _TABLES.pop(str(path), None)
     _EPOCH[0] += 1
     return path

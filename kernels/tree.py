@@ -239,7 +239,8 @@ def _tree_parents(b: int, top: list[int], parent_list: list[int], topk: int, spe
     parents = [-1]
     for j, s in enumerate(top, start=1):
         if not 0 <= s < n_cand:
-            raise ValueError(f"request {b}: node {j} is candidate {s}, outside [0, {n_cand}) (id out of range)")
+            raise ValueError(f"request {b}: top_scores_index[{b}, {j - 1}] = {s} (node {j}) is outside [0, {n_cand}) "
+                             "(id out of range)")
         g = s // topk
         if g == 0:
             parents.append(0)

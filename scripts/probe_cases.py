@@ -650,20 +650,11 @@ def moe_cases() -> list[Case]:
 # ------------------------------------------------------------------------------------------ rank faults
 
 def _ranks(tag: str) -> dict[int, tuple[int, dict]]:
-    found = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            if tag.encode() not in (d / "cmdline").read_bytes():
-                continue
-            env = dict(kv.split("=", 1) for kv in (d / "environ").read_bytes().decode(errors="replace").split("\0")
-                       if "=" in kv)
-        except OSError:
-            continue
-        if "RANK" in env and "TORCHELASTIC_RUN_ID" in env:
-            found[int(env["RANK"])] = (int(d.name), env)
-    return found
+    """rank -> (pid, environment) of the job's live workers: the tests' own finder (tests/torchrun_jobs.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from torchrun_jobs import rank_processes
+
+    return rank_processes(tag)
 
 
 def _step(env: dict, rank: int) -> str:

@@ -5,17 +5,16 @@ summary, derived figures, correctness outcome). A case whose check failed carrie
 """
 from __future__ import annotations
 
-import glob
 import gzip
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 from verifybench.harness.engine.timing import Measurement
+from verifybench.kernels.config_tables import write_atomic  # noqa: F401 (the one atomic writer, for callers)
 
 SCHEMA = "verifybench.result"
 SCHEMA_VERSION = 1
@@ -96,52 +95,6 @@ def _finite(obj):
     if isinstance(obj, (list, tuple)):
         return [_finite(v) for v in obj]
     return obj
-
-
-def _umask() -> int:
-    mask = os.umask(0o22)
-    os.umask(mask)
-    return mask
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's live process
-        return True
-    return True
-
-
-def _remove_stale_temps(path: Path) -> None:
-    """Temp files of `path` left by a writer that was killed (SIGKILL leaves no chance to clean up): their names
-    carry the writer's pid, and a pid that no longer runs will not finish them."""
-    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
-        pid = tmp.name[len(path.name) + 2:].split(".", 1)[0]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
-            tmp.unlink(missing_ok=True)
-
-
-def write_atomic(path: Path, write) -> Path:
-    """`write(file)` into a temp file beside `path`, fsync, then rename: a reader never sees half a file, a failed
-    write leaves no temp file behind (and one a killed writer left is removed by the next write of that name), and
-    the file is readable by the owner and the group whatever the umask (0644 under the common one)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, (0o666 & ~_umask()) | 0o640)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def write_json_atomic(path: Path, data: dict) -> Path:
