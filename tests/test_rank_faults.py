@@ -21,7 +21,7 @@ import pytest
 from verifybench.harness.dist import guard
 from torchrun_jobs import REPO, alive, assert_no_orphans, rank_processes, rank_step, start_job
 
-WORLD, FAULTY = 4, 3  # 4 ranks: 8 take ~30 s to start on a loaded 2-core CI box; the faulty rank is not rank 0
+WORLD, FAULTY = 8, 5  # the world size the deployment runs; the faulty rank is not rank 0
 HANG_TIMEOUT_S = 10.0
 MARGIN_S = 10.0  # the launcher's teardown (it polls every 0.1 s) and a loaded CPU's slack
 START_S = 180  # the ranks must reach the timed loop within this
