@@ -1,4 +1,4 @@
-"""Fused elementwise ops of the verify forward (DESIGN.md 4.5) as one Triton kernel each, the way serving engines run
+"""Fused elementwise ops of the verify forward as one Triton kernel each, the way serving engines run
 them (SGLang/vLLM fused_add_rmsnorm, a fused softmax + top-k router), with plain-torch fp32 references. silu_and_mul
 has no launch of its own: kernels.skinny_gemm computes it as the down projection loads its input (act="silu_mul").
 

@@ -1,6 +1,6 @@
 """INT4 (W4A16) MoE experts: the checkpoint format, a plain-torch fp32 reference, routing helpers and byte counts.
 
-The Triton fast path lives in kernels/moe_int4_triton.py; this module is what it is checked against (DESIGN.md 4.3).
+The Triton fast path lives in kernels/moe_int4_triton.py; this module is what it is checked against.
 """
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
 
 def quantize_w4a16(w: torch.Tensor, group_size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int4 with a bf16 scale per `group_size` inputs: w [..., N, K] float -> (packed int32 [..., N, K/8],
-    scales bf16 [..., N, K/group_size]), the compressed-tensors pack-quantized layout of DESIGN.md 4.3.
+    scales bf16 [..., N, K/group_size]), the compressed-tensors pack-quantized layout.
 
     scale = max|w| / 7 over the group (rounded to bf16 first, so dequantization reproduces q * scale exactly);
     q = round(w / scale) clamped to -8..7. Values already on a group's grid q * s (|q| <= 7, max |q| = 7, s a bf16

@@ -1,4 +1,4 @@
-"""EAGLE draft-tree construction and greedy verification (DESIGN.md 4.4, SGLang's semantics): organize the draft,
+"""EAGLE draft-tree construction and greedy verification (SGLang's semantics): organize the draft,
 build the tree (mask, positions, child/sibling lists), verify greedily, write the KV slots, full-vocabulary argmax.
 
 Each step has backend="reference" (plain torch, any device; an invalid tree raises ValueError naming the request)
@@ -8,8 +8,14 @@ it; in-band, a flagged build_tree request has positions -1 and no children, a fl
 accept_token_num -1 and predicts / accept_index -1.
 Both backends first check what the host knows without reading a tensor (dtypes, shapes, devices, int arguments and
 their ranges) and raise ValueError naming the argument. The kernel path reads a tensor on the host (a device sync)
-in two places only, and never while a CUDA graph is being captured: organize_draft_results without `flags` (to
-raise on NaN scores) and build_tree's seq_lens_sum (to size the full mask, and to check a given one).
+in three places only, and never while a CUDA graph is being captured: organize_draft_results without `flags` (to
+raise on NaN scores), build_tree without `flags` (to raise for a flagged request) and build_tree's seq_lens_sum (to
+size the full mask, and to check a given one).
+
+Tree masks (row = query node, column = key; a node sees the root, itself and its ancestors): "full", per request a
+D x (seq_lens[b] + D) bool block with the prefix columns all True, the blocks concatenated flat; "qlen_only", D x D
+per request, flat; "qlen_only_bitpacking", one little-endian word per row (bit c = column c) in the narrowest
+integer type that holds D bits.
 """
 from __future__ import annotations
 
@@ -169,7 +175,7 @@ def build_tree(verified_id, parent_list, top_scores_index, draft_tokens, seq_len
                num_verify_tokens: int, mask_mode: str, backend: str = "auto", seq_lens_sum: int | None = None,
                flags: torch.Tensor | None = None):
     """-> (tree_mask, positions [B*D], retrieve_index [B, D], retrieve_next_token [B, D],
-    retrieve_next_sibling [B, D], draft_tokens [B*D]); int64 indices, mask as DESIGN.md 4.4 lays it out.
+    retrieve_next_sibling [B, D], draft_tokens [B*D]); int64 indices, the mask as the module docstring lays it out.
 
     top_scores_index rows must be strictly ascending (no duplicate, no unsorted candidate): the reference raises,
     the kernel flags FLAG_UNSORTED in-kernel (no sync) into `flags`; without `flags`, outside graph capture, the
@@ -230,7 +236,7 @@ def build_tree(verified_id, parent_list, top_scores_index, draft_tokens, seq_len
 
 
 def _tree_parents(b: int, top: list[int], parent_list: list[int], topk: int, spec_steps: int) -> list[int]:
-    """Parent node of every node of request b (root: -1), read literally off DESIGN.md 4.4."""
+    """Parent node of every node of request b (root: -1), read literally off the semantics above."""
     n_cand = num_candidates(topk, spec_steps)
     for j in range(1, len(top)):
         if top[j] <= top[j - 1]:

@@ -1,4 +1,4 @@
-"""Triton kernels of the EAGLE draft-tree component (DESIGN.md 4.4): one program per request, one launch per call.
+"""Triton kernels of the EAGLE draft-tree component: one program per request, one launch per call.
 
 Every loop is bounded (by spec_steps, D or the mask's size), so an invalid tree is flagged in `flags`, never
 followed forever; a program indexes only its own request's rows. Host-side checks live in tree.py.

@@ -9,7 +9,6 @@ rounds' medians. The MoE layer rotates over the forward's MoE layers (cold weigh
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path

@@ -16,7 +16,7 @@ def table(full_us: dict[int, float], isolated_us: dict[str, dict[int, float]],
           comm: str = "allreduce") -> list[dict]:
     """One row per n: measured forward, every component's isolated time and marginal time (forward minus forward
     without it), the sum of the isolated parts and its error against the measured forward, and the roofline. The
-    roofline has no term for communication, so it is held against the forward without `comm` (DESIGN.md 4.5)."""
+    roofline has no term for communication, so it is held against the forward without `comm`."""
     rows = []
     for n in sorted(full_us):
         t = full_us[n]

@@ -237,7 +237,7 @@ _SETUPS = {"organize": _setup_organize, "build_tree": _setup_build_tree, "verify
 
 
 def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
-    """Kernel vs reference per step; the full-mask fill's bytes and bandwidth; the B=8 targets of issue 6."""
+    """Kernel vs reference per step; the full-mask fill's bytes and bandwidth; the B=8 targets."""
     by_key: dict[tuple, dict] = {}
     for r in records:
         if r["name"].startswith("tree/") and r["check"]["ok"]:

@@ -27,7 +27,7 @@ HELP = "INT4 W4A16 MoE layer at 1..8 (16, 32) tokens: Triton vs the fp32 referen
 GPU_NS = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32)
 REF_NS = (1, 4, 8)
 CPU_NS = (1, 4, 8)
-LAYERS = 4  # distinct full weight sets in every rotation (DESIGN.md 3: a verify forward never re-reads a layer)
+LAYERS = 4  # distinct full weight sets in every rotation (a verify forward never re-reads a layer)
 MAX_SLOTS = 32
 TRACE_ENV = "VERIFYBENCH_MOE_TRACE"  # a routing trace file (moe.load_routing_trace formats) adds "trace" cases
 IDEAL_INT4_GAIN = 2 / (0.5 + 2 / 32)  # bf16 bytes / int4+scale bytes per weight = 3.56

@@ -26,7 +26,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-# Multicast (NVLS, multimem) stays off on our H200s (DESIGN.md section 6); every rank and child process gets these.
+# Multicast (NVLS, multimem) stays off on our H200s; every rank and child process gets these.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 EXIT_RANK_ERROR = 1  # this rank raised
 EXIT_PEER_FAILED = 3  # a peer reported an error, stopped beating, or the store went away

@@ -1,6 +1,6 @@
 """Copy-bandwidth ceiling of the device, measured in the same run, and eta against it.
 
-eta = bytes a kernel must move / its time / this ceiling (DESIGN.md section 3). The copy counts bytes read + written.
+eta = bytes a kernel must move / its time / this ceiling. The copy counts bytes read + written.
 One ceiling per process and device: the baseline component's large hot copy when it ran (`verifybench run` starts
 with it), else one measured on first use; every eta of a run is computed against that same figure.
 """

@@ -8,7 +8,6 @@ from __future__ import annotations
 import gzip
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path

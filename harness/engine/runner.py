@@ -54,7 +54,7 @@ class CaseSpec:
 
 
 def rel_error(out, ref) -> float:
-    """||out - ref|| / ||ref|| in float64 (DESIGN.md section 3's accuracy measure)."""
+    """||out - ref|| / ||ref|| in float64 (accuracy measure)."""
     out64, ref64 = out.double(), ref.double()
     denom = ref64.norm().item()
     diff = (out64 - ref64).norm().item()
