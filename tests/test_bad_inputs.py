@@ -144,7 +144,7 @@ def test_unwritable_or_impossible_out_is_refused_before_measuring(tmp_path, monk
     def refuse(*a, **k):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(results.tempfile, "mkstemp", refuse)  # read-only, also when the tests run as root
+    monkeypatch.setattr("tempfile.mkstemp", refuse)  # read-only, also when the tests run as root
     refused(["run", "--out", tmp_path / "ro"], capsys, "Permission denied")
 
 

@@ -139,6 +139,6 @@ def test_an_unwritable_out_is_refused_before_anything_is_measured(tmp_path, monk
     def refuse(*a, **k):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(results.tempfile, "mkstemp", refuse)  # read-only, also when the tests run as root
+    monkeypatch.setattr("tempfile.mkstemp", refuse)  # read-only, also when the tests run as root
     assert main(["verify", "--out", str(tmp_path / "ro")]) == 2
     assert "is not writable: Permission denied" in capsys.readouterr().err

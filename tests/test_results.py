@@ -5,7 +5,6 @@ import pytest
 from verifybench.harness.engine import results
 from verifybench.harness.engine.results import Case, ResultsError
 from verifybench.harness.engine.timing import Measurement
-from verifybench.kernels import config_tables
 
 
 def _measurement(samples):
@@ -155,7 +154,7 @@ def test_check_writable_refuses_impossible_and_unwritable_folders(tmp_path, monk
     def refuse(*a, **k):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(config_tables.tempfile, "mkstemp", refuse)  # a read-only folder, also when tests run as root
+    monkeypatch.setattr("tempfile.mkstemp", refuse)  # a read-only folder, also when tests run as root
     with pytest.raises(ResultsError, match="is not writable: Permission denied"):
         results.check_writable(tmp_path / "ro")
 
