@@ -48,7 +48,7 @@ def test_interrupted_write_keeps_the_old_file(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise OSError("disk full")
 
-    monkeypatch.setattr(results.os, "replace", boom)
+    monkeypatch.setattr("os.replace", boom)
     with pytest.raises(OSError):
         results.save_run(_run((1.0, 2.0, 3.0)), tmp_path, name="r.json")
     assert path.read_bytes() == before
