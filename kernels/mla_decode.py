@@ -46,11 +46,13 @@ from verifybench.kernels.config_tables import device_name
 # triton.jit picks the interpreter at decoration time: compiling for a target needs a process without it
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
-# Starting points, not timed on a GPU: SGLang's grouped MLA decode kernel runs 16 query rows x 32 keys per tile
-# with 4 warps and 2 stages at 576/512. Larger block_rows (32 or 64, 8 warps) read the cache fewer times per split
-# (64: once for all 64 rows of n = 8); triton 3.6 compiles all of these for sm_90a without spills.
-DEFAULT_CONFIG = {"block_rows": 16, "block_keys": 32, "num_warps": 4, "num_stages": 2}
-MIN_SPLIT_KEYS = 128  # fewer keys per split and the partial outputs (2 KiB per row per split) outweigh the keys
+# Used without a table entry: the tile the H200 table picks at 4096 keys for n = 1..7 (16 query rows x 64 keys, 4
+# warps, 2 stages; 94,208 B of shared memory compiled for every supported architecture, under sm_120's 101,376 B),
+# each split one 64-key tile or more (the table's 65 splits of 4096 keys): fewer keys per split and the partial
+# outputs (2 KiB per row per split) outweigh the keys. Larger block_rows (32 or 64, 8 warps) read the cache fewer
+# times per split.
+DEFAULT_CONFIG = {"block_rows": 16, "block_keys": 64, "num_warps": 4, "num_stages": 2}
+MIN_SPLIT_KEYS = 64
 PROGRAMS_PER_SM = 2  # stage-1 programs the default split count aims at per SM
 MAX_SPLITS = 256
 DEFAULT_SMS = 132  # an H100/H200; used off CUDA (the interpreter)

@@ -30,6 +30,7 @@ activations, one vector load. Same shapes and bytes as the checkpoint.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import json
@@ -49,13 +50,21 @@ from verifybench.kernels.config_tables import SMEM_LIMIT_BYTES, device_name  # n
 from verifybench.kernels.moe_int4 import PACK, MoeShape, check_moe_inputs, pack_nibbles, unpack_nibbles
 
 CONFIG_PATH = Path(__file__).with_name("moe_int4_configs.json")
-# Used on a GPU without a table entry. The blocking is the H200 table's most frequent one, each half on its own:
-# gate_up 4 rows with prefetch wins n = 2, 3, 5, 6 and down 8 rows x 4 wins n = 2..5 (together the n = 2 entry);
-# half2 as at every tuned n; no pdl, which needs sm_90+. Its kernels fit every supported GPU's shared memory.
+# Used on a GPU without a table entry: the winning family (half2 dequant, split kernels; no pdl, which needs sm_90+)
+# with the H200 table's blocking in three token ranges (DEFAULT_BLOCKING, keyed by each range's first n): one token
+# takes that entry's narrow tiles (2 gate_up rows, one down row per iteration); 2..6 the n = 2 entry's (gate_up 4 rows
+# with prefetch, down 8 rows x 4, which wins n = 2..5 and is within 1% at 6); 7 and more the n = 8 entry's. Every
+# one fits every supported GPU's shared memory (tests compile them).
 DEFAULT_CONFIG = {"dequant": "half2", "pdl": False,
                   "gate_up": {"BLOCK_N": 4, "num_warps": 1, "num_stages": 1, "SPLIT_K": 1, "PREFETCH": 1,
                               "BLOCK_W": 128},
                   "down": {"BLOCK_N": 8, "ROW_ITERS": 4, "num_stages": 1}}
+DEFAULT_BLOCKING = {
+    1: {"gate_up": {**DEFAULT_CONFIG["gate_up"], "BLOCK_N": 2}, "down": {**DEFAULT_CONFIG["down"], "ROW_ITERS": 1}},
+    2: {"gate_up": DEFAULT_CONFIG["gate_up"], "down": DEFAULT_CONFIG["down"]},
+    7: {"gate_up": {**DEFAULT_CONFIG["gate_up"], "BLOCK_N": 8, "PREFETCH": 0},
+        "down": {**DEFAULT_CONFIG["down"], "ROW_ITERS": 8}},
+}
 DEQUANTS = ("half2", "denormal")  # half2: group 32, CUDA only (inline PTX)
 TUNED_KEYS = ("gate_up", "down", "kernel", "pdl", "dequant")  # what a table entry sets; the rest is its record
 # The shapes compiled_shared_bytes compiles at: one Kimi-K2.5 TP8 rank (H 7168, I 256, 384 experts, top-8, g32)
@@ -491,11 +500,14 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def default_config(device) -> dict:
-    """DEFAULT_CONFIG on a GPU; in the interpreter (no inline PTX) the same blocking with the "denormal" dequant."""
+def default_config(device, m: int = 2) -> dict:
+    """The config for m tokens on a GPU without a table entry: DEFAULT_CONFIG with the DEFAULT_BLOCKING of m's
+    range; in the interpreter (no inline PTX) the same blocking with the "denormal" dequant."""
+    first = max([k for k in DEFAULT_BLOCKING if k <= m], default=min(DEFAULT_BLOCKING))
+    cfg = {**DEFAULT_CONFIG, **copy.deepcopy(DEFAULT_BLOCKING[first])}
     if torch.device(device).type == "cuda" and not _interpreting():
-        return dict(DEFAULT_CONFIG)
-    return {**DEFAULT_CONFIG, "dequant": "denormal"}
+        return cfg
+    return {**cfg, "dequant": "denormal"}
 
 
 def load_configs(path: Path | str = CONFIG_PATH) -> dict:
@@ -534,7 +546,7 @@ def select(m: int, device, table: dict | None = None) -> tuple[dict, str]:
     merged = table is None
     table = config_tables.merged(CONFIG_PATH) if merged else table
     entry = table.get(device_name(device)) or {}
-    cfg, source = default_config(device), "default"
+    cfg, source = default_config(device, m), "default"
     if entry.get("by_n"):
         keys = sorted(int(k) for k in entry["by_n"])
         n = max([k for k in keys if k <= m], default=keys[0])
@@ -668,7 +680,7 @@ def selectable_configs(table: dict | None = None) -> list[dict]:
     """Every config a GPU can be given, deduplicated: each entry of the shipped table (as select_config completes
     it), the default, and every config the tuner's spaces can end on (any gate_up with any down, pdl or not)."""
     table = load_configs() if table is None else table
-    out = [dict(DEFAULT_CONFIG)]
+    out = [{**DEFAULT_CONFIG, **blocking} for blocking in DEFAULT_BLOCKING.values()]
     out += [_entry_config(entry, tuned, DEFAULT_CONFIG) for entry in table.values()
             for tuned in entry.get("by_n", {}).values()]
     out += [{**base, "gate_up": gu, "down": dn, "pdl": pdl} for base, gate_up, down in TUNE_SPACES.values()
@@ -713,7 +725,7 @@ def fused_moe_w4a16(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weight
                     config: dict | None = None, check_ids: bool = True, prepacked: bool = False) -> torch.Tensor:
     """The reference's signature and result ([M, H] in x's dtype, fp16 or bf16 x), in two Triton launches.
 
-    config (default: select_config(M, device)), completed from default_config(device): {"dequant": "half2" |
+    config (default: select_config(M, device)), completed from default_config(device, M): {"dequant": "half2" |
     "denormal", "gate_up": {"BLOCK_N", "num_warps", "num_stages", "SPLIT_K" (divides H / group; default 1),
     "PREFETCH" (0/1, default 1), "BLOCK_W" (words per step, default min(128 * num_warps, words per split))},
     "down": {"BLOCK_N", "ROW_ITERS", "num_stages", "num_warps" (default topk * I/256)}, "pdl"}. Kernel 1 writes fp32
@@ -738,7 +750,7 @@ def fused_moe_w4a16(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weight
     wpg = s.group_size // PACK
     if wpg & (wpg - 1):
         raise ValueError(f"the kernel needs a power-of-two group size (8, 16, 32, ...), got {s.group_size}")
-    cfg = {**default_config(x.device), **(config or select_config(s.tokens, x.device))}
+    cfg = {**default_config(x.device, s.tokens), **(config or select_config(s.tokens, x.device))}
     check_config(cfg, s, x.device)
     if cfg["dequant"] == "half2" and interpret:
         raise ValueError("dequant 'half2' runs inline PTX, which the Triton interpreter cannot: it needs a CUDA GPU")

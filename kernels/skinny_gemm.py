@@ -58,9 +58,18 @@ REDUCES = ("serial", "kernel")
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 DEFAULT_SMS = 132  # H200; used where no CUDA device reports its count
 COUNTER_SLOTS = 1 << 14  # column blocks a split launch may have (N / BLOCK_N); grown outside capture if needed
-# Used when the GPU or shape is not in the table (split_k=None: from the shape, see default_config).
+# Used when the GPU or shape is not in the table (SPLIT_K None: from the shape), the kinds and tiles the H200 table
+# picks most: for one or two tokens the fma kernel wherever a row holds more than one of its 1024-element steps
+# (every such shape there); else the dot kernel, 32 x 256 tiles over rows of LONG_K elements or more (the most
+# frequent winner there) and 64 x 128 over shorter ones. Each fits 101,376 B of shared memory on every supported
+# architecture (tests compile them).
 DEFAULT_DOT = {"kind": "dot", "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": None, "reduce": "serial", "num_warps": 4,
                "num_stages": 4}
+DEFAULT_DOT_LONG_K = {**DEFAULT_DOT, "BLOCK_N": 32, "BLOCK_K": 256}
+DEFAULT_FMA = {"kind": "fma", "BLOCK_N": 4, "BLOCK_K": 1024, "SPLIT_K": None, "reduce": "serial", "num_warps": 4,
+               "num_stages": 1}
+DEFAULT_FMA_MAX_TOKENS = 2
+LONG_K = 4096
 # triton.jit picks the interpreter at decoration time, so dispatch follows the same moment
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -329,20 +338,29 @@ def auto_split_k(N: int, K: int, block_n: int, block_k: int, sms: int = DEFAULT_
 
 
 def default_config(n: int, N: int, K: int, sms: int = DEFAULT_SMS, dtype: torch.dtype = torch.bfloat16) -> dict:
-    """The untuned choice: the pipelined dot kernel (n-independent), BLOCK_K = 256 bytes of a row per step
-    (128 bf16), SPLIT_K from auto_split_k."""
-    cfg = dict(DEFAULT_DOT)
+    """The untuned choice for n tokens and w [N, K]: DEFAULT_FMA, DEFAULT_DOT_LONG_K or DEFAULT_DOT (see there);
+    fp32 the dot kernel with 64-element steps; SPLIT_K from auto_split_k."""
     if dtype == torch.float32:
-        cfg["BLOCK_K"] = 64
+        cfg = {**DEFAULT_DOT, "BLOCK_K": 64}
+    elif n <= DEFAULT_FMA_MAX_TOKENS and K > DEFAULT_FMA["BLOCK_K"]:
+        cfg = dict(DEFAULT_FMA)
+    else:
+        cfg = dict(DEFAULT_DOT_LONG_K if K >= LONG_K else DEFAULT_DOT)
     cfg["SPLIT_K"] = auto_split_k(N, K, cfg["BLOCK_N"], cfg["BLOCK_K"], sms)
     return cfg
+
+
+def default_configs() -> list[dict]:
+    """One config of each tile default_config can return (the 2-byte ones, then fp32's)."""
+    return [default_config(1, 4096, LONG_K), default_config(4, 4096, LONG_K), default_config(4, 4096, LONG_K // 4),
+            default_config(1, 4096, LONG_K, dtype=torch.float32)]
 
 
 def check_config(cfg: dict, n: int) -> dict:
     """A complete config (missing keys from DEFAULT_DOT) or a ValueError naming the bad key."""
     if not isinstance(cfg, dict):
         raise ValueError(f"config must be a dict, got {type(cfg).__name__}")
-    unknown = set(cfg) - set(DEFAULT_DOT) - {"us", "cublas_us"}
+    unknown = set(cfg) - set(DEFAULT_DOT) - set(TABLE_EXTRAS)
     if unknown:
         raise ValueError(f"unknown config keys {sorted(unknown)}; known: {sorted(DEFAULT_DOT)}")
     c = {**DEFAULT_DOT, **cfg}
@@ -380,7 +398,7 @@ TUNE_DOT_TILES = [(64, 128, 4, 4), (64, 256, 4, 3), (128, 128, 4, 3), (32, 256, 
 # 16-byte slices of BLOCK_N rows per step; registers grow with the tokens (x and accumulators are per token).
 TUNE_FMA_TILES = {1: [(4, 1024, 4), (8, 1024, 4)], 2: [(4, 1024, 4), (8, 1024, 4)], 4: [(4, 1024, 4), (2, 2048, 8)],
                   8: [(2, 1024, 4), (2, 2048, 8)]}
-TABLE_EXTRAS = ("us", "cublas_us")  # timings the tuner stores beside a config
+TABLE_EXTRAS = ("us", "cublas_us", "default_us")  # timings the tuner stores beside a config
 _SELECTED: dict[tuple, dict] = {}  # select_config results from the tables (host cost of eager calls)
 
 
@@ -474,7 +492,7 @@ def fits(config: dict, cc: int, limit: int, dtype: str = "bfloat16") -> tuple[bo
 def selectable_configs() -> list[dict]:
     """Every config selection or the tuner can pick on some GPU: the defaults (bf16 and fp32 tiles), the tuner's
     tiles and every entry of the shipped table; kind "torch" (cuBLAS) left out, one per tile."""
-    out = [default_config(1, 4096, 4096), default_config(1, 4096, 4096, dtype=torch.float32)]
+    out = default_configs()
     out += [dot_config(t) for t in TUNE_DOT_TILES]
     out += [fma_config(t) for tiles in TUNE_FMA_TILES.values() for t in tiles]
     for gpu in load_configs().values():

@@ -75,10 +75,14 @@ def module_tile(c: dict) -> dict:
 
 
 def test_defaults_fit_every_architecture(compiled):
-    default = sg.default_config(1, 4096, 4096)
+    defaults = {_tile(module_tile(c)) for c in sg.default_configs()[:-1]}
+    assert len(defaults) == 3
+    seen = set()
     for c, cc, shared in compiled["skinny_gemm"]:
-        if _tile(module_tile(c)) == _tile(module_tile(default)):
+        if _tile(module_tile(c)) in defaults:
+            seen.add(_tile(module_tile(c)))
             assert shared <= LIMITS[cc], (cc, shared)
+    assert seen == defaults
     for c, cc, shared in compiled["skinny_fp32_default"]:
         assert shared <= LIMITS[cc], ("fp32", cc, shared)
     for c, cc, shared in compiled["mla_decode"]:

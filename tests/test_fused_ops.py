@@ -22,7 +22,7 @@ TOL = {torch.bfloat16: 1e-2, torch.float16: 1e-3, torch.float32: 1e-3}
 def fo():
     """kernels.fused_ops with its kernels interpreted on a CPU-only machine, even when another test module imported
     it before TRITON_INTERPRET was set (triton.jit decides at decoration time)."""
-    module = importlib.import_module("kernels.fused_ops")
+    module = importlib.import_module("verifybench.kernels.fused_ops")
     if not torch.cuda.is_available() and not module._INTERPRET:
         os.environ["TRITON_INTERPRET"] = "1"
         module = importlib.reload(module)

@@ -104,6 +104,20 @@ def test_no_module_imports_a_pytest_module():
     assert not offenders
 
 
+def test_nothing_imports_the_folders_by_their_generic_names():
+    """Installed, only `verifybench.*` exists: an import of `kernels` or `harness` (statement or importlib string)
+    works only from a checkout's root, and there it loads a second copy of the module."""
+    generic = {*ROOTS, "microbench"}
+    offenders = []
+    for path in [*REPO.glob("*/*.py"), *REPO.glob("*/**/*.py")]:
+        tree = ast.parse(path.read_text())
+        names = _imports(path, "x.y") | {n.args[0].value for n in ast.walk(tree) if isinstance(n, ast.Call)
+                                         and getattr(n.func, "attr", getattr(n.func, "id", "")) == "import_module"
+                                         and n.args and isinstance(n.args[0], ast.Constant)}
+        offenders += [(str(path.relative_to(REPO)), n) for n in names if str(n).split(".")[0] in generic]
+    assert not offenders
+
+
 def test_the_wheel_installs_one_import_root_of_our_own(tmp_path):
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                         str(tmp_path), str(REPO)], capture_output=True, text=True, timeout=300)

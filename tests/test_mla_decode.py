@@ -125,9 +125,10 @@ def test_out_argument_and_strided_query_views():
 
 
 def test_default_splits_fill_the_sms_and_keep_splits_long():
-    assert default_num_splits(4096 + 1, 8, 16, 132) == 33  # one row block: 4097 / 128 keys
+    assert default_num_splits(4096 + 1, 8, 16, 132) == 65  # one row block: 4097 / 64 keys
     assert default_num_splits(32768 + 8, 64, 16, 132) == 66  # 4 row blocks: 2 x 132 programs
-    assert default_num_splits(100, 64, 16, 132) == 1
+    assert default_num_splits(32768, 8, 16, 132) == 256  # one row block: capped
+    assert default_num_splits(100, 64, 16, 132) == 2 and default_num_splits(64, 64, 16, 132) == 1
     assert default_num_splits(10 ** 7, 1, 16, 10 ** 4) == 256  # capped
     assert DEFAULT_CONFIG["block_rows"] >= 16 and DEFAULT_CONFIG["block_keys"] >= 16
 
@@ -219,7 +220,7 @@ def test_select_config_hits_the_table_at_the_largest_bucket_not_above_length():
 
 
 def test_select_config_falls_back_to_todays_defaults():
-    want = {"num_splits": 33, **DEFAULT_CONFIG}  # default_num_splits(4097, 8 rows, ...) as before the table
+    want = {"num_splits": 65, **DEFAULT_CONFIG}  # default_num_splits(4097, 8 rows, ...)
     assert md.default_config(1, 8, 4097) == want
     assert md.select_config(1, 8, 4097, "cpu", TABLE) == want  # GPU present, shape absent
     assert md.select_config(1, 8, 4097, "cpu", {}) == want  # GPU absent

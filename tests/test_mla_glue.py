@@ -25,7 +25,7 @@ KIMI_CONTEXT = 4096
 def mg():
     """kernels.mla_glue with its kernels interpreted on a CPU-only machine, even when another test module imported
     it before TRITON_INTERPRET was set (triton.jit decides at decoration time)."""
-    module = importlib.import_module("kernels.mla_glue")
+    module = importlib.import_module("verifybench.kernels.mla_glue")
     if not torch.cuda.is_available() and not module._INTERPRET:
         os.environ["TRITON_INTERPRET"] = "1"
         module = importlib.reload(module)

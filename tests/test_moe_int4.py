@@ -23,7 +23,7 @@ SMALL_CFG = {"gate_up": {"BLOCK_N": 16, "num_warps": 1}, "down": {"BLOCK_N": 32,
 def mt():
     """kernels.moe_int4_triton with its kernels interpreted on a CPU-only machine, even when another test module
     imported it before TRITON_INTERPRET was set (triton.jit decides at decoration time)."""
-    module = importlib.import_module("kernels.moe_int4_triton")
+    module = importlib.import_module("verifybench.kernels.moe_int4_triton")
     if not torch.cuda.is_available():
         from triton.runtime.interpreter import InterpretedFunction
 
@@ -143,7 +143,7 @@ def test_select_config_uses_default_off_table_and_largest_tuned_n_below_m(mt):
                      "by_n": {"1": {"gate_up": {"BLOCK_N": 2, "num_warps": 1}, "down": {"BLOCK_N": 4}},
                               "4": {"gate_up": {"BLOCK_N": 8, "num_warps": 2}, "down": {"BLOCK_N": 16}}}}}
     cpu = torch.device("cpu")
-    assert mt.select(3, cpu, {}) == (mt.default_config(cpu), "default")
+    assert mt.select(3, cpu, {}) == (mt.default_config(cpu, 3), "default")
     assert mt.select_config(3, cpu, table)["gate_up"]["BLOCK_N"] == 2
     assert mt.select_config(9, cpu, table)["down"]["BLOCK_N"] == 16
     assert mt.select(3, cpu, table)[1] == "tuned"
@@ -153,20 +153,22 @@ def test_select_falls_back_to_the_default_when_the_tuned_entry_does_not_fit(mt, 
     table = {"cpu": {"by_n": {"1": {"gate_up": {"BLOCK_N": 2, "num_warps": 1}, "down": {"BLOCK_N": 4}}}}}
     monkeypatch.setattr(mt, "misfit", lambda cfg, device, shape=None: (300000, 101376))
     cfg, source = mt.select(1, torch.device("cpu"), table)
-    assert cfg == mt.default_config("cpu")
+    assert cfg == mt.default_config("cpu", 1)
     assert source.startswith("default (") and "300000 B" in source and "101376 B" in source
 
 
 def test_default_config_is_the_shipped_family_and_the_interpreter_gets_denormal(mt):
-    """On a GPU: half2 as every shipped entry picks, with the blocking of the shipped n = 2 entry and no pdl
-    (sm_90+ only); in the interpreter the same blocking with the dequant it can run."""
+    """On a GPU: half2 as every shipped entry picks, no pdl (sm_90+ only), the blocking of the shipped n = 1, 2 and
+    8 entries over 1, 2..6 and 7+ tokens; in the interpreter the same blocking with the dequant it can run."""
     table = mt.load_configs()
     assert {e.get("dequant") for gpu in table.values() for e in gpu["by_n"].values()} == {"half2"}
-    n2 = table["NVIDIA H200"]["by_n"]["2"]
-    assert mt.DEFAULT_CONFIG["gate_up"] == n2["gate_up"] and mt.DEFAULT_CONFIG["down"] == n2["down"]
+    by_n = table["NVIDIA H200"]["by_n"]
+    for m, entry in {1: "1", 2: "2", 6: "2", 7: "8", 8: "8", 16: "8"}.items():
+        cfg = mt.default_config("cpu", m)
+        assert cfg["gate_up"] == by_n[entry]["gate_up"] and cfg["down"] == by_n[entry]["down"], m
+        assert cfg["dequant"] == "denormal" and not cfg["pdl"]
     assert mt.DEFAULT_CONFIG["dequant"] == "half2" and not mt.DEFAULT_CONFIG["pdl"]
-    cpu = mt.default_config("cpu")
-    assert cpu["dequant"] == "denormal" and cpu["gate_up"] == mt.DEFAULT_CONFIG["gate_up"]
+    assert mt.default_config("cpu") == {**mt.DEFAULT_CONFIG, "dequant": "denormal"}
 
 
 def test_shipped_config_table_names_gpus_and_every_n(mt):
@@ -571,14 +573,15 @@ def test_tune_dry_run_on_cpu_writes_a_table_select_config_can_use(mt, tmp_path):
     bench = importlib.import_module("verifybench.harness.tune.moe_int4")
     lines = []
     out = tmp_path / "table.json"
+    out.write_text(json.dumps({"Other GPU": {"by_n": {}}}))  # tuned before: kept
     table = bench.tune("tiny", 1, (1,), out=str(out), jobs=0, log=lines.append)
-    assert json.loads(out.read_text()) == table
+    assert json.loads(out.read_text()) == table and set(table) == {"Other GPU", "cpu"}
     entry = table["cpu"]["by_n"]["1"]
     assert entry["dequant"] == "denormal" and set(entry["by_space_us"]) == {"split-denormal"}
+    assert entry["default_us"] > 0  # the default config timed beside the winner
     assert any(line.startswith("[  1/") for line in lines)  # progress lines
     assert any("does not fit preset tiny" in line for line in lines)  # the invalid smoke candidate is left out
     assert lines[-1].startswith(f"wrote {out}")
-    assert set(table) >= set(mt.load_configs())  # other GPUs' entries are kept
     # the chosen config runs and matches the reference at the tiny shapes
     p = bench.preset_shape("tiny", 1)
     from verifybench.harness.components import moe_int4 as component
@@ -602,15 +605,3 @@ def test_prewarm_compiles_in_a_spawned_process(mt):
     lines = []
     assert bench._prewarm("tiny", 1, [(1, cfg)], 1, lines.append) is True  # pdl probe: no-op without CUDA
     assert lines and lines[0].startswith("prewarmed 1 (n, config) calls in 1 processes"), lines
-
-
-def test_tune_cli_help_and_refusals(capsys):
-    bench = importlib.import_module("verifybench.harness.tune.moe_int4")
-    with pytest.raises(SystemExit) as e:
-        bench.main(["--help"])
-    assert e.value.code == 0 and "--max-minutes" in capsys.readouterr().out
-    with pytest.raises(SystemExit):
-        bench.main(["tune", "--preset", "tiny", "--spaces", "fast"])
-    if not torch.cuda.is_available():
-        assert bench.main(["tune"]) == 2  # K2.5 needs a GPU
-        assert "needs a CUDA GPU" in capsys.readouterr().out

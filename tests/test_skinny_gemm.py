@@ -242,6 +242,14 @@ def test_default_split_fills_the_gpu_without_empty_splits():
     assert sg.default_config(1, 48, 256, dtype=torch.float32)["BLOCK_K"] == 64
 
 
+def test_default_kind_and_tile_follow_tokens_and_row_length():
+    pick = lambda n, k: (lambda c: (c["kind"], c["BLOCK_N"], c["BLOCK_K"]))(sg.default_config(n, 2112, k))  # noqa
+    assert pick(1, 7168) == pick(2, 1536) == ("fma", 4, 1024)  # rows of several 1024-element steps
+    assert pick(1, 1024) == pick(4, 1536) == pick(16, 2304) == ("dot", 64, 128)
+    assert pick(3, 7168) == pick(16, 4096) == ("dot", 32, 256)
+    assert {sg.check_config(c, 1)["kind"] for c in sg.default_configs()} == {"fma", "dot"}
+
+
 def test_configs_round_trip_through_json(tmp_path):
     table = _table({"2": {**FMA, "us": 3.5}})
     path = sg.save_configs(table, tmp_path / "t.json")
@@ -343,6 +351,7 @@ def test_tune_smoke_writes_a_table_select_config_reads(tmp_path, monkeypatch):
     table = bench.tune(out=str(out), smoke=True, log=lambda *a: None)
     buckets = table["cpu"]["shapes"]["48,128"]
     assert set(buckets) == {"1", "2", "16"} and all(b["us"] > 0 for b in buckets.values())
+    assert buckets["1"]["default_us"] > 0 and buckets["2"]["default_us"] > 0  # the untuned choice, timed beside
     cfg = sg.select_config(2, 48, 128, "cpu", sg.load_configs(out))
     # the interpreter loses to F.linear, so the tune may keep "torch" (cuBLAS on a GPU) for a bucket
     assert cfg == sg.check_config({k: v for k, v in buckets["2"].items() if k in sg.DEFAULT_DOT}, 2)

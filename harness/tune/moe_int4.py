@@ -1,7 +1,6 @@
 """Tuner of the moe_int4 kernel's config table (run through `verifybench tune`)."""
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -14,11 +13,8 @@ from verifybench.harness.engine.runner import rel_error
 from verifybench.harness.engine.timing import cuda_available, measure
 from verifybench.kernels import moe_int4 as moe
 from verifybench.kernels import moe_int4_triton as mt
-
-
-from verifybench.harness.components.moe_int4 import (TOL, make_case, preset_shape)
-
-
+from verifybench.harness.components.moe_int4 import TOL, make_case, preset_shape
+from verifybench.harness.tune.common import merged_table
 
 # ---------------------------------------------------------------------------------------------------- tuning
 
@@ -233,15 +229,14 @@ def _prewarm_jobs(ns, gate_up: list, down: list, base: dict) -> list:
     return jobs
 
 
-def tune(preset: str = "kimi-k2.5", tp: int = 8, ns=TUNE_NS, *, out: str | None = None, in_place: bool = False,
-         max_minutes: float = 4.0, max_time_s: float = 0.2, spaces=SPACES, jobs: int | None = None,
+def tune(preset: str = "kimi-k2.5", tp: int = 8, ns=TUNE_NS, *, out: str, max_minutes: float = 4.0, max_time_s: float = 0.2, spaces=SPACES, jobs: int | None = None,
          log=print) -> dict:
     """Per n and space (mt.TUNE_SPACES: split-denormal, split-half2, the fp32 and the fp16-pair dequant): gate_up
     blocking x SPLIT_K x prefetch, then down blocking, then pdl, then the 3 best gate_up again with that down, every
     candidate checked against the fp32 reference, skipped where it does not fit the GPU's shared memory, then timed
     in graph mode with cold rotation (uniform routing). The winners are re-timed side by side; the fastest is the
-    table's entry for n. Writes the whole table (other GPUs' entries kept) to `out`, or to mt.CONFIG_PATH with
-    in_place. Without CUDA: a dry run of the same code path in the interpreter (preset tiny, small candidate lists,
+    table's entry for n, with the default config's time at n beside it. Writes this GPU's entry into the table at
+    `out` (other GPUs' entries kept), atomically. Without CUDA: a dry run of the same code path in the interpreter (preset tiny, small candidate lists,
     meaningless times; split-half2, which needs a GPU, is left out)."""
     t0 = time.perf_counter()
     device = "cuda" if cuda_available() else "cpu"
@@ -305,7 +300,6 @@ def tune(preset: str = "kimi-k2.5", tp: int = 8, ns=TUNE_NS, *, out: str | None 
             final[n] = res
     skipped = [n for n in ns if n not in final]
     name = mt.device_name(torch.device(device))
-    table = dict(mt.load_configs())
     if not final:  # nothing measured: keep the table there is (an empty entry would replace this GPU's tuning)
         why = f"the {max_minutes} min cap was reached (compiling took {prewarm_s:.0f} s of it)" if not failed else \
             "every candidate failed (see above)"
@@ -318,6 +312,9 @@ def tune(preset: str = "kimi-k2.5", tp: int = 8, ns=TUNE_NS, *, out: str | None 
         entry = {"gate_up": cfg["gate_up"], "down": cfg["down"], "dequant": cfg["dequant"],
                  "us": round(res[space]["us"], 2), "eta": round(res[space]["eta"], 3),
                  "by_space_us": {sp: round(r["us"], 2) for sp, r in res.items()}}
+        default_us, _ = _time_config(preset, tp, n, mt.default_config(device, n), 2.5 * max_time_s, device, log)
+        if math.isfinite(default_us):  # what the table buys over the untuned choice
+            entry["default_us"] = round(default_us, 2)
         if cfg.get("pdl"):
             entry["pdl"] = True
         by_n[str(n)] = entry
@@ -326,106 +323,24 @@ def tune(preset: str = "kimi-k2.5", tp: int = 8, ns=TUNE_NS, *, out: str | None 
         if lower:
             why = "every candidate failed" if n in failed else "time cap"
             by_n[str(n)] = {**by_n[str(max(lower))], "untuned": f"{why}: copied from n={max(lower)}"}
+    table, _ = merged_table(out, mt.CONFIG_PATH, name)
     table[name] = {
         "by_n": by_n,
         "tuned_on": {"preset": f"{preset}-tp{tp}", "torch": torch.__version__, "triton": __import__("triton").__version__,
                      "date_utc": time.strftime("%Y-%m-%d", time.gmtime()), "sweep_s": round(time.perf_counter() - t0),
                      "spaces": list(spaces)}}
-    path = mt.save_configs(table, mt.CONFIG_PATH if in_place else (out or "moe_int4_configs.tuned.json"))
+    path = mt.save_configs(table, out)
     log("")
-    log(f"{'n':>3} " + " ".join(f"{sp + ' us':>9}" for sp in spaces) + f" {'eta':>6}  chosen config")
+    log(f"{'n':>3} " + " ".join(f"{sp + ' us':>9}" for sp in spaces) + f" {'default':>9} {'eta':>6}  chosen config")
     for n in ns:
         res = final.get(n)
         if res is None:
             why = "every candidate failed (see above)" if n in failed else f"the {max_minutes} min cap was reached"
-            log(f"{n:>3} " + " ".join(f"{'-':>9}" for _ in spaces) + f" {'':>6}  not tuned: {why}")
+            log(f"{n:>3} " + " ".join(f"{'-':>9}" for _ in spaces) + f" {'-':>9} {'':>6}  not tuned: {why}")
             continue
         space = min(res, key=lambda k: res[k]["us"])
         log(f"{n:>3} " + " ".join(f"{res.get(sp, {}).get('us', math.nan):9.2f}" for sp in spaces)
-            + f" {res[space]['eta']:6.3f}  {space}: {short_config(res[space]['config'])}")
-    log(f"wrote {path} ({time.perf_counter() - t0:.0f} s)" + ("" if in_place else f"; to use it: cp {path} {mt.CONFIG_PATH}"))
+            + f" {by_n[str(n)].get('default_us', math.nan):9.2f} {res[space]['eta']:6.3f}  {space}: "
+            + short_config(res[space]['config']))
+    log(f"wrote {path} ({time.perf_counter() - t0:.0f} s)")
     return table
-
-
-def profile(preset: str = "kimi-k2.5", tp: int = 8, ns=(1, 4, 8), calls: int = 64, log=print) -> None:
-    """Per-kernel device time (torch.profiler) of the Triton path, eager calls rotated over the cold slots."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
-    for n in ns:
-        fns, _, _ = make_case(preset, tp, "triton", n, "uniform", "cuda", "graph", {}).setup()
-        for f in fns:
-            f()
-        torch.cuda.synchronize()
-        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for c in range(calls):
-                fns[c % len(fns)]()
-            torch.cuda.synchronize()
-        per = {}
-        for ev in prof.events():
-            if ev.device_type == torch.autograd.DeviceType.CUDA:
-                per.setdefault(ev.name, []).append(ev.device_time_total if hasattr(ev, "device_time_total")
-                                                   else ev.cuda_time_total)
-        log(f"n={n}: " + ", ".join(f"{k[:40]} {sorted(v)[len(v) // 2]:.1f} us x{len(v) // calls}"
-                                     for k, v in sorted(per.items(), key=lambda kv: -sum(kv[1]))))
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python3 -m microbench.bench_moe_int4", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="tune: per n, sweeps split-K, prefetch, blocking and PDL with the fp32 dequant (split-denormal "
-               "space) and with the fp16-pair dequant (split-half2 space), checks every candidate against the "
-               "fp32 reference, times it in graph mode with weights rotated "
-               "over 4 layers (cold), prints one progress line per timed config and a table per n at the end, and "
-               "writes the tuned table JSON to --out (kernels/moe_int4_configs.json only with --in-place). "
-               "Without CUDA, 'tune --preset tiny --tp 1' is a dry run of the same code in the Triton interpreter. "
-               "profile: per-kernel device times of the table's configs at n = 1, 4, 8.")
-    ap.add_argument("command", choices=["tune", "profile"])
-    ap.add_argument("--preset", default="kimi-k2.5", help="model preset (default kimi-k2.5; 'tiny' for the CPU dry run)")
-    ap.add_argument("--tp", type=int, default=8, help="tensor-parallel degree: per-rank shapes (default 8)")
-    ap.add_argument("--ns", default=",".join(map(str, TUNE_NS)),
-                    help="token counts to tune, comma separated, in this order (default %(default)s)")
-    ap.add_argument("--out", default="moe_int4_configs.tuned.json",
-                    help="where tune writes the table JSON (default %(default)s in the current directory)")
-    ap.add_argument("--in-place", action="store_true", help=f"write the table to {mt.CONFIG_PATH} instead of --out")
-    ap.add_argument("--max-minutes", type=float, default=4.0,
-                    help="wall-clock cap for tune (default %(default)s): n values not reached are reported and "
-                         "filled from the largest tuned n below")
-    ap.add_argument("--max-time-s", type=float, default=0.2,
-                    help="sampling time cap per timed config, in seconds (default %(default)s)")
-    ap.add_argument("--spaces", default=",".join(SPACES),
-                    help="config spaces to sweep, comma separated: split-denormal (fp32 dequant), split-half2 "
-                         "(fp16-pair dequant; GPU only); default %(default)s")
-    ap.add_argument("--jobs", type=int, default=None,
-                    help="processes that compile the sweep's kernels first (default min(12, cores - 2); 0: off)")
-    args = ap.parse_args(argv)
-    if args.command == "profile":
-        if not cuda_available():
-            print("profile needs a CUDA GPU")
-            return 2
-        profile(args.preset, args.tp)
-        return 0
-    if not cuda_available() and args.preset != "tiny":
-        print("tune needs a CUDA GPU (without one: --preset tiny --tp 1 is a dry run in the Triton interpreter)")
-        return 2
-    spaces = tuple(sp for sp in args.spaces.split(",") if sp)
-    if not spaces or set(spaces) - set(SPACES):
-        ap.error(f"--spaces takes some of {', '.join(SPACES)}, comma separated; got {args.spaces!r}")
-    try:
-        ns = tuple(int(v) for v in args.ns.split(",") if v.strip())
-    except ValueError:
-        ap.error(f"--ns takes comma-separated integers, got {args.ns!r}")
-    if not ns or min(ns) < 1:
-        ap.error(f"--ns needs token counts >= 1, got {args.ns!r}")
-    try:
-        tune(args.preset, args.tp, ns, out=args.out, in_place=args.in_place, max_minutes=args.max_minutes,
-             max_time_s=args.max_time_s, spaces=spaces, jobs=args.jobs)
-    except RuntimeError as e:
-        print(f"tune failed: {e}")
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

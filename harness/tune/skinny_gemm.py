@@ -113,11 +113,15 @@ def tune_shape(shape: Shape, device: str, ns=TUNE_NS, measure_kw: dict | None = 
         cfg, us = (dot, us_dot) if us_dot <= us_fma else (t.full(fma), us_fma)
         if us < math.inf:
             buckets[str(n)] = {**cfg, "us": round(us, 3)}
+            default_us = t.time(n, sg.default_config(n, shape.N, shape.K, t.sms, dtype))
+            if default_us < math.inf:  # what the table buys over the untuned choice
+                buckets[str(n)]["default_us"] = round(default_us, 3)
             cublas = t.time(n, None)
             if cublas < math.inf:
                 buckets[str(n)]["cublas_us"] = round(cublas, 3)
                 if cublas < us:  # the engine would keep cuBLAS here: so does the forward
-                    buckets[str(n)] = {"kind": "torch", "us": round(cublas, 3), "cublas_us": round(cublas, 3)}
+                    buckets[str(n)] = {"kind": "torch", "us": round(cublas, 3), "cublas_us": round(cublas, 3),
+                                       **{k: v for k, v in buckets[str(n)].items() if k == "default_us"}}
     us = t.time(sg.MAX_TOKENS, dot) if str(sg.MAX_TOKENS) not in buckets else math.inf
     if us < math.inf:  # n = 9..16: the dot kernel
         buckets[str(sg.MAX_TOKENS)] = {**dot, "us": round(us, 3)}
@@ -170,8 +174,9 @@ def tune(out: str, time_limit_s: float = 100.0, smoke: bool = False, preset: str
     for shape, b in results.items():
         for n, c in sorted(b.items(), key=lambda kv: int(kv[0])):
             moved = sg.bytes_moved(int(n), shape.N, shape.K, 2)
-            cub = c.get("cublas_us")
-            rows.append({"shape": shape.name, "N,K": shape.key, "n": int(n), "cublas_us": cub, "best_us": c["us"],
+            cub, dflt = c.get("cublas_us"), c.get("default_us")
+            rows.append({"shape": shape.name, "N,K": shape.key, "n": int(n), "cublas_us": cub, "default_us": dflt,
+                         "best_us": c["us"],
                          "speedup": cub / c["us"] if cub else None, "eta": ceiling.eta(moved, c["us"], copy),
                          "cublas_eta": ceiling.eta(moved, cub, copy) if cub else None, "config": config_str(c)})
     report_tune(log, written, t0, name, copy, rows, time_limit_s, skipped)
