@@ -52,9 +52,16 @@ for s in ${STEPS:-install env}; do
     sweeplist) step sweeplist 60 python3 -m verifybench.harness.dist.allreduce --nccl-sweep --list ;;
     core) step core "${LIMIT:-480}" verifybench run --components verify,cycle,mla_verify --out "$WORK/run"
           step compare 60 verifybench compare "$BASE/verify.json" "$WORK"/run/verify-*.json ;;
+    readme) step readme "${LIMIT:-420}" bash -c ".ci/install && verifybench run"  # the README's main job, as written
+            step compare 60 bash -c "verifybench compare $BASE/verify.json verifybench-results/*/verify-*.json"
+            mkdir -p "$WORK/readme" && cp -r verifybench-results "$WORK/readme/" ;;
     hidden) step hidden "${LIMIT:-300}" env VERIFYBENCH_CONFIG_TABLES=none VERIFYBENCH_MEMORY_CAP_GIB=94 \
-              verifybench run --components moe_int4,verify --tokens 1,4,8 --out "$WORK/hidden" ;;
-    dvt) step dvt 240 python3 scripts/defaults_vs_tuned.py "$WORK/run/defaults_vs_tuned.json" ;;
+              verifybench run ${HIDDEN_ARGS:---components moe_int4,verify --tokens 1,4,8} --out "$WORK/hidden" ;;
+    tune) step tune "${LIMIT:-300}" verifybench tune --budget-s "${TUNE_BUDGET:-200}" --out "$WORK/tuned" ;;
+    dvt) step dvt "${LIMIT:-240}" python3 scripts/defaults_vs_tuned.py "$WORK/run/defaults_vs_tuned.json" \
+           --max-time-s "${DVT_MAX_TIME_S:-0.5}" $([ -d "$WORK/tuned" ] && echo --user-dir "$WORK/tuned") ;;
+    diag) step diag "${DIAG_LIMIT:-120}" python3 -m pytest -q --tb=short ${DIAG:-tests} ;;
+    diag2) step diag2 "${DIAG2_LIMIT:-120}" python3 -m pytest -q --tb=short ${DIAG2:-tests} ;;
     gputests) step gputests "${LIMIT:-300}" python3 -m pytest -q -m gpu -x -p no:randomly ;;
     bench) step bench "${LIMIT:-300}" python3 -m pytest --benchmark-only -q microbench/ \
              --benchmark-json="$WORK/run/bench.json" ;;
