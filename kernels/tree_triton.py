@@ -98,7 +98,7 @@ def _build_tree_kernel(verified_id, parent_list, top_index, draft_in, seq_lens, 
         s_ok = (s >= 0) & (s < num_cand)
         s32 = tl.where(node & s_ok, s, -1).to(tl.int32)
         g = tl.maximum(s32, 0) // TOPK
-        g_ok = g < parent_width
+        g_ok = (g == 0) | (g < parent_width)  # the first level's parent is the root: spec_steps 1 has no list
         need = node & s_ok & g_ok & (g > 0)
         target = tl.load(parent_list + b * parent_width + g, mask=need, other=-1).to(tl.int64)
         t32 = tl.where(need & (target >= 0) & (target < num_cand), target, -2).to(tl.int32)

@@ -52,10 +52,10 @@ for s in ${STEPS:-install env}; do
     sweeplist) step sweeplist 60 python3 -m verifybench.harness.dist.allreduce --nccl-sweep --list ;;
     core) step core "${LIMIT:-480}" verifybench run --components verify,cycle,mla_verify --out "$WORK/run"
           step compare 60 verifybench compare "$BASE/verify.json" "$WORK"/run/verify-*.json ;;
-    readme) step readme "${LIMIT:-420}" bash -c ".ci/install && verifybench run"  # the README's main job, as written
+    readme) step readme "${README_LIMIT:-420}" bash -c ".ci/install && verifybench run"  # the README's main job, as written
             step compare 60 bash -c "verifybench compare $BASE/verify.json verifybench-results/*/verify-*.json"
             mkdir -p "$WORK/readme" && cp -r verifybench-results "$WORK/readme/" ;;
-    hidden) step hidden "${LIMIT:-300}" env VERIFYBENCH_CONFIG_TABLES=none VERIFYBENCH_MEMORY_CAP_GIB=94 \
+    hidden) step hidden "${HIDDEN_LIMIT:-300}" env VERIFYBENCH_CONFIG_TABLES=none VERIFYBENCH_MEMORY_CAP_GIB=94 \
               verifybench run ${HIDDEN_ARGS:---components moe_int4,verify --tokens 1,4,8} --out "$WORK/hidden" ;;
     tune) step tune "${LIMIT:-300}" verifybench tune --budget-s "${TUNE_BUDGET:-200}" --out "$WORK/tuned" ;;
     dvt) step dvt "${LIMIT:-240}" python3 scripts/defaults_vs_tuned.py "$WORK/run/defaults_vs_tuned.json" \

@@ -602,6 +602,7 @@ def test_prewarm_compiles_in_a_spawned_process(mt):
     assert bench._prewarm_worker("tiny", 1, [(1, cfg)]) == []
     bad = {**cfg, "gate_up": {**cfg["gate_up"], "SPLIT_K": 3}}
     assert "SPLIT_K" in bench._prewarm_worker("tiny", 1, [(1, bad)])[0]
+    assert bench._prewarm_worker("tiny", 1, [(1, bad)], deadline_epoch=0.0) == []  # past its limit: compiles none
     lines = []
     assert bench._prewarm("tiny", 1, [(1, cfg)], 1, lines.append) is True  # pdl probe: no-op without CUDA
     assert lines and lines[0].startswith("prewarmed 1 (n, config) calls in 1 processes"), lines

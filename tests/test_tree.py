@@ -93,7 +93,7 @@ def test_topk2_tree_matches_hand_worked_answer(backend):
     assert accept.tolist() == [[0, 2, -1], [5, 6, 9]] and num.tolist() == [1, 2]
 
 
-@pytest.mark.parametrize("steps,topk,d", [(3, 1, 4), (5, 4, 8), (6, 10, 60), (31, 1, 32)])
+@pytest.mark.parametrize("steps,topk,d", [(3, 1, 4), (5, 4, 8), (6, 10, 60), (31, 1, 32), (1, 1, 2), (1, 4, 5)])
 def test_kernel_equals_reference_on_random_valid_trees(steps, topk, d):
     for seed in (0, 1):
         draft = random_draft(3, topk, steps, 50, seed=seed, device=DEV)

@@ -19,6 +19,7 @@ from verifybench.harness.tune.common import merged_table
 # ---------------------------------------------------------------------------------------------------- tuning
 
 TUNE_NS = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32)
+PREWARM_SHARE = 0.6  # of the time cap, at most, for compiling ahead in parallel
 SPACES = tuple(mt.TUNE_SPACES)  # split-denormal, split-half2: (starting config, gate_up and down candidates) each
 # CPU dry run (preset tiny, interpreter): the same code path with few, large blocks (the interpreter's cost is per
 # program); timings are meaningless there
@@ -140,15 +141,18 @@ def _small_layer(preset: str, tp: int, device: str, experts: int = 16) -> tuple:
     return (*linear(2 * i, h), *linear(h, i))
 
 
-def _prewarm_worker(preset: str, tp: int, jobs: list) -> list[str]:
+def _prewarm_worker(preset: str, tp: int, jobs: list, deadline_epoch: float = math.inf) -> list[str]:
     """Compile (by running once) each (n, config) on _small_layer, so that the main process finds the kernels in
-    triton's disk cache. Returns the failures."""
+    triton's disk cache, until the wall clock passes `deadline_epoch` (time.time(): shared across processes).
+    Returns the failures."""
     p = preset_shape(preset, tp)
     device = "cuda" if cuda_available() else "cpu"
     act = torch.bfloat16 if device == "cuda" else torch.float16
     ws = _small_layer(preset, tp, device)
     failed = []
     for n, cfg in jobs:
+        if time.time() > deadline_epoch:  # the sweep compiles the rest itself, within its own time limit
+            break
         try:
             mt.misfit(cfg, device, _shape(p))  # compiles the shared-memory check here, in parallel (Triton's cache)
             tw, ids = moe.route_uniform(n, ws[0].shape[0], p.topk, seed=n, device=device)
@@ -188,10 +192,11 @@ def _probe_pdl_worker(preset: str, tp: int) -> str | None:
         return f"{type(e).__name__}: {str(e)[:300]}"
 
 
-def _prewarm(preset: str, tp: int, jobs: list, workers: int, log, probe: bool = True) -> bool:
+def _prewarm(preset: str, tp: int, jobs: list, workers: int, log, probe: bool = True,
+             time_limit_s: float = math.inf) -> bool:
     """Compile the sweep's kernels in `workers` spawned processes before timing (compiling dominates a cold sweep),
-    and probe pdl in one more; any failure of the compiles only costs time (the sweep compiles what is missing).
-    Returns whether pdl configs may be timed."""
+    for at most `time_limit_s`, and probe pdl in one more; any failure of the compiles only costs time (the sweep
+    compiles what is missing). Returns whether pdl configs may be timed."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
@@ -203,15 +208,18 @@ def _prewarm(preset: str, tp: int, jobs: list, workers: int, log, probe: bool = 
     try:
         with ProcessPoolExecutor(max(1, len(chunks)), mp_context=mp.get_context("spawn")) as pool:
             pdl = pool.submit(_probe_pdl_worker, preset, tp) if probe else None
-            failed = [f for fs in pool.map(_prewarm_worker, [preset] * len(chunks), [tp] * len(chunks), chunks)
-                      for f in fs]
+            until = [time.time() + time_limit_s] * len(chunks)
+            failed = [f for fs in pool.map(_prewarm_worker, [preset] * len(chunks), [tp] * len(chunks), chunks,
+                                           until) for f in fs]
             pdl_error = pdl.result() if pdl else None
     except Exception as e:
         log(f"prewarm failed ({type(e).__name__}: {str(e)[:200]}); compiling during the sweep, pdl left out")
         return False
     if chunks:
-        log(f"prewarmed {len(jobs)} (n, config) calls in {len(chunks)} processes: {time.perf_counter() - t0:.0f} s"
-            + (f"; {len(failed)} failed, e.g. {failed[0]}" if failed else ""))
+        spent = time.perf_counter() - t0
+        log(f"prewarmed {len(jobs)} (n, config) calls in {len(chunks)} processes: {spent:.0f} s"
+            + (f" (stopped at its {time_limit_s:.0f} s limit: the sweep compiles the rest)"
+               if spent > time_limit_s else "") + (f"; {len(failed)} failed, e.g. {failed[0]}" if failed else ""))
     if pdl_error:
         log(f"pdl probe failed, pdl configs left out: {pdl_error}")
     return pdl_error is None
@@ -266,7 +274,9 @@ def tune(preset: str = "kimi-k2.5", tp: int = 8, ns=TUNE_NS, *, out: str, max_mi
         f"spaces {', '.join(spaces)}; ~{per_n} timed configs per n, {max_time_s} s each; cap {max_minutes} min")
     workers = (0 if smoke else min(12, max(1, (os.cpu_count() or 2) - 2))) if jobs is None else jobs
     prewarm = [job for base, gu, dn in split_spaces.values() for job in _prewarm_jobs(ns, gu, dn, base)]
-    pdl_ok = _prewarm(preset, tp, prewarm, workers, log, probe=not smoke and bool(split_spaces))
+    # compiling may take most of a short cap, never all of it: the sweep needs time to measure
+    pdl_ok = _prewarm(preset, tp, prewarm, workers, log, probe=not smoke and bool(split_spaces),
+                      time_limit_s=PREWARM_SHARE * 60 * max_minutes)
     prewarm_s = time.perf_counter() - t0
     tuner = _Tuner(preset, tp, device, max_time_s, t0 + 60 * max_minutes, per_n * len(ns), log)
     best: dict[int, dict] = {}
