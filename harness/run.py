@@ -150,9 +150,9 @@ def failed_cases(run: dict) -> list[str]:
     return [c["name"] for c in run["cases"] if not c["check"]["ok"] and not c.get("skipped")]
 
 
-def write_report(runs: dict[str, dict], scope: dict, out_dir: Path) -> Path:
-    """Markdown with every component's tables and charts and the fingerprint headline, beside the result files.
-    Every file of the run carries the run's UTC time in its name."""
+def write_report(runs: dict[str, dict], scope: dict, out_dir: Path, notices: list[str] = ()) -> Path:
+    """Markdown with every component's tables and charts, the fingerprint headline and `notices` (which kernels ran
+    on defaults), beside the result files. Every file of the run carries the run's UTC time in its name."""
     first = next(iter(runs.values()))
     fp, stamp = first["fingerprint"], results.stamp(first)
     lines = [f"# verifybench run: {scope['preset']} TP{scope['tp']}, context {scope['context']}, on {fp['gpu_model']}",
@@ -160,6 +160,7 @@ def write_report(runs: dict[str, dict], scope: dict, out_dir: Path) -> Path:
     if scope["cpu"]:
         lines += [f"**{cpu_banner()}** Derived figures that CPU noise cannot support (fits, ratios, eta, break-even) "
                   f"are withheld: their cells read \"{results.WITHHELD}\".", ""]
+    lines += [f"**{line}**" for line in notices] + ([""] if notices else [])
     if memory.cap_bytes() is not None:
         lines += [f"Memory capped at {memory.gib(memory.cap_bytes())} ({memory.CAP_ENV}); a component short of "
                   "memory ran fewer layers or rotation sets (said in its tables) or skipped a case (listed).", ""]
@@ -248,9 +249,11 @@ def run(args) -> int:
     for name in names:
         print(f"\n== {name}: {components.load(name).HELP}")
         runs[name] = run_component(name, scope, out_dir)
-    path = write_report(runs, scope, out_dir)
+    notices = config_tables.defaults_notice()
+    path = write_report(runs, scope, out_dir, notices)
     print(f"\nreport: {path}")
-    config_tables.print_defaults_notice()
+    for line in notices:
+        print(line)
     return 1 if any(failed_cases(r) for r in runs.values()) else 0
 
 

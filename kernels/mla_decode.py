@@ -52,6 +52,10 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # outputs (2 KiB per row per split) outweigh the keys. Larger block_rows (32 or 64, 8 warps) read the cache fewer
 # times per split.
 DEFAULT_CONFIG = {"block_rows": 16, "block_keys": 64, "num_warps": 4, "num_stages": 2}
+# fp32 (the references' precision): tiles of twice the bytes per key, the first of these that fits the GPU (at
+# 576/512 the first needs 176,128 B; none fits 101,376 B there, the last comes closest)
+FP32_CONFIGS = ({**DEFAULT_CONFIG, "block_keys": 32}, {**DEFAULT_CONFIG, "block_keys": 16},
+                {**DEFAULT_CONFIG, "block_keys": 16, "num_stages": 1})
 MIN_SPLIT_KEYS = 64
 PROGRAMS_PER_SM = 2  # stage-1 programs the default split count aims at per SM
 MAX_SPLITS = 256
@@ -176,10 +180,18 @@ def shape_key(heads: int, n: int, d: int = 576, kv_lora: int = 512) -> str:
     return f"{heads},{n},{d},{kv_lora}"
 
 
-def default_config(n: int, heads: int, length: int, device="cpu") -> dict:
-    """The untuned choice: DEFAULT_CONFIG tiles, default_num_splits."""
-    return {"num_splits": default_num_splits(length, heads * n, DEFAULT_CONFIG["block_rows"],
-                                             _sm_count(torch.device(device))), **DEFAULT_CONFIG}
+def default_config(n: int, heads: int, length: int, device="cpu", dtype: torch.dtype = torch.bfloat16, d: int = 576,
+                   kv_lora: int = 512) -> dict:
+    """The untuned choice: DEFAULT_CONFIG tiles (fp32: the first of FP32_CONFIGS that fits the GPU's shared memory,
+    else the last), default_num_splits."""
+    tile = DEFAULT_CONFIG
+    if dtype == torch.float32:
+        limits = config_tables.device_limits(device)
+        fitting = [c for c in FP32_CONFIGS if limits is None
+                   or fits(c, *limits, "float32", heads=heads, n=n, d=d, kv_lora=kv_lora)[0]]
+        tile = (fitting or FP32_CONFIGS[-1:])[0]
+    return {"num_splits": default_num_splits(length, heads * n, tile["block_rows"], _sm_count(torch.device(device))),
+            **tile}
 
 
 # ---------------------------------------------------------------------------------------------------- shared memory
@@ -284,7 +296,7 @@ def select(n: int, heads: int, length: int, device, table: dict | None = None, *
         if not ok:
             cfg, source = None, config_tables.fit_source(need, limits[1])
     if cfg is None:
-        cfg = default_config(n, heads, length, device)
+        cfg = default_config(n, heads, length, device, dtype, d, kv_lora)
     elif source == "default":
         source = "tuned"
     if merged:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from verifybench.harness.engine import results
+from verifybench.harness.engine import fingerprint, results
 from verifybench.harness.engine.timing import cuda_available, measure
 from verifybench.harness.model.build import allreduce_stand_in_us, build_forward
 from verifybench.kernels import config_tables
@@ -115,7 +115,8 @@ def main(argv=None) -> int:
     gpu = config_tables.device_name("cuda")
     results.write_json_atomic(args.out, {"gpu": gpu, "preset": args.preset, "tp": args.tp, "context": args.context,
                                          "layers": len(fwd.layers), "rounds": args.rounds, "mode": "graph",
-                                         "user_dir": str(args.user_dir) if args.user_dir else None, "rows": rows})
+                                         "user_dir": str(args.user_dir) if args.user_dir else None, "rows": rows,
+                                         "fingerprint": fingerprint.collect()})
     print(f"wrote {args.out}")
     config_tables.print_defaults_notice()
     print(f"{gpu}, {args.preset} TP{args.tp}, context {args.context}: shipped tables (tuned) vs defaults"

@@ -100,6 +100,10 @@ def test_quick_nccl_sweep_runs_each_setting_in_a_fresh_eight_rank_torchrun_and_p
         env = setting_run["fingerprint"]["env"]
         assert env.get("NCCL_PROTO") == want
         assert env["NCCL_NVLS_ENABLE"] == "0" and env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+    if torch.cuda.is_available():  # a GPU run's stand-in takes no gloo latency
+        with pytest.raises(ValueError, match=r"a CPU \(gloo\) run"):
+            stand_in_from_result(str(summary), 512)
+        return
     us, source = stand_in_from_result(str(summary), 512)  # a sweep summary serves as the stand-in's source
     assert us > 0 and "under NCCL setting" in source and "CPU numbers" in source
 

@@ -142,3 +142,21 @@ def test_an_unwritable_out_is_refused_before_anything_is_measured(tmp_path, monk
     monkeypatch.setattr("tempfile.mkstemp", refuse)  # read-only, also when the tests run as root
     assert main(["verify", "--out", str(tmp_path / "ro")]) == 2
     assert "is not writable: Permission denied" in capsys.readouterr().err
+
+
+def test_the_report_and_the_output_name_the_kernels_that_ran_on_defaults(tmp_path, monkeypatch, capsys):
+    """A GPU without tables (or with them hidden): the notice heads the report as well as the console."""
+    from verifybench.harness import run
+    from verifybench.harness.cli import main
+    from verifybench.kernels import config_tables
+
+    monkeypatch.delenv("VERIFYBENCH_MAX_TIME_S", raising=False)
+    line = "NOTE: Some GPU: no tuned table for skinny_gemm: running defaults; `verifybench tune` tunes this GPU"
+    monkeypatch.setattr(config_tables, "defaults_notice", lambda: [line])
+    monkeypatch.setattr(run, "run_component", lambda name, scope, out: {
+        "component": name, "fingerprint": {"gpu_model": "Some GPU", "git": {"commit": "x", "dirty": False},
+                                           "versions": {"torch": "t"}, "driver": "d"},
+        "created_utc": "2026-12-02T00:00:00+00:00", "cases": []})
+    assert main(["run", "--components", "baseline", "--out", str(tmp_path)]) == 0
+    report = next(tmp_path.glob("run-*.md")).read_text()
+    assert f"**{line}**" in report and line in capsys.readouterr().out

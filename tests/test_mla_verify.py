@@ -159,7 +159,10 @@ def test_wider_and_signed_mask_words_match_the_bool_mask(word):
         words = _words(args[4], word)
         assert words[-1] < 0
         got = mla_verify(*args[:4], words.view(1, d), 32, 0.3, variant=variant, config=config)
-        assert torch.equal(got, want)
+        if DEV == "cuda":  # another mask type is another compile: its tf32 dots may sum in another order
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        else:
+            assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("name", ["extend", "split_kv-3"])

@@ -285,14 +285,14 @@ BAD_CONFIGS = {
 def test_bad_config_raises_a_clear_value_error(mt, weights, case):
     config, match = BAD_CONFIGS[case]
     with pytest.raises(ValueError, match=match):
-        mt.fused_moe_w4a16(*_args(weights), config=config)
+        mt.fused_moe_w4a16(*_args(_on(_device(), weights), dev=_device()), config=config)
 
 
 def test_half2_refuses_other_group_sizes_and_the_interpreter(mt):
     torch.manual_seed(2)
     ws = (*moe.quantize_w4a16(torch.randn(E, 2 * I, H), 16), *moe.quantize_w4a16(torch.randn(E, H, I), 16))
     with pytest.raises(ValueError, match="group size 32"):
-        mt.fused_moe_w4a16(*_args(ws), config={**_SPLIT, "dequant": "half2"})
+        mt.fused_moe_w4a16(*_args(_on(_device(), ws), dev=_device()), config={**_SPLIT, "dequant": "half2"})
     if not torch.cuda.is_available():  # inline PTX: no interpreter path, and no silent fallback either
         with pytest.raises(ValueError, match="needs a CUDA GPU"):
             mt.fused_moe_w4a16(*_args(weights_k32()), config={**_SPLIT, "dequant": "half2"})
