@@ -189,16 +189,6 @@ def cycle_costs(run: dict, attention: str = "extend") -> tuple[dict, float]:
     return costs, float(np.median(decodes))
 
 
-def cycle_overheads(run: dict, attention: str = "extend") -> dict[int, tuple[tuple[int, int, int], float, float]]:
-    """Per D: (config, draft_ms, re-extend + other ms) of the measured cycle, the cheapest config at that D."""
-    out = {}
-    for (config, _), cost in sorted(cycle_costs(run, attention)[0].items()):
-        d = config[2]
-        if d not in out or cost.draft_ms + cost.overhead_ms < out[d][1] + out[d][2]:
-            out[d] = (config, cost.draft_ms, cost.overhead_ms)
-    return out
-
-
 def newest_cycle(directory: Path) -> Path | None:
     """The newest cycle-*.json in a results folder (names carry the UTC time, so the last name is the newest)."""
     found = sorted(Path(directory).glob("cycle-*.json"))

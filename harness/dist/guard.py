@@ -55,16 +55,6 @@ def check_hang_timeout(value) -> float:
     return seconds
 
 
-def hang_timeout_arg(text: str) -> float:
-    """argparse type for --hang-timeout: refused at parse time (exit 2, one line) when check_hang_timeout refuses."""
-    import argparse
-
-    try:
-        return check_hang_timeout(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e).removeprefix("--hang-timeout ")) from None
-
-
 def process_state(pid: int) -> str | None:
     """The one-letter state of a local process from /proc (R, S, D, T stopped, t traced, Z zombie, X dead), or None
     when it is gone."""
