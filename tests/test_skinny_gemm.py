@@ -161,12 +161,13 @@ def test_silu_mul_prologue_stays_finite_for_large_gates():
 
 
 def test_silu_mul_prologue_checks_the_gate_up_width():
-    x, w = torch.randn(2, 64), torch.randn(8, 64)
+    # on DEV: CPU tensors on a GPU machine (no interpreter) would take the reference, not the fused prologue
+    x, w = torch.randn(2, 64, device=DEV), torch.randn(8, 64, device=DEV)
     with pytest.raises(ValueError, match=r"gate_up \[n, 2K\]"):
         sg.linear(x, w, act="silu_mul")
     with pytest.raises(ValueError, match="act must be one of"):
         sg.linear(x, w, act="gelu")
-    gu = torch.randn(2, 128)
+    gu = torch.randn(2, 128, device=DEV)
     assert rel_error(sg.linear(gu, w, act="silu_mul"), sg.linear(silu_mul_reference(gu), w)) <= 1e-5
 
 
@@ -479,8 +480,9 @@ def test_gpu_pdl_chain_in_a_cuda_graph(case):
 
 
 def test_a_torch_entry_dispatches_to_f_linear():
-    # where the tune measured cuBLAS faster, the table says "torch" and linear() calls F.linear
-    x, w = torch.randn(3, 64, dtype=torch.float16), torch.randn(32, 64, dtype=torch.float16)
+    # where the tune measured cuBLAS faster, the table says "torch" and linear() calls F.linear; on DEV: CPU
+    # tensors on a GPU machine (no interpreter) take the fp32 reference before any dispatch
+    x, w = torch.randn(3, 64, dtype=torch.float16, device=DEV), torch.randn(32, 64, dtype=torch.float16, device=DEV)
     cfg = sg.check_config({"kind": "torch"}, 3)
     assert cfg["kind"] == "torch"
     assert torch.equal(sg.linear(x, w, config={"kind": "torch"}), torch.nn.functional.linear(x, w))

@@ -154,7 +154,7 @@ class Output:
         run = self._save(skipped, complete=True, nccl_log=nccl_log)
         self.all_ok = all(c.check_ok for c in self.cases)
         if self.device_type == "cpu":
-            print("NOTE: no CUDA device: CPU numbers (gloo, perf_counter timing), not GPU numbers.")
+            print("NOTE: run on CPU: CPU numbers (gloo, perf_counter timing), not GPU numbers.")
         if self.info.world_size == 1:
             print("NOTE: one rank: each op has no peer (busbw 0). Multi-GPU: torchrun --nproc-per-node=N -m "
                   "verifybench.harness.dist.allreduce")

@@ -400,7 +400,7 @@ class Output:
         p, i = self.plan, self.info
         out = []
         if p["device"] == "cpu":
-            out.append("NOTE: no CUDA device: CPU numbers (gloo, perf_counter timing), not GPU numbers.")
+            out.append("NOTE: run on CPU: CPU numbers (gloo, perf_counter timing), not GPU numbers.")
         if i.world_size < p["tp"]:
             out.append(f"NOTE: {i.world_size} ranks of a TP-{p['tp']} model: each rank holds the shapes one of "
                        f"{p['tp']} ranks holds, and the allreduce spans {i.world_size} ranks, not {p['tp']}.")
