@@ -53,7 +53,7 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # times per split.
 DEFAULT_CONFIG = {"block_rows": 16, "block_keys": 64, "num_warps": 4, "num_stages": 2}
 # fp32 (the references' precision): tiles of twice the bytes per key, the first of these that fits the GPU (at
-# 576/512 the first needs 176,128 B; none fits 101,376 B there, the last comes closest)
+# 576/512 the first needs 176,128 B and none fits 101,376 B: there fp32 is refused)
 FP32_CONFIGS = ({**DEFAULT_CONFIG, "block_keys": 32}, {**DEFAULT_CONFIG, "block_keys": 16},
                 {**DEFAULT_CONFIG, "block_keys": 16, "num_stages": 1})
 MIN_SPLIT_KEYS = 64
@@ -182,14 +182,19 @@ def shape_key(heads: int, n: int, d: int = 576, kv_lora: int = 512) -> str:
 
 def default_config(n: int, heads: int, length: int, device="cpu", dtype: torch.dtype = torch.bfloat16, d: int = 576,
                    kv_lora: int = 512) -> dict:
-    """The untuned choice: DEFAULT_CONFIG tiles (fp32: the first of FP32_CONFIGS that fits the GPU's shared memory,
-    else the last), default_num_splits."""
+    """The untuned choice: DEFAULT_CONFIG tiles (fp32: the first of FP32_CONFIGS that fits the GPU's shared memory;
+    a ValueError naming the bytes when none does), default_num_splits."""
     tile = DEFAULT_CONFIG
     if dtype == torch.float32:
         limits = config_tables.device_limits(device)
-        fitting = [c for c in FP32_CONFIGS if limits is None
-                   or fits(c, *limits, "float32", heads=heads, n=n, d=d, kv_lora=kv_lora)[0]]
-        tile = (fitting or FP32_CONFIGS[-1:])[0]
+        need = {i: fits(c, *limits, "float32", heads=heads, n=n, d=d, kv_lora=kv_lora) for i, c in
+                enumerate(FP32_CONFIGS)} if limits is not None else {0: (True, 0)}
+        fitting = [FP32_CONFIGS[i] for i, (ok, _) in need.items() if ok]
+        if not fitting:
+            raise ValueError(f"MLA decode in fp32 at D={d}, kv_lora={kv_lora} needs {need[len(FP32_CONFIGS) - 1][1]} "
+                             f"B of shared memory per block at least; this GPU allows {limits[1]} B: use bf16 or "
+                             "fp16")
+        tile = fitting[0]
     return {"num_splits": default_num_splits(length, heads * n, tile["block_rows"], _sm_count(torch.device(device))),
             **tile}
 

@@ -82,6 +82,11 @@ def _check_kernel(heads, n, d, kv_lora, length, dtype, num_splits, peak=1.0, sca
     (1, 130, 2),
 ])
 def test_kernel_matches_reference_at_the_mla_head_dims(dtype, n, length, num_splits):
+    limits = md.config_tables.device_limits(DEV)
+    if dtype == torch.float32 and limits and not md.fits(md.FP32_CONFIGS[-1], *limits, "float32", heads=2, n=n)[0]:
+        with pytest.raises(ValueError, match="fp32 at D=576.*use bf16 or fp16"):  # e.g. sm_120's 101,376 B
+            _check_kernel(2, n, 576, 512, length, dtype, num_splits, scale=KIMI_SCALE)
+        return
     _check_kernel(2, n, 576, 512, length, dtype, num_splits, scale=KIMI_SCALE)
 
 
@@ -222,6 +227,17 @@ def test_select_config_hits_the_table_at_the_largest_bucket_not_above_length():
     assert sel(4100, d=48, kv_lora=32) == md.default_config(4, 8, 4100)  # another head dim
     assert sel(4100, dtype=torch.float32) == md.default_config(4, 8, 4100, dtype=torch.float32)  # 2-byte tunings
     assert md.default_config(4, 8, 4100, dtype=torch.float32)["block_keys"] == md.FP32_CONFIGS[0]["block_keys"]
+
+
+def test_fp32_defaults_take_the_first_tile_that_fits_and_refuse_when_none_does(monkeypatch):
+    monkeypatch.setattr(md.config_tables, "device_limits", lambda device: (120, 101376))
+    sizes = iter([(False, 176128), (True, 90000), (True, 80000)])
+    monkeypatch.setattr(md, "fits", lambda *a, **k: next(sizes))
+    assert md.default_config(1, 8, 4096, dtype=torch.float32)["block_keys"] == md.FP32_CONFIGS[1]["block_keys"]
+    monkeypatch.setattr(md, "fits", lambda *a, **k: (False, 106496))
+    with pytest.raises(ValueError, match="needs 106496 B of shared memory.*allows 101376 B: use bf16 or fp16"):
+        md.default_config(1, 8, 4096, dtype=torch.float32)
+    assert md.default_config(1, 8, 4096)["block_keys"] == DEFAULT_CONFIG["block_keys"]  # 2-byte: no question
 
 
 def test_select_config_falls_back_to_todays_defaults():
