@@ -1,8 +1,7 @@
 """INT4 (W4A16) routed-expert MoE layer at 1..8 (16, 32) tokens: the Triton kernel, the fp32 torch reference and
 dense bf16 weights through plain torch, side by side, cold (weights rotated over >= 4 layers inside the graph).
 
-Run: pytest --benchmark-only microbench/bench_moe_int4.py
-Tune: python3 -m microbench.bench_moe_int4 tune --out PATH   (--help for the options)
+Run: verifybench moe_int4   or   pytest --benchmark-only microbench/bench_moe_int4.py. Tune: verifybench tune.
 """
 from __future__ import annotations
 
