@@ -187,13 +187,12 @@ def default_config(n: int, heads: int, length: int, device="cpu", dtype: torch.d
     tile = DEFAULT_CONFIG
     if dtype == torch.float32:
         limits = config_tables.device_limits(device)
-        need = {i: fits(c, *limits, "float32", heads=heads, n=n, d=d, kv_lora=kv_lora) for i, c in
-                enumerate(FP32_CONFIGS)} if limits is not None else {0: (True, 0)}
-        fitting = [FP32_CONFIGS[i] for i, (ok, _) in need.items() if ok]
+        sized = [(c, fits(c, *limits, "float32", heads=heads, n=n, d=d, kv_lora=kv_lora)) for c in FP32_CONFIGS] \
+            if limits is not None else [(FP32_CONFIGS[0], (True, 0))]
+        fitting = [c for c, (ok, _) in sized if ok]
         if not fitting:
-            raise ValueError(f"MLA decode in fp32 at D={d}, kv_lora={kv_lora} needs {need[len(FP32_CONFIGS) - 1][1]} "
-                             f"B of shared memory per block at least; this GPU allows {limits[1]} B: use bf16 or "
-                             "fp16")
+            raise ValueError(f"MLA decode in fp32 at D={d}, kv_lora={kv_lora} needs {sized[-1][1][1]} B of shared "
+                             f"memory per block at least; this GPU allows {limits[1]} B: use bf16 or fp16")
         tile = fitting[0]
     return {"num_splits": default_num_splits(length, heads * n, tile["block_rows"], _sm_count(torch.device(device))),
             **tile}

@@ -60,8 +60,8 @@ DEFAULT_SMS = 132  # H200; used where no CUDA device reports its count
 COUNTER_SLOTS = 1 << 14  # column blocks a split launch may have (N / BLOCK_N); grown outside capture if needed
 # Used when the GPU or shape is not in the table (SPLIT_K None: from the shape), the kinds and tiles the H200 table
 # picks most: for one or two tokens the fma kernel wherever a row holds more than one of its 1024-element steps
-# (15 of the 16 such shape-and-n entries there); else the dot kernel, 32 x 256 tiles over rows of LONG_K elements or more (the most
-# frequent winner there) and 64 x 128 over shorter ones. Each fits 101,376 B of shared memory on every supported
+# (15 of the 16 such shape-and-n entries there); else the dot kernel, 32 x 256 tiles over rows of LONG_K elements
+# or more (the most frequent winner there) and 64 x 128 over shorter ones. Each fits 101,376 B of shared memory on every supported
 # architecture (tests compile them).
 DEFAULT_DOT = {"kind": "dot", "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": None, "reduce": "serial", "num_warps": 4,
                "num_stages": 4}

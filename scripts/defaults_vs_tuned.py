@@ -15,6 +15,7 @@ import os
 import statistics
 import sys
 import tempfile
+from unittest import mock
 from pathlib import Path
 
 import torch
@@ -40,16 +41,9 @@ def moe_calls(fwd, n: int) -> list:
 def tables(side: str, dirs: dict[str, str]):
     """Selection inside the block as on `side`: the shipped tables alone (an empty user folder), none (defaults), or
     the user's folder over the shipped ones. Selection caches key on the folder, so each side re-selects."""
-    old = os.environ.get(config_tables.CONFIG_DIR_ENV)
-    os.environ[config_tables.CONFIG_DIR_ENV] = dirs.get(side, dirs["tuned"])
-    try:
-        with config_tables.defaults_only(side == "default"):
-            yield
-    finally:
-        if old is None:
-            os.environ.pop(config_tables.CONFIG_DIR_ENV, None)
-        else:
-            os.environ[config_tables.CONFIG_DIR_ENV] = old
+    with mock.patch.dict(os.environ, {config_tables.CONFIG_DIR_ENV: dirs.get(side, dirs["tuned"])}), \
+            config_tables.defaults_only(side == "default"):
+        yield
 
 
 def timed_us(fns, side: str, dirs: dict[str, str], max_time_s: float) -> float:

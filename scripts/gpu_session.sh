@@ -33,8 +33,10 @@ for s in ${STEPS:-install env}; do
     env) step env 60 verifybench env ;;
     tests) step tests "${LIMIT:-420}" python3 -m pytest -q -x ;;
     # the README's test command over the test files in two halves: the whole suite outlasts one device command
-    tests1) step tests1 "${TESTS_LIMIT:-560}" python3 -m pytest --durations=25 -rfE $(ls tests/test_*.py | head -n 18) ;;
-    tests2) step tests2 "${TESTS_LIMIT:-560}" python3 -m pytest --durations=25 -rfE $(ls tests/test_*.py | tail -n +19) ;;
+    tests1) step tests1 "${TESTS_LIMIT:-560}" python3 -m pytest --durations=25 -rfE \
+              $(ls tests/test_*.py | head -n 18) ;;
+    tests2) step tests2 "${TESTS_LIMIT:-560}" python3 -m pytest --durations=25 -rfE \
+              $(ls tests/test_*.py | tail -n +19) ;;
     cycle) step cycle "${LIMIT:-400}" verifybench cycle --out "$WORK/run" ;;
     mla_verify) step mla_verify 200 verifybench mla_verify --out "$WORK/run" ;;
     verify) step verify "${LIMIT:-300}" verifybench verify --tokens "${TOKENS:-1-8}" --out "$WORK/run"

@@ -237,15 +237,15 @@ def _prewarm_jobs(ns, gate_up: list, down: list, base: dict) -> list:
     return jobs
 
 
-def tune(preset: str = "kimi-k2.5", tp: int = 8, ns=TUNE_NS, *, out: str, max_minutes: float = 4.0, max_time_s: float = 0.2, spaces=SPACES, jobs: int | None = None,
-         log=print) -> dict:
+def tune(preset: str = "kimi-k2.5", tp: int = 8, ns=TUNE_NS, *, out: str, max_minutes: float = 4.0,
+         max_time_s: float = 0.2, spaces=SPACES, jobs: int | None = None, log=print) -> dict:
     """Per n and space (mt.TUNE_SPACES: split-denormal, split-half2, the fp32 and the fp16-pair dequant): gate_up
     blocking x SPLIT_K x prefetch, then down blocking, then pdl, then the 3 best gate_up again with that down, every
     candidate checked against the fp32 reference, skipped where it does not fit the GPU's shared memory, then timed
     in graph mode with cold rotation (uniform routing). The winners are re-timed side by side; the fastest is the
     table's entry for n, with the default config's time at n beside it. Writes this GPU's entry into the table at
-    `out` (other GPUs' entries kept), atomically. Without CUDA: a dry run of the same code path in the interpreter (preset tiny, small candidate lists,
-    meaningless times; split-half2, which needs a GPU, is left out)."""
+    `out` (other GPUs' entries kept), atomically. Without CUDA: a dry run of the same code path in the interpreter
+    (preset tiny, small candidate lists, meaningless times; split-half2, which needs a GPU, is left out)."""
     t0 = time.perf_counter()
     device = "cuda" if cuda_available() else "cpu"
     if device == "cpu" and preset != "tiny":
