@@ -436,16 +436,19 @@ def mla_decode(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, ou
     out: optional [heads, n, kv_lora] tensor of q's dtype to write. config: overrides of DEFAULT_CONFIG
     (block_rows, block_keys: powers of two >= 16; num_warps, num_stages; num_splits, which the argument
     overrides). Neither num_splits nor config given: select_config (the tuned table for this GPU, else the
-    defaults); config without num_splits: default_num_splits for its block_rows. pdl (None: kernels.pdl.enabled):
-    both launches with programmatic dependent launch (kernels/pdl.py); each waits before reading anything."""
+    defaults); num_splits alone: default_config's tile; config without num_splits: default_num_splits for its
+    block_rows. pdl (None: kernels.pdl.enabled): both launches with programmatic dependent launch
+    (kernels/pdl.py); each waits before reading anything."""
     length, scale = _check(q, cache, length, kv_lora, scale)
     heads, n, d = q.shape
     if q.stride(2) != 1 or cache.stride(1) != 1:
         raise ValueError(f"q and cache need unit stride along D, got strides {q.stride()} and {cache.stride()}")
     if config is None and num_splits is None:
         cfg = _selected(n, heads, length, d, kv_lora, q.dtype, q.device, config_tables.state())
+    elif config is None:  # a split count alone: the default tile of q's dtype (fp32 needs smaller tiles)
+        cfg = default_config(n, heads, length, q.device, q.dtype, d, kv_lora)
     else:
-        cfg = check_config(config or {})
+        cfg = check_config(config)
     rows = heads * n
     if num_splits is None:
         num_splits = cfg["num_splits"]

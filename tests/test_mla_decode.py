@@ -296,7 +296,7 @@ def test_mla_decode_selects_from_the_table_unless_told(monkeypatch, fresh_select
     monkeypatch.setattr(md.config_tables, "merged", lambda path: table)  # the tables selection reads
     monkeypatch.setattr(md, "select_config", lambda *a, **kw: seen.append((a, kw)) or real(*a, **kw))
     assert rel_error(mla_decode(q, cache, 150, 32).float(), want) <= 1e-2
-    assert seen == [((2, 8, 150, torch.device(DEV)), {"d": 48, "kv_lora": 32, "dtype": torch.float16})]
+    assert seen == [((2, 8, 150, q.device), {"d": 48, "kv_lora": 32, "dtype": torch.float16})]
     mla_decode(q, cache, 150, 32)
     assert len(seen) == 1  # cached per shape: eager calls pay a dict lookup
     mla_decode(q, cache, 150, 32, num_splits=2)
@@ -309,6 +309,30 @@ def test_mla_decode_selects_from_the_table_unless_told(monkeypatch, fresh_select
     md._selected.cache_clear()
     with pytest.raises(ValueError, match="MLA decode config table"):
         mla_decode(q, cache, 150, 32)
+
+
+def test_a_split_count_alone_takes_the_default_tile_of_the_dtype(monkeypatch):
+    """fp32 with only num_splits given must not launch the 2-byte default tile (249,856 B on sm_90 at D=576)."""
+    launched = []
+
+    class Stop(Exception):
+        pass
+
+    class Kernel:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                launched.append(kw["BLOCK_N"])
+                raise Stop
+            return launch
+
+    monkeypatch.setattr(md, "_split_kernel", Kernel())
+    monkeypatch.setattr(md.config_tables, "device_limits", lambda device: (90, 232448))
+    for dtype in (torch.bfloat16, torch.float32):
+        q, cache = _inputs(2, 1, 576, 130, dtype, device="cpu")
+        with pytest.raises(Stop):
+            mla_decode(q, cache, 130, 512, num_splits=2)
+        assert launched[-1] == md.default_config(1, 2, 130, "cpu", dtype)["block_keys"]
+    assert launched == [md.DEFAULT_CONFIG["block_keys"], md.FP32_CONFIGS[0]["block_keys"]]
 
 
 # ---------------------------------------------------------------------------------------------------- bench

@@ -125,6 +125,19 @@ def test_an_unwritable_out_is_refused_before_the_rendezvous_on_rank_0(tmp_path):
     assert args.hang_timeout == 12.5
 
 
+class FakeStore:
+    """The two calls of a torch.distributed store that the guard's reads use, over a dict of JSON values."""
+
+    def __init__(self, values: dict):
+        self.values = values
+
+    def check(self, keys) -> bool:
+        return all(k in self.values for k in keys)
+
+    def get(self, key) -> bytes:
+        return json.dumps(self.values[key]).encode()
+
+
 def _watchdog_seeing(peers: dict[int, int]) -> guard.Watchdog:
     """A Watchdog (no store, no thread) whose peers' published pids are `peers` (rank -> pid, on this host)."""
     w = guard.Watchdog.__new__(guard.Watchdog)
@@ -157,6 +170,14 @@ def test_the_culprit_of_a_failed_collective_is_the_peer_whose_process_died_or_st
         w.seen_beat = {1: (5, time.monotonic() - 30)}
         rank, why = w.find_culprit(window_s=0.2)
         assert rank == 1 and why.startswith("stopped responding: no heartbeat for 30 s")
+        assert w.find_culprit(FakeStore({"hb/1": 6}), window_s=0.2) is None  # it beat since: only our reads lagged
+        w = _watchdog_seeing({1: healthy.pid, 2: dead.pid})
+        w.statuses = {1: {"state": "error", "message": "RuntimeError: peer closed"}}  # an error that followed
+        assert w.find_culprit(window_s=0.2)[0] == 2  # the peer that ended without a word is the cause
+        w = _watchdog_seeing({1: healthy.pid, 2: dead.pid})
+        where, w.where = w.where, {}  # pids not read yet by the watchdog thread: the store has them
+        rank, why = w.find_culprit(FakeStore({f"progress/{r}": p for r, p in where.items()}), window_s=0.2)
+        assert rank == 2 and why.startswith(f"died (process {dead.pid}")
     finally:
         for p in sleepers:
             p.kill()

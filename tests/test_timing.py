@@ -7,7 +7,10 @@ from verifybench.harness.engine.timing import MODES, measure
 
 @pytest.fixture
 def fake_samples(monkeypatch):
-    """Replace the CPU clock path by a generator of synthetic per-call samples."""
+    """Replace the CPU clock path by a generator of synthetic per-call samples. No host gate: on a GPU machine the
+    real host's speed would drop synthetic batches (the gate's tests force a FakeGate)."""
+    monkeypatch.setenv("VERIFYBENCH_HOST_GATE", "off")
+
     def install(gen):
         monkeypatch.setattr(timing._CpuSampler, "batch", lambda self, count: [gen() for _ in range(count)])
     return install
@@ -26,7 +29,9 @@ class FakeClock:
 
 @pytest.fixture
 def fake_timed_samples(monkeypatch):
-    """Synthetic samples on a pretend clock: `install(gen, sample_s)`."""
+    """Synthetic samples on a pretend clock: `install(gen, sample_s)`; no host gate, as in fake_samples."""
+    monkeypatch.setenv("VERIFYBENCH_HOST_GATE", "off")
+
     def install(gen, sample_s=1e-3):
         clock = FakeClock(sample_s)
 

@@ -312,27 +312,23 @@ class Watchdog:
 
     def _status_now(self, rank: int, store: dist.Store | None = None) -> dict | None:
         """Rank's reported status read now (through `store` when the caller is not the watchdog thread)."""
-        if store is None and threading.current_thread() is not self._thread:
-            return None
-        key = f"status/{rank}"
-        try:
-            if store is None:
-                return self._get(key)
-            return json.loads(store.get(key)) if store.check([key]) else None
-        except Exception:
-            return None
+        return self._read(f"status/{rank}", store)
 
     def _step_of(self, rank: int, store: dist.Store | None = None) -> str:
-        try:
-            if store is None and threading.current_thread() is not self._thread:
-                p = self.where.get(rank)
-            elif store is None:
-                p = self._get(f"progress/{rank}")
-            else:
-                p = json.loads(store.get(f"progress/{rank}")) if store.check([f"progress/{rank}"]) else None
-        except Exception:
-            p = None
+        p = self._read(f"progress/{rank}", store)
+        if p is None and store is None:
+            p = self.where.get(rank)
         return f"#{p['seq']} '{p['label']}' on {p['host']} pid {p['pid']}" if p else "unknown"
+
+    def _read(self, key: str, store: dist.Store | None = None):
+        """The JSON value at `key` read now: through `store` (the caller's own connection), else through the
+        watchdog's when called on its thread; None when absent, unreadable, or neither is at hand."""
+        if store is None and threading.current_thread() is not self._thread:
+            return None
+        try:
+            return self._get(key) if store is None else (json.loads(store.get(key)) if store.check([key]) else None)
+        except Exception:
+            return None
 
     def _abort_stuck(self, now: float) -> None:
         # a peer whose heartbeat stopped is frozen, not merely slow: it is the cause whatever its step (a hang
@@ -371,27 +367,36 @@ class Watchdog:
         """(rank, why) of a peer that failed, died or froze, watched for up to `window_s` (default: long enough to
         see a remote peer's heartbeat stop; 0.5 s when every peer is on this host, where the process state says it
         at once), or None. For the main thread (with its own `store` connection), after an exception that a
-        collective may have raised only because of such a peer."""
+        collective may have raised only because of such a peer. A peer that ended without a word comes before one
+        that reported an error (that error may have followed from the silent one), and a heartbeat that looks
+        stale is read again before it blames anyone (a loaded host delays this rank's reads, not only peers)."""
+        for r in self.peers:  # the watchdog thread may not have read every peer's pid yet
+            if r not in self.where and (p := self._read(f"progress/{r}", store)):
+                self.where[r] = p
         read_every_s = max(1.0, len(self.peers) / 16)
         local = all(self._local_pid(r) is not None for r in self.peers)
         window_s = window_s if window_s is not None else (0.5 if local else 2 * read_every_s + 1)
         start = time.monotonic()
         while True:
+            statuses = {r: self.statuses.get(r) or self._status_now(r, store) for r in self.peers}
             for r in self.peers:
-                status = self.statuses.get(r) or self._status_now(r, store)
-                fault = None if status else self._local_fault(r)
+                fault = None if statuses[r] else self._local_fault(r)
                 if fault:  # it may have reported just before its process ended
-                    status = self._status_now(r, store)
-                if status and status["state"] == "error":
-                    return r, f"failed: {status['message']}"
-                if fault and not status:
-                    return r, f"{fault}, at {self._step_of(r, store)}"
+                    statuses[r] = self._status_now(r, store)
+                    if not statuses[r]:
+                        return r, f"{fault}, at {self._step_of(r, store)}"
+            for r in self.peers:
+                if statuses[r] and statuses[r]["state"] == "error":
+                    return r, f"failed: {statuses[r]['message']}"
             now = time.monotonic()
             if now - start >= window_s:
                 break
             time.sleep(0.05)
         for r in self.peers:  # seen beating by the watchdog thread's reads, once a read period, unless frozen
             if r not in self.statuses and r in self.seen_beat and self.seen_beat[r][1] < now - read_every_s - 1:
+                beat = self._read(f"hb/{r}", store)
+                if beat is not None and beat != self.seen_beat[r][0]:
+                    continue  # it beat since this rank's watchdog last looked: alive
                 return r, f"stopped responding: no heartbeat for {now - self.seen_beat[r][1]:.0f} s"
         return None
 

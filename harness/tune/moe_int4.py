@@ -271,7 +271,7 @@ def tune(preset: str = "kimi-k2.5", tp: int = 8, ns=TUNE_NS, *, out: str, max_mi
         split_spaces[sp] = (base, fit, dn)
     per_n = sum(len(gu) + len(dn) + 1 + 3 for _, gu, dn in split_spaces.values()) + len(spaces)
     log(f"tune {preset}-tp{tp} on {mt.device_name(torch.device(device))}: n = {', '.join(map(str, ns))}; "
-        f"spaces {', '.join(spaces)}; ~{per_n} timed configs per n, {max_time_s} s each; cap {max_minutes} min")
+        f"spaces {', '.join(spaces)}; ~{per_n} timed configs per n, {max_time_s} s each; cap {max_minutes:.1f} min")
     workers = (0 if smoke else min(12, max(1, (os.cpu_count() or 2) - 2))) if jobs is None else jobs
     prewarm = [job for base, gu, dn in split_spaces.values() for job in _prewarm_jobs(ns, gu, dn, base)]
     # compiling may take most of a short cap, never all of it: the sweep needs time to measure
@@ -311,7 +311,7 @@ def tune(preset: str = "kimi-k2.5", tp: int = 8, ns=TUNE_NS, *, out: str, max_mi
     skipped = [n for n in ns if n not in final]
     name = mt.device_name(torch.device(device))
     if not final:  # nothing measured: keep the table there is (an empty entry would replace this GPU's tuning)
-        why = f"the {max_minutes} min cap was reached (compiling took {prewarm_s:.0f} s of it)" if not failed else \
+        why = f"the {max_minutes:.1f} min cap was reached (compiling took {prewarm_s:.0f} s of it)" if not failed else \
             "every candidate failed (see above)"
         log(f"nothing tuned: {why}; no table written")
         raise RuntimeError(f"MoE tune measured no n: {why}")
@@ -345,7 +345,7 @@ def tune(preset: str = "kimi-k2.5", tp: int = 8, ns=TUNE_NS, *, out: str, max_mi
     for n in ns:
         res = final.get(n)
         if res is None:
-            why = "every candidate failed (see above)" if n in failed else f"the {max_minutes} min cap was reached"
+            why = "every candidate failed (see above)" if n in failed else f"the {max_minutes:.1f} min cap was reached"
             log(f"{n:>3} " + " ".join(f"{'-':>9}" for _ in spaces) + f" {'-':>9} {'':>6}  not tuned: {why}")
             continue
         space = min(res, key=lambda k: res[k]["us"])
