@@ -22,7 +22,8 @@ step() {  # step NAME SECONDS COMMAND...
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
   echo "=== $name (limit ${limit}s): $*"
-  timeout --kill-after=10 "$limit" "$@" > "$WORK/$name.log" 2>&1
+  # SIGINT, not TERM: pytest then still prints its summary, durations and junit file
+  timeout -s INT --kill-after=20 "$limit" "$@" > "$WORK/$name.log" 2>&1
   local rc=$?
   tail -n "${TAIL:-25}" "$WORK/$name.log"
   summary+=("$(printf '%-14s rc=%-4s %5ss' "$name" "$rc" "$((SECONDS - t0))")")
@@ -32,7 +33,8 @@ for s in ${STEPS:-install env}; do
   case $s in
     install) step install 120 .ci/install ;;
     env) step env 60 verifybench env ;;
-    tests) step tests "${LIMIT:-420}" python3 -m pytest -q -x ;;
+    tests) step tests "${TESTS_LIMIT:-560}" python3 -m pytest --durations=40 -rfE --junitxml="$WORK/junit.xml" \
+             ${TEST_FILES:-} ;;  # the README's test command (after `install`), the whole suite unless TEST_FILES
     # the README's test command over the test files in three parts: on a fresh machine (compiling every kernel
     # cold) the whole suite outlasts one device command; files 1-18 took 350 s, 19-35 over 500 s
     tests1) step tests1 "${TESTS_LIMIT:-560}" python3 -m pytest --durations=25 -rfE $(test_files 1,18) ;;

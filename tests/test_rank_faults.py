@@ -150,38 +150,70 @@ def _watchdog_seeing(peers: dict[int, int]) -> guard.Watchdog:
 
 
 def test_the_culprit_of_a_failed_collective_is_the_peer_whose_process_died_or_stopped():
-    sleepers = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
+    sleepers = [subprocess.Popen(["sleep", "60"]) for _ in range(4)]
     try:
-        healthy, dead, stopped = sleepers
-        dead.kill()
-        dead.wait()  # reaped: its pid is gone, as torchrun reaps a killed rank
+        healthy, dead, stopped, terminated = sleepers
+        for p in (dead, terminated):
+            p.kill()
+            p.wait()  # reaped: its pid is gone, as torchrun reaps a killed rank
         assert _watchdog_seeing({1: healthy.pid}).find_culprit(window_s=0.2) is None
-        rank, why = _watchdog_seeing({1: healthy.pid, 2: dead.pid}).find_culprit(window_s=0.2)
-        assert rank == 2 and why.startswith(f"died (process {dead.pid}")
+        found = _watchdog_seeing({1: healthy.pid, 2: dead.pid}).find_culprit(window_s=0.2)
+        assert list(found) == [2] and found[2].startswith(f"died (process {dead.pid}")
         os.kill(stopped.pid, signal.SIGSTOP)
         time.sleep(0.2)
-        rank, why = _watchdog_seeing({1: healthy.pid, 3: stopped.pid}).find_culprit(window_s=0.2)
-        assert rank == 3 and "is stopped" in why
+        found = _watchdog_seeing({1: healthy.pid, 3: stopped.pid}).find_culprit(window_s=0.2)
+        assert list(found) == [3] and "is stopped" in found[3]
         w = _watchdog_seeing({1: healthy.pid})
         w.statuses = {1: {"state": "error", "message": "ValueError: bad"}}  # a peer that reported its own error
-        assert w.find_culprit(window_s=0.2) == (1, "failed: ValueError: bad")
+        assert w.find_culprit(window_s=0.2) == {1: "failed: ValueError: bad"}
         w = _watchdog_seeing({1: healthy.pid})
         w.where = {}  # a peer on another host: only its heartbeat can tell
         w.seen_beat = {1: (5, time.monotonic() - 30)}
-        rank, why = w.find_culprit(window_s=0.2)
-        assert rank == 1 and why.startswith("stopped responding: no heartbeat for 30 s")
+        found = w.find_culprit(window_s=0.2)
+        assert list(found) == [1] and found[1].startswith("stopped responding: no heartbeat for 30 s")
         assert w.find_culprit(FakeStore({"hb/1": 6}), window_s=0.2) is None  # it beat since: only our reads lagged
         w = _watchdog_seeing({1: healthy.pid, 2: dead.pid})
         w.statuses = {1: {"state": "error", "message": "RuntimeError: peer closed"}}  # an error that followed
-        assert w.find_culprit(window_s=0.2)[0] == 2  # the peer that ended without a word is the cause
+        assert list(w.find_culprit(window_s=0.2)) == [2]  # the peer that ended without a word is the cause
         w = _watchdog_seeing({1: healthy.pid, 2: dead.pid})
         where, w.where = w.where, {}  # pids not read yet by the watchdog thread: the store has them
-        rank, why = w.find_culprit(FakeStore({f"progress/{r}": p for r, p in where.items()}), window_s=0.2)
-        assert rank == 2 and why.startswith(f"died (process {dead.pid}")
+        found = w.find_culprit(FakeStore({f"progress/{r}": p for r, p in where.items()}), window_s=0.2)
+        assert list(found) == [2] and found[2].startswith(f"died (process {dead.pid}")
+        # the launcher already ending the job: a terminated healthy rank looks as gone as the faulty one
+        found = _watchdog_seeing({1: terminated.pid, 2: healthy.pid, 5: dead.pid}).find_culprit(window_s=0.2)
+        assert sorted(found) == [1, 5]
     finally:
         for p in sleepers:
             p.kill()
             p.wait()
+
+
+def _exit_message(w: guard.Watchdog, why: dict[int, str]) -> str:
+    """What `w.peers_down(why)` exits with, caught instead of ending the test process."""
+    said = []
+
+    def record(message, code, **_):
+        said.append((message, code))
+        raise SystemExit
+
+    w._abort = record
+    with pytest.raises(SystemExit):
+        w.peers_down(why, "; this rank's RuntimeError followed from it")
+    (message, code), = said
+    assert code == guard.EXIT_PEER_FAILED
+    return message
+
+
+def test_peers_gone_together_are_named_together_never_the_lowest_rank_alone():
+    gone = [subprocess.Popen(["true"]) for _ in range(2)]
+    for p in gone:
+        p.wait()
+    w = _watchdog_seeing({1: gone[0].pid, 5: gone[1].pid})
+    one = _exit_message(w, {5: "died (process 9 on h is gone), at #3"})
+    assert one.startswith("root cause: rank 5 died") and one.endswith("followed from it")
+    both = _exit_message(w, {1: "died (process 8 on h is gone), at #3", 5: "died (process 9 on h is gone), at #3"})
+    assert both.startswith("ranks 1, 5 ended together (rank 1 died") and "root cause: rank" not in both
+    assert "the launcher's root cause names it" in both
 
 
 def test_only_a_sibling_worker_of_this_job_is_ever_killed():

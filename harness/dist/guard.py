@@ -179,7 +179,8 @@ class Watchdog:
     """Heartbeat + progress per rank in the store; aborts this process when the job cannot finish.
 
     - a peer that reports an error, whose process is gone (same host: at once), or whose heartbeat stops for
-      `dead_timeout_s`: exit EXIT_PEER_FAILED, CULPRIT_FIRST_S after naming it; a frozen peer on this host (its
+      `dead_timeout_s`: exit EXIT_PEER_FAILED, CULPRIT_FIRST_S after naming it (peers gone at once are named
+      together: see peers_down); a frozen peer on this host (its
       heartbeat stopped, its process still there, e.g. SIGSTOP) is killed first, since the launcher only sees exits
       and would otherwise wait out its own 30 s SIGTERM timeout on a process that cannot act on SIGTERM;
     - no progress on this rank for `hang_timeout_s` (marks come from the main thread via `mark`): the ranks with
@@ -291,16 +292,22 @@ class Watchdog:
         return None
 
     def _judge(self, peers: dict, now: float) -> None:
-        for r, (hb, status) in peers.items():
+        for r, (_, status) in peers.items():
             if status:
                 self.statuses[r] = status
+        died = {}  # gone without a word: no timeout needed, and the cause before any peer's reported error
+        for r in self.peers:
+            fault = None if r in self.statuses else self._local_fault(r)
+            if fault and fault.startswith("died") and not self._status_now(r):
+                died[r] = f"{fault}, at {self._step_of(r)}"
+        if died:
+            self.peers_down(died)
+        for r, (hb, status) in peers.items():
             if status and status["state"] == "error":
                 self.peer_down(r, f"failed: {status['message']}", kill=False)  # it is exiting on its own
             if status:  # done or aborted on its own: nothing more to watch
                 continue
             fault = self._local_fault(r)
-            if fault and fault.startswith("died") and not self._status_now(r):  # gone: no timeout needed
-                self.peer_down(r, f"{fault}, at {self._step_of(r)}")
             if hb != self.seen_beat[r][0]:
                 self.seen_beat[r] = (hb, now)
             elif now - self.seen_beat[r][1] > max(self.dead_timeout_s, self.hang_timeout_s if hb is None else 0):
@@ -363,13 +370,14 @@ class Watchdog:
         self._abort(msg, EXIT_WAITED)
 
     def find_culprit(self, store: dist.Store | None = None,
-                     window_s: float | None = None) -> tuple[int, str] | None:
-        """(rank, why) of a peer that failed, died or froze, watched for up to `window_s` (default: long enough to
+                     window_s: float | None = None) -> dict[int, str] | None:
+        """{rank: why} of the peer that failed, died or froze, watched for up to `window_s` (default: long enough to
         see a remote peer's heartbeat stop; 0.5 s when every peer is on this host, where the process state says it
         at once), or None. For the main thread (with its own `store` connection), after an exception that a
         collective may have raised only because of such a peer. A peer that ended without a word comes before one
-        that reported an error (that error may have followed from the silent one), and a heartbeat that looks
-        stale is read again before it blames anyone (a loaded host delays this rank's reads, not only peers)."""
+        that reported an error (that error may have followed from the silent one); every peer found ended without
+        a word is returned (see peers_down); a heartbeat that looks stale is read again before it blames anyone (a
+        loaded host delays this rank's reads, not only peers)."""
         for r in self.peers:  # the watchdog thread may not have read every peer's pid yet
             if r not in self.where and (p := self._read(f"progress/{r}", store)):
                 self.where[r] = p
@@ -379,15 +387,18 @@ class Watchdog:
         start = time.monotonic()
         while True:
             statuses = {r: self.statuses.get(r) or self._status_now(r, store) for r in self.peers}
+            silent = {}
             for r in self.peers:
                 fault = None if statuses[r] else self._local_fault(r)
                 if fault:  # it may have reported just before its process ended
                     statuses[r] = self._status_now(r, store)
                     if not statuses[r]:
-                        return r, f"{fault}, at {self._step_of(r, store)}"
+                        silent[r] = f"{fault}, at {self._step_of(r, store)}"
+            if silent:
+                return silent
             for r in self.peers:
                 if statuses[r] and statuses[r]["state"] == "error":
-                    return r, f"failed: {statuses[r]['message']}"
+                    return {r: f"failed: {statuses[r]['message']}"}
             now = time.monotonic()
             if now - start >= window_s:
                 break
@@ -397,8 +408,20 @@ class Watchdog:
                 beat = self._read(f"hb/{r}", store)
                 if beat is not None and beat != self.seen_beat[r][0]:
                     continue  # it beat since this rank's watchdog last looked: alive
-                return r, f"stopped responding: no heartbeat for {now - self.seen_beat[r][1]:.0f} s"
+                return {r: f"stopped responding: no heartbeat for {now - self.seen_beat[r][1]:.0f} s"}
         return None
+
+    def peers_down(self, why: dict[int, str], context: str = "") -> None:
+        """Exit because of the peers in `why` (rank -> what happened to it). One is the root cause (peer_down; a
+        frozen one is killed). Several found gone at once cannot be ordered from here: once the launcher sees the
+        first exit it terminates the other ranks, which then look just as gone, and naming the lowest rank would
+        blame a healthy one. They are all named, and the launcher's root cause, which saw the first exit, decides."""
+        if len(why) == 1:
+            (rank, reason), = why.items()
+            self.peer_down(rank, reason, context, kill=not reason.startswith("failed"))
+        listed = "; ".join(f"rank {r} {reason}" for r, reason in sorted(why.items()))
+        self._abort(f"ranks {', '.join(map(str, sorted(why)))} ended together ({listed}): which one went first "
+                    f"cannot be told from here, the launcher's root cause names it{context}", EXIT_PEER_FAILED)
 
     def peer_down(self, rank: int, why: str, context: str = "", kill: bool = False) -> None:
         """Exit because peer `rank` is the root cause. With `kill`, a process of this job on this host that is still
@@ -519,11 +542,9 @@ def rank_main(run_rank, args, store_timeout_s: float) -> None:
     except BaseException as e:
         guard.wait_for_abort()  # the watchdog already named the cause and is ending this process
         traceback.print_exc()
-        culprit = guard.find_culprit(store) if isinstance(e, Exception) else None
-        if culprit:
-            rank, why = culprit
-            guard.peer_down(rank, why, f"; this rank's {type(e).__name__} followed from it",
-                            kill=not why.startswith("failed"))
+        culprits = guard.find_culprit(store) if isinstance(e, Exception) else None
+        if culprits:
+            guard.peers_down(culprits, f"; this rank's {type(e).__name__} followed from it")
         guard.report("error", f"{type(e).__name__}: {e} (on {info.host})")
         print(f"{log_prefix()} rank {info.rank}: failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         hard_exit(EXIT_RANK_ERROR)
