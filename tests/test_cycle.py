@@ -79,6 +79,24 @@ def test_component_case_checks_then_times(fwd):
     assert any("deployment" in t for t in titles)
 
 
+def test_other_is_not_shown_where_the_phase_pass_disagrees_with_the_cycle(fwd):
+    spec = component.cases("tiny", 1, 64, (3,), configs="2,1,3")[0]
+    record = spec.run(max_time_s=0.1).as_dict()
+    dv = record["derived"]
+
+    def other_ms(phases_share: float):
+        """The deployment table's "other" of a GPU record whose phases add up to `phases_share` of the cycle."""
+        dv["phases_ms"] = {p: dv["cycle_ms"] * phases_share / len(PHASES) for p in PHASES}
+        dv["phases_sum_error"] = phases_share - 1
+        dv["table_ms"]["other"] = dv["cycle_ms"] * (1 - phases_share)
+        tables = dict(component.tables([{**record, "device": "cuda"}]))
+        (row,) = next(rows for title, rows in tables.items() if "deployment" in title)
+        return row["other_ms"]
+
+    assert other_ms(0.98) == pytest.approx(0.02 * dv["cycle_ms"])
+    assert other_ms(1.06) == "unsure: phases +6.0% off the cycle"  # never a negative "other"
+
+
 @pytest.mark.parametrize("text, message", [
     ("2,1", "triples"), ("2,1,3;2,1,3", "twice"), ("0,1,3", "steps"), ("2,1,1", "draft_tokens"),
     ("2,1,4", "at most 2"), ("x,1,3", "triples")])
