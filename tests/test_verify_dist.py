@@ -135,6 +135,33 @@ def test_a_measured_stand_in_is_taken_at_each_token_counts_size(tmp_path, monkey
     assert plan["stand_in_us"] == 15.0 and plan["stand_in_source"].startswith(f"measured: {path}: nccl")
 
 
+def test_the_forward_on_cpu_defaults_to_the_smoke_profiles_tiny_shapes():
+    plan = vd.make_plan(vd.build_parser().parse_args(["--allreduce", "gloo", "--tokens", "1"]))
+    assert (plan["preset"], plan["tp"], plan["context"], plan["device"]) == ("tiny", 1, 64, "cpu")
+    plan = vd.make_plan(vd.build_parser().parse_args(["--allreduce", "gloo", "--tokens", "1", "--preset",
+                                                      "kimi-k2.5", "--tp", "8", "--layers", "2"]))
+    assert (plan["preset"], plan["tp"], plan["layers_run"]) == ("kimi-k2.5", 8, 2)  # what is asked, when it fits
+
+
+def _refusal(capsys, monkeypatch, ranks_on_host: int) -> str:
+    """What main says of a whole K2.5 TP8 rank on CPU with about 8 GiB free (under the memory cap)."""
+    from verifybench.harness.engine import memory
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(ranks_on_host))
+    monkeypatch.setenv(memory.CAP_ENV, str(memory._cpu_rss_bytes() / memory.GIB + 8))
+    assert vd.main(["--allreduce", "gloo", "--preset", "kimi-k2.5", "--tp", "8", "--tokens", "1"]) == 2
+    return capsys.readouterr().err
+
+
+def test_a_forward_that_does_not_fit_is_refused_before_building_naming_the_layers_that_fit(capsys, monkeypatch):
+    alone = _refusal(capsys, monkeypatch, 1)
+    assert re.search(r"kimi-k2.5 TP8 forward at context 64 \(61 layers\) needs [\d.]+ GiB .* is free", alone)
+    shared = _refusal(capsys, monkeypatch, 4)  # the ranks of a host share its memory
+    assert "shared by 4 ranks" in shared
+    fits = [int(re.search(r"--layers (\d+) fits", err).group(1)) for err in (alone, shared)]
+    assert 1 <= fits[1] < fits[0] < 61, fits
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--allreduce", "gloo,nccl"], "on its own"),
     (["--allreduce", "mpi"], "unknown --allreduce"),

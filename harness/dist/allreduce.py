@@ -26,6 +26,7 @@ from verifybench.harness.dist.backends import (ALL_BACKENDS, BACKEND_HELP, ELEME
 from verifybench.harness.dist.allreduce_results import ENGINE_MODE, MODES, Output
 from verifybench.harness.dist.guard import (Agreement, Watchdog, announce_safe_env, init_group, maybe_fault, parse_fault,
                                             rank_main)
+from verifybench.harness.engine.results import DEFAULT_OUT
 from verifybench.harness.engine.timing import measure
 
 MODE_HELP = {"graph": "K ops captured in one CUDA graph, replay time / K (CPU: K calls in a loop)",
@@ -248,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds without progress before the job is ended, naming the stuck rank (default 30)")
     p.add_argument("--no-nccl-log", dest="nccl_log", action="store_false",
                    help="do not record NCCL's init log (transport) when NCCL_DEBUG is unset")
-    p.add_argument("--out", type=Path, help="results folder (default results/<machine-slug>/)")
+    p.add_argument("--out", type=Path, help=f"results folder (default ./{DEFAULT_OUT}/<machine>/)")
     p.add_argument("--name", help="results file name (default allreduce-<UTC time>.json)")
     sweep = p.add_argument_group("NCCL setting sweep (driver mode, run without torchrun)")
     sweep.add_argument("--nccl-sweep", action="store_true", help="run every setting in its own torchrun, rank them "

@@ -30,7 +30,8 @@ import torch
 import torch.distributed as dist
 
 from verifybench.harness.dist import guard as dist_guard
-from verifybench.harness.engine import fingerprint
+from verifybench.harness.components import default_scope
+from verifybench.harness.engine import fingerprint, memory
 from verifybench.harness.model import presets
 from verifybench.harness.engine import results
 from verifybench.harness.dist.allreduce import parse_int_list
@@ -44,7 +45,6 @@ from verifybench.harness.engine.results import Case
 from verifybench.harness.engine.timing import measure
 from verifybench.harness.model import build
 from verifybench.harness.model.forward import COMPONENTS, VerifyForward, allocated_bytes
-from verifybench.harness.model.presets import Preset
 
 COMPONENT = "verify_dist"
 BACKENDS = (*GPU_BACKENDS, "gloo")
@@ -125,16 +125,22 @@ def consistency_verdict(real: list, control: list | None = None, replayed: list 
 
 # ---- the forward on this rank ----
 
-def _fits(s: Preset, context: int, max_tokens: int) -> None:
-    """Refuse early, with the --layers that would fit, rather than die of OOM halfway through building."""
-    need = allocated_bytes(s, context, max_tokens)
-    free, _ = torch.cuda.mem_get_info()
-    if need <= 0.95 * free:
-        return
-    fixed = allocated_bytes(replace(s, layers=s.dense_layers), context, max_tokens)
-    per_layer = allocated_bytes(replace(s, layers=s.dense_layers + 1), context, max_tokens) - fixed
-    fit = max(0, int((0.9 * free - fixed) // per_layer)) + s.dense_layers
-    raise MemoryError(f"{s.layers} layers need {need / 1e9:.1f} GB, {free / 1e9:.1f} GB free: try --layers {fit}")
+def check_memory(plan: dict, device: str, sharers: int = 1) -> None:
+    """MemoryError naming the bytes and the --layers that would fit, when this rank's forward does not fit its share
+    of the free memory (engine/memory.py's rule): before building, not by dying of OOM halfway through. On a CPU the
+    `sharers` ranks of a host share its memory; on GPUs each rank has its own."""
+    s = presets.get(plan["preset"], plan["tp"], plan["layers"])
+
+    def need(n_layers: int) -> int:
+        return allocated_bytes(replace(s, layers=n_layers), plan["context"], max(plan["tokens"]))
+
+    what = (f"one rank's {plan['preset']} TP{plan['tp']} forward at context {plan['context']}"
+            + (f" on a host shared by {sharers} ranks" if sharers > 1 else ""))
+    fit = memory.plan(need, s.layers, min(s.layers, s.dense_layers + 1), what, "layers", device,
+                      free=memory.free_bytes(device) // sharers)
+    if fit.units < s.layers:
+        raise MemoryError(fit.skip or memory.shortfall(f"{what} ({s.layers} layers)", need(s.layers),
+                                                       fit.free_bytes, device) + f": --layers {fit.units} fits")
 
 
 def same_inputs(fwd: VerifyForward, seed: int = 0) -> None:
@@ -165,8 +171,8 @@ def build_forward(plan: dict, device: str, rank: int) -> VerifyForward:
     """This rank's forward: the one-GPU report's MoE, tree verify and small-op set; rank-dependent weights except
     the replicated ones; inputs identical on every rank."""
     s = presets.get(plan["preset"], plan["tp"], plan["layers"])
-    if device == "cuda":
-        _fits(s, plan["context"], max(plan["tokens"]))
+    if device == "cuda":  # each rank its own GPU, now current; a CPU plan was checked before the rendezvous
+        check_memory(plan, device)
     fwd = VerifyForward(s, plan["context"], device, build.moe_fn(device), None, build.chain_verify(device),
                         max_tokens=max(plan["tokens"]), seed=1 + rank, ops=build.forward_ops(device))
     replicate_weights(fwd)
@@ -474,17 +480,23 @@ def make_plan(args) -> dict:
         raise ValueError(f"--tokens needs counts >= 1, got {args.tokens!r}")
     if args.layers is not None and args.layers < 1:
         raise ValueError(f"--layers needs at least 1, got {args.layers}")
-    s = presets.get(args.preset, args.tp, args.layers)  # raises on an unknown preset or a TP that does not divide
     device = "cuda" if cuda and backends != ["gloo"] else "cpu"
+    scope = default_scope(device == "cuda")  # the forward on a CPU: the smoke profile's tiny shapes unless asked
+    preset, tp, context = (given if given is not None else default for given, default
+                           in zip((args.preset, args.tp, args.context), scope))
+    s = presets.get(preset, tp, args.layers)  # raises on an unknown preset or a TP that does not divide
     warm, samples = DEFAULT_COUNTS[device]
     ar_us, ar_source = build.allreduce_stand_in_us()
     by_n = [build.allreduce_stand_in_us(n * s.hidden * 2)[0] for n in tokens]  # a measured figure: at each n's size
-    return {"preset": args.preset, "tp": args.tp, "context": args.context, "layers": args.layers,
-            "layers_run": s.layers, "preset_layers": presets.get(args.preset).layers, "hidden": s.hidden,
+    plan = {"preset": preset, "tp": tp, "context": context, "layers": args.layers,
+            "layers_run": s.layers, "preset_layers": presets.get(preset).layers, "hidden": s.hidden,
             "tokens": tokens, "backends": backends, "device": device, "warmup_calls": args.warmup or warm,
             "samples": args.samples or samples, "calls_per_sample": 1, "no_allreduce": args.no_allreduce,
             "stand_in_us": ar_us, "stand_in_source": ar_source, "stand_in_by_n_us": by_n, "variants": list(VARIANTS),
-            "rank_bytes": allocated_bytes(s, args.context, max(tokens))}
+            "rank_bytes": allocated_bytes(s, context, max(tokens))}
+    if device == "cpu":
+        check_memory(plan, device, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return plan
 
 
 def run_rank(args, info, store, guard: Watchdog) -> int:
@@ -535,11 +547,13 @@ def run_rank(args, info, store, guard: Watchdog) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="torchrun --nproc-per-node=N -m verifybench.harness.dist.verify", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="kimi-k2.5", help="model preset (default kimi-k2.5)")
-    p.add_argument("--tp", type=int, default=8, help="TP degree whose per-rank shapes each rank holds, whatever "
-                   "the number of ranks (default 8)")
-    p.add_argument("--context", type=int, default=4096, help="cached tokens per layer (default 4096)")
-    p.add_argument("--layers", type=int, help="layers to build (default: the preset's; fewer when memory is short)")
+    p.add_argument("--preset", help="model preset (default kimi-k2.5; tiny when the forward runs on CPU, as with "
+                   "gloo)")
+    p.add_argument("--tp", type=int, help="TP degree whose per-rank shapes each rank holds, whatever the number of "
+                   "ranks (default 8; 1 on CPU)")
+    p.add_argument("--context", type=int, help="cached tokens per layer (default 4096; 64 on CPU)")
+    p.add_argument("--layers", type=int, help="layers to build (default: the preset's; when they do not fit, the job "
+                   "refuses before building and names the --layers that fit)")
     p.add_argument("--tokens", default="1-8", help="token counts n, e.g. 1-8 or 1,2,4 (default 1-8)")
     p.add_argument("--allreduce", help="comma list of " + "; ".join(f"{k}: {v}" for k, v in BACKEND_HELP.items())
                    + " (default nccl with CUDA, gloo without)")
@@ -550,7 +564,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "the first forward of each n may compile Triton kernels)")
     p.add_argument("--no-allreduce", action="store_true",
                    help="debug: the allreduce does nothing; the cross-rank check must then fail (and report no time)")
-    p.add_argument("--out", type=Path, help="results folder (default results/<machine-slug>/)")
+    p.add_argument("--out", type=Path, help=f"results folder (default ./{results.DEFAULT_OUT}/<machine>/)")
     p.add_argument("--name", help="results file name (default verify_dist-<UTC time>.json)")
     p.add_argument("--fault", help=argparse.SUPPRESS)  # exit-early:RANK[@CASE] | hang:RANK[@CASE] (tests)
     p.add_argument("--run-tag", help=argparse.SUPPRESS)  # lets tests find this job's processes
@@ -563,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     announce_safe_env()
     try:
         make_plan(args)  # bad arguments: every rank says so and exits 2, before any rendezvous
-    except ValueError as e:
+    except (ValueError, MemoryError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     rank_main(run_rank, args, STORE_TIMEOUT_S)
