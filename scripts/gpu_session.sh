@@ -3,6 +3,8 @@
 # $WORK and are bundled into $OUT/bundle.tgz at the end (the device tool returns at most 8 files). Prints a short
 # table of step, exit code and seconds last.
 #   STEPS="install env cycle" OUT=/tmp/out scripts/gpu_session.sh
+# The README's tests on a fresh machine outlast one device command: STEPS="install tests" runs the whole suite, and
+# TEST_FILES="$(LC_ALL=C ls tests/test_*.py | sed -n '25,$p')" the files a stopped run did not reach.
 # The device's copy of .git can lag the checkout: pass VERIFYBENCH_GIT_COMMIT=<this checkout's HEAD> in the command.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,24 +24,19 @@ step() {  # step NAME SECONDS COMMAND...
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
   echo "=== $name (limit ${limit}s): $*"
-  # SIGINT, not TERM: pytest then still prints its summary, durations and junit file
+  # SIGINT, not TERM: a pytest that can still act on it prints its summary and writes its junit file (one busy in
+  # a child process may not; --kill-after ends it then)
   timeout -s INT --kill-after=20 "$limit" "$@" > "$WORK/$name.log" 2>&1
   local rc=$?
   tail -n "${TAIL:-25}" "$WORK/$name.log"
   summary+=("$(printf '%-14s rc=%-4s %5ss' "$name" "$rc" "$((SECONDS - t0))")")
 }
-test_files() { LC_ALL=C ls tests/test_*.py | sed -n "$1p"; }  # a range of the test files, in a fixed order
 for s in ${STEPS:-install env}; do
   case $s in
     install) step install 120 .ci/install ;;
     env) step env 60 verifybench env ;;
     tests) step tests "${TESTS_LIMIT:-560}" python3 -m pytest --durations=40 -rfE --junitxml="$WORK/junit.xml" \
              ${TEST_FILES:-} ;;  # the README's test command (after `install`), the whole suite unless TEST_FILES
-    # the README's test command over the test files in three parts: on a fresh machine (compiling every kernel
-    # cold) the whole suite outlasts one device command; files 1-18 took 350 s, 19-35 over 500 s
-    tests1) step tests1 "${TESTS_LIMIT:-560}" python3 -m pytest --durations=25 -rfE $(test_files 1,18) ;;
-    tests2) step tests2 "${TESTS_LIMIT:-560}" python3 -m pytest --durations=25 -rfE $(test_files 19,26) ;;
-    tests3) step tests3 "${TESTS_LIMIT:-560}" python3 -m pytest --durations=25 -rfE $(test_files '27,$') ;;
     cycle) step cycle "${LIMIT:-400}" verifybench cycle --out "$WORK/run" ;;
     mla_verify) step mla_verify 200 verifybench mla_verify --out "$WORK/run" ;;
     verify) step verify "${LIMIT:-300}" verifybench verify --tokens "${TOKENS:-1-8}" --out "$WORK/run"

@@ -419,6 +419,7 @@ class Watchdog:
         if len(why) == 1:
             (rank, reason), = why.items()
             self.peer_down(rank, reason, context, kill=not reason.startswith("failed"))
+            return
         listed = "; ".join(f"rank {r} {reason}" for r, reason in sorted(why.items()))
         self._abort(f"ranks {', '.join(map(str, sorted(why)))} ended together ({listed}): which one went first "
                     f"cannot be told from here, the launcher's root cause names it{context}", EXIT_PEER_FAILED)

@@ -481,9 +481,10 @@ def make_plan(args) -> dict:
     if args.layers is not None and args.layers < 1:
         raise ValueError(f"--layers needs at least 1, got {args.layers}")
     device = "cuda" if cuda and backends != ["gloo"] else "cpu"
-    scope = default_scope(device == "cuda")  # the forward on a CPU: the smoke profile's tiny shapes unless asked
-    preset, tp, context = (given if given is not None else default for given, default
-                           in zip((args.preset, args.tp, args.context), scope))
+    default_preset, default_tp, default_context = default_scope(device == "cuda")  # CPU: the smoke profile's tiny
+    preset = args.preset if args.preset is not None else default_preset
+    tp = args.tp if args.tp is not None else default_tp
+    context = args.context if args.context is not None else default_context
     s = presets.get(preset, tp, args.layers)  # raises on an unknown preset or a TP that does not divide
     warm, samples = DEFAULT_COUNTS[device]
     ar_us, ar_source = build.allreduce_stand_in_us()
