@@ -29,7 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
                   "decoding"),
     "trace": ("verifybench.harness.analysis.trace", "decompose an engine's profiler trace (SGLang, vLLM, or the "
               "suite's own) into the suite's components, with GPU idle time"),
-    "record": ("verifybench.harness.analysis.trace_record", "record a profiler trace of the suite's own verify "
+    "record": ("verifybench.harness.record", "record a profiler trace of the suite's own verify "
                "forward (GPU), for `verifybench trace`"),
     "hostprobe": ("verifybench.harness.engine.hostnoise", "how much this host's CPU speed wanders (host-timed "
                   "figures follow it)"),

@@ -65,7 +65,7 @@ def resolve_scope(args) -> dict:
     from verifybench.harness.model import presets
 
     gpu = cuda_available()
-    preset, tp, context = components.default_scope(gpu)
+    preset, tp, context = presets.default_scope(gpu)
     if not gpu and args.preset not in (None, "tiny"):
         raise ValueError(f"preset {args.preset!r} needs a GPU; without one the CPU smoke profile runs --preset tiny")
     preset = args.preset or preset

@@ -1,5 +1,5 @@
 """pytest-benchmark over the allreduce component's cases (harness/components/allreduce.py), device-timed: a 1-rank
-group; under a multi-rank launch the module skips (torchrun -m verifybench.harness.dist.allreduce measures that)."""
+group; under a multi-rank launch the module skips (torchrun -m verifybench.harness.multigpu.allreduce measures that)."""
 import os
 
 import pytest

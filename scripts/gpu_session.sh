@@ -55,7 +55,7 @@ for s in ${STEPS:-install env}; do
                    --verify-range verify --json "$WORK/run/trace-cycle.json" ;;
     testdata) step testdata 200 bash -c "verifybench record $WORK/run/small-forward.json.gz --layers 3 --replays 3 \
                 && verifybench record $WORK/run/small-cycle.json.gz --what cycle --layers 3 --replays 3" ;;
-    sweeplist) step sweeplist 60 python3 -m verifybench.harness.dist.allreduce --nccl-sweep --list ;;
+    sweeplist) step sweeplist 60 python3 -m verifybench.harness.multigpu.allreduce --nccl-sweep --list ;;
     core) step core "${LIMIT:-480}" verifybench run --components verify,cycle,mla_verify --out "$WORK/run"
           step compare 60 verifybench compare "$BASE/verify.json" "$WORK"/run/verify-*.json ;;
     readme) step readme "${README_LIMIT:-420}" bash -c ".ci/install && verifybench run"  # the README's main job, as written

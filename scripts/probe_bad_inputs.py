@@ -26,27 +26,15 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import probe_cases  # noqa: E402  (scripts/probe_cases.py: the inputs)
+from probe_cases import Result  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 OUTCOMES = ("clear", "right", "traceback", "hang", "silent", "unclear", "refused-valid")
 CLEAN_ENV = ("VERIFYBENCH_MAX_TIME_S", "VERIFYBENCH_ALLREDUCE_US", "VERIFYBENCH_VERIFY_OPS", "VERIFYBENCH_PDL",
              "VERIFYBENCH_HOST_GATE", "VERIFYBENCH_PIN_CPU", "VERIFYBENCH_MEMORY_CAP_GIB", "VERIFYBENCH_MOE_TRACE")
-
-
-@dataclass
-class Result:
-    kind: str  # "return" | "raise" | "exit" (os._exit / a signal) | "timeout"
-    value: object = None
-    exc_type: str = ""
-    message: str = ""
-    out: str = ""
-    err: str = ""
-    wall_s: float = 0.0
-    extra: dict = field(default_factory=dict)
 
 
 def forked(fn, timeout_s: float, env: dict | None = None) -> Result:

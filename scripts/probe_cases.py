@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -21,6 +21,18 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 FP = {"gpu_model": "NVIDIA H200", "slug": "h200", "env": {}, "gpus": [{"name": "NVIDIA H200", "uuid": "GPU-1"}]}
 FAST = {"VERIFYBENCH_MAX_TIME_S": "0.05"}
+
+
+@dataclass
+class Result:
+    kind: str  # "return" | "raise" | "exit" (os._exit / a signal) | "timeout"
+    value: object = None
+    exc_type: str = ""
+    message: str = ""
+    out: str = ""
+    err: str = ""
+    wall_s: float = 0.0
+    extra: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -50,10 +62,10 @@ def api(cls, name, fn, needle="", **kw) -> Case:
 
 
 def module_main(cls, module, argv, needle="", **kw) -> Case:
-    """`python -m verifybench.harness.dist.<module> ARGV` (one rank, no torchrun) in the child."""
+    """`python -m verifybench.harness.multigpu.<module> ARGV` (one rank, no torchrun) in the child."""
     def fn():
         import importlib
-        return importlib.import_module(f"verifybench.harness.dist.{module}").main([str(a) for a in argv])
+        return importlib.import_module(f"verifybench.harness.multigpu.{module}").main([str(a) for a in argv])
     return Case(cls, f"python -m ...dist.{module} " + " ".join(map(str, argv)), fn, needle=needle, cli=True, **kw)
 
 
@@ -677,15 +689,13 @@ def torchrun_case(work: Path, name: str, world: int, faulty: int, how: str, hang
     """A real torchrun job of `world` gloo ranks; `how`: a signal name sent to rank `faulty` once it is in the timed
     loop, or 'inject' (the job's own --fault). Right: non-zero within hang timeout + 10 s of the fault, torchrun's
     root cause is the faulty rank, no healthy rank blamed, nothing marked complete."""
-    from probe_bad_inputs import Result
-
     margin_s = 10.0
 
     def runner(_timeout_s):
         folder = work / f"tr-{uuid.uuid4().hex[:6]}"
         tag = f"probe-{uuid.uuid4().hex[:8]}"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", "-m",
-               "verifybench.harness.dist.allreduce", "--backend", "gloo", "--preset", "tiny", "--tokens", "1",
+               "verifybench.harness.multigpu.allreduce", "--backend", "gloo", "--preset", "tiny", "--tokens", "1",
                "--mode", "eager", "--warmup", "2", "--samples", "3000", "--calls-per-sample", "3", "--hang-timeout",
                str(hang_timeout_s), "--out", str(folder), "--name", "r.json", *extra, "--run-tag", tag]
         t0 = time.monotonic()
@@ -762,8 +772,6 @@ def rank_fault_cases(work: Path, torchrun: bool) -> list[Case]:
 
 def subprocess_cases(work: Path) -> list[Case]:
     """Two inputs through a real `python3 -m verifybench.harness.cli` process (exit code across the boundary)."""
-    from probe_bad_inputs import Result
-
     def real(argv, needle):
         def runner(timeout_s):
             t0 = time.monotonic()

@@ -11,11 +11,11 @@ import sys
 import pytest
 import torch
 
-from verifybench.harness.dist import sweep
-from verifybench.harness.dist.allreduce import main as allreduce_main, parse_bytes, parse_int_list, plan_sizes
-from verifybench.harness.dist.allreduce_results import build_cases, busbw_factor, stand_in_from_result, table_rows
-from verifybench.harness.dist.backends import BF16_EXACT_MAX, expected_sum, pattern_modulus
-from verifybench.harness.dist.sweep import parse_nccl_log, parse_setting
+from verifybench.harness.multigpu import sweep
+from verifybench.harness.multigpu.allreduce import main as allreduce_main, parse_bytes, parse_int_list, plan_sizes
+from verifybench.harness.collectives.allreduce_results import build_cases, busbw_factor, stand_in_from_result, table_rows
+from verifybench.harness.collectives.backends import BF16_EXACT_MAX, expected_sum, pattern_modulus
+from verifybench.harness.multigpu.sweep import parse_nccl_log, parse_setting
 from verifybench.harness.engine import results
 from verifybench.harness.engine.results import load_run
 from verifybench.harness.model.build import allreduce_stand_in_us
@@ -33,7 +33,7 @@ def quick_sweep(tmp_path_factory):
     """One quick sweep (two settings, each a fresh 8-rank gloo torchrun, every mode): the 8-rank allreduce job and
     the sweep driver are both checked on it, so CI starts the 8 ranks twice, not three times."""
     out_dir = tmp_path_factory.mktemp("sweep")
-    rc, out, _, tag = _run([sys.executable, "-m", "verifybench.harness.dist.allreduce", "--nccl-sweep", "--quick",
+    rc, out, _, tag = _run([sys.executable, "-m", "verifybench.harness.multigpu.allreduce", "--nccl-sweep", "--quick",
                             *FAST, "--mode", "graph,eager,isolated", "--nproc-per-node", "8",
                             "--out", str(out_dir)], timeout_s=240)
     assert rc == 0, out[-3000:]
@@ -64,7 +64,7 @@ def test_gloo_eight_rank_run_prints_table_and_saves_checked_json(quick_sweep):
 
 
 def test_rank_exiting_early_ends_job_nonzero_within_bound_naming_it(tmp_path):
-    rc, out, wall_s, tag = _run(TORCHRUN + ["-m", "verifybench.harness.dist.allreduce", *FAST, "--out", str(tmp_path),
+    rc, out, wall_s, tag = _run(TORCHRUN + ["-m", "verifybench.harness.multigpu.allreduce", *FAST, "--out", str(tmp_path),
                                             "--fault", "exit-early:1@1"])
     assert rc != 0
     assert wall_s < BOUND_S
@@ -74,7 +74,7 @@ def test_rank_exiting_early_ends_job_nonzero_within_bound_naming_it(tmp_path):
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_rank_hanging_ends_job_nonzero_within_bound_naming_it(tmp_path, rank):
-    rc, out, wall_s, tag = _run(TORCHRUN + ["-m", "verifybench.harness.dist.allreduce", *FAST, "--out", str(tmp_path),
+    rc, out, wall_s, tag = _run(TORCHRUN + ["-m", "verifybench.harness.multigpu.allreduce", *FAST, "--out", str(tmp_path),
                                             "--fault", f"hang:{rank}@1", "--hang-timeout", "4"])
     assert rc != 0
     assert wall_s < BOUND_S
@@ -194,7 +194,7 @@ def test_busbw_uses_the_nccl_tests_factor():
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 8, 16, 64, 256])
 def test_check_pattern_sums_are_exact_in_bf16_in_any_order(world_size):
-    from verifybench.harness.dist.backends import _pattern_int
+    from verifybench.harness.collectives.backends import _pattern_int
 
     numel = 1000
     exact = sum(_pattern_int(numel, r, world_size, "cpu") for r in range(world_size))

@@ -83,12 +83,35 @@ def test_kernels_import_nothing_of_harness(graph):
 
 
 def test_engine_imports_no_component_model_or_application(graph):
-    apps = ("verifybench.harness.components", "verifybench.harness.model", "verifybench.harness.dist",
+    apps = ("verifybench.harness.components", "verifybench.harness.model", "verifybench.harness.multigpu",
             "verifybench.harness.tune", "verifybench.harness.analysis", "verifybench.harness.run",
             "verifybench.harness.cli")
     bad = {m: sorted(i for i in deps if i.startswith(apps)) for m, deps in graph.items()
            if m.startswith("verifybench.harness.engine")}
     assert not {m: d for m, d in bad.items() if d}
+
+
+# The floors of the house, lowest first: a module imports only from its own room or from a lower floor.
+FLOORS = (("kernels",), ("harness.engine",), ("harness.collectives",), ("harness.model",), ("harness.analysis",),
+          ("harness.components",), ("harness.multigpu", "harness.tune", "harness.run", "harness.record"),
+          ("harness.cli",), ("harness.__main__",))
+
+
+def _room(module: str) -> tuple[int, str]:
+    rest = module.removeprefix("verifybench.")
+    for floor, rooms in enumerate(FLOORS):
+        for room in rooms:
+            if rest == room or rest.startswith(room + "."):
+                return floor, room
+    return -1, rest
+
+
+def test_every_import_runs_down_the_floors_or_stays_in_its_room(graph):
+    up = [(m, i) for m, deps in graph.items() for i in deps
+          if _room(i)[1] != _room(m)[1] and _room(i)[0] >= _room(m)[0] and _room(m)[0] >= 0]
+    assert not up, f"imports that run back up or sideways: {up}"
+    unplaced = sorted(m for m in graph if _room(m)[0] < 0 and m != "verifybench.harness")
+    assert not unplaced, f"modules on no floor: {unplaced}"
 
 
 def test_no_module_imports_a_pytest_module():

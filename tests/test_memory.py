@@ -189,7 +189,7 @@ def test_eta_without_memory_for_the_copy_ceiling_skips_the_case_naming_why(monke
 
 
 def test_record_refuses_a_forward_that_does_not_fit_and_names_the_layers_that_do(free, monkeypatch, tmp_path, capsys):
-    from verifybench.harness.analysis import trace_record
+    from verifybench.harness import record as trace_record
     from verifybench.harness.cli import main
 
     monkeypatch.setattr(trace_record, "cuda_available", lambda: True)

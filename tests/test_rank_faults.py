@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from verifybench.harness.dist import guard
+from verifybench.harness.multigpu import guard
 from torchrun_jobs import REPO, alive, assert_no_orphans, rank_processes, rank_step, start_job
 
 WORLD, FAULTY = 8, 5  # the world size the deployment runs; the faulty rank is not rank 0
@@ -26,10 +26,10 @@ MARGIN_S = 10.0  # the launcher's teardown (it polls every 0.1 s) and a loaded C
 START_S = 180  # the ranks must reach the timed loop within this
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}"]
 # a long eager loop (samples x K gloo allreduces), so the fault lands inside a collective
-JOB = ["-m", "verifybench.harness.dist.allreduce", "--backend", "gloo", "--preset", "tiny", "--tokens", "1",
+JOB = ["-m", "verifybench.harness.multigpu.allreduce", "--backend", "gloo", "--preset", "tiny", "--tokens", "1",
        "--mode", "eager", "--warmup", "2", "--samples", "5000", "--calls-per-sample", "3",
        "--hang-timeout", str(HANG_TIMEOUT_S)]
-IN_LOOP = ": eager"  # the label guard.mark gives the timed loop (harness/dist/allreduce.py)
+IN_LOOP = ": eager"  # the label guard.mark gives the timed loop (harness/multigpu/allreduce.py)
 
 
 def _fault_in_loop(tmp_path, sig: signal.Signals) -> tuple[int, str, float]:
@@ -97,7 +97,7 @@ def test_a_frozen_rank_is_named_and_ended_within_the_hang_timeout(tmp_path):
 def test_a_hang_timeout_the_watchdog_cannot_honour_is_refused_at_the_edge():
     """NaN would switch the watchdog off, 0 or a negative value end a healthy job at the first check: exit 2 and
     one line naming the option, before any rendezvous (a plain run: the same code runs in every torchrun rank)."""
-    r = subprocess.run([sys.executable, "-m", "verifybench.harness.dist.allreduce", "--backend", "gloo", "--preset",
+    r = subprocess.run([sys.executable, "-m", "verifybench.harness.multigpu.allreduce", "--backend", "gloo", "--preset",
                         "tiny", "--hang-timeout", "nan"], cwd=REPO, capture_output=True, text=True, timeout=120)
     lines = [line for line in r.stderr.splitlines() if line.strip() and "forced" not in line]
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from verifybench.harness.dist.backends import p2p_reason
+from verifybench.harness.collectives.backends import p2p_reason
 from verifybench.harness.engine import fingerprint, topology
 
 

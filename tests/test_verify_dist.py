@@ -1,4 +1,4 @@
-"""The verify forward on several ranks (verifybench.harness.dist.verify) on CPU: an 8-rank gloo run under torchrun
+"""The verify forward on several ranks (verifybench.harness.multigpu.verify) on CPU: an 8-rank gloo run under torchrun
 (checks, both timed variants and the allreduces alone per n, agreed counts, rank 0's JSON and table), the debug run
 without an allreduce that the cross-rank check must fail, a crashing rank ending the job within the bound, and the
 pure pieces.
@@ -10,13 +10,13 @@ import re
 import pytest
 import torch
 
-from verifybench.harness.dist import verify as vd
+from verifybench.harness.multigpu import verify as vd
 from verifybench.harness.engine.results import load_run
 from torchrun_jobs import BOUND_S, TORCHRUN, assert_no_orphans, run_job
 
-VERIFY_DIST = TORCHRUN + ["-m", "verifybench.harness.dist.verify"]
+VERIFY_DIST = TORCHRUN + ["-m", "verifybench.harness.multigpu.verify"]
 VERIFY_DIST_8 = [a for a in TORCHRUN if not a.startswith("--nproc-per-node")] + ["--nproc-per-node=8", "-m",
-                                                                                 "verifybench.harness.dist.verify"]
+                                                                                 "verifybench.harness.multigpu.verify"]
 FAST = ["--allreduce", "gloo", "--preset", "tiny", "--tp", "1", "--context", "64", "--warmup", "2", "--samples", "3"]
 
 

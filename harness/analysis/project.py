@@ -39,7 +39,7 @@ TARGETS = {
         "write) from 1.6 TB/s (0.9x, as an H200's copy reaches 0.87x of its datasheet) up to the 1.79 TB/s "
         "ceiling; allreduce: NCCL over PCIe at 14-112 KiB, 25-60 us per call (26 us tuned and 48 us untuned "
         "reported for 32 KB on such boxes). ASSUMED, not measured: measure yours with `verifybench "
-        "baseline` and torchrun -m verifybench.harness.dist.allreduce, and pass --copy-gbps / --allreduce-us"),
+        "baseline` and torchrun -m verifybench.harness.multigpu.allreduce, and pass --copy-gbps / --allreduce-us"),
 }
 
 

@@ -25,6 +25,8 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from verifybench.harness.model.presets import default_scope
+
 # In `verifybench run` order: the baseline first, so every results folder holds the copy ceiling.
 REGISTRY = ("baseline", "graph_replay", "kv_tree", "skinny_gemm", "mla_decode", "mla_verify", "moe_int4", "allreduce",
             "verify", "cycle")
@@ -57,12 +59,6 @@ def parse_names(text: str | None) -> list[str]:
     if dupes:
         raise ValueError(f"--components names {', '.join(dupes)} more than once")
     return names
-
-
-def default_scope(gpu: bool) -> tuple[str, int, int]:
-    """(preset, tp, context) when none is given: the deployment's model on a GPU; the tiny preset at TP 1 and a
-    64-token context on a CPU (the smoke profile: it checks the plumbing, its numbers are CPU numbers)."""
-    return ("kimi-k2.5", 8, 4096) if gpu else ("tiny", 1, 64)
 
 
 def bench_cases(name: str, presets: tuple[str, ...] | None = None, keep=None) -> list:

@@ -4,7 +4,7 @@ collective's fixed cost with no peer to wait for) at the preset's verify sizes.
 At one rank torch's NCCL group has nothing to do for an in-place allreduce: its graph capture is empty, so it has
 eager cases only (an empty graph's replay / K read 0.003-0.1 us, noise around nothing); pynccl's out-of-place op
 still runs a kernel. Multi-GPU numbers come from
-`torchrun --nproc-per-node=N -m verifybench.harness.dist.allreduce`; under a multi-rank launch this module skips.
+`torchrun --nproc-per-node=N -m verifybench.harness.multigpu.allreduce`; under a multi-rank launch this module skips.
 CPU: gloo, perf_counter, tiny preset.
 """
 from __future__ import annotations
@@ -16,15 +16,15 @@ import torch
 import torch.distributed as dist
 
 from verifybench.harness.model import presets
-from verifybench.harness.dist.allreduce_results import ENGINE_MODE, busbw_factor, table_rows
-from verifybench.harness.dist.backends import (ELEMENT_BYTES, Comm, check_eager, check_graph, expected_sum, make_backend,
+from verifybench.harness.collectives.allreduce_results import ENGINE_MODE, busbw_factor, table_rows
+from verifybench.harness.collectives.backends import (ELEMENT_BYTES, Comm, check_eager, check_graph, expected_sum, make_backend,
                                         prepare_for_timing, unavailable_reason)
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec
 from verifybench.harness.engine.timing import cuda_available
 
 NAME = "allreduce"
 HELP = ("allreduce call floor of each backend in a 1-rank group (several GPUs: torchrun -m "
-        "verifybench.harness.dist.allreduce)")
+        "verifybench.harness.multigpu.allreduce)")
 TOKENS = (1, 4, 8)
 _state: dict = {}  # the 1-rank group, its store and one communicator per backend, made on first use
 

@@ -112,7 +112,7 @@ def allreduce_stand_in_us(size_bytes: int | None = None) -> tuple[float, str]:
     if text is not None and spec is not None:
         raise ValueError("set VERIFYBENCH_ALLREDUCE_US or VERIFYBENCH_ALLREDUCE_FROM, not both")
     if spec is not None:
-        from verifybench.harness.dist.allreduce_results import stand_in_from_result
+        from verifybench.harness.collectives.allreduce_results import stand_in_from_result
 
         us, source = stand_in_from_result(spec, size_bytes)
         if not (math.isfinite(us) and 0 <= us <= MAX_ALLREDUCE_US):

@@ -100,3 +100,9 @@ def get(name: str, tp: int = 1, layers: int | None = None) -> Preset:
     except KeyError:
         raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}") from None
     return preset.per_rank(tp).with_layers(layers)
+
+
+def default_scope(gpu: bool) -> tuple[str, int, int]:
+    """(preset, tp, context) when none is given: the deployment's model on a GPU; the tiny preset at TP 1 and a
+    64-token context on a CPU (the smoke profile: it checks the plumbing, its numbers are CPU numbers)."""
+    return ("kimi-k2.5", 8, 4096) if gpu else ("tiny", 1, 64)

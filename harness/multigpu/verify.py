@@ -3,7 +3,7 @@ at --tp, and the two allreduces per layer go over the N ranks through the chosen
 CUDA graph. Per token count n: a cross-rank check, then the full forward, the forward without its allreduce and the
 allreduces alone, each timed in graph mode with counts fixed on every rank.
 
-  torchrun --nproc-per-node=N -m verifybench.harness.dist.verify [--preset kimi-k2.5] [--tp 8] [--context 4096] [--layers L]
+  torchrun --nproc-per-node=N -m verifybench.harness.multigpu.verify [--preset kimi-k2.5] [--tp 8] [--context 4096] [--layers L]
       [--tokens 1-8] [--allreduce nccl,pynccl,symm-one-shot,symm-two-shot | gloo] [--out DIR] [--hang-timeout S]
 
 Shapes are those one of --tp ranks holds, whatever N is: N < TP means "N ranks of a TP-tp model" (the allreduce
@@ -29,17 +29,17 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from verifybench.harness.dist import guard as dist_guard
-from verifybench.harness.components import default_scope
+from verifybench.harness.multigpu import guard as dist_guard
+from verifybench.harness.model.presets import default_scope
 from verifybench.harness.engine import fingerprint, memory
 from verifybench.harness.model import presets
 from verifybench.harness.engine import results
-from verifybench.harness.dist.allreduce import parse_int_list
-from verifybench.harness.dist.backends import (DTYPE, GPU_BACKENDS, ArOp, Comm, backend_versions,
+from verifybench.harness.multigpu.allreduce import parse_int_list
+from verifybench.harness.collectives.backends import (DTYPE, GPU_BACKENDS, ArOp, Comm, backend_versions,
                                         capture_graph, check_eager, check_graph, expected_sum, make_backend,
                                         unavailable_reason)
-from verifybench.harness.dist.allreduce_results import measurement_from_dict
-from verifybench.harness.dist.guard import (Agreement, Watchdog, announce_safe_env, init_group, maybe_fault, parse_fault,
+from verifybench.harness.collectives.allreduce_results import measurement_from_dict
+from verifybench.harness.multigpu.guard import (Agreement, Watchdog, announce_safe_env, init_group, maybe_fault, parse_fault,
                                             rank_main)
 from verifybench.harness.engine.results import Case
 from verifybench.harness.engine.timing import measure
@@ -198,7 +198,7 @@ def make_allreduce_fn(name: str, comm: Comm, max_numel: int):
         fn.keep = make
         return fn
     if name in ("symm-one-shot", "symm-two-shot"):
-        from verifybench.harness.dist.backends import _symm_group_name
+        from verifybench.harness.collectives.backends import _symm_group_name
 
         make = make_backend(name, comm, max_numel)  # the rendezvoused symmetric buffer
         buf, group, ops = make.buffer, _symm_group_name(), torch.ops.symm_mem
@@ -415,7 +415,7 @@ class Output:
                        f"{i.world_size} ranks, more than a TP-{p['tp']} model has.")
         if i.world_size == 1:
             out.append("NOTE: one rank: the allreduce has no peer. Multi-GPU: torchrun --nproc-per-node=N -m "
-                       "verifybench.harness.dist.verify")
+                       "verifybench.harness.multigpu.verify")
         if p["layers_run"] != p["preset_layers"]:
             out.append(f"NOTE: {p['layers_run']} of the preset's {p['preset_layers']} layers, not scaled.")
         if p["no_allreduce"]:
@@ -546,7 +546,7 @@ def run_rank(args, info, store, guard: Watchdog) -> int:
 # ---- entry ----
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="torchrun --nproc-per-node=N -m verifybench.harness.dist.verify", description=__doc__,
+    p = argparse.ArgumentParser(prog="torchrun --nproc-per-node=N -m verifybench.harness.multigpu.verify", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", help="model preset (default kimi-k2.5; tiny when the forward runs on CPU, as with "
                    "gloo)")

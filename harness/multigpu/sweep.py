@@ -1,5 +1,5 @@
 """NCCL setting sweep: each setting (P2P/SHM transport, P2P level, protocol x algorithm, channels, buffer size,
-threads, ...) runs in a fresh torchrun of verifybench.harness.dist.allreduce, the transport and algorithm NCCL chose
+threads, ...) runs in a fresh torchrun of verifybench.harness.multigpu.allreduce, the transport and algorithm NCCL chose
 are read back from its INFO log, the settings are ranked at verify sizes, the best of each group is run combined,
 and the winner is printed as `export` lines, all inside a time budget.
 
@@ -24,7 +24,7 @@ from tabulate import tabulate
 
 from verifybench.harness.engine import fingerprint
 from verifybench.harness.engine import results
-from verifybench.harness.dist.guard import SAFE_ENV, force_safe_env
+from verifybench.harness.multigpu.guard import SAFE_ENV, force_safe_env
 
 # Knobs that matter for small allreduces on one node, PCIe boxes without NVLink first. "default" is the environment
 # as launched. A setting's group comes from its variables (VAR_GROUP): the settings of a group are alternatives,
@@ -135,7 +135,7 @@ def _gpu_count() -> int:
 
 
 def worker_argv(args, backends: str) -> list[str]:
-    """The measurement options of this command line, for each setting's verifybench.harness.dist.allreduce run."""
+    """The measurement options of this command line, for each setting's verifybench.harness.multigpu.allreduce run."""
     out = ["--preset", args.preset, "--tp", str(args.tp), "--tokens", args.tokens, "--batches", args.batches,
            "--backend", args.backend or backends, "--mode", args.mode or SWEEP_MODES,
            "--hang-timeout", str(args.hang_timeout)]
@@ -174,7 +174,7 @@ def run_setting(label: str, env_setting: dict, folder: Path, args, nproc: int, b
                     "NCCL_DEBUG_FILE": str(folder / "nccl.%h.%p.log")})
     extra = shlex.split(args.torchrun_args)
     cmd = [sys.executable, "-m", "torch.distributed.run", *([] if extra else ["--standalone"]),
-           f"--nproc-per-node={nproc}", *extra, "-m", "verifybench.harness.dist.allreduce",
+           f"--nproc-per-node={nproc}", *extra, "-m", "verifybench.harness.multigpu.allreduce",
            *worker_argv(args, backends), "--out", str(folder), "--name", "allreduce.json", "--label", label,
            "--no-nccl-log"]
     t0 = time.monotonic()

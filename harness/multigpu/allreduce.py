@@ -1,8 +1,8 @@
 """Allreduce latency across ranks at verify sizes: nccl, pynccl, symm one/two-shot and gloo, in graph / eager /
 isolated modes; an nccl-tests style table (the max over ranks of each rank's median) and a results JSON.
 
-  torchrun --nproc-per-node=N -m verifybench.harness.dist.allreduce [--preset kimi-k2.5] [--backend ...] [--mode ...]
-  python -m verifybench.harness.dist.allreduce --nccl-sweep --nproc-per-node=N   (one fresh torchrun per NCCL setting;
+  torchrun --nproc-per-node=N -m verifybench.harness.multigpu.allreduce [--preset kimi-k2.5] [--backend ...] [--mode ...]
+  python -m verifybench.harness.multigpu.allreduce --nccl-sweep --nproc-per-node=N   (one fresh torchrun per NCCL setting;
       --list shows the settings, --quick runs two)
 """
 from __future__ import annotations
@@ -20,11 +20,12 @@ import torch
 import torch.distributed as dist
 
 from verifybench.harness.model import presets
-from verifybench.harness.dist.backends import (ALL_BACKENDS, BACKEND_HELP, ELEMENT_BYTES, GPU_BACKENDS, Comm, backend_versions,
+from verifybench.harness.collectives.backends import (ALL_BACKENDS, BACKEND_HELP, ELEMENT_BYTES, GPU_BACKENDS, Comm, backend_versions,
                                         check_eager, check_graph, count_wrong, expected_sum, make_backend,
                                         prepare_for_timing, unavailable_reason)
-from verifybench.harness.dist.allreduce_results import ENGINE_MODE, MODES, Output
-from verifybench.harness.dist.guard import (Agreement, Watchdog, announce_safe_env, init_group, maybe_fault, parse_fault,
+from verifybench.harness.collectives.allreduce_results import ENGINE_MODE, MODES
+from verifybench.harness.multigpu.output import Output
+from verifybench.harness.multigpu.guard import (Agreement, Watchdog, announce_safe_env, init_group, maybe_fault, parse_fault,
                                             rank_main)
 from verifybench.harness.engine.results import DEFAULT_OUT
 from verifybench.harness.engine.timing import measure
@@ -227,7 +228,7 @@ def _enable_nccl_log() -> str | None:
 # ---- entry ----
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m verifybench.harness.dist.allreduce", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m verifybench.harness.multigpu.allreduce", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="kimi-k2.5", help="model preset whose hidden size sets the sizes")
     p.add_argument("--tp", type=int, default=8, help="TP degree for the preset (the hidden size does not change)")
@@ -278,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
             print("error: --nccl-sweep is the driver: run it with plain python, it starts torchrun per setting",
                   file=sys.stderr)
             return 2
-        from verifybench.harness.dist.sweep import run_sweep
+        from verifybench.harness.multigpu.sweep import run_sweep
 
         return run_sweep(args)
     try:
