@@ -20,6 +20,7 @@ from pathlib import Path
 from verifybench.harness.analysis.numbers import positive_int
 from verifybench.harness.engine import results
 from verifybench.harness.engine.timing import cuda_available, measure
+from verifybench.harness.engine.capture import graph_capture
 
 RANGE = "verify_forward"
 CYCLE_RANGE = "spec_cycle"
@@ -39,7 +40,7 @@ def _captured(fn):
     fn()  # compile and warm before capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with graph_capture(graph):
         fn()
     graph.replay()
     torch.cuda.synchronize()

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from verifybench.harness.engine.topology import missing_p2p_pairs
+from verifybench.harness.engine.capture import graph_capture
 
 DTYPE = torch.bfloat16
 ELEMENT_BYTES = 2
@@ -112,7 +113,7 @@ def capture_graph(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with graph_capture(graph):
         fn()
     torch.cuda.synchronize()
     return graph

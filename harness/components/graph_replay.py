@@ -16,6 +16,7 @@ from verifybench.harness.engine.results import cpu_numbers, withhold
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cuda_available
 from verifybench.kernels.graph_replay import LayerShapes, ModelStack, straight_line, tiny_kernel
+from verifybench.harness.engine.capture import graph_capture
 
 NAME = "graph_replay"
 HELP = "CUDA-graph replay: fixed + per-node cost, host replay(), eager vs graph, model-shaped graph at 1..8 tokens"
@@ -32,7 +33,7 @@ def _counter(device: str) -> torch.Tensor:
 
 def _capture(x: torch.Tensor, kernels: int) -> torch.cuda.CUDAGraph:
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with graph_capture(g):
         straight_line(x, kernels)
     return g
 

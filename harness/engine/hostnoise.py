@@ -8,6 +8,7 @@ from pathlib import Path
 
 from verifybench.harness.engine import timing
 from verifybench.harness.engine.hostprobe import probe_us
+from verifybench.harness.engine.capture import graph_capture
 
 FIGURES = ("probe_us", "replay_us", "eager_us")
 
@@ -23,7 +24,7 @@ def series(seconds: float, gpu: bool) -> list[dict]:
 
         x = torch.zeros(1, dtype=torch.int64, device="cuda")
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with graph_capture(graph):
             tiny_kernel(x)
     rows, t_start = [], time.perf_counter()
     while time.perf_counter() - t_start < seconds:

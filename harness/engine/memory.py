@@ -4,11 +4,14 @@ VERIFYBENCH_MEMORY_CAP_GIB when set); when short it runs what fits, or its case 
 need(x) fits when  need(x) * (1 + MARGIN) + RESERVE_BYTES[device] <= free.  MARGIN covers what the planned tensors
 do not count (activations, temporaries, graph pools, allocator rounding: the K2.5 verify forward allocates 70.9 GiB
 and peaks near 74 GiB on an H200); the reserve is kept for the CUDA context and library workspaces. "Free" on a GPU
-is what the device has free plus what torch's cache holds unused, and under the cap no more than the cap minus what
-torch has allocated; on a CPU it is the kernel's MemAvailable (and under the cap, the cap minus this process's RSS).
+is what the device has free once dead Python objects are collected and torch's cache has returned its unused
+blocks (blocks a cache keeps are not counted: a graph's private pool or a fragment cannot serve a new large tensor),
+and under the cap no more than the cap minus what torch has reserved; on a CPU it is the kernel's MemAvailable (and
+under the cap, the cap minus this process's RSS).
 """
 from __future__ import annotations
 
+import gc
 import math
 import os
 from dataclasses import dataclass
@@ -77,12 +80,32 @@ def free_bytes(device: str) -> int:
         import torch
 
         apply_cap()
+        gc.collect()
+        torch.cuda.empty_cache()
         device_free, _ = torch.cuda.mem_get_info()
-        allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
-        free = device_free + (reserved - allocated)
-        return max(0, min(free, cap - allocated) if cap is not None else free)
+        reserved = torch.cuda.memory_reserved()
+        return max(0, min(device_free, cap - reserved) if cap is not None else device_free)
     free = _cpu_available_bytes()
     return max(0, min(free, cap - _cpu_rss_bytes()) if cap is not None else free)
+
+
+def live_bytes(device: str) -> int:
+    """Bytes of tensors alive on `device`: torch's allocated bytes on a GPU; on a CPU, the distinct storages of the
+    tensors Python can reach (collected first), so a test can see what a module left behind on either."""
+    import torch
+
+    gc.collect()
+    if device == "cuda":
+        return torch.cuda.memory_allocated()
+    seen: dict[int, int] = {}
+    for obj in gc.get_objects():
+        if issubclass(type(obj), torch.Tensor) and obj.device.type == "cpu" and not obj.is_meta:
+            try:
+                storage = obj.untyped_storage()
+            except (RuntimeError, NotImplementedError):  # a tensor without storage (a sparse or wrapper subclass)
+                continue
+            seen[storage.data_ptr()] = max(seen.get(storage.data_ptr(), 0), storage.nbytes())
+    return sum(seen.values())
 
 
 def budget(need: int, device: str) -> int:

@@ -15,7 +15,19 @@ from verifybench.harness.engine.results import METHOD_VERSION, Case
 from verifybench.harness.engine.runner import CaseSpec
 from verifybench.kernels import config_tables
 
+CPU_NOTE = ("NOTE: no GPU here: these figures are CPU numbers (torch CPU code and the Triton interpreter, timed "
+            "with perf_counter), not device times")
 VOLATILE_KEYS = ("created_utc", "loadavg")  # differ run to run: pytest-benchmark would flag the machine as changed
+
+
+def pytest_configure(config):
+    """--benchmark-histogram needs pygal, which pytest-benchmark imports only after the whole run: refuse at once."""
+    if config.getoption("benchmark_histogram", default=None):
+        try:
+            import pygal  # noqa: F401
+        except ImportError:
+            raise pytest.UsageError("--benchmark-histogram needs pygal, which is not installed "
+                                    "(pip install pygal), so no histogram can be drawn") from None
 
 
 def pytest_sessionstart(session):
@@ -35,9 +47,13 @@ def pytest_sessionstart(session):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Which kernels ran on default configs on which GPU (no tuned table for it), once per GPU."""
+    """Which kernels ran on default configs on which GPU (no tuned table for it), once per GPU; on a machine
+    without CUDA, that the figures are CPU numbers."""
     for line in config_tables.defaults_notice():
         terminalreporter.write_line(line)
+    session = getattr(terminalreporter.config, "_benchmarksession", None)  # pytest-benchmark's, when it is active
+    if not torch.cuda.is_available() and session is not None and session.benchmarks:
+        terminalreporter.write_line(CPU_NOTE)
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):
@@ -50,6 +66,20 @@ def pytest_benchmark_update_machine_info(config, machine_info):
         gpu.pop("now", None)
     machine_info["verifybench"] = fp
     machine_info["verifybench_method_version"] = METHOD_VERSION  # compare warns when BASE and NEW differ in it
+    machine_info["verifybench_cpu_numbers"] = not torch.cuda.is_available()
+
+
+HISTOGRAM_MOST = 50  # pytest-benchmark's histogram draws one chart per group and leaves out a group larger than this
+
+
+def histogram_group(name: str, names: list[str], most: int = HISTOGRAM_MOST) -> str:
+    """The shortest '/'-prefix of `name` that at most `most` of `names` share (the whole name at worst)."""
+    parts = name.split("/")
+    for depth in range(1, len(parts) + 1):
+        prefix = "/".join(parts[:depth])
+        if sum(1 for n in names if n == prefix or n.startswith(prefix + "/")) <= most:
+            return prefix
+    return name
 
 
 def _feed(benchmark, case: Case) -> None:
@@ -68,13 +98,16 @@ def _feed(benchmark, case: Case) -> None:
 
 
 @pytest.fixture
-def device_benchmark(benchmark):
+def device_benchmark(benchmark, request):
     """Returns run(spec: CaseSpec) -> Case: checks the case, times it with the engine, feeds pytest-benchmark.
 
-    A failing check fails the test and records no time. With --benchmark-disable the case is only checked.
+    A failing check fails the test and records no time. With --benchmark-disable the case is only checked. The
+    benchmark's group is a prefix of the case name shared by at most HISTOGRAM_MOST of the module's cases.
     """
 
     def run(spec: CaseSpec, **measure_overrides) -> Case:
+        names = [s.name for s in getattr(request.module, "CASES", ())] or [spec.name]
+        benchmark.group = benchmark.group or histogram_group(spec.name, names)
         if benchmark.disabled:
             fn, check, _ = spec.setup()
             ok, detail = check()

@@ -35,6 +35,11 @@ class CaseSpec:
     setup: Callable[[], tuple[Callable, Check, Callable[[Measurement], dict] | None]]
     measure_kw: dict = field(default_factory=dict)
 
+    def spend(self) -> None:
+        """Drop the setup: its closure may hold what the cases built (a weight stack shared across token counts),
+        which a list of specs that outlives the run (pytest's parametrized items) would otherwise keep alive."""
+        self.setup = _spent
+
     def run(self, **overrides) -> Case:
         try:
             fn, check, derive = self.setup()
@@ -51,6 +56,10 @@ class CaseSpec:
                 torch.cuda.empty_cache()
         return Case(name=self.name, params=self.params, check_ok=False, check_detail=f"skipped: {reason}",
                     skipped=reason)
+
+
+def _spent():
+    raise RuntimeError("this case was spent: its component's cases ran and their memory was released")
 
 
 def rel_error(out, ref) -> float:

@@ -17,6 +17,7 @@ import torch
 from verifybench.harness.engine import fingerprint
 from verifybench.harness.engine import hostprobe
 from verifybench.harness.engine.stats import Summary, summarize
+from verifybench.harness.engine.capture import graph_capture
 
 MODES = ("cold", "hot", "graph", "isolated", "host_sync", "host_call", "cycle")
 MODE_HELP = {
@@ -192,7 +193,7 @@ class _CudaSampler(_Sampler):
                 fns[0]()  # cuBLAS/cuDNN lazily create handles on a new stream: keep that out of the capture
             torch.cuda.current_stream().wait_stream(stream)
             torch.cuda.synchronize()
-            with torch.cuda.graph(self.graph):
+            with graph_capture(self.graph):
                 for k in range(calls):
                     fns[k % len(fns)]()
             self.graph.replay()

@@ -30,6 +30,7 @@ from verifybench.harness.model.draft import DraftModel
 from verifybench.harness.model.forward import COMPONENTS, VerifyForward
 from verifybench.kernels import tree
 from verifybench.kernels.mla_verify import VARIANTS, mla_verify, mla_verify_reference
+from verifybench.harness.engine.capture import graph_capture
 
 PHASES = ("draft", "tree", "verify", "sync", "bookkeeping", "reextend")
 # the deployment's per-phase table, with SGLang's placement: build_tree ends draft(); verify() prepares the slots,
@@ -201,7 +202,7 @@ class Cycle:
                 torch.cuda.current_stream().wait_stream(stream)
                 torch.cuda.synchronize()
                 state["graph"] = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(state["graph"]):
+                with graph_capture(state["graph"]):
                     body()
             state["graph"].replay()
 

@@ -15,6 +15,7 @@ from verifybench.kernels import moe_int4 as moe
 from verifybench.kernels import moe_int4_triton as mt
 from verifybench.harness.components.moe_int4 import TOL, make_case, preset_shape
 from verifybench.harness.tune.common import merged_table
+from verifybench.harness.engine.capture import graph_capture
 
 # ---------------------------------------------------------------------------------------------------- tuning
 
@@ -179,7 +180,7 @@ def _probe_pdl_worker(preset: str, tp: int) -> str | None:
         ref = moe.reference_moe_w4a16(x.float(), *ws, tw, ids)
         eager = mt.fused_moe_w4a16(x, *ws, tw, ids, config=cfg, check_ids=False)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with graph_capture(graph):
             out = mt.fused_moe_w4a16(x, *ws, tw, ids, config=cfg, check_ids=False)
         out.zero_()
         graph.replay()

@@ -1,0 +1,113 @@
+"""The benchmark modules leave the memory as they found it, graph captures run with the collector held off, and
+pytest-benchmark's histogram and groups work on our cases."""
+import gc
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+
+from verifybench.harness.components import graph_replay
+from verifybench.harness.engine import capture, memory
+from verifybench.harness.engine.pytest_plugin import HISTOGRAM_MOST, histogram_group
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _child_pytest(folder: Path, *args, env_extra=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env.update(VERIFYBENCH_MAX_TIME_S="0.05", **(env_extra or {}))
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(folder), *args],
+                          cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _bench_folder(tmp_path: Path, body: str) -> Path:
+    folder = tmp_path / "bench"
+    folder.mkdir()
+    shutil.copy(REPO / "microbench" / "conftest.py", folder / "conftest.py")
+    (folder / "bench_probe.py").write_text(body)
+    (folder / "pytest.ini").write_text("[pytest]\npython_files = bench_*.py\n")
+    return folder
+
+
+def test_a_bench_module_that_leaves_tensors_alive_fails_at_its_end(tmp_path):
+    folder = _bench_folder(tmp_path, "import torch\nKEPT = []\n\ndef test_keeps():\n"
+                                     "    KEPT.append(torch.ones(64 << 20, dtype=torch.uint8))\n")
+    r = _child_pytest(folder)
+    assert r.returncode == 1, r.stdout[-2000:]
+    assert "left" in r.stdout and "memory alive" in r.stdout
+
+
+def test_a_bench_module_that_frees_what_it_built_passes(tmp_path):
+    folder = _bench_folder(tmp_path, "import torch\n\ndef test_frees():\n"
+                                     "    x = torch.ones(64 << 20, dtype=torch.uint8)\n    assert x.sum() > 0\n")
+    r = _child_pytest(folder)
+    assert r.returncode == 0, r.stdout[-2000:]
+
+
+def test_spent_cases_free_the_weight_stack_their_setups_shared():
+    specs = [s for s in graph_replay.cases("tiny", 1, 64, (1, 2)) if s.name.startswith("graph/model/")]
+    before = memory.live_bytes("cpu")
+    fn, check, derive = specs[0].setup()
+    assert check()[0]
+    del fn, check, derive
+    built = memory.live_bytes("cpu") - before
+    assert built > 0  # the shared stack lives in the specs' closures
+    for s in specs:
+        s.spend()
+    graph_replay.release()
+    assert memory.live_bytes("cpu") - before < max(built // 10, 1)
+    with pytest.raises(RuntimeError, match="spent"):
+        specs[0].setup()
+
+
+def test_graph_capture_collects_first_and_holds_the_collector_off_inside(monkeypatch):
+    seen = {}
+
+    @contextmanager
+    def fake_graph(g, **kw):
+        seen["gc_enabled_inside"] = gc.isenabled()
+        yield
+
+    collected = []
+    monkeypatch.setattr(capture.gc, "collect", lambda *a: collected.append(1) or 0)
+    monkeypatch.setattr(torch.cuda, "graph", fake_graph)
+    assert gc.isenabled()
+    with capture.graph_capture(object()):
+        pass
+    assert collected and seen["gc_enabled_inside"] is False and gc.isenabled()
+
+
+def test_histogram_groups_hold_at_most_50_of_the_h200_run_benchmarks():
+    with gzip.open(REPO / "results/baselines/nvidia-h200-x1/pytest-benchmark.json.gz") as f:
+        names = [b["extra_info"]["case"] for b in json.load(f)["benchmarks"]]
+    by_module: dict[str, list[str]] = {}
+    for n in names:  # one module per component: its cases are what the group rule sees
+        by_module.setdefault(n.split("/")[0], []).append(n)
+    groups: dict[str, int] = {}
+    for module_names in by_module.values():
+        for n in module_names:
+            g = histogram_group(n, module_names)
+            groups[g] = groups.get(g, 0) + 1
+            assert n == g or n.startswith(g + "/")
+    assert max(groups.values()) <= HISTOGRAM_MOST
+    assert len(groups) < len(names) // 2  # groups, not one chart per benchmark
+
+
+def test_histogram_without_pygal_is_refused_before_anything_runs(tmp_path):
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "pygal.py").write_text("raise ImportError('no pygal here')\n")
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(shim), os.environ.get("PYTHONPATH")) if p)}
+    r = subprocess.run([sys.executable, "-m", "pytest", "--benchmark-only", "-q", "-p", "no:cacheprovider",
+                        "microbench/bench_baseline.py", f"--benchmark-histogram={tmp_path / 'h'}"],
+                       cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 4, out[-2000:]  # pytest's usage error
+    assert "needs pygal" in out and "Traceback" not in out and "passed" not in out
