@@ -71,6 +71,13 @@ for s in ${STEPS:-install env}; do
     gputests) step gputests "${LIMIT:-300}" python3 -m pytest -q -m gpu -x -p no:randomly ;;
     bench) step bench "${LIMIT:-300}" python3 -m pytest --benchmark-only -q microbench/ \
              --benchmark-json="$WORK/run/bench.json" ;;
+    bench3) for i in 1 2 3; do  # the README's benchmark command, three runs in a row on one machine
+              step "bench$i" "${BENCH_LIMIT:-190}" python3 -m pytest --benchmark-only -q microbench/ \
+                --benchmark-json="$WORK/run/bench$i.json"
+            done ;;
+    advise) step advise 60 verifybench advise "$WORK/run"
+            step advise-tau 60 verifybench advise "$WORK/run" --accept-len 3:2.4,6:3.1 ;;
+    acceptance) step acceptance "${ACCEPT_LIMIT:-480}" scripts/acceptance.sh --gpu ;;
     savecache) tar -czf "$OUT/triton-cache.tar.gz" -C "$cache" . && ls -la "$OUT/triton-cache.tar.gz" ;;
     *) echo "unknown step $s" ;;
   esac
