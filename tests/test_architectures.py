@@ -13,7 +13,7 @@ import triton
 from verifybench.kernels import config_tables
 from verifybench.kernels import mla_decode_select as mds
 from verifybench.kernels import mla_verify as mv
-from verifybench.kernels import skinny_gemm as sg
+from verifybench.kernels import skinny_gemm_select as sgs
 
 CCS = (80, 86, 89, 90, 100, 120)
 LIMITS = config_tables.SMEM_LIMIT_BYTES
@@ -26,15 +26,15 @@ pytestmark = pytest.mark.skipif("nvidia" not in triton.backends.backends,
 _WORKER = r"""
 import json, os, sys
 from concurrent.futures import ProcessPoolExecutor
-from verifybench.kernels import mla_decode_select as mds, skinny_gemm as sg
+from verifybench.kernels import mla_decode_select as mds, skinny_gemm_select as sgs
 
 def job(j):
     kernel, c, cc, dtype = j
-    return (sg if kernel != "mla_decode" else mds).compiled_shared_bytes(c, cc, dtype)
+    return (sgs if kernel != "mla_decode" else mds).compiled_shared_bytes(c, cc, dtype)
 
 ccs = json.loads(sys.argv[1])
-fp32 = sg.default_config(1, 4096, 4096, dtype=__import__("torch").float32)
-jobs = [("skinny_gemm", c, cc, "bfloat16") for c in sg.selectable_configs() for cc in ccs]
+fp32 = sgs.default_config(1, 4096, 4096, dtype=__import__("torch").float32)
+jobs = [("skinny_gemm", c, cc, "bfloat16") for c in sgs.selectable_configs() for cc in ccs]
 jobs += [("skinny_fp32_default", fp32, cc, "float32") for cc in ccs]
 jobs += [("mla_decode", c, cc, "bfloat16") for c in mds.selectable_configs() for cc in ccs]
 with ProcessPoolExecutor(max_workers=os.cpu_count()) as pool:
@@ -75,7 +75,7 @@ def module_tile(c: dict) -> dict:
 
 
 def test_defaults_fit_every_architecture(compiled):
-    defaults = {_tile(module_tile(c)) for c in sg.default_configs()[:-1]}
+    defaults = {_tile(module_tile(c)) for c in sgs.default_configs()[:-1]}
     assert len(defaults) == 3
     seen = set()
     for c, cc, shared in compiled["skinny_gemm"]:
@@ -92,9 +92,9 @@ def test_defaults_fit_every_architecture(compiled):
 
 def test_bounds_are_upper_bounds_of_the_compiled_figure(compiled):
     for c, cc, shared in compiled["skinny_gemm"]:
-        assert shared <= sg.shared_bytes_bound(c), (c, cc, shared)
+        assert shared <= sgs.shared_bytes_bound(c), (c, cc, shared)
     for c, cc, shared in compiled["skinny_fp32_default"]:
-        assert shared <= sg.shared_bytes_bound(c, "float32"), (c, cc, shared)
+        assert shared <= sgs.shared_bytes_bound(c, "float32"), (c, cc, shared)
     for c, cc, shared in compiled["mla_decode"]:
         assert shared <= mds.shared_bytes_bound(c), (c, cc, shared)
 
@@ -102,14 +102,14 @@ def test_bounds_are_upper_bounds_of_the_compiled_figure(compiled):
 @pytest.mark.parametrize("cc", CCS)
 def test_skinny_gemm_selection_never_returns_a_config_over_the_limit(compiled, monkeypatch, cc):
     shared = {(_tile(module_tile(c)), k): b for c, k, b in compiled["skinny_gemm"]}
-    _select_with(monkeypatch, sg, shared, cc)
+    _select_with(monkeypatch, sgs, shared, cc)
     n_over = 0
     for c, k, need in compiled["skinny_gemm"]:
         if k != cc:
             continue
         n = 8 if c["kind"] == "dot" else 1
         table = {"cpu": {"shapes": {"4096,4096": {str(n): c}}}}
-        got, source = sg.select(n, 4096, 4096, "cpu", table)
+        got, source = sgs.select(n, 4096, 4096, "cpu", table)
         assert shared[(_tile(module_tile(got)), cc)] <= LIMITS[cc], (c, got)
         if need > LIMITS[cc]:
             n_over += 1
