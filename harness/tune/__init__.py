@@ -48,7 +48,7 @@ def table_path(name: str, out: Path | None) -> Path:
 
 _KERNELS = {"skinny_gemm": "verifybench.kernels.skinny_gemm_select",  # the module of each shipped table (CONFIG_PATH)
             "mla_decode": "verifybench.kernels.mla_decode_select",
-            "moe_int4": "verifybench.kernels.moe_int4_triton"}
+            "moe_int4": "verifybench.kernels.moe_int4_select"}
 
 
 def tune_one(name: str, path: Path, share_s: float, preset: str, tp: int, log) -> bool:
