@@ -77,9 +77,9 @@ def mla_decode(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, ou
     """Triton flash-decoding MLA attention; same result as mla_decode_reference (scale defaults to D ** -0.5, the MLA
     forward passes (qk_nope + qk_rope) ** -0.5). q [heads, n, D] and cache [rows >= length, D] need unit stride
     along D (other strides are free). num_splits: context splits (it is lowered so that no split is empty).
-    out: optional [heads, n, kv_lora] tensor of q's dtype to write. config: overrides of DEFAULT_CONFIG
-    (block_rows, block_keys: powers of two >= 16; num_warps, num_stages; num_splits, which the argument
-    overrides). Neither num_splits nor config given: select_config (the tuned table for this GPU, else the
+    out: optional [heads, n, kv_lora] tensor of q's dtype to write. config: overrides of the DEFAULT_CONFIG
+    of mla_decode_select (block_rows, block_keys: powers of two >= 16; num_warps, num_stages; num_splits, which the
+    argument overrides). Neither num_splits nor config given: select_config (the tuned table for this GPU, else the
     defaults); num_splits alone: default_config's tile; config without num_splits: default_num_splits for its
     block_rows. pdl (None: kernels.pdl.enabled): both launches with programmatic dependent launch
     (kernels/pdl.py); each waits before reading anything."""

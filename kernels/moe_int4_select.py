@@ -1,5 +1,5 @@
-"""Launch configs of the fused W4A16 MoE: the untuned defaults per token range, the per-GPU tables (moe_int4_configs.json
-with the user's from `verifybench tune` over it), the shared-memory fit of a config per GPU, and the tuner's spaces.
+"""Launch configs of the fused W4A16 MoE: the untuned defaults per token range, the per-GPU tables
+(moe_int4_configs.json, the user's from `verifybench tune` over it), the shared-memory fit per GPU, the tuner's spaces.
 """
 from __future__ import annotations
 

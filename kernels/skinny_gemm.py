@@ -87,7 +87,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, config: dict | None = None, *, add:
     contiguous, same dtype -> y [n, N] in x's dtype, fp32 accumulation.
 
     config (default: select_config(n, N, K, device)): {"kind": "dot" | "fma" | "torch", "BLOCK_N", "BLOCK_K", "SPLIT_K"
-    (None: from the shape), "reduce": "serial" | "kernel", "num_warps", "num_stages"}; see the module doc.
+    (None: from the shape), "reduce": "serial" | "kernel", "num_warps", "num_stages"}; see skinny_gemm_kernels.py.
     add: [n, N] in x's dtype and device, last-dim stride 1, any row stride; added in fp32 before the one rounding
     (kind "torch": rounded twice). y is a new tensor, so add never aliases it.
     act "silu_mul": x is gate_up [n, 2K] (gate columns, then up) and y = (silu(gate) * up) @ w.T (+ add), the
