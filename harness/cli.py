@@ -45,7 +45,7 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     from verifybench.harness import components, run
-    from verifybench.harness.engine.timing import MODE_HELP
+    from verifybench.harness.engine.modes import MODE_HELP
 
     p = Parser(
         prog="verifybench",

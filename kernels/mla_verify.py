@@ -10,13 +10,12 @@ in q's dtype, fp32 accumulation. mask: bool [B, D, D] (or flat, build_tree's "ql
 per query, bit j = column j, [B * D] or [B, D] ("qlen_only_bitpacking": uint8 / int16 / int32; int64 for D <= 64).
 A query that sees no key (L_b = 0 and an empty mask row) gets NaN, as a softmax over nothing does.
 
-"extend" is what SGLang's Triton backend runs for verify (its prefill kernel), written from its description: grid
-(B, heads, cdiv(D, BLOCK_M)), one head per program, a serial loop over the whole prefix, then one over the D tree keys
-with the mask; scores as a 512- plus a 64-wide dot; each key tile loaded twice, for the scores and as values (the
-engine's K and V buffers are views of one cache). "split_kv" (mla_decode.py's verify form): a request's heads x D rows
-form one query matrix, BLOCK_M rows per program; its L_b + D keys are cut on the device into at most num_splits splits
-of whole key tiles and >= min_split_keys keys (so one captured graph serves any L_b); the tree keys fall in the last
-split. Programs write normalized partial o and log2-sum-exp; a combine kernel merges the splits each request used.
+"extend" (mla_verify_extend.py) is what SGLang's Triton backend runs for verify (its prefill kernel): one head per
+program, a serial loop over the whole prefix, then one over the D tree keys with the mask. "split_kv"
+(mla_verify_split_kv.py, mla_decode's verify form): a request's heads x D rows form one query matrix, BLOCK_M rows per
+program; its L_b + D keys are cut on the device into splits of whole key tiles (so one captured graph serves any L_b),
+and a combine kernel merges the splits each request used. This module checks the inputs, completes the config and
+picks the variant; the kernels' files hold their grids and launches.
 """
 from __future__ import annotations
 
@@ -29,9 +28,9 @@ import sys
 
 import torch
 import triton
-import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from verifybench.kernels import mla_verify_extend as extend
+from verifybench.kernels import mla_verify_split_kv as split_kv
 from verifybench.kernels import pdl as _pdl
 from verifybench.kernels.config_tables import SMEM_LIMIT_BYTES  # noqa: F401 (per block, for callers)
 
@@ -44,8 +43,6 @@ LOG2E = 1.4426950408889634
 DEFAULT_SMS = 132  # an H100/H200; used off CUDA (the interpreter)
 PROGRAMS_PER_SM = 2  # split_kv programs the default split count aims at per SM
 MAX_SPLITS = 256  # the combine holds all splits of a row at once
-COMBINE_COLS = 128  # kv_lora columns per combine program, at most
-COMBINE_TILE = 8192  # fp32 partial values a combine program holds at once
 
 # Starting points, not timed on a GPU. split_kv: mla_decode's default tiles (16 rows x 32 keys, 4 warps, 2 stages).
 # extend: what SGLang picks for a 576-wide head on sm_86/89/120 (ENGINE_EXTEND_CONFIGS). Every default fits sm_120's
@@ -208,199 +205,17 @@ def default_num_splits(batch: int, rows_per_request: int, block_rows: int, sms: 
     return max(1, min(triton.cdiv(PROGRAMS_PER_SM * sms, programs), MAX_SPLITS))
 
 
-# ---------------------------------------------------------------------------------------------------- kernels
-
-@triton.jit
-def _split_kernel(q, cache, starts, lens, mask, part_o, part_lse, out, T, num_splits, min_split_keys, stride_qh,
-                  stride_qt, stride_c, stride_oh, stride_ot, scale_log2, HEADS: tl.constexpr, D: tl.constexpr,
-                  DK: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr, ROW_BLOCKS: tl.constexpr,
-                  MASK_WORDS: tl.constexpr, SINGLE: tl.constexpr, PDL: tl.constexpr):
-    if PDL:  # q, the tree rows of the cache, lens and the mask may come from the kernels just before
-        gdc_wait()
-        gdc_launch_dependents()
-    b = tl.program_id(0) // ROW_BLOCKS
-    sp = tl.program_id(1)
-    r = (tl.program_id(0) % ROW_BLOCKS) * BLOCK_M + tl.arange(0, BLOCK_M)  # row = head * D + tree token
-    row_ok = r < HEADS * D
-    head = (r // D).to(tl.int64)
-    t = b * D + r % D  # token in q
-    q_row = head * stride_qh + t.to(tl.int64) * stride_qt
-    dv = tl.arange(0, BLOCK_DV)
-    dv_ok = dv < DV
-    q_lat = tl.load(q + q_row[:, None] + dv[None, :], mask=row_ok[:, None] & dv_ok[None, :], other=0.0)
-    if BLOCK_DR > 0:  # the rope columns DV..DK-1 only enter the scores
-        dr = DV + tl.arange(0, BLOCK_DR)
-        dr_ok = dr < DK
-        q_rope = tl.load(q + q_row[:, None] + dr[None, :], mask=row_ok[:, None] & dr_ok[None, :], other=0.0)
-    start = tl.load(starts + b).to(tl.int64)
-    prefix = tl.load(lens + b).to(tl.int32)
-    n_keys = prefix + D
-    splits = tl.maximum(1, tl.minimum(num_splits, tl.cdiv(n_keys, min_split_keys)))
-    split_keys = tl.cdiv(tl.cdiv(n_keys, splits), BLOCK_N) * BLOCK_N  # whole key tiles; the combine agrees
-    lo = sp * split_keys
-    hi = tl.minimum(lo + split_keys, n_keys)  # lo >= hi: a split this request does not use
-    if MASK_WORDS:
-        word = tl.load(mask + t, mask=row_ok, other=0).to(tl.int64)
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running row max of the scores, log2 units
-    l = tl.zeros([BLOCK_M], dtype=tl.float32)  # running sum of 2^(score - m)
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    for s0 in range(lo, hi, BLOCK_N):
-        key = s0 + tl.arange(0, BLOCK_N)  # key index in the request: prefix, then tree
-        key_ok = key < hi
-        rows_at = cache + (start + key)[:, None] * stride_c
-        k_lat = tl.load(rows_at + dv[None, :], mask=key_ok[:, None] & dv_ok[None, :], other=0.0)
-        s = tl.dot(q_lat, tl.trans(k_lat))
-        if BLOCK_DR > 0:
-            k_rope = tl.load(rows_at + dr[None, :], mask=key_ok[:, None] & dr_ok[None, :], other=0.0)
-            s += tl.dot(q_rope, tl.trans(k_rope))
-        col = key - prefix  # tree column; < 0 for a prefix key, which every query sees
-        in_tree = (col >= 0) & key_ok
-        if MASK_WORDS:
-            seen = ((word[:, None] >> tl.minimum(tl.maximum(col, 0), 63)[None, :]) & 1) != 0
-        else:
-            seen = tl.load(mask + t[:, None].to(tl.int64) * D + col[None, :],
-                           mask=row_ok[:, None] & in_tree[None, :], other=0) != 0
-        vis = key_ok[None, :] & ((col < 0)[None, :] | seen)
-        s = tl.where(vis, s * scale_log2, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that saw nothing yet: 2^-inf = 0, no NaN
-        alpha = tl.exp2(m - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(k_lat.dtype), k_lat)
-        m = m_new
-    if SINGLE:  # l = 0 only for a query that sees no key: NaN, as the reference (padding rows divide by 1)
-        o = acc / tl.where(row_ok, l, 1.0)[:, None]
-        tl.store(out + head[:, None] * stride_oh + t[:, None].to(tl.int64) * stride_ot + dv[None, :],
-                 o.to(out.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
-    else:
-        has = l > 0
-        part = sp.to(tl.int64) * HEADS * T + head * T + t  # [split, head * T + token]
-        ok = row_ok & (lo < n_keys)
-        tl.store(part_o + part[:, None] * DV + dv[None, :], acc / tl.where(has, l, 1.0)[:, None],
-                 mask=ok[:, None] & dv_ok[None, :])
-        tl.store(part_lse + part, tl.where(has, m + tl.log2(tl.where(has, l, 1.0)), float("-inf")), mask=ok)
-
-
-@triton.jit
-def _combine_kernel(lens, part_o, part_lse, out, T, num_splits, min_split_keys, stride_oh, stride_ot,
-                    HEADS: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr):
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
-    r = tl.program_id(0)  # head * T + token
-    t = r % T
-    n_keys = tl.load(lens + t // D).to(tl.int32) + D
-    splits = tl.maximum(1, tl.minimum(num_splits, tl.cdiv(n_keys, min_split_keys)))
-    used = tl.cdiv(n_keys, tl.cdiv(tl.cdiv(n_keys, splits), BLOCK_N) * BLOCK_N)  # as _split_kernel cuts them
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    c_ok = c < DV
-    s = tl.arange(0, BLOCK_S)
-    s_ok = s < used
-    part = s.to(tl.int64) * HEADS * T + r
-    lse = tl.load(part_lse + part, mask=s_ok, other=float("-inf"))
-    w = tl.exp2(lse - tl.max(lse, axis=0))
-    o = tl.load(part_o + part[:, None] * DV + c[None, :], mask=s_ok[:, None] & c_ok[None, :], other=0.0)
-    o_at = out + (r // T).to(tl.int64) * stride_oh + t.to(tl.int64) * stride_ot
-    tl.store(o_at + c, (tl.sum(w[:, None] * o, axis=0) / tl.sum(w, axis=0)).to(out.dtype.element_ty), mask=c_ok)
-
-
-@triton.jit
-def _extend_kernel(q, cache, starts, lens, mask, out, stride_qh, stride_qt, stride_c, stride_oh, stride_ot,
-                   scale_log2, D: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr, MASK_WORDS: tl.constexpr,
-                   PDL: tl.constexpr):
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
-    b = tl.program_id(0)
-    head = tl.program_id(1).to(tl.int64)
-    i = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)  # tree token
-    row_ok = i < D
-    t = b * D + i
-    q_row = head * stride_qh + t.to(tl.int64) * stride_qt
-    dv = tl.arange(0, BLOCK_DV)
-    dv_ok = dv < DV
-    q_lat = tl.load(q + q_row[:, None] + dv[None, :], mask=row_ok[:, None] & dv_ok[None, :], other=0.0)
-    if BLOCK_DR > 0:
-        dr = DV + tl.arange(0, BLOCK_DR)
-        dr_ok = dr < DK
-        q_rope = tl.load(q + q_row[:, None] + dr[None, :], mask=row_ok[:, None] & dr_ok[None, :], other=0.0)
-    start = tl.load(starts + b).to(tl.int64)
-    prefix = tl.load(lens + b).to(tl.int32)
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=tl.float32)
-    for s0 in range(0, prefix, BLOCK_N):  # the prefix, serially: every query sees every key
-        key = s0 + tl.arange(0, BLOCK_N)
-        key_ok = key < prefix
-        rows_at = cache + (start + key) * stride_c
-        k_t = tl.load(rows_at[None, :] + dv[:, None], mask=dv_ok[:, None] & key_ok[None, :], other=0.0)
-        s = tl.dot(q_lat, k_t)
-        if BLOCK_DR > 0:
-            kr_t = tl.load(rows_at[None, :] + dr[:, None], mask=dr_ok[:, None] & key_ok[None, :], other=0.0)
-            s += tl.dot(q_rope, kr_t)
-        s = tl.where(key_ok[None, :], s * scale_log2, float("-inf"))  # a tile holds a key: finite row max
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        v = tl.load(rows_at[:, None] + dv[None, :], mask=key_ok[:, None] & dv_ok[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m = m_new
-    if MASK_WORDS:
-        word = tl.load(mask + t, mask=row_ok, other=0).to(tl.int64)
-    for s0 in range(0, D, BLOCK_N):  # the tree keys, through the mask
-        key = s0 + tl.arange(0, BLOCK_N)
-        key_ok = key < D
-        rows_at = cache + (start + prefix + key) * stride_c
-        k_t = tl.load(rows_at[None, :] + dv[:, None], mask=dv_ok[:, None] & key_ok[None, :], other=0.0)
-        s = tl.dot(q_lat, k_t)
-        if BLOCK_DR > 0:
-            kr_t = tl.load(rows_at[None, :] + dr[:, None], mask=dr_ok[:, None] & key_ok[None, :], other=0.0)
-            s += tl.dot(q_rope, kr_t)
-        if MASK_WORDS:
-            seen = ((word[:, None] >> tl.minimum(key, 63)[None, :]) & 1) != 0
-        else:
-            seen = tl.load(mask + t[:, None].to(tl.int64) * D + key[None, :],
-                           mask=row_ok[:, None] & key_ok[None, :], other=0) != 0
-        s = tl.where(key_ok[None, :] & seen, s * scale_log2, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key seen yet (L_b = 0): no NaN
-        alpha = tl.exp2(m - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        v = tl.load(rows_at[:, None] + dv[None, :], mask=key_ok[:, None] & dv_ok[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m = m_new
-    tl.store(out + head * stride_oh + t[:, None].to(tl.int64) * stride_ot + dv[None, :],
-             (acc / tl.where(row_ok, l, 1.0)[:, None]).to(out.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
-
-
 # ---------------------------------------------------------------------------------------------------- wrapper
 
 def _launches(variant, cfg, heads, b, d, dk, kv_lora, words, num_splits):
     """[(kernel, grid, constexprs, launch options)] of one call; shared by mla_verify and shared_memory_bytes."""
-    dims = dict(DV=kv_lora, BLOCK_DV=max(16, triton.next_power_of_2(kv_lora)),
-                BLOCK_DR=max(16, triton.next_power_of_2(dk - kv_lora)) if dk > kv_lora else 0)
-    tiles = dict(BLOCK_M=cfg["block_rows"], BLOCK_N=cfg["block_keys"])
+    consts = dict(D=d, DK=dk, DV=kv_lora, BLOCK_DV=max(16, triton.next_power_of_2(kv_lora)),
+                  BLOCK_DR=max(16, triton.next_power_of_2(dk - kv_lora)) if dk > kv_lora else 0,
+                  BLOCK_M=cfg["block_rows"], BLOCK_N=cfg["block_keys"], MASK_WORDS=words)
     opts = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if variant == "extend":
-        return [(_extend_kernel, (b, heads, triton.cdiv(d, cfg["block_rows"])),
-                 dict(D=d, DK=dk, MASK_WORDS=words, **dims, **tiles), opts)]
-    row_blocks = triton.cdiv(heads * d, cfg["block_rows"])
-    out = [(_split_kernel, (b * row_blocks, num_splits), dict(HEADS=heads, D=d, DK=dk, ROW_BLOCKS=row_blocks,
-                                                               MASK_WORDS=words, SINGLE=num_splits == 1, **dims,
-                                                               **tiles), opts)]
-    if num_splits > 1:
-        block_s = triton.next_power_of_2(num_splits)
-        block_c = min(COMBINE_COLS, dims["BLOCK_DV"], max(16, COMBINE_TILE // block_s))
-        out.append((_combine_kernel, (heads * b * d, triton.cdiv(kv_lora, block_c)),
-                    dict(HEADS=heads, D=d, DV=kv_lora, BLOCK_N=cfg["block_keys"], BLOCK_S=block_s, BLOCK_C=block_c),
-                    dict(num_warps=4, num_stages=1)))
-    return out
+        return extend.launches(heads, b, consts, opts)
+    return split_kv.launches(heads, b, num_splits, consts, opts)
 
 
 def mla_verify(q, cache, starts, prefix_lens, mask, kv_lora, scale, variant="split_kv", config=None, *, out=None,
@@ -434,27 +249,11 @@ def mla_verify(q, cache, starts, prefix_lens, mask, kv_lora, scale, variant="spl
     num_splits = 1
     if variant == "split_kv":
         num_splits = cfg["num_splits"] or default_num_splits(b, heads * d, cfg["block_rows"], _sm_count(q.device))
-    launches = _launches(variant, cfg, heads, b, d, dk, kv_lora, words, num_splits)
-    strides = (cache.stride(0), out.stride(0), out.stride(1))
+    plan = _launches(variant, cfg, heads, b, d, dk, kv_lora, words, num_splits)
     if variant == "extend":
-        kernel, grid, consts, opts = launches[0]
-        kernel[grid](q, cache, starts, prefix_lens, mask, out, q.stride(0), q.stride(1), *strides, scale * LOG2E,
-                     PDL=on, **consts, **opts, **_pdl.launch_kwargs(on))
-        return out
-    if num_splits == 1:
-        part_o = part_lse = out  # unused pointers
-    else:
-        part_o = torch.empty(num_splits, heads * t, kv_lora, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(num_splits, heads * t, dtype=torch.float32, device=q.device)
-    kernel, grid, consts, opts = launches[0]
-    kernel[grid](q, cache, starts, prefix_lens, mask, part_o, part_lse, out, t, num_splits, cfg["min_split_keys"],
-                 q.stride(0), q.stride(1), *strides, scale * LOG2E, PDL=on, **consts, **opts,
-                 **_pdl.launch_kwargs(on))
-    if num_splits > 1:
-        kernel, grid, consts, opts = launches[1]
-        kernel[grid](prefix_lens, part_o, part_lse, out, t, num_splits, cfg["min_split_keys"], out.stride(0),
-                     out.stride(1), PDL=on, **consts, **opts, **_pdl.launch_kwargs(on))
-    return out
+        return extend.launch(plan, q, cache, starts, prefix_lens, mask, out, scale * LOG2E, on)
+    return split_kv.launch(plan, q, cache, starts, prefix_lens, mask, out, num_splits, cfg["min_split_keys"],
+                           scale * LOG2E, on)
 
 
 # ---------------------------------------------------------------------------------------------------- shared memory
@@ -474,7 +273,7 @@ def shared_memory_bytes(cases, *, heads: int = 8, d: int = 4, kv_lora: int = 512
     cases = [(v, c, int(cc)) for v, c, cc in cases]
     shape = dict(heads=heads, d=d, kv_lora=kv_lora, rope=rope, dtype=dtype, mask_words=mask_words,
                  num_splits=num_splits)
-    if not isinstance(_split_kernel, JITFunction):
+    if not isinstance(split_kv._split_kernel, JITFunction):
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         code = ("import json, sys; from verifybench.kernels.mla_verify import shared_memory_bytes as f; "

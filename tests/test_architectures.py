@@ -11,9 +11,9 @@ import pytest
 import triton
 
 from verifybench.kernels import config_tables
-from verifybench.kernels import mla_decode as md
+from verifybench.kernels import mla_decode_select as mds
 from verifybench.kernels import mla_verify as mv
-from verifybench.kernels import skinny_gemm as sg
+from verifybench.kernels import skinny_gemm_select as sgs
 
 CCS = (80, 86, 89, 90, 100, 120)
 LIMITS = config_tables.SMEM_LIMIT_BYTES
@@ -26,17 +26,17 @@ pytestmark = pytest.mark.skipif("nvidia" not in triton.backends.backends,
 _WORKER = r"""
 import json, os, sys
 from concurrent.futures import ProcessPoolExecutor
-from verifybench.kernels import mla_decode as md, skinny_gemm as sg
+from verifybench.kernels import mla_decode_select as mds, skinny_gemm_select as sgs
 
 def job(j):
     kernel, c, cc, dtype = j
-    return (sg if kernel != "mla_decode" else md).compiled_shared_bytes(c, cc, dtype)
+    return (sgs if kernel != "mla_decode" else mds).compiled_shared_bytes(c, cc, dtype)
 
 ccs = json.loads(sys.argv[1])
-fp32 = sg.default_config(1, 4096, 4096, dtype=__import__("torch").float32)
-jobs = [("skinny_gemm", c, cc, "bfloat16") for c in sg.selectable_configs() for cc in ccs]
+fp32 = sgs.default_config(1, 4096, 4096, dtype=__import__("torch").float32)
+jobs = [("skinny_gemm", c, cc, "bfloat16") for c in sgs.selectable_configs() for cc in ccs]
 jobs += [("skinny_fp32_default", fp32, cc, "float32") for cc in ccs]
-jobs += [("mla_decode", c, cc, "bfloat16") for c in md.selectable_configs() for cc in ccs]
+jobs += [("mla_decode", c, cc, "bfloat16") for c in mds.selectable_configs() for cc in ccs]
 with ProcessPoolExecutor(max_workers=os.cpu_count()) as pool:
     shared = list(pool.map(job, jobs))
 out = {}
@@ -70,12 +70,12 @@ def _select_with(monkeypatch, module, shared: dict, cc: int):
 
 
 def module_tile(c: dict) -> dict:
-    keys = ("kind", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages") if "BLOCK_N" in c else tuple(md.DEFAULT_CONFIG)
+    keys = ("kind", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages") if "BLOCK_N" in c else tuple(mds.DEFAULT_CONFIG)
     return {k: c[k] for k in keys}
 
 
 def test_defaults_fit_every_architecture(compiled):
-    defaults = {_tile(module_tile(c)) for c in sg.default_configs()[:-1]}
+    defaults = {_tile(module_tile(c)) for c in sgs.default_configs()[:-1]}
     assert len(defaults) == 3
     seen = set()
     for c, cc, shared in compiled["skinny_gemm"]:
@@ -86,30 +86,30 @@ def test_defaults_fit_every_architecture(compiled):
     for c, cc, shared in compiled["skinny_fp32_default"]:
         assert shared <= LIMITS[cc], ("fp32", cc, shared)
     for c, cc, shared in compiled["mla_decode"]:
-        if c == md.DEFAULT_CONFIG:
+        if c == mds.DEFAULT_CONFIG:
             assert shared <= LIMITS[cc], (cc, shared)
 
 
 def test_bounds_are_upper_bounds_of_the_compiled_figure(compiled):
     for c, cc, shared in compiled["skinny_gemm"]:
-        assert shared <= sg.shared_bytes_bound(c), (c, cc, shared)
+        assert shared <= sgs.shared_bytes_bound(c), (c, cc, shared)
     for c, cc, shared in compiled["skinny_fp32_default"]:
-        assert shared <= sg.shared_bytes_bound(c, "float32"), (c, cc, shared)
+        assert shared <= sgs.shared_bytes_bound(c, "float32"), (c, cc, shared)
     for c, cc, shared in compiled["mla_decode"]:
-        assert shared <= md.shared_bytes_bound(c), (c, cc, shared)
+        assert shared <= mds.shared_bytes_bound(c), (c, cc, shared)
 
 
 @pytest.mark.parametrize("cc", CCS)
 def test_skinny_gemm_selection_never_returns_a_config_over_the_limit(compiled, monkeypatch, cc):
     shared = {(_tile(module_tile(c)), k): b for c, k, b in compiled["skinny_gemm"]}
-    _select_with(monkeypatch, sg, shared, cc)
+    _select_with(monkeypatch, sgs, shared, cc)
     n_over = 0
     for c, k, need in compiled["skinny_gemm"]:
         if k != cc:
             continue
         n = 8 if c["kind"] == "dot" else 1
         table = {"cpu": {"shapes": {"4096,4096": {str(n): c}}}}
-        got, source = sg.select(n, 4096, 4096, "cpu", table)
+        got, source = sgs.select(n, 4096, 4096, "cpu", table)
         assert shared[(_tile(module_tile(got)), cc)] <= LIMITS[cc], (c, got)
         if need > LIMITS[cc]:
             n_over += 1
@@ -122,22 +122,22 @@ def test_skinny_gemm_selection_never_returns_a_config_over_the_limit(compiled, m
 @pytest.mark.parametrize("cc", CCS)
 def test_mla_decode_selection_never_returns_a_config_over_the_limit(compiled, monkeypatch, cc):
     shared = {(_tile(c), k): b for c, k, b in compiled["mla_decode"]}
-    _select_with(monkeypatch, md, shared, cc)
+    _select_with(monkeypatch, mds, shared, cc)
     for c, k, need in compiled["mla_decode"]:
         if k != cc:
             continue
-        table = {"cpu": {"shapes": {md.shape_key(8, 8): {"4096": {**c, "num_splits": 32}}}}}
-        got, source = md.select(8, 8, 4104, "cpu", table)
+        table = {"cpu": {"shapes": {mds.shape_key(8, 8): {"4096": {**c, "num_splits": 32}}}}}
+        got, source = mds.select(8, 8, 4104, "cpu", table)
         assert shared[(_tile(module_tile(got)), cc)] <= LIMITS[cc], (c, got)
         assert source == ("tuned" if need <= LIMITS[cc] else config_tables.fit_source(need, LIMITS[cc]))
 
 
 def test_the_shipped_mla_entry_too_large_for_sm120_is_replaced_by_the_default(compiled, monkeypatch):
     shared = {(_tile(c), k): b for c, k, b in compiled["mla_decode"]}
-    _select_with(monkeypatch, md, shared, 120)
-    table = {"cpu": md.load_configs()["NVIDIA H200"]}  # n = 8 at 4096: 32 rows x 64 keys, 8 warps
-    got, source = md.select(8, 8, 4104, "cpu", table)
-    assert source.startswith("default (tuned entry needs ") and got["block_rows"] == md.DEFAULT_CONFIG["block_rows"]
+    _select_with(monkeypatch, mds, shared, 120)
+    table = {"cpu": mds.load_configs()["NVIDIA H200"]}  # n = 8 at 4096: 32 rows x 64 keys, 8 warps
+    got, source = mds.select(8, 8, 4104, "cpu", table)
+    assert source.startswith("default (tuned entry needs ") and got["block_rows"] == mds.DEFAULT_CONFIG["block_rows"]
 
 
 def test_mla_verify_selection_defaults_and_engine_tiles_fit_every_architecture():

@@ -1,5 +1,6 @@
 """The house rules, checked from the code itself: one import root of our own name in the wheel, no import cycles,
-no module importing a pytest module, kernels/ importing nothing of harness/, the engine importing no component."""
+no module importing a pytest module, kernels/ importing nothing of harness/, the engine importing no component, and
+no module past MAX_MODULE_LINES without a reason."""
 import ast
 import subprocess
 import sys
@@ -112,6 +113,31 @@ def test_every_import_runs_down_the_floors_or_stays_in_its_room(graph):
     assert not up, f"imports that run back up or sideways: {up}"
     unplaced = sorted(m for m in graph if _room(m)[0] < 0 and m != "verifybench.harness")
     assert not unplaced, f"modules on no floor: {unplaced}"
+
+
+# A module a reader can hold: past this many lines it is split along a seam it has, or named here with the reason.
+MAX_MODULE_LINES = 450
+LONG_MODULES = {
+    "harness/multigpu/guard.py": "split on another branch",
+    "harness/multigpu/verify.py": "split on another branch",
+    "scripts/probe_cases.py": "split on another branch",
+}
+
+
+def _module_lines() -> dict[str, int]:
+    """Lines of every .py module of the suite outside tests/, by path relative to the repository."""
+    return {str(p.relative_to(REPO)): len(p.read_text().splitlines())
+            for folder in ("harness", "kernels", "scripts", "microbench") for p in (REPO / folder).rglob("*.py")}
+
+
+def test_no_module_is_longer_than_450_lines_unless_the_allow_list_gives_a_reason():
+    lines = _module_lines()
+    too_long = {path: n for path, n in lines.items() if n > MAX_MODULE_LINES and path not in LONG_MODULES}
+    assert not too_long, f"modules over {MAX_MODULE_LINES} lines (split them, or say why in LONG_MODULES): {too_long}"
+    assert all(isinstance(why, str) and why.strip() and "\n" not in why for why in LONG_MODULES.values())
+    # an exception that no longer holds leaves the list, so the list stays the truth
+    stale = {path: lines.get(path) for path in LONG_MODULES if lines.get(path, 0) <= MAX_MODULE_LINES}
+    assert not stale, f"LONG_MODULES entries that are gone or no longer over {MAX_MODULE_LINES} lines: {stale}"
 
 
 def test_no_module_imports_a_pytest_module():

@@ -1,4 +1,4 @@
-"""MLA decode attention (kernels/mla_decode.py): the reference against float64 and the forward's torch path, the
+"""MLA decode attention (kernels/mla_decode*.py): the reference against float64 and the forward's torch path, the
 Triton kernel against the fp32 reference (interpreter on CPU, fp16/fp32: bf16 arithmetic is wrong in the
 interpreter), every error path; on a GPU the Kimi-K2.5 shapes in bf16 and a CUDA-graph capture. Config selection
 from the tuned table (hit, length buckets, fallbacks, malformed tables) and the tune smoke path.
@@ -13,8 +13,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels module is first imported (conftest too)
 
 from verifybench.harness.engine.runner import rel_error  # noqa: E402
-from verifybench.kernels import mla_decode as md  # noqa: E402
-from verifybench.kernels.mla_decode import DEFAULT_CONFIG, default_num_splits, mla_decode, mla_decode_reference  # noqa: E402
+from verifybench.kernels import mla_decode_kernels as mdk  # noqa: E402
+from verifybench.kernels import mla_decode_select as mds  # noqa: E402
+from verifybench.kernels.mla_decode import mla_decode, mla_decode_reference  # noqa: E402
+from verifybench.kernels.mla_decode_select import DEFAULT_CONFIG, default_num_splits  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 KIMI_SCALE = 192 ** -0.5  # (qk_nope + qk_rope) ** -0.5, what the verify forward passes
@@ -82,8 +84,8 @@ def _check_kernel(heads, n, d, kv_lora, length, dtype, num_splits, peak=1.0, sca
     (1, 130, 2),
 ])
 def test_kernel_matches_reference_at_the_mla_head_dims(dtype, n, length, num_splits):
-    limits = md.config_tables.device_limits(DEV)
-    if dtype == torch.float32 and limits and not md.fits(md.FP32_CONFIGS[-1], *limits, "float32", heads=2, n=n)[0]:
+    limits = mds.config_tables.device_limits(DEV)
+    if dtype == torch.float32 and limits and not mds.fits(mds.FP32_CONFIGS[-1], *limits, "float32", heads=2, n=n)[0]:
         with pytest.raises(ValueError, match="fp32 at D=576.*use bf16 or fp16"):  # e.g. sm_120's 101,376 B
             _check_kernel(2, n, 576, 512, length, dtype, num_splits, scale=KIMI_SCALE)
         return
@@ -214,39 +216,39 @@ TABLE = {"cpu": {"shapes": {"8,4,576,512": {"4096": {**T4096, "us": 5.0, "defaul
 
 @pytest.fixture
 def fresh_selection():
-    md._selected.cache_clear()  # mla_decode caches select_config per shape
+    mds.cached_config.cache_clear()  # mla_decode caches select_config per shape
     yield
-    md._selected.cache_clear()
+    mds.cached_config.cache_clear()
 
 
 def test_select_config_hits_the_table_at_the_largest_bucket_not_above_length():
-    sel = lambda length, **kw: md.select_config(4, 8, length, "cpu", TABLE, **kw)  # noqa: E731
+    sel = lambda length, **kw: mds.select_config(4, 8, length, "cpu", TABLE, **kw)  # noqa: E731
     assert sel(4096 + 4) == T4096  # the stored timings are not part of the config
     assert sel(20000) == T4096 and sel(32768) == T32K and sel(10 ** 6) == T32K
-    assert sel(4095) == md.default_config(4, 8, 4095)  # below every bucket
-    assert sel(4100, d=48, kv_lora=32) == md.default_config(4, 8, 4100)  # another head dim
-    assert sel(4100, dtype=torch.float32) == md.default_config(4, 8, 4100, dtype=torch.float32)  # 2-byte tunings
-    assert md.default_config(4, 8, 4100, dtype=torch.float32)["block_keys"] == md.FP32_CONFIGS[0]["block_keys"]
+    assert sel(4095) == mds.default_config(4, 8, 4095)  # below every bucket
+    assert sel(4100, d=48, kv_lora=32) == mds.default_config(4, 8, 4100)  # another head dim
+    assert sel(4100, dtype=torch.float32) == mds.default_config(4, 8, 4100, dtype=torch.float32)  # 2-byte tunings
+    assert mds.default_config(4, 8, 4100, dtype=torch.float32)["block_keys"] == mds.FP32_CONFIGS[0]["block_keys"]
 
 
 def test_fp32_defaults_take_the_first_tile_that_fits_and_refuse_when_none_does(monkeypatch):
-    monkeypatch.setattr(md.config_tables, "device_limits", lambda device: (120, 101376))
+    monkeypatch.setattr(mds.config_tables, "device_limits", lambda device: (120, 101376))
     sizes = iter([(False, 176128), (True, 90000), (True, 80000)])
-    monkeypatch.setattr(md, "fits", lambda *a, **k: next(sizes))
-    assert md.default_config(1, 8, 4096, dtype=torch.float32)["block_keys"] == md.FP32_CONFIGS[1]["block_keys"]
-    monkeypatch.setattr(md, "fits", lambda *a, **k: (False, 106496))
+    monkeypatch.setattr(mds, "fits", lambda *a, **k: next(sizes))
+    assert mds.default_config(1, 8, 4096, dtype=torch.float32)["block_keys"] == mds.FP32_CONFIGS[1]["block_keys"]
+    monkeypatch.setattr(mds, "fits", lambda *a, **k: (False, 106496))
     with pytest.raises(ValueError, match="needs 106496 B of shared memory.*allows 101376 B: use bf16 or fp16"):
-        md.default_config(1, 8, 4096, dtype=torch.float32)
-    assert md.default_config(1, 8, 4096)["block_keys"] == DEFAULT_CONFIG["block_keys"]  # 2-byte: no question
+        mds.default_config(1, 8, 4096, dtype=torch.float32)
+    assert mds.default_config(1, 8, 4096)["block_keys"] == DEFAULT_CONFIG["block_keys"]  # 2-byte: no question
 
 
 def test_select_config_falls_back_to_todays_defaults():
     want = {"num_splits": 65, **DEFAULT_CONFIG}  # default_num_splits(4097, 8 rows, ...)
-    assert md.default_config(1, 8, 4097) == want
-    assert md.select_config(1, 8, 4097, "cpu", TABLE) == want  # GPU present, shape absent
-    assert md.select_config(1, 8, 4097, "cpu", {}) == want  # GPU absent
-    assert md.select_config(1, 8, 4097, "cpu", {"Other GPU": {}}) == want
-    assert set(want) == set(md.CONFIG_KEYS)
+    assert mds.default_config(1, 8, 4097) == want
+    assert mds.select_config(1, 8, 4097, "cpu", TABLE) == want  # GPU present, shape absent
+    assert mds.select_config(1, 8, 4097, "cpu", {}) == want  # GPU absent
+    assert mds.select_config(1, 8, 4097, "cpu", {"Other GPU": {}}) == want
+    assert set(want) == set(mds.CONFIG_KEYS)
 
 
 BAD_TABLES = {
@@ -270,31 +272,31 @@ BAD_TABLES = {
 def test_a_malformed_table_raises_a_clear_error(case):
     table, match = BAD_TABLES[case]
     with pytest.raises(ValueError, match=match):
-        md.select_config(4, 8, 5000, "cpu", table)
+        mds.select_config(4, 8, 5000, "cpu", table)
 
 
 def test_load_configs_reads_once_and_rejects_bad_json(tmp_path):
     good = tmp_path / "good.json"
-    md.save_configs(TABLE, good)
-    assert md.load_configs(str(good)) == TABLE and md.load_configs(str(good)) is md.load_configs(str(good))
-    assert md.load_configs(str(tmp_path / "absent.json")) == {}
+    mds.save_configs(TABLE, good)
+    assert mds.load_configs(str(good)) == TABLE and mds.load_configs(str(good)) is mds.load_configs(str(good))
+    assert mds.load_configs(str(tmp_path / "absent.json")) == {}
     for name, text, match in (("bad.json", "{not json", "not a valid config table"),
                               ("list.json", "[1, 2]", "must be a JSON object")):
         (tmp_path / name).write_text(text)
         with pytest.raises(ValueError, match=match):
-            md.load_configs(str(tmp_path / name))
-    assert json.loads(md.CONFIG_PATH.read_text()) is not None  # the committed table parses
+            mds.load_configs(str(tmp_path / name))
+    assert json.loads(mds.CONFIG_PATH.read_text()) is not None  # the committed table parses
 
 
 def test_mla_decode_selects_from_the_table_unless_told(monkeypatch, fresh_selection):
     q, cache = _inputs(8, 2, 48, 150, torch.float16)
     want = mla_decode_reference(q.float(), cache.float(), 150, 32)
     cfg = {"num_splits": 3, "block_rows": 16, "block_keys": 16, "num_warps": 4, "num_stages": 2}
-    table = {md.device_name(DEV): {"shapes": {"8,2,48,32": {"128": cfg}}}}
+    table = {mds.device_name(DEV): {"shapes": {"8,2,48,32": {"128": cfg}}}}
     seen = []
-    real = md.select_config
-    monkeypatch.setattr(md.config_tables, "merged", lambda path: table)  # the tables selection reads
-    monkeypatch.setattr(md, "select_config", lambda *a, **kw: seen.append((a, kw)) or real(*a, **kw))
+    real = mds.select_config
+    monkeypatch.setattr(mds.config_tables, "merged", lambda path: table)  # the tables selection reads
+    monkeypatch.setattr(mds, "select_config", lambda *a, **kw: seen.append((a, kw)) or real(*a, **kw))
     assert rel_error(mla_decode(q, cache, 150, 32).float(), want) <= 1e-2
     assert seen == [((2, 8, 150, q.device), {"d": 48, "kv_lora": 32, "dtype": torch.float16})]
     mla_decode(q, cache, 150, 32)
@@ -305,8 +307,8 @@ def test_mla_decode_selects_from_the_table_unless_told(monkeypatch, fresh_select
     got = mla_decode(q, cache, 150, 32, config=real(2, 8, 150, DEV, table, d=48, kv_lora=32,
                                                      dtype=torch.float16))  # a selected config is a valid config
     assert rel_error(got.float(), want) <= 1e-2
-    table[md.device_name(DEV)]["shapes"]["8,2,48,32"]["128"] = {**cfg, "block_keys": 24}
-    md._selected.cache_clear()
+    table[mds.device_name(DEV)]["shapes"]["8,2,48,32"]["128"] = {**cfg, "block_keys": 24}
+    mds.cached_config.cache_clear()
     with pytest.raises(ValueError, match="MLA decode config table"):
         mla_decode(q, cache, 150, 32)
 
@@ -325,14 +327,14 @@ def test_a_split_count_alone_takes_the_default_tile_of_the_dtype(monkeypatch):
                 raise Stop
             return launch
 
-    monkeypatch.setattr(md, "_split_kernel", Kernel())
-    monkeypatch.setattr(md.config_tables, "device_limits", lambda device: (90, 232448))
+    monkeypatch.setattr(mdk, "_split_kernel", Kernel())
+    monkeypatch.setattr(mds.config_tables, "device_limits", lambda device: (90, 232448))
     for dtype in (torch.bfloat16, torch.float32):
         q, cache = _inputs(2, 1, 576, 130, dtype, device="cpu")
         with pytest.raises(Stop):
             mla_decode(q, cache, 130, 512, num_splits=2)
-        assert launched[-1] == md.default_config(1, 2, 130, "cpu", dtype)["block_keys"]
-    assert launched == [md.DEFAULT_CONFIG["block_keys"], md.FP32_CONFIGS[0]["block_keys"]]
+        assert launched[-1] == mds.default_config(1, 2, 130, "cpu", dtype)["block_keys"]
+    assert launched == [mds.DEFAULT_CONFIG["block_keys"], mds.FP32_CONFIGS[0]["block_keys"]]
 
 
 # ---------------------------------------------------------------------------------------------------- bench
@@ -371,11 +373,11 @@ def test_tune_smoke_writes_a_table_select_config_reads(tmp_path, monkeypatch):
     out = tmp_path / "table.json"
     table = bench.tune(out=str(out), smoke=True, log=lambda *a: None)
     s = bench.SMOKE
-    buckets = table["cpu"]["shapes"][md.shape_key(s.heads, 2, s.d, s.kv_lora)]
+    buckets = table["cpu"]["shapes"][mds.shape_key(s.heads, 2, s.d, s.kv_lora)]
     assert set(buckets) == {"64", "128"} and all(b["us"] > 0 and b["default_us"] > 0 for b in buckets.values())
-    cfg = md.select_config(2, s.heads, 64 + 2, "cpu", md.load_configs(str(out)), d=s.d, kv_lora=s.kv_lora,
+    cfg = mds.select_config(2, s.heads, 64 + 2, "cpu", mds.load_configs(str(out)), d=s.d, kv_lora=s.kv_lora,
                            dtype=torch.float16)
-    assert cfg == {k: buckets["64"][k] for k in md.CONFIG_KEYS}
+    assert cfg == {k: buckets["64"][k] for k in mds.CONFIG_KEYS}
 
 
 # ---------------------------------------------------------------------------------------------------- GPU

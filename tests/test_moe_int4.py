@@ -12,7 +12,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels module is first imported (conftest too)
 
 from verifybench.harness.engine.runner import rel_error  # noqa: E402
+from verifybench.kernels import config_tables  # noqa: E402
 from verifybench.kernels import moe_int4 as moe  # noqa: E402
+from verifybench.kernels import moe_int4_kernels as mk  # noqa: E402
+from verifybench.kernels import moe_int4_select as ms  # noqa: E402
 
 E, H, I, TOPK = 8, 64, 32, 2
 # few, large blocks: the interpreter's cost is per program
@@ -22,14 +25,16 @@ SMALL_CFG = {"gate_up": {"BLOCK_N": 16, "num_warps": 1}, "down": {"BLOCK_N": 32,
 @pytest.fixture(scope="module")
 def mt():
     """kernels.moe_int4_triton with its kernels interpreted on a CPU-only machine, even when another test module
-    imported it before TRITON_INTERPRET was set (triton.jit decides at decoration time)."""
+    imported them before TRITON_INTERPRET was set (triton.jit decides at decoration time): then the family's modules
+    are reloaded in place, bottom up, so mk and ms see the interpreted kernels too."""
     module = importlib.import_module("verifybench.kernels.moe_int4_triton")
     if not torch.cuda.is_available():
         from triton.runtime.interpreter import InterpretedFunction
 
-        if not isinstance(module._gate_up_split_kernel, InterpretedFunction):
+        if not isinstance(mk._gate_up_split_kernel, InterpretedFunction):
             os.environ["TRITON_INTERPRET"] = "1"
-            module = importlib.reload(module)
+            for name in ("moe_int4_dequant", "moe_int4_kernels", "moe_int4_select", "moe_int4_triton"):
+                importlib.reload(importlib.import_module(f"verifybench.kernels.{name}"))
     return module
 
 
@@ -143,42 +148,42 @@ def test_select_config_uses_default_off_table_and_largest_tuned_n_below_m(mt):
                      "by_n": {"1": {"gate_up": {"BLOCK_N": 2, "num_warps": 1}, "down": {"BLOCK_N": 4}},
                               "4": {"gate_up": {"BLOCK_N": 8, "num_warps": 2}, "down": {"BLOCK_N": 16}}}}}
     cpu = torch.device("cpu")
-    assert mt.select(3, cpu, {}) == (mt.default_config(cpu, 3), "default")
-    assert mt.select_config(3, cpu, table)["gate_up"]["BLOCK_N"] == 2
-    assert mt.select_config(9, cpu, table)["down"]["BLOCK_N"] == 16
-    assert mt.select(3, cpu, table)[1] == "tuned"
+    assert ms.select(3, cpu, {}) == (ms.default_config(cpu, 3), "default")
+    assert ms.select_config(3, cpu, table)["gate_up"]["BLOCK_N"] == 2
+    assert ms.select_config(9, cpu, table)["down"]["BLOCK_N"] == 16
+    assert ms.select(3, cpu, table)[1] == "tuned"
 
 
 def test_select_falls_back_to_the_default_when_the_tuned_entry_does_not_fit(mt, monkeypatch):
     table = {"cpu": {"by_n": {"1": {"gate_up": {"BLOCK_N": 2, "num_warps": 1}, "down": {"BLOCK_N": 4}}}}}
-    monkeypatch.setattr(mt, "misfit", lambda cfg, device, shape=None: (300000, 101376))
-    cfg, source = mt.select(1, torch.device("cpu"), table)
-    assert cfg == mt.default_config("cpu", 1)
+    monkeypatch.setattr(ms, "misfit", lambda cfg, device, shape=None: (300000, 101376))
+    cfg, source = ms.select(1, torch.device("cpu"), table)
+    assert cfg == ms.default_config("cpu", 1)
     assert source.startswith("default (") and "300000 B" in source and "101376 B" in source
 
 
 def test_default_config_is_the_shipped_family_and_the_interpreter_gets_denormal(mt):
     """On a GPU: half2 as every shipped entry picks, no pdl (sm_90+ only), the blocking of the shipped n = 1, 2 and
     8 entries over 1, 2..6 and 7+ tokens; in the interpreter the same blocking with the dequant it can run."""
-    table = mt.load_configs()
+    table = ms.load_configs()
     assert {e.get("dequant") for gpu in table.values() for e in gpu["by_n"].values()} == {"half2"}
     by_n = table["NVIDIA H200"]["by_n"]
     for m, entry in {1: "1", 2: "2", 6: "2", 7: "8", 8: "8", 16: "8"}.items():
-        cfg = mt.default_config("cpu", m)
+        cfg = ms.default_config("cpu", m)
         assert cfg["gate_up"] == by_n[entry]["gate_up"] and cfg["down"] == by_n[entry]["down"], m
         assert cfg["dequant"] == "denormal" and not cfg["pdl"]
-    assert mt.DEFAULT_CONFIG["dequant"] == "half2" and not mt.DEFAULT_CONFIG["pdl"]
-    assert mt.default_config("cpu") == {**mt.DEFAULT_CONFIG, "dequant": "denormal"}
+    assert ms.DEFAULT_CONFIG["dequant"] == "half2" and not ms.DEFAULT_CONFIG["pdl"]
+    assert ms.default_config("cpu") == {**ms.DEFAULT_CONFIG, "dequant": "denormal"}
 
 
 def test_shipped_config_table_names_gpus_and_every_n(mt):
-    table = mt.load_configs()
+    table = ms.load_configs()
     for gpu, entry in table.items():
         assert {int(n) for n in entry["by_n"]} >= set(range(1, 9)), gpu
         for n, tuned in entry["by_n"].items():
-            cfg = mt._entry_config(entry, tuned, mt.DEFAULT_CONFIG)
+            cfg = ms._entry_config(entry, tuned, ms.DEFAULT_CONFIG)
             assert "layout" not in entry and tuned.get("kernel", "split") == "split", (gpu, n)
-            mt.check_config(cfg, mt.K25_TP8, torch.device("cpu"))
+            mk.check_config(cfg, ms.K25_TP8, torch.device("cpu"))
 
 
 ARCHS = (80, 86, 89, 90, 100, 120)
@@ -204,14 +209,14 @@ def test_every_selectable_config_fits_each_architecture(mt):
 
     if "nvidia" not in triton.backends.backends:
         pytest.skip("this triton has no NVIDIA backend to compile for")
-    configs = [{**mt.DEFAULT_CONFIG, **c} for c in mt.selectable_configs()]
-    assert mt.DEFAULT_CONFIG in configs and any(c["dequant"] == "denormal" for c in configs)
+    configs = [{**ms.DEFAULT_CONFIG, **c} for c in ms.selectable_configs()]
+    assert ms.DEFAULT_CONFIG in configs and any(c["dequant"] == "denormal" for c in configs)
     cases = []
     for cc in ARCHS:
         here = [c for c in configs if cc >= 90 or not c.get("pdl")]
-        cases += [(c, cc) for c in [mt.DEFAULT_CONFIG, *(_largest_tiles(here, d) for d in mt.DEQUANTS)]]
-    for (cfg, cc), shared in zip(cases, mt.compiled_shared_bytes_many(cases)):
-        assert 0 <= shared <= mt.SMEM_LIMIT_BYTES[cc], (cc, shared, cfg)
+        cases += [(c, cc) for c in [ms.DEFAULT_CONFIG, *(_largest_tiles(here, d) for d in mk.DEQUANTS)]]
+    for (cfg, cc), shared in zip(cases, ms.compiled_shared_bytes_many(cases)):
+        assert 0 <= shared <= config_tables.SMEM_LIMIT_BYTES[cc], (cc, shared, cfg)
 
 
 # ---------------------------------------------------------------------------------------------------- split kernel
@@ -309,13 +314,13 @@ def test_select_config_passes_the_tuned_keys_per_n(mt):
     table = {"cpu": {"dequant": "denormal",
                      "by_n": {"1": split, "4": {"gate_up": {"BLOCK_N": 4, "num_warps": 1}, "down": {"BLOCK_N": 8}}}}}
     cpu = torch.device("cpu")
-    one = mt.select_config(1, cpu, table)
+    one = ms.select_config(1, cpu, table)
     assert one["pdl"] is True and one["gate_up"]["SPLIT_K"] == 7
     assert "us" not in one and "by_space_us" not in one
     assert one["dequant"] == "denormal"  # the table's own default
-    assert mt.select_config(5, cpu, table)["pdl"] is False  # the default's
+    assert ms.select_config(5, cpu, table)["pdl"] is False  # the default's
     table["cpu"]["by_n"]["1"] = {**split, "dequant": "half2"}
-    assert mt.select_config(1, cpu, table)["dequant"] == "half2"  # a per-n dequant wins over the table's
+    assert ms.select_config(1, cpu, table)["dequant"] == "half2"  # a per-n dequant wins over the table's
 
 
 # ---------------------------------------------------------------------------------------------------- errors
@@ -541,11 +546,10 @@ def test_checkpoint_from_planar_inverts_the_repack():
 def test_tuning_candidates_fit_the_k25_tp8_shapes():
     """Every GPU candidate passes check_config at K2.5 TP8 (a bad one would only be skipped on the H200)."""
     bench = importlib.import_module("verifybench.harness.tune.moe_int4")
-    mt = bench.mt
     p = bench.preset_shape("kimi-k2.5", 8)
     assert bench.SPACES == ("split-denormal", "split-half2")
     jobs = []
-    for base, gate_up, down in mt.TUNE_SPACES.values():
+    for base, gate_up, down in ms.TUNE_SPACES.values():
         for key, cands in (("gate_up", gate_up), ("down", down)):
             for c in cands:
                 assert bench._valid({**base, key: c}, p), (key, c)
@@ -589,7 +593,7 @@ def test_tune_dry_run_on_cpu_writes_a_table_select_config_can_use(mt, tmp_path):
     ws = component.int4_layers("tiny", 1, "cpu", component.LAYERS)[0]
     x = torch.randn(1, p.hidden, dtype=torch.float16)
     tw, ids = moe.route_uniform(1, p.experts, p.topk, seed=3)
-    cfg = mt.select_config(1, torch.device("cpu"), table)
+    cfg = ms.select_config(1, torch.device("cpu"), table)
     out_t = mt.fused_moe_w4a16(x, *ws, tw, ids, config=cfg)
     assert rel_error(out_t.float(), moe.reference_moe_w4a16(x.float(), *ws, tw, ids)) <= 1e-2
 
@@ -598,7 +602,7 @@ def test_prewarm_compiles_in_a_spawned_process(mt):
     if torch.cuda.is_available():
         pytest.skip("the CPU path of the prewarm")
     bench = importlib.import_module("verifybench.harness.tune.moe_int4")
-    cfg = {**mt.TUNE_SPACES["split-denormal"][0], **{k: bench.SMOKE[k][0] for k in ("gate_up", "down")}}
+    cfg = {**ms.TUNE_SPACES["split-denormal"][0], **{k: bench.SMOKE[k][0] for k in ("gate_up", "down")}}
     assert bench._prewarm_worker("tiny", 1, [(1, cfg)]) == []
     bad = {**cfg, "gate_up": {**cfg["gate_up"], "SPLIT_K": 3}}
     assert "SPLIT_K" in bench._prewarm_worker("tiny", 1, [(1, bad)])[0]

@@ -1,4 +1,4 @@
-"""Skinny GEMM (kernels/skinny_gemm.py): both kernels and both split-K reductions against the fp32 reference
+"""Skinny GEMM (kernels/skinny_gemm*.py): both kernels and both split-K reductions against the fp32 reference
 (interpreter on CPU, fp16/fp32: bf16 arithmetic is wrong in the interpreter), the fused residual add in every path,
 config selection, every error path, the bench's CPU path and the tune smoke; bf16 at the real Kimi-K2.5 TP8 shapes,
 CUDA-graph capture, and PDL launches (a chain of two linears in a graph) on a GPU.
@@ -14,6 +14,8 @@ if not torch.cuda.is_available():
 from verifybench.harness.engine.runner import rel_error  # noqa: E402
 from verifybench.kernels import pdl  # noqa: E402
 from verifybench.kernels import skinny_gemm as sg  # noqa: E402
+from verifybench.kernels import skinny_gemm_kernels as sgk  # noqa: E402
+from verifybench.kernels import skinny_gemm_select as sgs  # noqa: E402
 from verifybench.kernels.fused_ops import silu_mul_reference  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -54,7 +56,7 @@ def test_kernel_matches_fp32_reference(dtype, base, n, split, reduce):
     assert y.shape == (n, N) and y.dtype == dtype
     assert _err(y, x, w) <= TOL
     if split > 1:
-        assert sg.plan(n, N, K, sg.check_config(cfg, n))["split"] == 3
+        assert sgk.plan(n, N, K, sgs.check_config(cfg, n))["split"] == 3
 
 
 @needs_kernel
@@ -77,7 +79,7 @@ def test_every_row_count_up_to_16():
     for n in (3, 8, 9, 16):
         x = x16[:n]
         assert _err(sg.linear(x, w, {**DOT, "SPLIT_K": 2}), x, w) <= TOL
-        if n <= sg.FMA_MAX_TOKENS:
+        if n <= sgs.FMA_MAX_TOKENS:
             assert _err(sg.linear(x, w, FMA), x, w) <= TOL
 
 
@@ -89,7 +91,7 @@ def test_split_reductions_are_deterministic_and_leave_counters_zeroed():
     b = sg.linear(x, w, cfg)
     c = sg.linear(x, w, {**cfg, "reduce": "kernel"})
     assert torch.equal(a, b) and torch.equal(a, c)  # both sum the same partials in split order
-    assert int(sg._COUNTERS[x.device].abs().sum()) == 0
+    assert int(sgk._COUNTERS[x.device].abs().sum()) == 0
 
 
 @needs_kernel
@@ -128,7 +130,7 @@ def test_add_matches_fp32_reference(case, dtype):
         else:  # the same kernel without add, plus add in fp32: only the rounding of the sum may differ
             assert rel_error(y.float(), sg.linear(x, w, cfg).float() + add.float()) <= TOL
     if cfg["kind"] != "torch" and cfg["SPLIT_K"] > 1 and cfg["reduce"] == "serial":
-        assert int(sg._COUNTERS[x.device].abs().sum()) == 0
+        assert int(sgk._COUNTERS[x.device].abs().sum()) == 0
 
 
 @needs_kernel
@@ -208,55 +210,55 @@ def test_cpu_without_interpreter_takes_the_reference(monkeypatch):
 # ---------------------------------------------------------------------------------------------------- configs
 
 def _table(buckets):
-    return {sg.device_name(DEV): {"shapes": {sg.shape_key(N, K): buckets}}}
+    return {sgs.device_name(DEV): {"shapes": {sgs.shape_key(N, K): buckets}}}
 
 
 def test_select_config_table_hit_picks_the_smallest_bucket_at_or_above_n():
     b = {"1": {**FMA, "BLOCK_N": 4, "us": 1.0}, "4": {**FMA, "BLOCK_N": 8}, "16": {**DOT, "SPLIT_K": 2}}
     table = _table(b)
-    got = sg.select_config(1, N, K, DEV, table)
+    got = sgs.select_config(1, N, K, DEV, table)
     assert got["BLOCK_N"] == 4 and got["kind"] == "fma" and "us" not in got
-    assert sg.select_config(3, N, K, DEV, table)["BLOCK_N"] == 8  # bucket 4: the BLOCK_M it was tuned with
-    assert sg.select_config(9, N, K, DEV, table)["kind"] == "dot"
-    assert sg.select_config(16, N, K, DEV, {sg.device_name(DEV): {"shapes": {sg.shape_key(N, K): {
+    assert sgs.select_config(3, N, K, DEV, table)["BLOCK_N"] == 8  # bucket 4: the BLOCK_M it was tuned with
+    assert sgs.select_config(9, N, K, DEV, table)["kind"] == "dot"
+    assert sgs.select_config(16, N, K, DEV, {sgs.device_name(DEV): {"shapes": {sgs.shape_key(N, K): {
         "1": b["1"]}}}})["kind"] == "dot"  # above every bucket: the largest, an fma one cannot serve 16 -> default
 
 
 def test_select_config_falls_back_to_the_default():
-    default = sg.default_config(4, N, K, sg.sm_count(DEV))
-    assert sg.select_config(4, N, K, DEV, {}) == default  # GPU not in the table
-    assert sg.select_config(4, N, K, DEV, {sg.device_name(DEV): {"shapes": {"1,1": {"1": FMA}}}}) == default
-    assert sg.select_config(4, N, K, DEV, _table({"4": {"kind": "nope"}})) == default  # a broken entry
-    fp32 = sg.select_config(4, N, K, DEV, _table({"4": FMA}), dtype=torch.float32)  # the table holds 2-byte tunings
-    assert fp32 == sg.default_config(4, N, K, sg.sm_count(DEV), torch.float32)
+    default = sgs.default_config(4, N, K, sgs.sm_count(DEV))
+    assert sgs.select_config(4, N, K, DEV, {}) == default  # GPU not in the table
+    assert sgs.select_config(4, N, K, DEV, {sgs.device_name(DEV): {"shapes": {"1,1": {"1": FMA}}}}) == default
+    assert sgs.select_config(4, N, K, DEV, _table({"4": {"kind": "nope"}})) == default  # a broken entry
+    fp32 = sgs.select_config(4, N, K, DEV, _table({"4": FMA}), dtype=torch.float32)  # the table holds 2-byte tunings
+    assert fp32 == sgs.default_config(4, N, K, sgs.sm_count(DEV), torch.float32)
 
 
 def test_default_split_fills_the_gpu_without_empty_splits():
     for rows, k in [(384, 7168), (512, 7168), (1536, 1536), (2112, 7168), (7168, 256), (20480, 7168), (48, 256)]:
-        cfg = sg.default_config(1, rows, k, 132)
-        geo = sg.plan(1, rows, k, cfg, 132)
+        cfg = sgs.default_config(1, rows, k, 132)
+        geo = sgk.plan(1, rows, k, cfg, 132)
         steps = -(-k // cfg["BLOCK_K"])
         assert geo["blocks"] * geo["split"] >= 264 or geo["split"] == steps or geo["split"] * 2 > cfg["SPLIT_K"]
         assert (geo["split"] - 1) * geo["k_per_split"] < k <= geo["split"] * geo["k_per_split"]
         assert geo["k_per_split"] % cfg["BLOCK_K"] == 0
-    assert sg.default_config(1, 384, 7168)["SPLIT_K"] > 1 and sg.default_config(1, 20480, 7168)["SPLIT_K"] == 1
-    assert sg.default_config(1, 48, 256, dtype=torch.float32)["BLOCK_K"] == 64
+    assert sgs.default_config(1, 384, 7168)["SPLIT_K"] > 1 and sgs.default_config(1, 20480, 7168)["SPLIT_K"] == 1
+    assert sgs.default_config(1, 48, 256, dtype=torch.float32)["BLOCK_K"] == 64
 
 
 def test_default_kind_and_tile_follow_tokens_and_row_length():
-    pick = lambda n, k: (lambda c: (c["kind"], c["BLOCK_N"], c["BLOCK_K"]))(sg.default_config(n, 2112, k))  # noqa
+    pick = lambda n, k: (lambda c: (c["kind"], c["BLOCK_N"], c["BLOCK_K"]))(sgs.default_config(n, 2112, k))  # noqa
     assert pick(1, 7168) == pick(2, 1536) == ("fma", 4, 1024)  # rows of several 1024-element steps
     assert pick(1, 1024) == pick(4, 1536) == pick(16, 2304) == ("dot", 64, 128)
     assert pick(3, 7168) == pick(16, 4096) == ("dot", 32, 256)
-    assert {sg.check_config(c, 1)["kind"] for c in sg.default_configs()} == {"fma", "dot"}
+    assert {sgs.check_config(c, 1)["kind"] for c in sgs.default_configs()} == {"fma", "dot"}
 
 
 def test_configs_round_trip_through_json(tmp_path):
     table = _table({"2": {**FMA, "us": 3.5}})
-    path = sg.save_configs(table, tmp_path / "t.json")
-    assert sg.load_configs(path) == table
-    assert sg.select_config(2, N, K, DEV, sg.load_configs(path))["kind"] == "fma"
-    assert sg.load_configs(tmp_path / "missing.json") == {}
+    path = sgs.save_configs(table, tmp_path / "t.json")
+    assert sgs.load_configs(path) == table
+    assert sgs.select_config(2, N, K, DEV, sgs.load_configs(path))["kind"] == "fma"
+    assert sgs.load_configs(tmp_path / "missing.json") == {}
 
 
 # ---------------------------------------------------------------------------------------------------- errors
@@ -353,9 +355,9 @@ def test_tune_smoke_writes_a_table_select_config_reads(tmp_path, monkeypatch):
     buckets = table["cpu"]["shapes"]["48,128"]
     assert set(buckets) == {"1", "2", "16"} and all(b["us"] > 0 for b in buckets.values())
     assert buckets["1"]["default_us"] > 0 and buckets["2"]["default_us"] > 0  # the untuned choice, timed beside
-    cfg = sg.select_config(2, 48, 128, "cpu", sg.load_configs(out))
+    cfg = sgs.select_config(2, 48, 128, "cpu", sgs.load_configs(out))
     # the interpreter loses to F.linear, so the tune may keep "torch" (cuBLAS on a GPU) for a bucket
-    assert cfg == sg.check_config({k: v for k, v in buckets["2"].items() if k in sg.DEFAULT_DOT}, 2)
+    assert cfg == sgs.check_config({k: v for k, v in buckets["2"].items() if k in sgs.DEFAULT_DOT}, 2)
     assert cfg["kind"] == "torch" or cfg["SPLIT_K"] >= 1
 
 
@@ -373,7 +375,7 @@ def test_gpu_bf16_real_shapes(rows, k):
     for n in (1, 4, 8, 16):
         x = torch.randn(n, k, device="cuda").bfloat16()
         ref = sg.linear_reference(x, w)
-        configs = [None, sg.default_config(n, rows, k), {**sg.default_config(n, rows, k), "reduce": "kernel"}]
+        configs = [None, sgs.default_config(n, rows, k), {**sgs.default_config(n, rows, k), "reduce": "kernel"}]
         if n <= 8:
             configs.append({**FMA, "BLOCK_N": 4, "BLOCK_K": 1024, "num_warps": 4, "SPLIT_K": None})
         outs = []
@@ -392,10 +394,10 @@ def test_gpu_cuda_graph_capture_and_replay(warm):
     torch.manual_seed(1)
     w = (torch.randn(384, 7168, device="cuda") / 7168**0.5).bfloat16()
     x = torch.randn(4, 7168, device="cuda").bfloat16()
-    cfg = {**sg.default_config(4, 384, 7168), "reduce": "serial"}
+    cfg = {**sgs.default_config(4, 384, 7168), "reduce": "serial"}
     eager = sg.linear(x, w, cfg)  # compiles; makes the counters
     if not warm:
-        sg._COUNTERS.clear()
+        sgk._COUNTERS.clear()
     g = torch.cuda.CUDAGraph()
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
@@ -483,6 +485,6 @@ def test_a_torch_entry_dispatches_to_f_linear():
     # where the tune measured cuBLAS faster, the table says "torch" and linear() calls F.linear; on DEV: CPU
     # tensors on a GPU machine (no interpreter) take the fp32 reference before any dispatch
     x, w = torch.randn(3, 64, dtype=torch.float16, device=DEV), torch.randn(32, 64, dtype=torch.float16, device=DEV)
-    cfg = sg.check_config({"kind": "torch"}, 3)
+    cfg = sgs.check_config({"kind": "torch"}, 3)
     assert cfg["kind"] == "torch"
     assert torch.equal(sg.linear(x, w, config={"kind": "torch"}), torch.nn.functional.linear(x, w))

@@ -1,8 +1,9 @@
 import numpy as np
 import pytest
 
-from verifybench.harness.engine import timing
-from verifybench.harness.engine.timing import MODES, measure
+from verifybench.harness.engine import modes, timing
+from verifybench.harness.engine.modes import MODES
+from verifybench.harness.engine.timing import measure
 
 
 @pytest.fixture
@@ -12,7 +13,7 @@ def fake_samples(monkeypatch):
     monkeypatch.setenv("VERIFYBENCH_HOST_GATE", "off")
 
     def install(gen):
-        monkeypatch.setattr(timing._CpuSampler, "batch", lambda self, count: [gen() for _ in range(count)])
+        monkeypatch.setattr(modes.CpuSampler, "batch", lambda self, count: [gen() for _ in range(count)])
     return install
 
 
@@ -40,7 +41,7 @@ def fake_timed_samples(monkeypatch):
             return [gen() for _ in range(count)]
 
         monkeypatch.setattr(timing, "time", clock)
-        monkeypatch.setattr(timing._CpuSampler, "batch", batch)
+        monkeypatch.setattr(modes.CpuSampler, "batch", batch)
         return clock
     return install
 

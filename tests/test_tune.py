@@ -12,7 +12,7 @@ from verifybench.harness import cli
 from verifybench.harness import tune
 from verifybench.harness.tune import common
 from verifybench.kernels import config_tables
-from verifybench.kernels import skinny_gemm as sg
+from verifybench.kernels import skinny_gemm_select as sgs
 
 
 @pytest.fixture
@@ -83,7 +83,7 @@ def test_tune_writes_each_kernel_into_the_user_dir_and_exits_1_when_one_measured
     assert sorted(p.name for p in user_dir.iterdir()) == ["moe_int4_configs.json", "skinny_gemm_configs.json"]
     assert wrote["skinny_gemm"][1] == pytest.approx(30, abs=1)  # the budget split three ways
     assert wrote["moe_int4"][1] == pytest.approx(1.5, abs=0.05)  # in minutes: what the others left unused
-    assert not (sg.CONFIG_PATH.parent / "mla_decode_configs.tuned.json").exists()
+    assert not (sgs.CONFIG_PATH.parent / "mla_decode_configs.tuned.json").exists()
 
 
 def test_tune_out_writes_there_and_one_component_exits_0(tmp_path, user_dir, monkeypatch):

@@ -24,6 +24,7 @@ from verifybench.harness.engine.results import cpu_numbers, withhold
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
 from verifybench.kernels import mla_decode as md
+from verifybench.kernels import mla_decode_select as mds
 from verifybench.harness.model.forward import TORCH_OPS
 
 NAME = "mla_decode"
@@ -124,9 +125,9 @@ def _check(fn, a: Attn, n: int, length: int, cache: torch.Tensor) -> tuple[bool,
 def _config(impl: str, a: Attn, n: int, length: int, device: str, dtype: torch.dtype) -> tuple[dict | None, str]:
     """(config, config_source) of an implementation (None for the torch path)."""
     if impl == "triton":
-        return md.select(n, a.heads, length, device, d=a.d, kv_lora=a.kv_lora, dtype=dtype)
+        return mds.select(n, a.heads, length, device, d=a.d, kv_lora=a.kv_lora, dtype=dtype)
     if impl == "triton-default":
-        return md.default_config(n, a.heads, length, device), "default"
+        return mds.default_config(n, a.heads, length, device), "default"
     return None, None
 
 

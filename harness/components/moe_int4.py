@@ -20,6 +20,7 @@ from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
 from verifybench.kernels import moe_int4 as moe
 from verifybench.kernels import moe_int4_triton as mt
+from verifybench.kernels import moe_int4_select as ms
 
 NAME = "moe_int4"
 HELP = "INT4 W4A16 MoE layer at 1..8 (16, 32) tokens: Triton vs the fp32 reference vs bf16 torch"
@@ -133,7 +134,7 @@ def _config_record(impl: str, n: int, device: str, config: dict | None) -> dict:
         return {}
     if config is not None:
         return {"config": config, "config_source": "given"}
-    cfg, source = mt.select(n, device)
+    cfg, source = ms.select(n, device)
     return {"config": cfg, "config_source": source}
 
 

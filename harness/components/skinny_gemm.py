@@ -22,6 +22,8 @@ from verifybench.harness.engine.results import cpu_numbers, withhold
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
 from verifybench.kernels import skinny_gemm as sg
+from verifybench.kernels import skinny_gemm_kernels as sgk
+from verifybench.kernels import skinny_gemm_select as sgs
 
 NAME = "skinny_gemm"
 HELP = "bf16 projections at n <= 16 tokens: Triton weight-streaming GEMM vs cuBLAS (F.linear), cold"
@@ -41,7 +43,7 @@ class Shape:
 
     @property
     def key(self) -> str:
-        return sg.shape_key(self.N, self.K)
+        return sgs.shape_key(self.N, self.K)
 
 
 def shapes(preset: str = "kimi-k2.5", tp: int = 8) -> list[Shape]:
@@ -127,7 +129,7 @@ def make_case(shape: Shape, n: int, impl: str, device: str, measure_kw: dict, pr
         ws, plan = planned_copies(shape, device, dtype)
         cfg, source = None, None
         if impl == "triton" and (device == "cuda" or sg._INTERPRET):
-            cfg, source = (config, "given") if config else sg.select(n, shape.N, shape.K, device, dtype=dtype)
+            cfg, source = (config, "given") if config else sgs.select(n, shape.N, shape.K, device, dtype=dtype)
         fn = _impl_fn(impl, cfg)
         xs = [torch.randn(n, shape.K, device=device).to(dtype) for _ in ws]  # one x per copy, as layers differ
         fns = [lambda x=x, w=w: fn(x, w) for x, w in zip(xs, ws)]
@@ -141,7 +143,7 @@ def make_case(shape: Shape, n: int, impl: str, device: str, measure_kw: dict, pr
                  "per_forward": shape.per_forward, **({"memory_note": plan.note} if plan.reduced else {})}
             if cfg is not None:
                 d["config"], d["config_source"] = cfg, source
-                d["plan"] = sg.plan(n, shape.N, shape.K, cfg, sg.sm_count(device))
+                d["plan"] = sgk.plan(n, shape.N, shape.K, cfg, sgs.sm_count(device))
             return d
 
         return fns, (lambda: _check(fn, n, shape.K, ws[0])), derive

@@ -9,9 +9,10 @@ from __future__ import annotations
 import torch
 
 from verifybench.harness.engine import memory
+from verifybench.harness.engine.modes import cache_bytes
 from verifybench.harness.engine.results import WITHHELD, cpu_numbers
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec
-from verifybench.harness.engine.timing import Measurement, cache_bytes, cuda_available
+from verifybench.harness.engine.timing import Measurement, cuda_available
 
 COPY_BYTES_CUDA = 1 << 30  # 1 GiB each way: >> L2, long enough that launch cost is < 0.1%
 COPY_BYTES_CPU = 32 << 20

@@ -21,8 +21,8 @@ from tabulate import tabulate
 
 from verifybench.harness.engine import fingerprint as fpmod
 from verifybench.harness.engine import results
+from verifybench.harness.engine.modes import HOST_TIMED_MODES, host_timed
 from verifybench.harness.engine.stats import Summary, summarize
-from verifybench.harness.engine.timing import HOST_TIMED_MODES, host_timed
 
 EXIT_OK, EXIT_SLOW, EXIT_BAD_INPUT = 0, 1, 2
 # fields that change between any two runs of the same machine: never a reason to distrust a comparison
@@ -40,7 +40,7 @@ class CaseData:
     interval_us: tuple[float, float] | None = None  # median CI, or q1..q3 when that is all a file has
     throttled: bool = False
     host_probe_us: float | None = None  # mean of the engine's host-speed probes around the case (hostprobe.py)
-    host_timed: bool = False  # its samples include host time (timing.host_timed)
+    host_timed: bool = False  # its samples include host time (modes.host_timed)
     process_state: dict | None = None  # timing.process_state() when the case was sampled
     skipped: str | None = None  # why it could not run (no P2P, too little memory): kept out of the verdicts
 

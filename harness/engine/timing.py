@@ -1,7 +1,5 @@
 """The one timing engine: device-timed samples of a callable in a named mode, with warm-up and adaptive stopping.
-
-Every number the suite reports comes from `measure`. Samples are per-call microseconds.
-"""
+Every number the suite reports comes from `measure`, in per-call microseconds; how each mode samples: modes.py."""
 from __future__ import annotations
 
 import gc
@@ -16,21 +14,10 @@ import torch
 
 from verifybench.harness.engine import fingerprint
 from verifybench.harness.engine import hostprobe
+from verifybench.harness.engine import modes
+from verifybench.harness.engine.modes import MODES, cache_bytes, host_timed
 from verifybench.harness.engine.stats import Summary, summarize
-from verifybench.harness.engine.capture import graph_capture
 
-MODES = ("cold", "hot", "graph", "isolated", "host_sync", "host_call", "cycle")
-MODE_HELP = {
-    "cold": "L2 flushed before each sample (a 2x-L2 buffer written, enqueued before the start event); CUDA events",
-    "hot": "K calls back to back between two CUDA events, / K (host-bound ops show the host's launch rate)",
-    "graph": "K calls captured in one CUDA graph; per-call time = replay time / K; CUDA events",
-    "isolated": "one call per sample after a barrier, GPU kept busy while it is enqueued; CUDA events",
-    "host_sync": "host clock around call + torch.cuda.synchronize() (the distortion the suite exposes)",
-    "host_call": "host clock around the call alone, device drained first: the CPU cost of enqueueing it",
-    "cycle": "whole speculative cycles back to back, a CUDA event at each cycle boundary and no sync but the "
-             "cycle's own; a second pass puts an event and a host stamp after every phase",
-}
-CPU_CACHE_BYTES = 64 << 20  # no portable LLC query; 64 MiB exceeds the LLC of the CPUs we run on
 # cold rotation: a graph-mode case that streams weights rotates over sets whose total is >= this many caches
 ROTATION_CACHE_MULTIPLE = 4
 ROTATION_MIN_SETS = 4
@@ -38,14 +25,8 @@ TARGET_SAMPLE_US = 500.0  # auto K aims for samples this long, so event resoluti
 MAX_CALLS_PER_SAMPLE = 1024
 DEFAULT_MAX_TIME_S = 2.0  # per case; VERIFYBENCH_MAX_TIME_S overrides (quick CPU runs)
 MAX_TIME_ENV = "VERIFYBENCH_MAX_TIME_S"
-# samples that include host time (host clock, or back-to-back launches the host may not keep up with)
-HOST_TIMED_MODES = ("host_call", "host_sync", "hot", "cycle")
 PHASE_PASS_CYCLES = 200  # cycles of the per-phase pass (at most as many as sampled; at least min_samples)
 GATE_BATCH_S = 0.02  # gated batches stay this short, so one rarely spans a change of host state
-# device spin before the start event, so launch latency stays outside the sample: the host must record the start
-# event, replay and record the end event within it. 20 us was too short while the host CPU ran slow (~1.7x):
-# 1-node graphs read 7.1 us in one run and 3.1 us in the next
-ISOLATED_PAD_US = 100.0
 
 
 @dataclass
@@ -127,27 +108,8 @@ def process_state() -> dict:
     return {"cupy_imported": "cupy" in sys.modules, "process_group": group}
 
 
-def host_timed(mode: str, device: str) -> bool:
-    """Samples that include host time: host-clock modes, hot launches, and anything timed on the CPU."""
-    return mode in HOST_TIMED_MODES or device == "cpu"
-
-
 def cuda_available() -> bool:
     return torch.cuda.is_available()
-
-
-def l2_bytes(device: int | None = None) -> int:
-    """L2 size of the current CUDA device in bytes."""
-    props = torch.cuda.get_device_properties(torch.cuda.current_device() if device is None else device)
-    size = getattr(props, "L2_cache_size", 0)
-    if not size:
-        raise RuntimeError("this torch build does not report the L2 size; cannot size the cold-mode flush")
-    return int(size)
-
-
-def cache_bytes(device: str) -> int:
-    """The last-level cache a cold sample must defeat: the GPU's L2, or CPU_CACHE_BYTES on a CPU."""
-    return l2_bytes() if device == "cuda" else CPU_CACHE_BYTES
 
 
 def cold_rotation_sets(bytes_per_set: int, device: str, max_sets: int = 64) -> int:
@@ -158,163 +120,6 @@ def cold_rotation_sets(bytes_per_set: int, device: str, max_sets: int = 64) -> i
         raise ValueError(f"bytes_per_set must be > 0, got {bytes_per_set}")
     want = math.ceil(ROTATION_CACHE_MULTIPLE * cache_bytes(device) / bytes_per_set)
     return min(max_sets, max(ROTATION_MIN_SETS, want))
-
-
-class _Sampler:
-    """Produces batches of per-call samples for one mode. CUDA and CPU variants below."""
-
-    timer = ""
-
-    def batch(self, count: int) -> list[float]:
-        raise NotImplementedError
-
-
-class _CudaSampler(_Sampler):
-    timer = "cuda_event"
-
-    def __init__(self, fns, mode, calls, barrier, flush_bytes):
-        self.fns, self.mode, self.barrier = fns, mode, barrier
-        self.calls = calls if mode in ("graph", "hot") else 1
-        self.i = 0
-        if mode == "host_sync":
-            self.timer = "perf_counter+synchronize"
-        elif mode == "host_call":
-            self.timer = "perf_counter"
-        if mode == "cold":
-            self.flush = torch.empty(flush_bytes or 2 * l2_bytes(), dtype=torch.uint8, device="cuda")
-        # cycles of the SM clock for ISOLATED_PAD_US; torch reports clock_rate in kHz
-        khz = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "clock_rate", 1_980_000)
-        self.pad_cycles = int(ISOLATED_PAD_US * khz / 1e3)
-        if mode == "graph":
-            self.graph = torch.cuda.CUDAGraph()
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                fns[0]()  # cuBLAS/cuDNN lazily create handles on a new stream: keep that out of the capture
-            torch.cuda.current_stream().wait_stream(stream)
-            torch.cuda.synchronize()
-            with graph_capture(self.graph):
-                for k in range(calls):
-                    fns[k % len(fns)]()
-            self.graph.replay()
-            torch.cuda.synchronize()
-
-    def _call(self):
-        self.fns[self.i % len(self.fns)]()
-        self.i += 1
-
-    def batch(self, count: int) -> list[float]:
-        if self.mode in ("host_sync", "host_call"):
-            out = []
-            for _ in range(count):
-                torch.cuda.synchronize()  # an empty queue: the call never waits for a full launch queue
-                t0 = time.perf_counter()
-                self._call()
-                if self.mode == "host_sync":
-                    torch.cuda.synchronize()
-                out.append((time.perf_counter() - t0) * 1e6)
-            return out
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(count)]
-        for start, end in events:
-            if self.mode == "cold":
-                self.flush.zero_()  # also keeps the GPU busy while the timed call is enqueued
-            elif self.mode == "isolated":
-                (self.barrier or torch.cuda.synchronize)()
-            if self.mode in ("isolated", "graph"):
-                # a short device spin: the sample then starts with the op already queued, so the host's
-                # launch latency stays outside it (hot mode keeps it: that is eager reality)
-                torch.cuda._sleep(self.pad_cycles)
-            start.record()
-            if self.mode == "graph":
-                self.graph.replay()
-            else:
-                for _ in range(self.calls):
-                    self._call()
-            end.record()
-            if self.mode == "isolated":
-                end.synchronize()
-        torch.cuda.synchronize()
-        return [s.elapsed_time(e) * 1e3 / self.calls for s, e in events]
-
-
-class _CpuSampler(_Sampler):
-    """perf_counter fallback: same modes, CPU meaning (graph = K calls in a loop; cold = 64 MiB written first)."""
-
-    timer = "perf_counter"
-
-    def __init__(self, fns, mode, calls, barrier, flush_bytes):
-        self.fns, self.mode, self.barrier = fns, mode, barrier
-        self.calls = calls if mode in ("graph", "hot") else 1
-        self.i = 0
-        if mode == "cold":
-            self.flush = torch.empty(flush_bytes or CPU_CACHE_BYTES, dtype=torch.uint8)
-
-    def batch(self, count: int) -> list[float]:
-        out = []
-        for _ in range(count):
-            if self.mode == "cold":
-                self.flush.zero_()
-            elif self.mode == "isolated" and self.barrier:
-                self.barrier()
-            t0 = time.perf_counter()
-            for _ in range(self.calls):
-                self.fns[self.i % len(self.fns)]()
-                self.i += 1
-            out.append((time.perf_counter() - t0) * 1e6 / self.calls)
-        return out
-
-
-def _no_mark(phase: str) -> None:
-    pass
-
-
-class _CycleSampler(_Sampler):
-    """Whole cycles of `step(mark)` back to back, stamped (a CUDA event, or the host clock on a CPU) at each cycle
-    boundary: nothing waits for the device but what the cycle itself syncs, as an engine runs it. `phase_pass`
-    stamps after every `mark(phase)` too: the per-phase split, device and host, the way a per-phase profiler
-    without syncs sees it."""
-
-    def __init__(self, step, phases: Sequence[str], device: str):
-        self.step, self.phases, self.cuda = step, tuple(phases), device == "cuda"
-        self.timer = "cuda_event" if self.cuda else "perf_counter"
-        self.calls = 1
-
-    def _stamp(self):
-        event = None
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-        return event, time.perf_counter()
-
-    def _device_us(self, a, b) -> float:
-        return a[0].elapsed_time(b[0]) * 1e3 if self.cuda else (b[1] - a[1]) * 1e6
-
-    def batch(self, count: int) -> list[float]:
-        stamps = [self._stamp()]
-        for _ in range(count):
-            self.step(_no_mark)
-            stamps.append(self._stamp())
-        if self.cuda:
-            torch.cuda.synchronize()
-        return [self._device_us(a, b) for a, b in zip(stamps, stamps[1:])]
-
-    def phase_pass(self, cycles: int) -> dict:
-        rows = []
-        for _ in range(cycles):
-            marks = [(None, self._stamp())]
-            self.step(lambda phase: marks.append((phase, self._stamp())))
-            rows.append(marks)
-        if self.cuda:
-            torch.cuda.synchronize()
-        out = {p: {"device_us": [], "host_us": []} for p in self.phases}
-        for marks in rows:
-            names = tuple(m[0] for m in marks[1:])
-            if names != self.phases:
-                raise RuntimeError(f"a cycle marked phases {names}, expected {self.phases}")
-            for (_, a), (phase, b) in zip(marks, marks[1:]):
-                out[phase]["device_us"].append(self._device_us(a, b))
-                out[phase]["host_us"].append((b[1] - a[1]) * 1e6)
-        return out
 
 
 def measure(
@@ -337,8 +142,12 @@ def measure(
 ) -> Measurement:
     """Time `fn` (or rotate over a list of callables, one per input set) and return per-call samples in us.
 
-    mode: one of MODES (MODE_HELP says what each means). device: "cuda" or "cpu" (default: cuda when available;
-    on CPU the timer is perf_counter and the result says so).
+    Returns a Measurement: per-call samples in microseconds, with the mode, device and clock that produced them.
+    mode: one of modes.MODES (modes.MODE_HELP says what each means). device: "cuda" or "cpu" (default: cuda when
+    available; on CPU the timer is perf_counter and the result says so).
+    L2 policy: cold writes a 2x-L2 buffer (`flush_bytes` to change it; 64 MiB on a CPU) before each sample, enqueued
+    before the start event; every other mode leaves the cache as the previous call left it (a list of callables
+    rotates over input sets, cold_rotation_sets says how many defeat the cache).
     Warm-up: at least 3 calls and one pass over every input set, until `warmup_s` of wall time has passed (this
     absorbs compile, autotune, lazy init and first touch); a fixed `warmup_calls` replaces that rule.
     Stopping: after `min_samples`, stop when the 95% CI of the median is within `rel_ci_target` of it, or at
@@ -378,7 +187,7 @@ def measure(
         if len(fns) != 1 or not phases or len(set(phases)) != len(phases):
             raise ValueError("cycle mode times one step(mark) callable over distinct, non-empty phase names")
         step = fns[0]
-        fns = [lambda: step(_no_mark)]
+        fns = [lambda: step(modes.no_mark)]
     device = device or ("cuda" if cuda_available() else "cpu")
     if device == "cuda" and not cuda_available():
         raise RuntimeError("device='cuda' asked for, but torch sees no CUDA device")
@@ -410,9 +219,9 @@ def measure(
         calls_per_sample = _auto_calls(fns, device, mode_used)
 
     if mode_used == "cycle":
-        sampler = _CycleSampler(step, phases, device)
+        sampler = modes.CycleSampler(step, phases, device)
     else:
-        sampler_cls = _CudaSampler if device == "cuda" else _CpuSampler
+        sampler_cls = modes.CudaSampler if device == "cuda" else modes.CpuSampler
         sampler = sampler_cls(fns, mode_used, calls_per_sample or 1, barrier, flush_bytes)
     if host_gate is True:  # the default rule: on a GPU machine, every host-timed measurement with adaptive stopping
         gate_default = cuda_available() and samples is None and host_timed(mode_used, device)
@@ -507,11 +316,11 @@ def _auto_calls(fns, device: str, mode: str) -> int:
     hot: K comes from eager back-to-back calls, which is what a hot sample is made of."""
     n_sets = len(fns)
     if mode == "graph" and device == "cuda":
-        probe = _CudaSampler(fns, "graph", n_sets, None, None)
+        probe = modes.CudaSampler(fns, "graph", n_sets, None, None)
         per_call_us = sorted(probe.batch(5))[2]
         del probe  # frees the probe graph before the real one is captured
     else:
-        probe = (_CudaSampler if device == "cuda" else _CpuSampler)(fns, "hot", 1, None, None)
+        probe = (modes.CudaSampler if device == "cuda" else modes.CpuSampler)(fns, "hot", 1, None, None)
         per_call_us = sorted(probe.batch(5))[2]
     want = max(1, min(MAX_CALLS_PER_SAMPLE, math.ceil(TARGET_SAMPLE_US / max(per_call_us, 1e-3))))
     k = 1 << (want - 1).bit_length()

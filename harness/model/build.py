@@ -50,7 +50,8 @@ def moe_fn(device: str):
     """The routed experts. On CUDA the Triton kernel reads the random weights as already repacked (`prepacked`):
     a whole rank's experts (~71 GB for K2.5 TP8) then fit once, with no cached second copy."""
     if device == "cuda":
-        from verifybench.kernels.moe_int4_triton import fused_moe_w4a16, select_config
+        from verifybench.kernels.moe_int4_select import select_config
+        from verifybench.kernels.moe_int4_triton import fused_moe_w4a16
 
         def moe(x, *rest):  # the tuned config for this n, in the layout the weights were generated in
             cfg = {**select_config(x.shape[0], x.device), "layout": "planar"}

@@ -46,8 +46,9 @@ def table_path(name: str, out: Path | None) -> Path:
     return (out / shipped.name) if out is not None else config_tables.user_path(shipped)
 
 
-_KERNELS = {"skinny_gemm": "verifybench.kernels.skinny_gemm", "mla_decode": "verifybench.kernels.mla_decode",
-            "moe_int4": "verifybench.kernels.moe_int4_triton"}
+_KERNELS = {"skinny_gemm": "verifybench.kernels.skinny_gemm_select",  # the module of each shipped table (CONFIG_PATH)
+            "mla_decode": "verifybench.kernels.mla_decode_select",
+            "moe_int4": "verifybench.kernels.moe_int4_select"}
 
 
 def tune_one(name: str, path: Path, share_s: float, preset: str, tp: int, log) -> bool:

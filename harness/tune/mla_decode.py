@@ -16,14 +16,15 @@ from verifybench.harness.components.mla_decode import (Attn, MAX_N, TOL, attn_sh
 from verifybench.harness.tune.common import merged_table, report_tune
 from verifybench.kernels import config_tables
 from verifybench.kernels import mla_decode as md
+from verifybench.kernels import mla_decode_select as mds
 
 TUNE_NS = tuple(range(1, 9))
 TUNE_CONTEXTS = (4096, 32768)  # table buckets: a length uses the largest bucket <= it
 
 # ---------------------------------------------------------------------------------------------------- tuning
 
-SPLITS = md.TUNE_SPLITS
-TILES = md.TUNE_TILES
+SPLITS = mds.TUNE_SPLITS
+TILES = mds.TUNE_TILES
 SMOKE = Attn(2, 48, 32, 48 ** -0.5)
 SMOKE_SPLITS = (2, 4)
 SMOKE_TILES = [(16, 32, 4, 2), (16, 16, 4, 3)]
@@ -34,7 +35,7 @@ def _fits(a: Attn, n: int, tile, device: str, log) -> bool:
     limits = config_tables.device_limits(device)
     if limits is None:
         return True
-    ok, need = md.fits(md.tile_config(tile), *limits, heads=a.heads, n=n, d=a.d, kv_lora=a.kv_lora)
+    ok, need = mds.fits(mds.tile_config(tile), *limits, heads=a.heads, n=n, d=a.d, kv_lora=a.kv_lora)
     if not ok:
         log(f"  n={n} tile {tile} skipped: needs {need} B shared memory, this GPU allows {limits[1]} B")
     return ok
@@ -119,7 +120,7 @@ def tune(out: str, time_limit_s: float = 90.0, smoke: bool = False, preset: str 
     for context in contexts:  # pass 1; one compile per n (ROWS and NQ are constexpr), then timing only
         for n in ns:
             t = _Tuner(a, n, context, device, dtype, kw, deadline, log)
-            default = t.full(md.default_config(n, a.heads, t.length, device))
+            default = t.full(mds.default_config(n, a.heads, t.length, device))
             s = state[(context, n)] = {"tuner": t, "default": default, "default_us": t.time(default),
                                        "torch_us": t.time(None)}
             s["best"], s["us"] = t.best(_split_cands(t, default, splits), default, s["default_us"])
@@ -138,7 +139,7 @@ def tune(out: str, time_limit_s: float = 90.0, smoke: bool = False, preset: str 
             for tile in tiles:
                 if tile[0] > max(16, triton.next_power_of_2(rows)) or not _fits(a, n, tile, device, log):
                     continue
-                cfg = md.tile_config(tile, max(1, round(progs / triton.cdiv(rows, tile[0]))))
+                cfg = mds.tile_config(tile, max(1, round(progs / triton.cdiv(rows, tile[0]))))
                 s["best"], s["us"] = t.best([t.full(cfg)], s["best"], s["us"])
             best = s["best"]
             s["best"], s["us"] = t.best(_split_cands(t, best, (best["num_splits"] // 2, best["num_splits"] * 2)),
@@ -149,11 +150,11 @@ def tune(out: str, time_limit_s: float = 90.0, smoke: bool = False, preset: str 
     for s in state.values():
         del s["tuner"]
     cache_copies.cache_clear()
-    name = md.device_name(device)
+    name = mds.device_name(device)
     if not any(s["us"] < math.inf for s in state.values()):
         log(f"mla_decode: no shape measured in {time_limit_s:.0f} s; no table written")
         return None
-    table, entry = merged_table(out, md.CONFIG_PATH, name)
+    table, entry = merged_table(out, mds.CONFIG_PATH, name)
     shapes = entry.setdefault("shapes", {})
     rows, skipped = [], []
     for (context, n), s in sorted(state.items(), key=lambda kv: (kv[0][1], kv[0][0])):
@@ -161,7 +162,7 @@ def tune(out: str, time_limit_s: float = 90.0, smoke: bool = False, preset: str 
         if not s["us"] < math.inf:
             skipped.append(f"n={n} ctx={context}")
             continue
-        shapes.setdefault(md.shape_key(a.heads, n, a.d, a.kv_lora), {})[str(context)] = {
+        shapes.setdefault(mds.shape_key(a.heads, n, a.d, a.kv_lora), {})[str(context)] = {
             **s["best"], "us": round(s["us"], 3), **{k: round(s[k], 3) if s[k] < math.inf else None  # strict JSON
                                                     for k in ("default_us", "torch_us")}}
         moved = bytes_moved(a, n, length, dtype.itemsize)
@@ -173,7 +174,7 @@ def tune(out: str, time_limit_s: float = 90.0, smoke: bool = False, preset: str 
                          "triton": importlib.import_module("triton").__version__,
                          "date_utc": time.strftime("%Y-%m-%d", time.gmtime()),
                          "sweep_s": round(time.perf_counter() - t0), "copy_gbps": round(cp, 1)}
-    written = md.save_configs(table, out)
+    written = mds.save_configs(table, out)
     partial_note = (f"time limit ({time_limit_s:.0f} s) reached: split count only (default tile): "
                     f"{', '.join(partial)}",)
     report_tune(log, written, t0, name, cp, rows, time_limit_s, skipped, partial_note if partial else ())

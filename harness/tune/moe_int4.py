@@ -13,6 +13,8 @@ from verifybench.harness.engine.runner import rel_error
 from verifybench.harness.engine.timing import cuda_available, measure
 from verifybench.kernels import moe_int4 as moe
 from verifybench.kernels import moe_int4_triton as mt
+from verifybench.kernels import moe_int4_kernels as mtk
+from verifybench.kernels import moe_int4_select as ms
 from verifybench.harness.components.moe_int4 import TOL, make_case, preset_shape
 from verifybench.harness.tune.common import merged_table
 from verifybench.harness.engine.capture import graph_capture
@@ -21,7 +23,7 @@ from verifybench.harness.engine.capture import graph_capture
 
 TUNE_NS = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32)
 PREWARM_SHARE = 0.6  # of the time cap, at most, for compiling ahead in parallel
-SPACES = tuple(mt.TUNE_SPACES)  # split-denormal, split-half2: (starting config, gate_up and down candidates) each
+SPACES = tuple(ms.TUNE_SPACES)  # split-denormal, split-half2: (starting config, gate_up and down candidates) each
 # CPU dry run (preset tiny, interpreter): the same code path with few, large blocks (the interpreter's cost is per
 # program); timings are meaningless there
 SMOKE = {"gate_up": [{"BLOCK_N": 64, "num_warps": 1, "num_stages": 1, "SPLIT_K": 1, "PREFETCH": 1, "BLOCK_W": 16},
@@ -88,7 +90,7 @@ class _Tuner:
         if key not in self.cache:
             if self.out_of_time():
                 return math.inf
-            too_big = mt.misfit(cfg, self.device, self.shape)
+            too_big = ms.misfit(cfg, self.device, self.shape)
             if too_big:  # it would fail to launch here; select() would not pick it either
                 self.log(f"    skipped {short_config(cfg)}: needs {too_big[0]} B of shared memory, the GPU allows "
                          f"{too_big[1]} B")
@@ -120,7 +122,7 @@ def _shape(p: presets.Preset) -> moe.MoeShape:
 
 def _valid(cfg: dict, p: presets.Preset) -> bool:
     try:
-        mt.check_config({**mt.DEFAULT_CONFIG, **cfg}, _shape(p), torch.device("cpu"))
+        mtk.check_config({**ms.DEFAULT_CONFIG, **cfg}, _shape(p), torch.device("cpu"))
         return True
     except ValueError:
         return False
@@ -155,7 +157,7 @@ def _prewarm_worker(preset: str, tp: int, jobs: list, deadline_epoch: float = ma
         if time.time() > deadline_epoch:  # the sweep compiles the rest itself, within its own time limit
             break
         try:
-            mt.misfit(cfg, device, _shape(p))  # compiles the shared-memory check here, in parallel (Triton's cache)
+            ms.misfit(cfg, device, _shape(p))  # compiles the shared-memory check here, in parallel (Triton's cache)
             tw, ids = moe.route_uniform(n, ws[0].shape[0], p.topk, seed=n, device=device)
             mt.fused_moe_w4a16(torch.randn(n, p.hidden, device=device).to(act), *ws, tw, ids, config=cfg,
                                check_ids=False)
@@ -176,7 +178,7 @@ def _probe_pdl_worker(preset: str, tp: int) -> str | None:
         ws = _small_layer(preset, tp, "cuda")
         x = torch.randn(2, p.hidden, device="cuda").to(torch.bfloat16)
         tw, ids = moe.route_uniform(2, ws[0].shape[0], p.topk, seed=5, device="cuda")
-        cfg = {**mt.TUNE_SPACES["split-half2"][0], "pdl": True}
+        cfg = {**ms.TUNE_SPACES["split-half2"][0], "pdl": True}
         ref = moe.reference_moe_w4a16(x.float(), *ws, tw, ids)
         eager = mt.fused_moe_w4a16(x, *ws, tw, ids, config=cfg, check_ids=False)
         graph = torch.cuda.CUDAGraph()
@@ -240,7 +242,7 @@ def _prewarm_jobs(ns, gate_up: list, down: list, base: dict) -> list:
 
 def tune(preset: str = "kimi-k2.5", tp: int = 8, ns=TUNE_NS, *, out: str, max_minutes: float = 4.0,
          max_time_s: float = 0.2, spaces=SPACES, jobs: int | None = None, log=print) -> dict:
-    """Per n and space (mt.TUNE_SPACES: split-denormal, split-half2, the fp32 and the fp16-pair dequant): gate_up
+    """Per n and space (ms.TUNE_SPACES: split-denormal, split-half2, the fp32 and the fp16-pair dequant): gate_up
     blocking x SPLIT_K x prefetch, then down blocking, then pdl, then the 3 best gate_up again with that down, every
     candidate checked against the fp32 reference, skipped where it does not fit the GPU's shared memory, then timed
     in graph mode with cold rotation (uniform routing). The winners are re-timed side by side; the fastest is the
@@ -259,10 +261,10 @@ def tune(preset: str = "kimi-k2.5", tp: int = 8, ns=TUNE_NS, *, out: str, max_mi
         log("space split-half2 left out: its inline PTX needs a CUDA GPU")
         spaces = tuple(sp for sp in spaces if sp != "split-half2")
     if smoke:
-        base = {**mt.TUNE_SPACES["split-denormal"][0], "gate_up": SMOKE["gate_up"][0], "down": SMOKE["down"][0]}
+        base = {**ms.TUNE_SPACES["split-denormal"][0], "gate_up": SMOKE["gate_up"][0], "down": SMOKE["down"][0]}
         split_spaces = {"split-denormal": (base, SMOKE["gate_up"], SMOKE["down"])}
     else:
-        split_spaces = {sp: (dict(base), gu, dn) for sp, (base, gu, dn) in mt.TUNE_SPACES.items()}
+        split_spaces = {sp: (dict(base), gu, dn) for sp, (base, gu, dn) in ms.TUNE_SPACES.items()}
     split_spaces = {sp: v for sp, v in split_spaces.items() if sp in spaces}
     for sp, (base, cands, dn) in split_spaces.items():
         fit = [c for c in cands if _valid({**base, "gate_up": c}, p)]
@@ -271,7 +273,7 @@ def tune(preset: str = "kimi-k2.5", tp: int = 8, ns=TUNE_NS, *, out: str, max_mi
                 log(f"candidate {c} does not fit preset {preset} (H {p.hidden}, group {p.expert_group_size}): left out")
         split_spaces[sp] = (base, fit, dn)
     per_n = sum(len(gu) + len(dn) + 1 + 3 for _, gu, dn in split_spaces.values()) + len(spaces)
-    log(f"tune {preset}-tp{tp} on {mt.device_name(torch.device(device))}: n = {', '.join(map(str, ns))}; "
+    log(f"tune {preset}-tp{tp} on {ms.device_name(torch.device(device))}: n = {', '.join(map(str, ns))}; "
         f"spaces {', '.join(spaces)}; ~{per_n} timed configs per n, {max_time_s} s each; cap {max_minutes:.1f} min")
     workers = (0 if smoke else min(12, max(1, (os.cpu_count() or 2) - 2))) if jobs is None else jobs
     prewarm = [job for base, gu, dn in split_spaces.values() for job in _prewarm_jobs(ns, gu, dn, base)]
@@ -310,7 +312,7 @@ def tune(preset: str = "kimi-k2.5", tp: int = 8, ns=TUNE_NS, *, out: str, max_mi
         if res:
             final[n] = res
     skipped = [n for n in ns if n not in final]
-    name = mt.device_name(torch.device(device))
+    name = ms.device_name(torch.device(device))
     if not final:  # nothing measured: keep the table there is (an empty entry would replace this GPU's tuning)
         why = f"the {max_minutes:.1f} min cap was reached (compiling took {prewarm_s:.0f} s of it)" if not failed else \
             "every candidate failed (see above)"
@@ -323,7 +325,7 @@ def tune(preset: str = "kimi-k2.5", tp: int = 8, ns=TUNE_NS, *, out: str, max_mi
         entry = {"gate_up": cfg["gate_up"], "down": cfg["down"], "dequant": cfg["dequant"],
                  "us": round(res[space]["us"], 2), "eta": round(res[space]["eta"], 3),
                  "by_space_us": {sp: round(r["us"], 2) for sp, r in res.items()}}
-        default_us, _ = _time_config(preset, tp, n, mt.default_config(device, n), 2.5 * max_time_s, device, log)
+        default_us, _ = _time_config(preset, tp, n, ms.default_config(device, n), 2.5 * max_time_s, device, log)
         if math.isfinite(default_us):  # what the table buys over the untuned choice
             entry["default_us"] = round(default_us, 2)
         if cfg.get("pdl"):
@@ -334,13 +336,13 @@ def tune(preset: str = "kimi-k2.5", tp: int = 8, ns=TUNE_NS, *, out: str, max_mi
         if lower:
             why = "every candidate failed" if n in failed else "time cap"
             by_n[str(n)] = {**by_n[str(max(lower))], "untuned": f"{why}: copied from n={max(lower)}"}
-    table, _ = merged_table(out, mt.CONFIG_PATH, name)
+    table, _ = merged_table(out, ms.CONFIG_PATH, name)
     table[name] = {
         "by_n": by_n,
         "tuned_on": {"preset": f"{preset}-tp{tp}", "torch": torch.__version__, "triton": __import__("triton").__version__,
                      "date_utc": time.strftime("%Y-%m-%d", time.gmtime()), "sweep_s": round(time.perf_counter() - t0),
                      "spaces": list(spaces)}}
-    path = mt.save_configs(table, out)
+    path = ms.save_configs(table, out)
     log("")
     log(f"{'n':>3} " + " ".join(f"{sp + ' us':>9}" for sp in spaces) + f" {'default':>9} {'eta':>6}  chosen config")
     for n in ns:

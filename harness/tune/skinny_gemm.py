@@ -15,6 +15,8 @@ from verifybench.harness.components.skinny_gemm import Shape, TOL, config_str, s
 from verifybench.harness.tune.common import merged_table, report_tune
 from verifybench.kernels import config_tables
 from verifybench.kernels import skinny_gemm as sg
+from verifybench.kernels import skinny_gemm_kernels as sgk
+from verifybench.kernels import skinny_gemm_select as sgs
 
 TUNE_NS = (1, 2, 4, 8)  # table buckets; n <= 16 beyond them gets bucket 16 (the best dot config)
 SMOKE_SHAPES = [Shape("smoke_split", 48, 256, 1), Shape("smoke_wide", 128, 64, 1)]
@@ -27,7 +29,7 @@ def fitting(cfgs: list[dict], device: str, log) -> list[dict]:
         return cfgs
     out = []
     for c in cfgs:
-        ok, need = sg.fits(c, *limits)
+        ok, need = sgs.fits(c, *limits)
         if ok:
             out.append(c)
         else:
@@ -42,7 +44,7 @@ class _Tuner:
         self.shape, self.device, self.dtype, self.kw, self.deadline, self.log = shape, device, dtype, measure_kw, \
             deadline, log
         self.ws = weight_copies(shape.N, shape.K, device, dtype)
-        self.sms = sg.sm_count(device)
+        self.sms = sgs.sm_count(device)
         self.xs, self.refs = {}, {}
 
     def _inputs(self, n: int):
@@ -53,8 +55,8 @@ class _Tuner:
 
     def full(self, cfg: dict) -> dict:
         """The config with SPLIT_K resolved (the table stores what ran)."""
-        c = sg.check_config(cfg, 1)
-        return {**c, "SPLIT_K": sg.plan(1, self.shape.N, self.shape.K, c, self.sms)["split"]}
+        c = sgs.check_config(cfg, 1)
+        return {**c, "SPLIT_K": sgk.plan(1, self.shape.N, self.shape.K, c, self.sms)["split"]}
 
     def time(self, n: int, cfg: dict | None) -> float:
         """Median us of one call (cfg None: F.linear); inf when over time, failing its check or refused."""
@@ -86,9 +88,9 @@ def tune_shape(shape: Shape, device: str, ns=TUNE_NS, measure_kw: dict | None = 
     dtype = torch.bfloat16 if device == "cuda" else torch.float16
     kw = measure_kw or {"max_time_s": 0.15, "warmup_s": 0.0}
     t = _Tuner(shape, device, dtype, kw, deadline, log)
-    tiles = sg.TUNE_DOT_TILES[:2] if smoke else sg.TUNE_DOT_TILES
+    tiles = sgs.TUNE_DOT_TILES[:2] if smoke else sgs.TUNE_DOT_TILES
     n_dot = max(ns)
-    dot, dot_us = t.best(n_dot, fitting([sg.dot_config(tile) for tile in tiles], device, log))
+    dot, dot_us = t.best(n_dot, fitting([sgs.dot_config(tile) for tile in tiles], device, log))
     if dot is None:
         return {}
     # split-K around the heuristic's choice and none at all (one launch, no partials), then the other reduction
@@ -107,13 +109,13 @@ def tune_shape(shape: Shape, device: str, ns=TUNE_NS, measure_kw: dict | None = 
     buckets = {}
     for n in ns:
         us_dot = dot_us if n == n_dot else t.time(n, dot)
-        fma_tiles = sg.TUNE_FMA_TILES[_fma_bucket(n)][: 1 if smoke else None]
-        fma_cfgs = fitting([sg.fma_config(tile) for tile in fma_tiles], device, log)
-        fma, us_fma = t.best(n, fma_cfgs) if n <= sg.FMA_MAX_TOKENS and fma_cfgs else (None, math.inf)
+        fma_tiles = sgs.TUNE_FMA_TILES[_fma_bucket(n)][: 1 if smoke else None]
+        fma_cfgs = fitting([sgs.fma_config(tile) for tile in fma_tiles], device, log)
+        fma, us_fma = t.best(n, fma_cfgs) if n <= sgs.FMA_MAX_TOKENS and fma_cfgs else (None, math.inf)
         cfg, us = (dot, us_dot) if us_dot <= us_fma else (t.full(fma), us_fma)
         if us < math.inf:
             buckets[str(n)] = {**cfg, "us": round(us, 3)}
-            default_us = t.time(n, sg.default_config(n, shape.N, shape.K, t.sms, dtype))
+            default_us = t.time(n, sgs.default_config(n, shape.N, shape.K, t.sms, dtype))
             if default_us < math.inf:  # what the table buys over the untuned choice
                 buckets[str(n)]["default_us"] = round(default_us, 3)
             cublas = t.time(n, None)
@@ -159,17 +161,17 @@ def tune(out: str, time_limit_s: float = 100.0, smoke: bool = False, preset: str
         log(f"{shape.name} [{shape.N}, {shape.K}] ({time.perf_counter() - t1:.1f} s): "
             + "; ".join(f"n={n} {c['us']:.2f} us {config_str(c)}" for n, c in b.items()))
     weight_copies.cache_clear()
-    name = sg.device_name(device)
+    name = sgs.device_name(device)
     if not results:
         log(f"skinny_gemm: no shape measured in {time_limit_s:.0f} s; no table written")
         return None
-    table, entry = merged_table(out, sg.CONFIG_PATH, name)
+    table, entry = merged_table(out, sgs.CONFIG_PATH, name)
     entry["shapes"] = {**entry.get("shapes", {}), **{s.key: b for s, b in results.items()}}
     entry["tuned_on"] = {"preset": f"{preset}-tp{tp}" if not smoke else "smoke", "torch": torch.__version__,
                          "triton": importlib.import_module("triton").__version__,
                          "date_utc": time.strftime("%Y-%m-%d", time.gmtime()),
                          "sweep_s": round(time.perf_counter() - t0), "copy_gbps": round(copy, 1)}
-    written = sg.save_configs(table, out)
+    written = sgs.save_configs(table, out)
     rows = []
     for shape, b in results.items():
         for n, c in sorted(b.items(), key=lambda kv: int(kv[0])):
