@@ -33,7 +33,8 @@ def add_scope_arguments(p: argparse.ArgumentParser) -> None:
                    help="tensor-parallel degree: per-rank shapes (default 8; 1 on CPU)")
     p.add_argument("--context", type=int_in(1, MAX_CONTEXT), default=None,
                    help=f"tokens already in the KV cache, 1..{MAX_CONTEXT} (default 4096; 64 on CPU)")
-    p.add_argument("--tokens", type=tokens_arg, default=None, help="token counts to verify, e.g. 1,2,4,8 or 1-8 (default: each "
+    p.add_argument("--tokens", type=tokens_arg, default=None, help="token counts to verify, e.g. 1,2,4,8 or 1-8 "
+                   "(default: each "
                    "component's own set)")
     p.add_argument("--out", type=out_path, default=None,
                    help=f"results folder (default ./{results.DEFAULT_OUT}/<machine>/, outside the checkout's results/)")

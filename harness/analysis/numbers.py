@@ -7,8 +7,8 @@ import math
 import re
 from pathlib import Path
 
-INTEGER = re.compile(r"[+-]?\d+")
-DECIMAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?|[+-]?(nan|inf|infinity)", re.IGNORECASE)
+INTEGER = re.compile(r"[+-]?[0-9]+")
+DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|[+-]?(nan|inf|infinity)", re.IGNORECASE)
 MAX_DRAFT_TOKENS = 64  # tokens per verify (--tokens) and so the largest mean accept length
 
 
@@ -77,7 +77,7 @@ def token_counts(text: str, high: int = MAX_DRAFT_TOKENS) -> tuple[int, ...]:
     what is allowed otherwise."""
     out: list[int] = []
     for part in text.split(","):
-        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        m = re.fullmatch(r"\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?", part)
         if not m:
             raise ValueError(f"takes positive integers like 1,2,4,8 or 1-8, got {text!r}")
         lo, hi = int(m[1]), int(m[2] or m[1])

@@ -8,8 +8,9 @@ earlier tree token), the deployment's default; the default set adds one branchin
 dependent launch, as the engine launches it; "split_kv" with its default config, as our forward launches it. Graph
 mode, every call reading another cache (>= 4 caches totalling >= 4x L2), as a forward reads each layer's cache once;
 per_forward_us is the median times the preset's layers: what the engine's kernel choice costs per forward.
-CPU (preset tiny, under TRITON_INTERPRET=1): the given context (64 by default, at most 4096), fp16 (bf16 arithmetic is
-wrong in the interpreter) and a split config sized to the tiny shapes, since the interpreter runs every launched program.
+CPU (preset tiny, under TRITON_INTERPRET=1): the given context (64 by default, at most 4096), fp16 (bf16 arithmetic
+is wrong in the interpreter) and a split config sized to the tiny shapes, since the interpreter runs every launched
+program.
 
 Run: pytest --benchmark-only microbench/bench_mla_verify.py
 """

@@ -369,7 +369,7 @@ def _is_number(v) -> bool:
 
 
 def _is_count(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+    return _is_number(v) and isinstance(v, int) and v >= 1
 
 
 @dataclass(frozen=True)
@@ -400,16 +400,14 @@ class Need:
     where: Callable[[dict], bool] | None = None
 
 
+_MISSING = object()
+
+
 def _field(case: dict, path: str):
     value = case
     for key in path.split("."):
-        if not isinstance(value, dict) or key not in value:
-            return _MISSING
-        value = value[key]
+        value = value.get(key, _MISSING) if isinstance(value, dict) else _MISSING
     return value
-
-
-_MISSING = object()
 
 
 def check_needs(run: dict, needs, where: str) -> dict:
