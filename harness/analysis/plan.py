@@ -37,7 +37,7 @@ from tabulate import tabulate
 
 from verifybench.harness.analysis.numbers import finite_float, out_path
 from verifybench.harness.engine import results
-from verifybench.harness.engine.results import COUNT, COUNT_OR_NULL, FINITE_TABLE, POSITIVE, TEXT, Need
+from verifybench.harness.engine.results import COUNT, FINITE_TABLE, POSITIVE, TEXT, Need
 
 DEFAULT_CONFIGS = "2,1,3;3,1,4;5,1,6;5,4,8"
 ASSUMED_DRAFT_STEP_MS, ASSUMED_REEXTEND_MS, ASSUMED_OTHER_MS = 0.5, 0.3, 0.1
@@ -134,7 +134,7 @@ def tau_from_rates(rates: list[float], config: tuple[int, int, int]) -> float:
 NEEDS = {
     "cycle": (Need({"params.steps": COUNT, "params.topk": COUNT, "params.draft_tokens": COUNT,
                     "params.attention": TEXT, "params.preset": TEXT, "params.tp": COUNT, "params.context": COUNT,
-                    "params.layers": COUNT_OR_NULL, "derived.table_ms": FINITE_TABLE,
+                    "derived.table_ms": FINITE_TABLE,
                     "derived.decode_ms": POSITIVE}),),
     "verify": (Need({"params.variant": TEXT}), Need({"params.tokens": COUNT},
                                                      where=lambda c: c["params"].get("variant") == "full")),
