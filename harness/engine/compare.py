@@ -408,7 +408,7 @@ def run(args) -> int:
     if host_moves:
         print(f"NOTE: {len(host_moves)} of the SLOW/FAST cases are host-timed ({', '.join(HOST_TIMED_MODES)} or a "
               "CPU timer): on shared VMs these moved by up to +-170% between two processes with no code change "
-              "(README, 'Measured on our H200s'); compare them within one process")
+              "(docs/FINDINGS.md, section 1); compare them within one process")
         followed = [r for r in host_moves if host_moved_along(r, args.min_effect)]
         if followed:
             print(f"NOTE: in {len(followed)} of them the host-speed probe moved the same way by at least "
@@ -416,7 +416,8 @@ def run(args) -> int:
     moved = [r for r in rows if r["state_differs"] and r["verdict"] != "SAME"]
     if moved:
         print(f"NOTE: {len(moved)} non-SAME case(s) ran in a different process state in BASE and NEW (cupy imported, "
-              "process group): that alone moved tiny graph nodes by up to 30% on an H200 (README), "
+              "process group): that alone moved tiny graph nodes by up to 31% on an H200 (docs/FINDINGS.md, "
+              "section 1), "
               f"e.g. {moved[0]['case']}")
     for label, timed in (("device-timed", False), ("host-timed", True)):
         part = [r for r in rows if r["host_timed"] == timed]
