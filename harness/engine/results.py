@@ -218,7 +218,7 @@ def write_new(path: Path, data, inputs=(), option: str = "output") -> Path:
 
 # ---- reading: result kinds from file names, folders, the one loader
 
-STAMPED = re.compile(r"^(?P<kind>.+?)-(?P<stamp>\d{8}T\d{6}Z)(?:-(?P<i>\d+))?$")
+STAMPED = re.compile(r"^(?P<kind>.+?)-(?P<stamp>[0-9]{8}T[0-9]{6}Z)(?:-(?P<i>[0-9]+))?$")
 
 
 def _stem(path: Path) -> str | None:
