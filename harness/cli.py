@@ -2,15 +2,18 @@
 each registered component (harness/components) is also a command of its own.
 
 Exit codes, everywhere: 0 done (no regression, every check passed), 1 a check failed or compare found a
-regression, 2 bad input (named in one line on stderr).
+regression, 2 bad input (named in one line on stderr), 130 interrupted (Ctrl-C: one line; every file is written
+whole or not at all, so what is left is complete).
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
 
 # name -> (module with add_arguments/run, one-line help). Components are added from the registry.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -52,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Device-timed microbenchmarks that explain the speculative-decoding verify step of large "
         "tensor-parallel MoE models, on your GPUs. Timing modes: "
         + "; ".join(f"{k}: {v}" for k, v in MODE_HELP.items()),
-        epilog="Exit codes: 0 ok, 1 a check failed or a regression, 2 bad input.")
+        epilog="Exit codes: 0 ok, 1 a check failed or a regression, 2 bad input, 130 interrupted.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
         module = importlib.import_module(module_name)
@@ -72,6 +75,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        if argv is None:  # the process's own command line: a second Ctrl-C must not turn the exit into a traceback
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print("verifybench: interrupted; the files already saved are complete, nothing half-written is left",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: list[str] | None) -> int:
     from verifybench.harness.engine.results import ResultsError
 
     try:

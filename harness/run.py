@@ -12,12 +12,12 @@ import torch
 from tabulate import tabulate
 
 from verifybench.harness import components
+from verifybench.harness.analysis.numbers import int_in, out_path, tokens_arg
 from verifybench.harness.engine import fingerprint, hostpin, hostprobe, memory, results, timing
 from verifybench.harness.engine.timing import cuda_available
 from verifybench.kernels import config_tables
 
 CPU_SMOKE_MAX_TIME_S = 0.2  # per case: the smoke run checks the plumbing, its numbers are CPU numbers
-MAX_TOKENS = 64
 MAX_CONTEXT = 1 << 20  # tokens; K2.5's window is 262144
 
 
@@ -26,33 +26,17 @@ def cpu_banner() -> str:
             "perf_counter timing). These are CPU numbers, not GPU numbers.")
 
 
-def parse_tokens(text: str | None) -> tuple[int, ...] | None:
-    """'1,2,4,8' or '1-8' -> (1, 2, 4, 8); None stays None (each component's own default)."""
-    if text is None:
-        return None
-    out: list[int] = []
-    try:
-        for part in text.split(","):
-            lo, _, hi = part.strip().partition("-")
-            out += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
-    except ValueError:
-        raise ValueError(f"--tokens takes positive integers like 1,2,4,8 or 1-8, got {text!r}") from None
-    if not out or min(out) < 1 or max(out) > MAX_TOKENS:
-        raise ValueError(f"--tokens must be in 1..{MAX_TOKENS}, got {text!r}")
-    if len(set(out)) != len(out):
-        raise ValueError(f"--tokens lists a count twice: {text!r}")
-    return tuple(out)
-
-
 def add_scope_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default=None, help="model preset: kimi-k2.5, deepseek-v3, tiny (default kimi-k2.5 "
                    "with a GPU; without one only tiny runs, the CPU smoke profile)")
-    p.add_argument("--tp", type=int, default=None, help="tensor-parallel degree: per-rank shapes (default 8; 1 on CPU)")
-    p.add_argument("--context", type=int, default=None,
-                   help="tokens already in the KV cache, >= 1 (default 4096; 64 on CPU)")
-    p.add_argument("--tokens", default=None, help="token counts to verify, e.g. 1,2,4,8 or 1-8 (default: each "
+    p.add_argument("--tp", type=int_in(1), default=None,
+                   help="tensor-parallel degree: per-rank shapes (default 8; 1 on CPU)")
+    p.add_argument("--context", type=int_in(1, MAX_CONTEXT), default=None,
+                   help=f"tokens already in the KV cache, 1..{MAX_CONTEXT} (default 4096; 64 on CPU)")
+    p.add_argument("--tokens", type=tokens_arg, default=None, help="token counts to verify, e.g. 1,2,4,8 or 1-8 "
+                   "(default: each "
                    "component's own set)")
-    p.add_argument("--out", type=Path, default=None,
+    p.add_argument("--out", type=out_path, default=None,
                    help=f"results folder (default ./{results.DEFAULT_OUT}/<machine>/, outside the checkout's results/)")
     p.add_argument("--allreduce-from", metavar="RESULT[:BACKEND]", default=None,
                    help="one GPU: the allreduce stand-in waits the latency measured in this allreduce or NCCL-sweep "
@@ -71,18 +55,14 @@ def resolve_scope(args) -> dict:
     preset = args.preset or preset
     tp = tp if args.tp is None else args.tp
     context = context if args.context is None else args.context
-    if tp < 1:
-        raise ValueError(f"--tp must be >= 1, got {tp}")
     presets.get(preset, tp)  # unknown preset, or a TP that does not divide: ValueError naming it
-    if not 1 <= context <= MAX_CONTEXT:
-        raise ValueError(f"--context must be in 1..{MAX_CONTEXT} tokens, got {context}")
     out = Path(args.out) if args.out else None
     if getattr(args, "allreduce_from", None):
         from verifybench.harness.model import build
 
         os.environ["VERIFYBENCH_ALLREDUCE_FROM"] = args.allreduce_from
         build.allreduce_stand_in_us()  # the file read and checked now, before anything is measured
-    return {"preset": preset, "tp": tp, "context": context, "tokens": parse_tokens(args.tokens), "out": out,
+    return {"preset": preset, "tp": tp, "context": context, "out": out, "tokens": args.tokens,
             "cpu": not gpu, "options": component_options(args)}
 
 
@@ -115,8 +95,9 @@ def progress(items, description: str):
     return track(items, description=description, transient=False)
 
 
-def run_component(name: str, scope: dict, out_dir: Path, quiet: bool = False) -> dict:
-    """Run every case of one component, save its result file, print its tables, free what it cached."""
+def run_component(name: str, scope: dict, out_dir: Path, quiet: bool = False) -> tuple[dict, Path]:
+    """Run every case of one component, save its result file, print its tables, free what it cached. Returns the
+    run and the file it was saved as (a fresh name when another run took the usual one)."""
     module = components.load(name)
     specs = _cases(name, scope)
     fp = fingerprint.collect()
@@ -143,16 +124,19 @@ def run_component(name: str, scope: dict, out_dir: Path, quiet: bool = False) ->
         if any(c.measurement and c.measurement.throttled for c in cases):
             print("WARNING: the GPU reported throttling during this run (see clocks_* in the JSON)")
         print(f"saved {path}")
-    return run
+    return run, path
 
 
 def failed_cases(run: dict) -> list[str]:
     return [c["name"] for c in run["cases"] if not c["check"]["ok"] and not c.get("skipped")]
 
 
-def write_report(runs: dict[str, dict], scope: dict, out_dir: Path, notices: list[str] = ()) -> Path:
+def write_report(runs: dict[str, dict], scope: dict, out_dir: Path, notices: list[str] = (),
+                 saved: dict[str, Path] | None = None) -> Path:
     """Markdown with every component's tables and charts, the fingerprint headline and `notices` (which kernels ran
-    on defaults), beside the result files. Every file of the run carries the run's UTC time in its name."""
+    on defaults), beside the result files (`saved`: component -> its file, named in the report). Every file of the
+    run carries the run's UTC time in its name, numbered when another run of that second took the name."""
+    saved = saved or {}
     first = next(iter(runs.values()))
     fp, stamp = first["fingerprint"], results.stamp(first)
     lines = [f"# verifybench run: {scope['preset']} TP{scope['tp']}, context {scope['context']}, on {fp['gpu_model']}",
@@ -168,12 +152,14 @@ def write_report(runs: dict[str, dict], scope: dict, out_dir: Path, notices: lis
               f"driver {fp['driver']}, method version {first.get('method_version')}", "",
               "Each figure: the median of device-timed samples in the mode shown; the result JSON beside this file "
               "holds the samples, their confidence interval and the fingerprint.", ""]
+    if saved:
+        lines += ["Made from: " + ", ".join(f"`{p.name}`" for p in saved.values()), ""]
     for name, run in runs.items():
         module = components.load(name)
         lines += [f"## {name}: {module.HELP}", ""]
         # the verify break-even takes the draft and overhead the cycle measured in the same run
-        measured = {"cycle": runs["cycle"], "cycle_name": f"cycle-{results.stamp(runs['cycle'])}.json"} \
-            if name == "verify" and "cycle" in runs else {}
+        measured = {"cycle": runs["cycle"], "cycle_name": saved["cycle"].name if "cycle" in saved else
+                    f"cycle-{results.stamp(runs['cycle'])}.json"} if name == "verify" and "cycle" in runs else {}
         for title, rows in module.tables(run["cases"], **measured):
             lines += [f"**{title}**", "", tabulate(rows, headers="keys", tablefmt="github", floatfmt=".4g"), ""]
         for png in module.charts(run["cases"], out_dir, stamp):
@@ -183,9 +169,7 @@ def write_report(runs: dict[str, dict], scope: dict, out_dir: Path, notices: lis
         skipped = [f"{c['name']} ({c['skipped']})" for c in run["cases"] if c.get("skipped")]
         if skipped:
             lines += [f"Skipped (cannot run here): {'; '.join(skipped)}", ""]
-    path = out_dir / f"run-{scope['preset']}-tp{scope['tp']}-{stamp}.md"
-    results.write_atomic(path, lambda f: f.write("\n".join(lines).encode()))
-    return path
+    return results.write_new(out_dir / f"run-{scope['preset']}-tp{scope['tp']}-{stamp}.md", "\n".join(lines).encode())
 
 
 def _check_pin_cpu() -> None:
@@ -245,12 +229,12 @@ def run(args) -> int:
     scope = resolve_scope(args)
     check_cases(names, scope)
     out_dir = prepare(scope)
-    runs = {}
+    runs, saved = {}, {}
     for name in names:
         print(f"\n== {name}: {components.load(name).HELP}")
-        runs[name] = run_component(name, scope, out_dir)
+        runs[name], saved[name] = run_component(name, scope, out_dir)
     notices = config_tables.defaults_notice()
-    path = write_report(runs, scope, out_dir, notices)
+    path = write_report(runs, scope, out_dir, notices, saved)
     print(f"\nreport: {path}")
     for line in notices:
         print(line)
@@ -263,6 +247,6 @@ def run_one(args) -> int:
     scope["component"] = args.command
     check_cases([args.command], scope)
     out_dir = prepare(scope)
-    failed = failed_cases(run_component(args.command, scope, out_dir))
+    failed = failed_cases(run_component(args.command, scope, out_dir)[0])
     config_tables.print_defaults_notice()
     return 1 if failed else 0

@@ -22,7 +22,8 @@ from verifybench.harness.engine.timing import Measurement, measure
 PROBE_TIMEOUT_S = 60
 CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="refused only without a GPU (the CPU smoke profile)")
 ENV = ("VERIFYBENCH_MAX_TIME_S", "VERIFYBENCH_ALLREDUCE_US", "VERIFYBENCH_VERIFY_OPS", "VERIFYBENCH_PDL",
-       "VERIFYBENCH_HOST_GATE", "VERIFYBENCH_PIN_CPU", "VERIFYBENCH_MEMORY_CAP_GIB", "VERIFYBENCH_MOE_TRACE")
+       "VERIFYBENCH_HOST_GATE", "VERIFYBENCH_PIN_CPU", "VERIFYBENCH_MEMORY_CAP_GIB", "VERIFYBENCH_MOE_TRACE",
+       "VERIFYBENCH_ALLREDUCE_FROM")
 FP = {"gpu_model": "NVIDIA H200", "slug": "h200", "env": {}, "gpus": [{"name": "NVIDIA H200", "uuid": "GPU-1"}]}
 
 
@@ -74,23 +75,31 @@ RUN_ARGS = [
     (["run", "--bogus"], "unrecognized arguments: --bogus"),
     (["run", "--preset", "nope"], "preset 'nope'"),
     pytest.param(["run", "--preset", "kimi-k2.5"], "needs a GPU", marks=CPU_ONLY),
-    (["run", "--tp", "0"], "--tp must be >= 1, got 0"),
-    (["run", "--tp", "-1"], "--tp must be >= 1, got -1"),
+    (["run", "--tp", "0"], "argument --tp: must be >= 1, got '0'"),
+    (["run", "--tp", "-1"], "argument --tp: must be >= 1, got '-1'"),
     (["run", "--tp", "7"], "TP 7 does not divide"),
-    (["run", "--tp", "abc"], "argument --tp: invalid int value: 'abc'"),
-    (["run", "--tp", "1e3"], "argument --tp: invalid int value"),
-    (["run", "--context", "0"], "--context must be in 1..1048576 tokens, got 0"),
-    (["run", "--context", "-5"], "--context must be in 1..1048576 tokens, got -5"),
-    (["run", "--context", "99999999"], "--context must be in 1..1048576"),
-    (["run", "--context", "1.5"], "argument --context: invalid int value: '1.5'"),
-    (["run", "--tokens", "0"], "--tokens must be in 1..64"),
+    (["run", "--tp", "abc"], "argument --tp: not an integer: 'abc'"),
+    (["run", "--tp", "1e3"], "argument --tp: not an integer"),
+    (["run", "--tp", "1_0"], "argument --tp: not an integer: '1_0'"),
+    (["run", "--context", "0"], "argument --context: must be in 1..1048576, got '0'"),
+    (["run", "--context", "-5"], "argument --context: must be in 1..1048576, got '-5'"),
+    (["run", "--context", "99999999"], "argument --context: must be in 1..1048576"),
+    (["run", "--context", "1.5"], "argument --context: not an integer: '1.5'"),
+    (["run", "--context", "6_4"], "argument --context: not an integer: '6_4'"),
+    (["run", "--tokens", "0"], "argument --tokens: must be in 1..64"),
     (["run", "--tokens", "1,-2"], "--tokens"),
-    (["run", "--tokens", "1,1"], "--tokens lists a count twice"),
-    (["run", "--tokens", "abc"], "--tokens takes positive integers"),
-    (["run", "--tokens", "65"], "--tokens must be in 1..64"),
+    (["run", "--tokens", "1,1"], "argument --tokens: lists a count twice"),
+    (["run", "--tokens", "abc"], "argument --tokens: takes positive integers"),
+    (["run", "--tokens", "65"], "argument --tokens: must be in 1..64"),
     (["run", "--tokens", ""], "--tokens"),
-    (["run", "--tokens", "8-1"], "--tokens must be in 1..64"),
-    (["run", "--tokens", "nan"], "--tokens takes positive integers"),
+    (["run", "--tokens", "8-1"], "argument --tokens: the range '8-1' runs backwards"),
+    (["run", "--tokens", "nan"], "argument --tokens: takes positive integers"),
+    (["run", "--tokens", "1_0"], "argument --tokens: takes positive integers like 1,2,4,8 or 1-8, got '1_0'"),
+    (["run", "--tokens", "1-"], "argument --tokens: takes positive integers like 1,2,4,8 or 1-8, got '1-'"),
+    (["run", "--tokens", "1,"], "argument --tokens: takes positive integers"),
+    (["run", "--tokens", "٣"], "argument --tokens: takes positive integers"),  # a digit int() reads, not ASCII
+    (["run", "--out", ""], "argument --out: an empty path"),
+    (["run", "--out", " "], "argument --out: an empty path"),
     (["run", "--components", "harness,harness"], "unknown component(s) harness"),
     (["run", "--components", "verify,verify"], "--components names verify more than once"),
     (["run", "--components", ""], "empty name"),
@@ -160,7 +169,12 @@ OTHER_ARGS = [
     (["compare", "a.json", "b.json", "--alpha", "1.5"], "--alpha must be in (0, 1), got 1.5"),
     (["compare", "a.json", "b.json", "--alpha", "inf"], "--alpha must be in (0, 1), got inf"),
     (["breakeven", "--accept-len", "nan"], "argument --accept-len: must be a finite number"),
-    (["breakeven", "--accept-len", "0"], "argument --accept-len: must be > 0"),
+    (["breakeven", "--accept-len", "0"], "argument --accept-len: must be >= 1"),
+    (["breakeven", "--accept-len", "0.5"], "argument --accept-len: must be >= 1, got '0.5'"),
+    (["breakeven", "--accept-len", "1e308"], "argument --accept-len: must be <= 64"),
+    (["breakeven", "--accept-len", "65"], "argument --accept-len: must be <= 64"),
+    (["breakeven", "--accept-len", "2_5"], "argument --accept-len: not a number: '2_5'"),
+    (["breakeven", "--accept-len", "2", "--decode-ms", "1_1"], "argument --decode-ms: not a number"),
     (["breakeven", "--accept-len", "-1"], "argument --accept-len"),
     (["breakeven", "--accept-len", "2", "--decode-ms", "0"], "argument --decode-ms: must be > 0"),
     (["breakeven", "--accept-len", "2", "--verify-ms", "-1"], "argument --verify-ms: must be >= 0"),
@@ -172,7 +186,16 @@ OTHER_ARGS = [
     (["project", "x.json", "--copy-gbps", "10", "--allreduce-us", "-1"], "argument --allreduce-us: must be >= 0"),
     (["project", "x.json", "--target", "nope"], "argument --target: invalid choice"),
     (["trace", "/no/such/trace.json"], "no such file"),
-    (["trace", "--tokens", "0", "x.json"], "argument --tokens: must be a whole number >= 1"),
+    (["trace", "--tokens", "0", "x.json"], "argument --tokens: must be >= 1, got '0'"),
+    (["trace", "--tokens", "1_0", "x.json"], "argument --tokens: not an integer: '1_0'"),
+    (["trace", "x.json", "--json", ""], "argument --json: an empty path"),
+    (["trace", "x.json", "--chart", ""], "argument --chart: an empty path"),
+    (["plan", "--decode-ms", "11", "--verify-ms", "3:25,6:28", "--configs", "", "--accept-rates", "0.7"],
+     "--configs: empty"),
+    (["plan", "--decode-ms", "11", "--verify-ms", "3:25,6:28", "--accept-rates", "0.7", "--json", ""],
+     "argument --json: an empty path"),
+    (["plan", "--decode-ms", "1_1", "--verify-ms", "3:25,6:28", "--accept-rates", "0.7"], "argument --decode-ms"),
+    (["project", "x.json", "--copy-gbps", "4_000", "--allreduce-us", "10"], "argument --copy-gbps: not a number"),
     (["trace", "--rules", "/no/such/rules.json", "x.json"], "no such rules file"),
     (["hostprobe", "--seconds", "nan"], "--seconds must be in (0, 3600]"),
     (["hostprobe", "--seconds", "0"], "--seconds must be in (0, 3600]"),
@@ -202,7 +225,7 @@ def test_project_refuses_a_result_that_is_not_a_gpu_verify_run(tmp_path, capsys)
     path = results.write_json_atomic(tmp_path / "v.json", cpu_run)
     refused(["project", path, "--copy-gbps", "100", "--allreduce-us", "10"], capsys, str(path))
     other = results.write_json_atomic(tmp_path / "b.json", results.make_run("baseline", [], FP))
-    refused(["project", other, "--copy-gbps", "100", "--allreduce-us", "10"], capsys, "a verify result is needed")
+    refused(["project", other, "--copy-gbps", "100", "--allreduce-us", "10"], capsys, "project needs a verify result")
 
 
 # ------------------------------------------------------------------------------------------ compare and result files
@@ -230,7 +253,6 @@ def _case(d):
 
 BAD_FILES = {
     "missing": (lambda p: p.parent / "missing.json", "no such file"),
-    "a folder": (lambda p: p.parent, "cannot read"),
     "empty": (lambda p: (p.write_text(""), p)[1], "not valid JSON"),
     "truncated": (lambda p: (p.write_text(_suite(p).read_text()[:300]), p)[1], "not valid JSON"),
     "a JSON list": (lambda p: (p.write_text("[1, 2]"), p)[1], "expected a JSON object"),
@@ -305,7 +327,8 @@ def test_compare_of_files_sharing_no_case_or_hardware_exits_2(tmp_path, capsys):
     a = _suite(tmp_path / "a.json", {"x": np.full(20, 10.0) + np.arange(20) * 0.01})
     b = _suite(tmp_path / "b.json", {"y": np.full(20, 10.0) + np.arange(20) * 0.01})
     refused(["compare", a, b], capsys, "share no case")
-    other = _edited(_suite(tmp_path / "c.json"), lambda d: d["fingerprint"].update(gpus=[{"name": "H100"}]))
+    other = _edited(_suite(tmp_path / "c.json"), lambda d: d["fingerprint"].update(gpus=[{"name": "H100"}],
+                                                                                   gpu_model="H100"))
     refused(["compare", _suite(tmp_path / "d.json"), other], capsys, "different GPU models")
 
 
@@ -346,6 +369,242 @@ def test_compare_module_reports_every_refusal_as_a_results_error(tmp_path):
             continue
         with pytest.raises(ResultsError, match=re.escape(needle)):
             compare.load(make(tmp_path / f"{which.replace(':', '')}.json"))
+
+
+# ------------------------------------------------------------------------------------------ fields a command reads
+
+BASELINES = Path(__file__).resolve().parent.parent / "results" / "baselines" / "nvidia-h200-x1"
+
+
+def _first(data, variant=None):
+    return next(c for c in data["cases"] if c["check"]["ok"] and variant in (None, c["params"].get("variant")))
+
+
+FIELD_EDITS = {  # (baseline, the command's arguments after the file, edit of the loaded JSON, the field named)
+    "plan: null decode_ms": ("cycle.json", ["plan"], lambda d: _first(d)["derived"].update(decode_ms=None),
+                             "field derived.decode_ms must be a finite number > 0, got None"),
+    "plan: zero decode_ms": ("cycle.json", ["plan"], lambda d: _first(d)["derived"].update(decode_ms=0),
+                             "field derived.decode_ms must be a finite number > 0, got 0"),
+    "plan: string steps": ("cycle.json", ["plan"], lambda d: _first(d)["params"].update(steps="2"),
+                           "field params.steps must be an integer >= 1, got '2'"),
+    "plan: missing table_ms": ("cycle.json", ["plan"], lambda d: _first(d)["derived"].pop("table_ms"),
+                               "field derived.table_ms must be an object of finite numbers, got missing"),
+    "plan: null phase": ("cycle.json", ["plan"], lambda d: _first(d)["derived"]["table_ms"].update(other=None),
+                         "field derived.table_ms must be an object of finite numbers"),
+    "plan: zero median": ("cycle.json", ["plan"], lambda d: _first(d)["summary"].update(median_us=0),
+                          "the stored median must be > 0, got 0"),
+    "plan: missing tokens": ("verify.json", ["plan"], lambda d: _first(d, "full")["params"].pop("tokens"),
+                             "field params.tokens must be an integer >= 1, got missing"),
+    "plan: params a list": ("verify.json", ["plan"], lambda d: _first(d).update(params=[1]),
+                            "field 'params' is not an object"),
+    "project: null copy": ("verify.json", ["project"], lambda d: _first(d, "full")["derived"].update(copy_gbps=None),
+                           "field derived.copy_gbps must be a finite number > 0, got None"),
+    "project: zero copy": ("verify.json", ["project"], lambda d: _first(d, "full")["derived"].update(copy_gbps=0),
+                           "field derived.copy_gbps must be a finite number > 0, got 0"),
+    "project: string allreduce": ("verify.json", ["project"], lambda d: _first(d, "full")["derived"].update(
+        allreduce_stand_in_us="7.7"), "field derived.allreduce_stand_in_us must be a finite number >= 0"),
+    "project: missing bytes": ("verify.json", ["project"], lambda d: _first(d, "full")["derived"].pop(
+        "component_bytes"), "field derived.component_bytes must be an object of byte counts >= 0, got missing"),
+    "project: missing layers": ("verify.json", ["project"], lambda d: _first(d, "full")["params"].pop("layers"),
+                                "field params.layers must be null or an integer >= 1, got missing"),
+    "project: string median": ("verify.json", ["project"], lambda d: _first(d)["summary"].update(median_us="9"),
+                               "the stored median is not a finite number"),
+    "project: edited gpu": ("verify.json", ["project"], lambda d: d["fingerprint"].update(gpu_model="NVIDIA B200"),
+                            "the fingerprint contradicts itself"),
+}
+COMMAND_TAIL = {"plan": ["--accept-len", "3:2.4,4:2.6,6:3,8:3.2"], "project": ["--target", "rtx-pro-6000-pcie-tp8"]}
+
+
+@pytest.mark.parametrize("which", list(FIELD_EDITS))
+def test_plan_and_project_name_the_file_and_the_field_a_result_lacks(which, tmp_path, capsys):
+    baseline, (command,), edit, needle = FIELD_EDITS[which]
+    data = json.loads((BASELINES / baseline).read_text())
+    edit(data)
+    path = tmp_path / baseline
+    path.write_text(json.dumps(data))
+    line = refused([command, path, *COMMAND_TAIL[command]], capsys, needle)
+    assert line.startswith(f"error: {path}")
+
+
+def _corrupt_gzip(path: Path) -> Path:
+    import gzip
+
+    packed = bytearray(gzip.compress((BASELINES / "verify.json").read_bytes()))
+    packed[40:80] = b"\xff" * 40  # a valid gzip header over a broken deflate stream: zlib.error when read
+    path.write_bytes(bytes(packed))
+    return path
+
+
+@pytest.mark.parametrize("argv", [["plan", "{bad}", "--accept-len", "3:2"], ["compare", "{bad}", "{good}"],
+                                  ["compare", "{good}", "{bad}"], ["project", "{bad}", "--target",
+                                                                   "rtx-pro-6000-pcie-tp8"],
+                                  ["trace", "{trace}", "--against", "{bad}"], ["run", "--components", "verify",
+                                                                             "--allreduce-from", "{bad}"]])
+def test_a_corrupt_gzip_result_is_one_line_naming_it_in_every_command(argv, tmp_path, capsys, nothing_measured):
+    bad = _corrupt_gzip(tmp_path / "verify-20261202T000000Z.json.gz")
+    names = {"bad": bad, "good": BASELINES / "verify.json", "trace": TRACE}
+    refused([a.format(**names) for a in argv], capsys, str(bad))
+
+
+# ------------------------------------------------------------------------------------------ writes
+
+TRACE = Path(__file__).resolve().parent / "data" / "traces" / "handbuilt-engine-TP-0.trace.json.gz"
+TRACE_ARGS = ["--cycle-range", "scheduler_step", "--verify-range", "verify_forward"]
+
+
+def test_plan_never_writes_onto_its_input_result(tmp_path, capsys):
+    src = tmp_path / "cycle.json"
+    src.write_bytes((BASELINES / "cycle.json").read_bytes())
+    before = src.read_bytes()
+    refused(["plan", src, "--accept-len", "3:2.4", "--json", src], capsys, "--json", "that is an input")
+    refused(["plan", tmp_path, "--accept-len", "3:2.4", "--json", src], capsys, "that is an input")  # via a folder
+    assert src.read_bytes() == before
+
+
+def test_plan_json_onto_an_existing_file_writes_a_fresh_one_and_says_so(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    out.write_text("the user's file")
+    argv = ["plan", "--decode-ms", "11", "--verify-ms", "3:25,6:28", "--accept-rates", "0.7", "--json", str(out)]
+    assert main(argv) == 0
+    assert f"wrote {tmp_path / 'plan-2.json'}" in capsys.readouterr().out
+    assert out.read_text() == "the user's file" and json.loads((tmp_path / "plan-2.json").read_text())["rows"]
+
+
+@pytest.mark.parametrize("option", ["--json", "--chart"])
+def test_trace_never_replaces_the_users_trace(option, tmp_path, capsys):
+    trace = tmp_path / "engine-TP-0.trace.json.gz"
+    trace.write_bytes(TRACE.read_bytes())
+    refused(["trace", trace, *TRACE_ARGS, option, trace], capsys, option, "that is an input")
+    refused(["trace", trace, *TRACE_ARGS, option, tmp_path / "." / trace.name], capsys, "that is an input")
+    assert trace.read_bytes() == TRACE.read_bytes() and sorted(p.name for p in tmp_path.iterdir()) == [trace.name]
+
+
+def _quick_component(monkeypatch):
+    """`verifybench baseline` with one trivial case and a frozen clock: two runs start in the same second."""
+    from datetime import datetime, timezone
+
+    class Frozen(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return datetime(2026, 12, 2, 10, 10, 10, tzinfo=timezone.utc)
+
+    monkeypatch.setattr(results, "datetime", Frozen)
+    module = components.load("baseline")
+    monkeypatch.setattr(module, "cases", lambda *a, **k: [
+        CaseSpec("x", {}, "hot", lambda: (lambda: None, lambda: (True, "ok"), None), {"device": "cpu"})])
+    monkeypatch.setattr(module, "tables", lambda records, **k: [])
+
+
+def test_two_runs_with_one_out_in_the_same_second_keep_both_results(tmp_path, monkeypatch, capsys):
+    _quick_component(monkeypatch)
+    monkeypatch.setenv("VERIFYBENCH_MAX_TIME_S", "0.01")
+    assert main(["baseline", "--out", str(tmp_path)]) == 0
+    assert main(["baseline", "--out", str(tmp_path)]) == 0
+    saved = [line.split()[-1] for line in capsys.readouterr().out.splitlines() if line.startswith("saved ")]
+    assert [Path(p).name for p in saved] == ["baseline-20261202T101010Z.json", "baseline-20261202T101010Z-2.json"]
+    assert all(results.load_run(p)["component"] == "baseline" for p in saved)
+
+
+# ------------------------------------------------------------------------------------------ interrupted
+
+def test_ctrl_c_during_a_run_exits_130_in_one_line_leaving_only_complete_files(tmp_path, monkeypatch, capsys):
+    def interrupted(name, scope, out_dir):
+        results.save_run(results.make_run(name, [], FP), out_dir)  # one component done, then Ctrl-C
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run, "run_component", interrupted)
+    monkeypatch.delenv("VERIFYBENCH_MAX_TIME_S", raising=False)
+    assert main(["run", "--components", "baseline,graph_replay", "--out", str(tmp_path)]) == 130
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "interrupted" in err and "Traceback" not in err
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert len(left) == 1 and left[0].startswith("baseline-") and results.load_run(tmp_path / left[0])
+
+
+def test_ctrl_c_in_any_command_exits_130(monkeypatch, capsys):
+    from verifybench.harness.analysis import breakeven
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(breakeven, "run", interrupted)
+    assert main(["breakeven", "--accept-len", "2"]) == 130
+    assert "interrupted" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------ folders and globs
+
+def _folder(tmp_path, *names, source="verify.json") -> Path:
+    folder = tmp_path / "machine"
+    folder.mkdir(exist_ok=True)
+    for name in names:
+        (folder / name).write_bytes((BASELINES / source).read_bytes())
+    return folder
+
+
+def test_compare_takes_a_folders_latest_file_of_the_base_kind(tmp_path, capsys):
+    folder = _folder(tmp_path, "verify-20261201T000000Z.json", "verify-20261202T000000Z.json")
+    _folder(tmp_path, "cycle-20261203T000000Z.json", source="cycle.json")
+    assert main(["compare", str(BASELINES / "verify.json"), str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert f"NEW: {folder / 'verify-20261202T000000Z.json'} (the latest verify result in {folder})" in out
+    assert "SAME 144" in out
+
+
+def test_compare_of_the_readme_glob_uses_the_latest_of_the_files(tmp_path, capsys):
+    folder = _folder(tmp_path, "verify-20261201T000000Z.json", "verify-20261202T000000Z.json")
+    assert main(["compare", str(BASELINES / "verify.json"), *map(str, sorted(folder.glob("verify-*.json")))]) == 0
+    assert "(the latest of the 2 files given)" in capsys.readouterr().out
+    other = _folder(tmp_path, "cycle-20261203T000000Z.json", source="cycle.json")
+    refused(["compare", BASELINES / "verify.json", folder / "verify-20261201T000000Z.json",
+             other / "cycle-20261203T000000Z.json"], capsys, "files of different kinds")
+    refused(["compare", folder, tmp_path], capsys, "both folders", "--kind")
+    refused(["compare", BASELINES / "verify.json", tmp_path], capsys, "no verify result in this folder")
+
+
+def test_plan_and_trace_against_take_a_folder(tmp_path, capsys):
+    folder = _folder(tmp_path, "verify-20261201T000000Z.json")
+    assert main(["plan", str(folder), "--accept-len", "3:2.4"]) == 0
+    assert "the latest verify result" in capsys.readouterr().out  # no cycle result there: the verify one
+    _folder(tmp_path, "cycle-20261202T000000Z.json", source="cycle.json")
+    assert main(["plan", str(folder), "--accept-len", "3:2.4"]) == 0
+    assert "the latest cycle result" in capsys.readouterr().out
+    assert main(["trace", str(TRACE), *TRACE_ARGS, "--against", str(folder)]) == 0
+    assert "--against: " in capsys.readouterr().out
+    refused(["plan", tmp_path, "--accept-len", "3:2.4"], capsys, "no cycle or verify result in this folder")
+
+
+# ------------------------------------------------------------------------------------------ compare's judgement
+
+def test_compare_of_a_gpu_baseline_with_a_cpu_run_says_they_measure_different_cases(tmp_path, capsys):
+    cpu = _suite(tmp_path / "cpu.json")
+    _edited(cpu, lambda d: d.update(fingerprint={"gpu_model": "cpu", "slug": "cpu", "env": {}}))
+    for argv in (["compare", BASELINES / "verify.json", cpu], ["compare", cpu, BASELINES / "verify.json"],
+                 ["compare", BASELINES / "verify.json", cpu, "--allow-different-hardware"]):
+        refused(argv, capsys, "CPU smoke run", "measure different cases and cannot be compared")
+
+
+def test_identical_files_are_same_at_a_min_effect_of_zero(capsys):
+    path = BASELINES / "verify.json"
+    assert main(["compare", str(path), str(path), "--min-effect", "0"]) == 0
+    assert "summary: SAME 144" in capsys.readouterr().out
+
+
+def test_a_result_whose_gpu_was_edited_is_refused_not_same(tmp_path, capsys):
+    for edit in (lambda d: d["fingerprint"].update(gpu_model="NVIDIA H100"),
+                 lambda d: d["fingerprint"]["gpus"][0].update(name="NVIDIA H100")):
+        data = json.loads((BASELINES / "verify.json").read_text())
+        edit(data)
+        (tmp_path / "e.json").write_text(json.dumps(data))
+        refused(["compare", BASELINES / "verify.json", tmp_path / "e.json"], capsys, "contradicts itself")
+
+
+@CPU_ONLY
+def test_mla_verify_measures_the_context_given_or_refuses_it():
+    mla_verify = components.load("mla_verify")
+    assert {c.params["context"] for c in mla_verify.cases("tiny", 1, 1)} == {1}
+    with pytest.raises(ValueError, match="--context 5000: without a GPU mla_verify runs contexts up to 4096"):
+        mla_verify.cases("tiny", 1, 5000)
 
 
 # ------------------------------------------------------------------------------------------ runs
@@ -416,6 +675,6 @@ def test_no_test_in_the_suite_can_pass_without_asserting():
 
 def test_probe_counts_are_what_the_report_says():
     probes = (len(RUN_ARGS) + 4 * len(components.REGISTRY) + len(ENV_VALUES) + 4 + len(OTHER_ARGS) + 2
-              + 2 * len(BAD_FILES) + 2)
+              + 2 * len(BAD_FILES) + 2 + len(FIELD_EDITS) + 6 + 16 + 14)
     assert probes >= 150, probes
     assert os.environ.get("VERIFYBENCH_MAX_TIME_S") is None  # the fixture keeps the environment clean

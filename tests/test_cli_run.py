@@ -153,10 +153,36 @@ def test_the_report_and_the_output_name_the_kernels_that_ran_on_defaults(tmp_pat
     monkeypatch.delenv("VERIFYBENCH_MAX_TIME_S", raising=False)
     line = "NOTE: Some GPU: no tuned table for skinny_gemm: running defaults; `verifybench tune` tunes this GPU"
     monkeypatch.setattr(config_tables, "defaults_notice", lambda: [line])
-    monkeypatch.setattr(run, "run_component", lambda name, scope, out: {
+    monkeypatch.setattr(run, "run_component", lambda name, scope, out: ({
         "component": name, "fingerprint": {"gpu_model": "Some GPU", "git": {"commit": "x", "dirty": False},
                                            "versions": {"torch": "t"}, "driver": "d"},
-        "created_utc": "2026-12-02T00:00:00+00:00", "cases": []})
+        "created_utc": "2026-12-02T00:00:00+00:00", "cases": []}, out / f"{name}-20261202T000000Z.json"))
     assert main(["run", "--components", "baseline", "--out", str(tmp_path)]) == 0
     report = next(tmp_path.glob("run-*.md")).read_text()
     assert f"**{line}**" in report and line in capsys.readouterr().out
+    assert "Made from: `baseline-20261202T000000Z.json`" in report  # the report names the files it was made from
+
+
+def test_sigint_during_a_real_run_exits_130_in_one_line_and_leaves_only_complete_files(tmp_path):
+    import signal
+    import time
+
+    env = dict(os.environ, VERIFYBENCH_MAX_TIME_S="0.05")
+    cmd = [sys.executable, "-m", "verifybench.harness", "run", "--preset", "tiny", "--tp", "1", "--context", "64",
+           "--components", "baseline,graph_replay", "--out", str(tmp_path)]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not list(tmp_path.glob("baseline-*.json")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # the first component saved: the second is measuring
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (proc.returncode, err[-2000:])
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "interrupted" in lines[0] and "Traceback" not in err, err[-2000:]
+    from verifybench.harness.engine import results
+
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert all(name.endswith((".json", ".png")) for name in left), left  # no temp file, no half report
+    for name in left:
+        if name.endswith(".json"):
+            results.load_run(tmp_path / name)

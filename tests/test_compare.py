@@ -265,3 +265,30 @@ def test_pytest_benchmark_figures_are_checked_against_their_data(tmp_path, capsy
     assert "must be > 0" in capsys.readouterr().err
     assert _cli(good, pb(tmp_path / "d.json", [None] * 3)) == 2
     assert "every sample is null" in capsys.readouterr().err
+
+
+def test_the_host_timed_note_cites_a_findings_section_that_exists(tmp_path, capsys):
+    from pathlib import Path
+
+    base = _write(tmp_path / "a.json", {"x": _samples(1)}, mode="host_call")
+    assert _cli(base, _write(tmp_path / "b.json", {"x": _samples(3, 150)}, mode="host_call")) == 1
+    out = capsys.readouterr().out
+    assert "(docs/FINDINGS.md, section 1)" in out and "README, 'Measured" not in out
+    findings = (Path(__file__).resolve().parent.parent / "docs" / "FINDINGS.md").read_text()
+    assert "\n## 1. Measuring method" in findings
+
+
+def test_identical_samples_are_same_even_at_min_effect_zero():
+    same = compare.CaseData("x", "graph", True, 100.0, _samples(1), (99, 101))
+    assert compare.verdict(same, same, min_effect=0.0)[0] == "SAME"
+    other = compare.CaseData("x", "graph", True, 100.5, _samples(2, 100.5), (99.5, 101.5))
+    assert compare.verdict(same, other, min_effect=0.0)[0] in ("SLOW", "AMBG")  # a real change still counts
+
+
+def test_a_cpu_smoke_run_against_a_gpu_run_is_refused_at_once(tmp_path, capsys):
+    gpu = _write(tmp_path / "a.json", {"x": _samples(1)})
+    cpu = _write(tmp_path / "b.json", {"x": _samples(2)}, fp={"gpu_model": "cpu", "slug": "cpu", "env": {}},
+                 device="cpu")
+    assert _cli(gpu, cpu, "--allow-different-hardware") == 2
+    err = capsys.readouterr().err
+    assert "is a CPU smoke run" in err and "measure different cases and cannot be compared" in err

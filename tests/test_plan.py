@@ -116,6 +116,7 @@ def test_plan_reads_a_cycle_result_skipping_failed_checks_and_other_attention(tm
     assert set(rows) == {(2, 1, 3), (5, 1, 6)}
     assert rows[(2, 1, 3)]["cycle_ms"] == pytest.approx(21.5) and rows[(2, 1, 3)]["verify_from"] == "measured"
     assert rows[(2, 1, 3)]["tau_star"] == pytest.approx(21.5 / 10.0)  # the cycle run's own plain decode
+    out = tmp_path / "plan-all.json"  # a new file: plan never replaces one
     assert cli_main(["plan", str(path), "--attention", "all", "--accept-len", "3:2.4", "--json", str(out)]) == 0
     labels = [r["config"] for r in json.loads(out.read_text())["rows"]]
     assert labels == ["(2,1,3) split_kv", "(2,1,3) extend"]

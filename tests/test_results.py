@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 
@@ -34,11 +35,55 @@ def test_failed_check_carries_no_time(tmp_path):
     assert "summary" not in failed and "median_us" not in json.dumps(failed)
 
 
-def test_atomic_write_leaves_no_temp_files_and_replaces_whole_file(tmp_path):
+def test_a_second_save_of_a_taken_name_gets_a_fresh_name_and_the_first_stays(tmp_path):
     path = results.save_run(_run(), tmp_path, name="r.json")
-    results.save_run(_run((20.0, 21.0, 22.0)), tmp_path, name="r.json")
+    second = results.save_run(_run((20.0, 21.0, 22.0)), tmp_path, name="r.json")
+    assert second.name == "r-2.json" and sorted(p.name for p in tmp_path.iterdir()) == ["r-2.json", "r.json"]
+    assert results.load_run(path)["cases"][0]["summary"]["median_us"] == 11.0
+    assert results.load_run(second)["cases"][0]["summary"]["median_us"] == 21.0
+
+
+def test_a_run_updating_its_own_file_replaces_it_whole(tmp_path):
+    path = results.save_run(_run(), tmp_path, name="r.json")
+    assert results.save_run(_run((20.0, 21.0, 22.0)), tmp_path, name="r.json", update=path) == path
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
     assert results.load_run(path)["cases"][0]["summary"]["median_us"] == 21.0
+
+
+def test_two_runs_saving_in_the_same_second_keep_both_results(tmp_path):
+    run = _run()
+    first, second = results.save_run(run, tmp_path), results.save_run(_run((5.0, 6.0, 7.0)), tmp_path)
+    assert first != second and second.name == first.name.replace(".json", "-2.json")
+    assert results.kind_of(second) == "demo" and results.latest_of_kind(tmp_path, "demo") == second
+    assert [results.load_run(p)["cases"][0]["summary"]["median_us"] for p in (first, second)] == [11.0, 6.0]
+
+
+def test_writers_racing_for_one_name_each_get_their_own_file(tmp_path):
+    import threading
+
+    paths, barrier = [], threading.Barrier(6)
+
+    def write(i):
+        barrier.wait()
+        paths.append(results.write_new(tmp_path / "r.json", f"{i}".encode()))
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(paths)) == 6 and sorted(p.read_text() for p in paths) == [str(i) for i in range(6)]
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_a_write_onto_an_input_is_refused_by_any_name(tmp_path):
+    src = results.save_run(_run(), tmp_path, name="r.json")
+    before = src.read_bytes()
+    (tmp_path / "link.json").symlink_to(src)
+    for target in (src, tmp_path / "link.json", tmp_path / "." / "r.json"):
+        with pytest.raises(ResultsError, match="that is an input of this command"):
+            results.write_json_new(target, {"a": 1}, inputs=[src], option="--json")
+    assert src.read_bytes() == before
 
 
 def test_interrupted_write_keeps_the_old_file(tmp_path, monkeypatch):
@@ -49,10 +94,21 @@ def test_interrupted_write_keeps_the_old_file(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr("os.replace", boom)
-    with pytest.raises(OSError):
-        results.save_run(_run((1.0, 2.0, 3.0)), tmp_path, name="r.json")
+    for update in (None, path):  # a new file and an update of the run's own file alike
+        with pytest.raises(OSError):
+            results.save_run(_run((1.0, 2.0, 3.0)), tmp_path, name="r.json", update=update)
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_an_interrupt_mid_write_leaves_no_file_and_no_temp(tmp_path):
+    def interrupted(f):
+        f.write(b"half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        results.write_new(tmp_path / "r.json", interrupted)
+    assert not list(tmp_path.iterdir())
 
 
 def test_corrupt_file_fails_clearly_and_is_left_unchanged(tmp_path):
@@ -102,6 +158,16 @@ def test_default_folder_is_outside_the_checkout_under_the_machine_slug(tmp_path,
     path = results.save_run(_run())
     assert path.resolve().parent == tmp_path / results.DEFAULT_OUT / "cpu" and path.name.startswith("demo-")
     assert results.load_run(path)["method_version"] == results.METHOD_VERSION
+
+
+def test_a_gzip_with_a_corrupt_stream_is_a_results_error_not_a_zlib_traceback(tmp_path):
+    import gzip
+
+    packed = bytearray(gzip.compress(results.save_run(_run(), tmp_path, name="r.json").read_bytes()))
+    packed[20:40] = b"\xff" * 20  # the header stays valid: only the deflate stream is broken (zlib.error)
+    (tmp_path / "z.json.gz").write_bytes(bytes(packed))
+    with pytest.raises(ResultsError, match="z.json.gz: cannot read"):
+        results.load_run(tmp_path / "z.json.gz")
 
 
 def test_gzipped_results_load_and_a_broken_gzip_fails_clearly(tmp_path):
@@ -163,3 +229,70 @@ def test_cpu_records_withhold_derived_cells():
     rows = [{"n": 1, "eta": 0.5, "fit": None}]
     assert results.withhold(rows, ("eta", "fit")) == [{"n": 1, "eta": results.WITHHELD, "fit": None}]
     assert results.cpu_numbers([{"device": "cpu"}]) and not results.cpu_numbers([{"device": "cuda"}, {}])
+
+
+def _stamped(folder, name, component="demo"):
+    return results.save_run(results.make_run(component, [], {"gpu_model": "cpu"}), folder, name=name)
+
+
+def test_file_names_say_the_kind_before_the_utc_stamp_or_as_a_curated_stem():
+    assert results.kind_of(Path("verify-20261202T101010Z.json")) == "verify"
+    assert results.kind_of(Path("allreduce_ranks-20261202T101010Z-3.json.gz")) == "allreduce_ranks"
+    assert results.kind_of(Path("results/baselines/nvidia-h200-x1/verify.json")) == "verify"
+    assert results.kind_of(Path("run-tiny-tp1-20261202T101010Z.md")) is None
+
+
+def test_latest_of_kind_orders_by_stamp_then_number_never_by_listing(tmp_path):
+    for name in ("verify-20261202T111010Z.json", "verify-20261202T101010Z-2.json", "verify.json",
+                 "verify-20261202T111010Z-2.json", "cycle-20261203T000000Z.json", "verify_dist-20261204T0000Z.json"):
+        _stamped(tmp_path, name)
+    assert results.latest_of_kind(tmp_path, "verify").name == "verify-20261202T111010Z-2.json"
+    assert results.latest_of_kind(tmp_path, "cycle").name == "cycle-20261203T000000Z.json"
+    assert results.latest_of_kind(tmp_path, "moe_int4") is None
+
+
+def test_pick_input_takes_a_folders_latest_of_the_first_kind_it_holds(tmp_path):
+    _stamped(tmp_path, "verify-20261202T111010Z.json")
+    _stamped(tmp_path, "cycle-20261201T000000Z.json")
+    path, note = results.pick_input(tmp_path, ("cycle", "verify"), "RESULT")
+    assert path.name == "cycle-20261201T000000Z.json" and "the latest cycle result" in note
+    with pytest.raises(ResultsError, match=r"no moe_int4 result in this folder \(it holds: cycle, verify\)"):
+        results.pick_input(tmp_path, ("moe_int4",), "RESULT")
+
+
+def test_pick_input_of_several_files_takes_the_latest_or_refuses_naming_why(tmp_path):
+    a, b = _stamped(tmp_path, "verify-20261202T111010Z.json"), _stamped(tmp_path, "verify-20261202T101010Z.json")
+    assert results.pick_input([a, b], ("verify",), "NEW") == (a, f"NEW: {a} (the latest of the 2 files given)")
+    c = _stamped(tmp_path, "cycle-20261203T000000Z.json")
+    with pytest.raises(ResultsError, match="files of different kinds"):
+        results.pick_input([a, c], ("verify",), "NEW")
+    with pytest.raises(ResultsError, match="carry no UTC time"):
+        results.pick_input([_stamped(tmp_path, "x.json"), _stamped(tmp_path, "x.json.gz")], (), "NEW")
+    with pytest.raises(ResultsError, match="2 cycle files; this needs a verify result"):
+        results.pick_input([c, _stamped(tmp_path, "cycle-20261204T000000Z.json")], ("verify",), "NEW")
+
+
+def test_a_field_a_command_reads_is_checked_when_the_file_is_read(tmp_path):
+    run = _run()
+    run["cases"][0]["derived"]["decode_ms"] = "fast"
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps(run))
+    needs = {"demo": (results.Need({"derived.decode_ms": results.POSITIVE, "params.n": results.COUNT}),)}
+    with pytest.raises(ResultsError, match="x.json: case 'a': field derived.decode_ms must be a finite number > 0, "
+                                           "got 'fast'"):
+        results.load_run(path, needs, "plan")
+    with pytest.raises(ResultsError, match="a 'demo' result; plan needs a cycle or verify result"):
+        results.load_run(path, {"cycle": (), "verify": ()}, "plan")
+    run["cases"][0]["derived"]["decode_ms"] = 5.0
+    path.write_text(json.dumps(run))
+    assert results.load_run(path, needs, "plan")["cases"][0]["derived"]["decode_ms"] == 5.0
+    with pytest.raises(ResultsError, match="a CPU smoke run"):
+        results.load_run(path, needs, "plan", gpu_only=True)
+
+
+def test_a_fingerprint_whose_gpu_model_was_edited_is_refused_as_contradicting_itself(tmp_path):
+    run = results.make_run("demo", [], {"gpu_model": "NVIDIA H100", "gpus": [{"name": "NVIDIA H200"}]})
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps(run))
+    with pytest.raises(ResultsError, match="contradicts itself: gpu_model 'NVIDIA H100' but its GPU is 'NVIDIA H200'"):
+        results.load_run(path)

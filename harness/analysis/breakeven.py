@@ -12,12 +12,13 @@ import argparse
 from tabulate import tabulate
 
 from verifybench.harness.analysis.decompose import break_even
-from verifybench.harness.analysis.numbers import finite_float
+from verifybench.harness.analysis.numbers import MAX_DRAFT_TOKENS, accept_len, finite_float
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--accept-len", type=finite_float(0, exclusive=True), required=True,
-                   help="tau: mean tokens accepted per verify, bonus included (> 0)")
+    p.add_argument("--accept-len", type=accept_len, required=True,
+                   help=f"tau: mean tokens accepted per verify, bonus included, in 1..{MAX_DRAFT_TOKENS} (1: the "
+                   "bonus token alone, every draft token rejected)")
     p.add_argument("--decode-ms", type=finite_float(0, exclusive=True), default=11.1, help="one plain decode step (ms)")
     p.add_argument("--verify-ms", type=finite_float(0), default=25.6, help="one verify step (ms)")
     p.add_argument("--draft-ms", type=finite_float(0), default=1.0, help="drafting the tokens (ms)")

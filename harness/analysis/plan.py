@@ -35,8 +35,9 @@ from pathlib import Path
 import numpy as np
 from tabulate import tabulate
 
-from verifybench.harness.analysis.numbers import finite_float
+from verifybench.harness.analysis.numbers import finite_float, out_path
 from verifybench.harness.engine import results
+from verifybench.harness.engine.results import COUNT, FINITE_TABLE, POSITIVE, TEXT, Need
 
 DEFAULT_CONFIGS = "2,1,3;3,1,4;5,1,6;5,4,8"
 ASSUMED_DRAFT_STEP_MS, ASSUMED_REEXTEND_MS, ASSUMED_OTHER_MS = 0.5, 0.3, 0.1
@@ -129,10 +130,22 @@ def tau_from_rates(rates: list[float], config: tuple[int, int, int]) -> float:
     return 1.0 + float(np.cumprod(rates[:depth]).sum())
 
 
-def _refuse_cpu(run: dict, path) -> None:
-    fp = run["fingerprint"]
-    if results.cpu_numbers(run["cases"]) or fp.get("gpu_model") == "cpu" or fp.get("cuda_available") is False:
-        raise ValueError(f"{path}: a CPU smoke run; conclusions from CPU numbers are withheld")
+# what plan reads from each passing case of the result kinds it takes, checked when the file is read
+NEEDS = {
+    "cycle": (Need({"params.steps": COUNT, "params.topk": COUNT, "params.draft_tokens": COUNT,
+                    "params.attention": TEXT, "params.preset": TEXT, "params.tp": COUNT, "params.context": COUNT,
+                    "derived.table_ms": FINITE_TABLE,
+                    "derived.decode_ms": POSITIVE}),),
+    "verify": (Need({"params.variant": TEXT}), Need({"params.tokens": COUNT},
+                                                     where=lambda c: c["params"].get("variant") == "full")),
+}
+
+
+def load_result(given) -> tuple[dict, Path, str]:
+    """(run, its file, a note when a folder or a glob chose it): the latest cycle result, else verify result, of a
+    folder; every field plan reads checked; a CPU smoke run refused."""
+    path, note = results.pick_input(given, tuple(NEEDS), "RESULT")
+    return results.load_run(path, NEEDS, "plan", gpu_only=True), path, note
 
 
 def _passing(run: dict) -> list[dict]:
@@ -190,9 +203,8 @@ def cycle_costs(run: dict, attention: str = "extend") -> tuple[dict, float]:
 
 
 def newest_cycle(directory: Path) -> Path | None:
-    """The newest cycle-*.json in a results folder (names carry the UTC time, so the last name is the newest)."""
-    found = sorted(Path(directory).glob("cycle-*.json"))
-    return found[-1] if found else None
+    """The newest cycle result in a results folder (results.latest_of_kind: by the UTC time in the names)."""
+    return results.latest_of_kind(directory, "cycle")
 
 
 def verify_points(run: dict) -> tuple[dict[int, float], float]:
@@ -273,8 +285,10 @@ def answer(rows: list[dict], decode_ms: float, compare_d=COMPARE_D) -> list[str]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("result", nargs="?", type=Path, default=None,
-                   help="a cycle or verify result file (else the costs come from the numbers below)")
+    p.add_argument("result", nargs="*", type=Path, default=[],
+                   help="a cycle or verify result file, or a results folder (its latest cycle result, else verify "
+                        "result), or several files of one kind (the latest); else the costs come from the numbers "
+                        "below")
     p.add_argument("--configs", default=None,
                    help=f"steps,topk,D;... (default: the cost source's configs, else {DEFAULT_CONFIGS})")
     acc = p.add_mutually_exclusive_group(required=True)
@@ -292,7 +306,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"draft re-extend per cycle (ms; default {ASSUMED_REEXTEND_MS} ASSUMED)")
     p.add_argument("--other-ms", type=finite_float(0), default=None,
                    help=f"tree build, sync, bookkeeping per cycle (ms; default {ASSUMED_OTHER_MS} ASSUMED)")
-    p.add_argument("--json", type=Path, default=None, metavar="OUT", help="also write the rows as JSON")
+    p.add_argument("--json", type=out_path, default=None, metavar="OUT",
+                   help="also write the rows as JSON (a new file: never over the input or an existing file)")
 
 
 def _costs(args, configs) -> tuple[dict, float, list[str], str | None]:
@@ -301,9 +316,13 @@ def _costs(args, configs) -> tuple[dict, float, list[str], str | None]:
     given = {k: getattr(args, k.replace("-", "_")) for k in ("draft-ms", "draft-step-ms", "reextend-ms", "other-ms")}
     if args.draft_ms is not None and args.draft_step_ms is not None:
         raise ValueError("--draft-ms (per cycle) and --draft-step-ms (per step): give one")
-    run = results.load_run(args.result) if args.result else None
-    if run is not None:
-        _refuse_cpu(run, args.result)
+    run = None
+    if args.result:
+        run, args.result, note = load_result(args.result)
+        if note:
+            print(note)
+    else:
+        args.result = None
     if run is not None and run["component"] == "cycle":
         extra = [f"--{k}" for k, v in given.items() if v is not None] + (["--verify-ms"] if args.verify_ms else [])
         if extra:
@@ -350,7 +369,9 @@ def _costs(args, configs) -> tuple[dict, float, list[str], str | None]:
 
 
 def run(args) -> int:
-    configs = parse_configs(args.configs) if args.configs else None
+    configs = parse_configs(args.configs) if args.configs is not None else None
+    if args.json is not None:
+        results.refuse_inputs(args.json, args.result if isinstance(args.result, list) else [args.result], "--json")
     costs, decode, notes, line_note = _costs(args, configs)
     if args.accept_rates is not None:
         rates = parse_rates(args.accept_rates)
@@ -379,6 +400,8 @@ def run(args) -> int:
     print(tabulate([{TABLE_COLUMNS[k]: r[k] for k in TABLE_COLUMNS} for r in rows], headers="keys", floatfmt=".4g"))
     print("\n".join(lines))
     if args.json:
-        results.write_json_atomic(args.json, {"command": "plan", "source": str(args.result or "numbers"),
-                                              "decode_ms": decode, "notes": notes, "answer": lines, "rows": rows})
+        written = results.write_json_new(args.json, {"command": "plan", "source": str(args.result or "numbers"),
+                                                      "decode_ms": decode, "notes": notes, "answer": lines,
+                                                      "rows": rows}, [args.result], "--json")
+        print(f"wrote {written}")
     return 0

@@ -22,7 +22,17 @@ from tabulate import tabulate
 from verifybench.harness.analysis.decompose import Gpu, project
 from verifybench.harness.analysis.numbers import finite_float
 from verifybench.harness.engine import results
+from verifybench.harness.engine.fingerprint import gpu_model
+from verifybench.harness.engine.results import BYTES_TABLE, COUNT, COUNT_OR_NULL, NONNEGATIVE, POSITIVE, TEXT, Need
 from verifybench.harness.model import presets
+
+# what project reads from each passing case of a verify result, checked when the file is read
+NEEDS = {"verify": (
+    Need({"params.variant": TEXT, "params.tokens": COUNT}),
+    Need({"params.preset": TEXT, "params.tp": COUNT, "params.layers": COUNT_OR_NULL, "derived.copy_gbps": POSITIVE,
+          "derived.allreduce_stand_in_us": NONNEGATIVE, "derived.component_bytes": BYTES_TABLE},
+         where=lambda c: c["params"].get("variant") == "full"),
+)}
 
 
 @dataclass(frozen=True)
@@ -44,7 +54,8 @@ TARGETS = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("result", type=Path, help="a verify result file of a GPU run (verifybench verify / run)")
+    p.add_argument("result", type=Path, help="a verify result file of a GPU run (verifybench verify / run), or a "
+                   "results folder (its latest verify result)")
     p.add_argument("--target", choices=sorted(TARGETS), default=None,
                    help="a named GPU (its figures are stated assumptions; --copy-gbps/--allreduce-us override them)")
     p.add_argument("--name", default=None, help="what to call the other GPU")
@@ -93,12 +104,11 @@ def _span(r: tuple[float, float]) -> str:
 def run(args) -> int:
     copy, ar, source = target_ranges(args)
     name = args.name or args.target or "target GPU"
-    run_ = results.load_run(args.result)
-    if run_["component"] != "verify":
-        raise ValueError(f"{args.result}: a verify result is needed (verifybench verify), got {run_['component']!r}")
+    path, note = results.pick_input(args.result, ("verify",), "RESULT")
+    if note:
+        print(note)
+    run_ = results.load_run(path, NEEDS, "project", gpu_only=True)
     fp = run_["fingerprint"]
-    if fp.get("gpu_model") == "cpu" or not fp.get("cuda_available", True) or results.cpu_numbers(run_["cases"]):
-        raise ValueError(f"{args.result}: a CPU smoke run; its numbers are CPU numbers and cannot be projected")
     cases = [c for c in run_["cases"] if c["check"]["ok"]]
     iso = {(c["params"]["variant"], c["params"]["tokens"]): c["summary"]["median_us"] for c in cases}
     rows = []
@@ -106,13 +116,13 @@ def run(args) -> int:
         n, d, prm = c["params"]["tokens"], c["derived"], c["params"]
         layers = prm["layers"] or presets.get(prm["preset"], prm["tp"]).layers
         parts = {k[0][len("only-"):]: v for k, v in iso.items() if k[1] == n and k[0].startswith("only-")}
-        here = Gpu(fp["gpu_model"], d["copy_gbps"], d["allreduce_stand_in_us"])
+        here = Gpu(gpu_model(fp), d["copy_gbps"], d["allreduce_stand_in_us"])
         low, high = project_range(parts, d["component_bytes"], here, name, copy, ar, allreduces=2 * layers)
         rows.append({"n": n, f"measured_us ({here.name})": c["summary"]["median_us"],
                      "sum_of_parts_us": sum(parts.values()), "projected_low_us": low, "projected_high_us": high})
     if not rows:
-        raise ValueError(f"{args.result}: no passing 'full' verify case to project")
-    print(f"PROJECTION (not a measurement) of {args.result} onto {name}: copy {_span(copy)} GB/s (read + write), "
+        raise ValueError(f"{path}: no passing 'full' verify case to project")
+    print(f"PROJECTION (not a measurement) of {path} onto {name}: copy {_span(copy)} GB/s (read + write), "
           f"allreduce {_span(ar)} us per call; figures: {source}.")
     print(tabulate(rows, headers="keys", floatfmt=".4g"))
     return 0

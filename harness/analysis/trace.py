@@ -17,6 +17,7 @@ import textwrap
 from collections import defaultdict
 from pathlib import Path
 
+from verifybench.harness.analysis.numbers import out_path, positive_int
 from verifybench.harness.analysis.trace_cycles import Cycle, find_cycles
 from verifybench.harness.analysis.trace_read import GpuOp, Trace, TraceError, read_ranks
 from verifybench.harness.analysis.trace_rules import SUITE_MAP, Classifier, RulesError, check_rules, load_rules
@@ -209,18 +210,28 @@ def format_report(result: dict) -> str:
 
 # ---- the suite side by side ----
 
+def against_file(given) -> Path:
+    """The verify result --against names: a file, a results folder's latest verify result, or the latest of several
+    files (a glob), said when chosen; TraceError otherwise."""
+    from verifybench.harness.engine.results import ResultsError, pick_input
+
+    try:
+        path, note = pick_input(given, ("verify",), "--against")
+    except ResultsError as e:
+        raise TraceError(str(e)) from None
+    if note:
+        print(note)
+    return path
+
+
 def load_against(path: str | Path) -> dict:
     """A suite verify result (schema verifybench.result, component verify), or TraceError."""
     from verifybench.harness.engine.results import ResultsError, load_run
 
     try:
-        run = load_run(Path(path))
+        return load_run(Path(path), {"verify": ()}, "--against")
     except ResultsError as e:
         raise TraceError(str(e)) from None
-    if run["component"] != "verify":
-        raise TraceError(f"{path}: a {run['component']!r} result; --against needs a verify result "
-                         "(verifybench run verify)")
-    return run
 
 
 def suite_parts(run: dict, where: str = "result") -> dict[int, dict[str, float]]:
@@ -269,17 +280,21 @@ def against_table(result: dict, run: dict, tokens: int | None, where: str = "res
 
 # ---- outputs ----
 
-def _write_atomic(path: str | Path, write) -> None:
-    from verifybench.harness.engine.results import write_atomic
+def _write_new(path: str | Path, write, inputs=(), option: str = "output") -> Path:
+    """results.write_new: never onto an input trace, never over an existing file (a fresh name instead)."""
+    from verifybench.harness.engine.results import ResultsError, write_new
 
-    write_atomic(Path(path), write)
+    try:
+        return write_new(Path(path), write, inputs, option)
+    except ResultsError as e:
+        raise TraceError(str(e)) from None
 
 
-def write_json(result: dict, path: str | Path) -> None:
-    _write_atomic(path, lambda f: f.write((json.dumps(result, indent=1) + "\n").encode()))
+def write_json(result: dict, path: str | Path, inputs=()) -> Path:
+    return _write_new(path, (json.dumps(result, indent=1) + "\n").encode(), inputs, "--json")
 
 
-def write_chart(result: dict, path: str | Path) -> None:
+def write_chart(result: dict, path: str | Path, inputs=()) -> Path:
     """One stacked bar per rank: each component's busy time and the idle time, us per cycle."""
     import matplotlib
 
@@ -300,17 +315,13 @@ def write_chart(result: dict, path: str | Path) -> None:
     ax.set_title(textwrap.fill(f"{result['cycles']} cycles, found by {result['found_by']}", 60), fontsize=8)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1, 1))
     fig.tight_layout()
-    _write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=120))
-    plt.close(fig)
+    try:
+        return _write_new(path, lambda f: fig.savefig(f, format="png", dpi=120), inputs, "--chart")
+    finally:
+        plt.close(fig)
 
 
 # ---- command line ----
-
-def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
-    return int(text)
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = __doc__
@@ -325,36 +336,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rules", metavar="FILE", help='extra kernel-name rules, checked before the defaults: a JSON '
                    'list of [regex, component] pairs, e.g. [["my_allreduce", "allreduce"], ["^gemm_", '
                    '"projections"]]; regexes are searched in the kernel name, case-insensitive')
-    p.add_argument("--against", metavar="RESULT", help="a suite verify result file: engine time per part beside "
-                   "the suite's isolated time for it")
-    p.add_argument("--tokens", metavar="N", type=_positive_int, help="tokens per verify in the engine: the suite's "
+    p.add_argument("--against", metavar="RESULT", nargs="+", help="a suite verify result file, a results folder (its "
+                   "latest verify result) or several files (the latest): engine time per part beside the suite's "
+                   "isolated time for it")
+    p.add_argument("--tokens", metavar="N", type=positive_int, help="tokens per verify in the engine: the suite's "
                    "n to compare with (default: the largest n in RESULT)")
-    p.add_argument("--json", metavar="OUT", help="write the decomposition as JSON")
-    p.add_argument("--chart", metavar="PNG", help="write a stacked bar chart, one bar per rank")
+    p.add_argument("--json", metavar="OUT", type=out_path, help="write the decomposition as JSON (a new file: never "
+                   "over a trace or an existing file)")
+    p.add_argument("--chart", metavar="PNG", type=out_path, help="write a stacked bar chart, one bar per rank (a new "
+                   "file, as --json)")
 
 
 def run(args: argparse.Namespace) -> int:
+    from verifybench.harness.engine.results import ResultsError, refuse_inputs
+
     try:
         if args.tokens is not None and not args.against:
             raise TraceError("--tokens N picks the suite's n for --against RESULT; give --against too")
-        suite = load_against(args.against) if args.against else None
+        inputs = [*args.traces, *(args.against or ()), *([args.rules] if args.rules else [])]
+        for option, path in (("--json", args.json), ("--chart", args.chart)):
+            if path is not None:
+                refuse_inputs(path, inputs, option)
+        against = against_file(args.against) if args.against else None
+        suite = load_against(against) if against else None
         result = decompose(args.traces, args.rules, args.cycle_range, args.verify_range)
         print(format_report(result))
         if suite is not None:
             from tabulate import tabulate
 
-            rows, note = against_table(result, suite, args.tokens, args.against)
-            print(f"\nbeside the suite ({args.against}; {note}):")
+            rows, note = against_table(result, suite, args.tokens, str(against))
+            print(f"\nbeside the suite ({against}; {note}):")
             print(tabulate([[r[0], _fmt(r[1]), _fmt(r[2]), "-" if r[3] is None else f"{r[3]:.2f}"] for r in rows],
                            headers=["part  [suite | trace components]", "engine us", "suite us", "engine/suite"],
                            disable_numparse=True))
         if args.json:
-            write_json(result, args.json)
-            print(f"wrote {args.json}")
+            print(f"wrote {write_json(result, args.json, inputs)}")
         if args.chart:
-            write_chart(result, args.chart)
-            print(f"wrote {args.chart}")
-    except (TraceError, RulesError) as e:
+            print(f"wrote {write_chart(result, args.chart, inputs)}")
+    except (TraceError, RulesError, ResultsError) as e:
         print(f"verifybench trace: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except OSError as e:

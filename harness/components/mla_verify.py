@@ -8,8 +8,9 @@ earlier tree token), the deployment's default; the default set adds one branchin
 dependent launch, as the engine launches it; "split_kv" with its default config, as our forward launches it. Graph
 mode, every call reading another cache (>= 4 caches totalling >= 4x L2), as a forward reads each layer's cache once;
 per_forward_us is the median times the preset's layers: what the engine's kernel choice costs per forward.
-CPU (preset tiny, under TRITON_INTERPRET=1): a 64-token context, fp16 (bf16 arithmetic is wrong in the interpreter)
-and a split config sized to the tiny shapes, since the interpreter runs every launched program.
+CPU (preset tiny, under TRITON_INTERPRET=1): the given context (64 by default, at most 4096), fp16 (bf16 arithmetic
+is wrong in the interpreter) and a split config sized to the tiny shapes, since the interpreter runs every launched
+program.
 
 Run: pytest --benchmark-only microbench/bench_mla_verify.py
 """
@@ -22,7 +23,7 @@ import torch
 import triton
 
 from verifybench.harness.engine import ceiling, memory
-from verifybench.harness.engine.results import cpu_numbers, withhold, write_atomic
+from verifybench.harness.engine.results import cpu_numbers, withhold, write_new
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
 from verifybench.harness.model import presets
@@ -36,7 +37,7 @@ HELP = "MLA verify attention with the tree mask: engine-style serial extend vs s
 VARIANTS = ("extend", "split_kv")
 GPU_CONTEXTS = (1024, 4096, 16384, 32768)
 GPU_NS = (3, 6)  # the deployment's draft-token counts D (root included)
-CPU_CONTEXTS = (64,)
+CPU_MAX_CONTEXT = 4096  # the interpreter walks the keys serially: a longer context takes minutes per case
 CPU_NS = (3,)
 TREE = (5, 4, 8)  # (spec_steps, topk, D): a branching tree beside the chains
 TREE_VOCAB = 1000  # build_tree's token ids only; the mask does not depend on them
@@ -174,7 +175,7 @@ def make_case(preset: str, tp: int, context: int, n: int, tree_shape, variant: s
 
 def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = None) -> list[CaseSpec]:
     """Per context, draft-token count D (chain masks) and variant, plus the TREE at its D with the default set or
-    when --tokens names that D. GPU: GPU_CONTEXTS and `context`, D in GPU_NS. CPU (preset tiny): CPU_CONTEXTS, D in
+    when --tokens names that D. GPU: GPU_CONTEXTS and `context`, D in GPU_NS. CPU (preset tiny): `context` alone, D in
     CPU_NS; its cases skip unless TRITON_INTERPRET=1 was set before import."""
     bad = [t for t in tokens or () if isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= mv.MAX_TREE]
     if bad:
@@ -190,7 +191,10 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
     if gpu:
         contexts, device, kw = sorted({context, *GPU_CONTEXTS}), "cuda", {"max_time_s": 0.5}
     else:  # a sample is one pass over the rotation; no compile to warm up in the interpreter
-        contexts, device = CPU_CONTEXTS, "cpu"
+        if context > CPU_MAX_CONTEXT:
+            raise ValueError(f"--context {context}: without a GPU mla_verify runs contexts up to {CPU_MAX_CONTEXT} "
+                             "(the Triton interpreter walks the keys one by one)")
+        contexts, device = (context,), "cpu"
         kw = {"max_time_s": 0.2, "warmup_s": 0.0, "warmup_calls": 1, "min_samples": 3, "calls_per_sample": CPU_COPIES}
     return [make_case(preset, tp, c, n, shape, v, device, kw) for c in contexts for n, shape in shapes for v in VARIANTS]
 
@@ -260,7 +264,7 @@ def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
     ax.legend(fontsize=8, ncol=2)
     path = Path(directory) / f"mla_verify-{stamp}.png"
     try:
-        return [write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=120, bbox_inches="tight"))]
+        return [write_new(path, lambda f: fig.savefig(f, format="png", dpi=120, bbox_inches="tight"))]
     finally:
         plt.close(fig)
 

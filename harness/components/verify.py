@@ -11,7 +11,7 @@ import torch
 
 from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.analysis import decompose
-from verifybench.harness.engine.results import WITHHELD, cpu_numbers, stamp, withhold, write_atomic
+from verifybench.harness.engine.results import WITHHELD, cpu_numbers, stamp, withhold, write_new
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cuda_available
 from verifybench.harness.model import presets
@@ -238,11 +238,12 @@ def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
 
 
 def write_png(fig, path: Path) -> Path:
-    """A matplotlib figure saved atomically (engine.results.write_atomic), then closed."""
+    """A matplotlib figure saved as a new file (engine.results.write_new: never over another run's chart of the
+    same second), then closed; returns the path written."""
     import matplotlib.pyplot as plt
 
     try:
-        return write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=120, bbox_inches="tight"))
+        return write_new(path, lambda f: fig.savefig(f, format="png", dpi=120, bbox_inches="tight"))
     finally:
         plt.close(fig)
 

@@ -118,8 +118,7 @@ def _from_suite(path: Path, data: dict) -> RunData:
         if not c["check"]["ok"]:
             cases[c["name"]] = CaseData(c["name"], c.get("mode"), ok=False)
             continue
-        s = c["summary"]
-        _positive(s.get("median_us"), "the stored median", where)
+        s = c["summary"]  # its median was checked by validate_run
         samples = _samples(c["samples_us"], where)
         summary = _consistent(samples, {"n": s.get("n"), "median": s.get("median_us"), "min": s.get("min_us"),
                                         "max": s.get("max_us")}, 1.0, where)
@@ -211,7 +210,7 @@ def verdict(base: CaseData, new: CaseData, min_effect: float = 0.03, alpha: floa
         (b_lo, b_hi), (n_lo, n_hi) = base.interval_us, new.interval_us
         significant = n_lo > b_hi or n_hi < b_lo
         how = "intervals " + ("disjoint" if significant else "overlap")
-    if abs(change) < min_effect:
+    if change == 0 or abs(change) < min_effect:  # identical medians are SAME at any min effect, 0 included
         return "SAME", change, how
     if not significant:
         return "AMBG", change, how
@@ -292,19 +291,58 @@ def host_moved_along(row: dict, min_effect: float) -> bool:
 def add_arguments(q) -> None:
     from pathlib import Path as _Path
 
-    q.add_argument("base", type=_Path, help="baseline: a suite result JSON (.json or .json.gz) or pytest-benchmark JSON")
-    q.add_argument("new", type=_Path, help="the run to judge, same formats")
+    q.add_argument("base", type=_Path, help="baseline: a suite result JSON (.json or .json.gz), pytest-benchmark "
+                   "JSON, or a results folder (its latest file of NEW's kind)")
+    q.add_argument("new", type=_Path, nargs="+", help="the run to judge, same formats; a results folder (its latest "
+                   "file of BASE's kind), or several files of one kind as a glob gives them (the latest is used)")
+    q.add_argument("--kind", default=None, help="the kind of result to take from a folder (the file-name prefix "
+                   "before -<UTC time>, e.g. verify); default: the kind the other side's file name says")
     q.add_argument("--min-effect", type=float, default=0.03,
                    help="smallest relative change that counts, in [0, 1) (default 0.03 = 3%%)")
     q.add_argument("--alpha", type=float, default=0.01, help="significance level of the test, in (0, 1) (default 0.01)")
     q.add_argument("--allow-different-hardware", action="store_true", help="compare across GPU models anyway")
 
 
+def inputs(args) -> tuple[Path, Path, list[str]]:
+    """(BASE file, NEW file, notes saying which file a folder or a glob gave): a folder gives its latest file of
+    the kind --kind or the other side's file name says."""
+    base, new = [args.base], list(args.new) if isinstance(args.new, (list, tuple)) else [args.new]
+    kind = getattr(args, "kind", None)
+    if kind is None:
+        files = [g for g in (base, new) if not (len(g) == 1 and g[0].is_dir())]
+        named = {results.kind_of(p) for g in files for p in g} - {None}
+        if len(files) < 2 and len(named) == 1:
+            kind = named.pop()
+        elif not files:
+            shared = sorted(set(results.kinds_in(base[0])) & set(results.kinds_in(new[0])))
+            raise results.ResultsError(f"BASE {base[0]} and NEW {new[0]} are both folders: name the kind with "
+                                       f"--kind (both hold: {', '.join(shared) or 'no kind in common'})")
+    if kind is None and any(len(g) == 1 and g[0].is_dir() for g in (base, new)):
+        raise results.ResultsError("the other side's file name says no kind of result to take from the folder; "
+                                   "name it with --kind (e.g. --kind verify)")
+    kinds = (kind,) if kind else ()
+    (b, nb), (n, nn) = results.pick_input(base, kinds, "BASE"), results.pick_input(new, kinds, "NEW")
+    return b, n, [note for note in (nb, nn) if note]
+
+
 def _gpu(run: RunData) -> str:
     try:
         return str(fpmod.gpu_model(run.fingerprint))
+    except ValueError as e:  # a fingerprint that contradicts itself (an edited GPU name)
+        raise results.ResultsError(f"{run.path}: {e}") from None
     except (KeyError, TypeError, IndexError, AttributeError):
         raise results.ResultsError(f"{run.path}: the fingerprint's GPU entry is malformed") from None
+
+
+def cpu_against_gpu(base: RunData, new: RunData, gb: str, gn: str) -> str | None:
+    """The refusal when one side is a CPU smoke run and the other a GPU run: their cases (presets, shapes) are not
+    the same, whatever the hardware flag says."""
+    if not base.fingerprint or not new.fingerprint or (gb == "cpu") == (gn == "cpu"):
+        return None
+    side = lambda label, run, gpu: (f"{label} {run.path} is a CPU smoke run" if gpu == "cpu"  # noqa: E731
+                                    else f"{label} {run.path} a GPU run ({gpu})")
+    return (f"{side('BASE', base, gb)}, {side('NEW', new, gn)}: a CPU smoke run (the tiny preset) and a GPU run "
+            "measure different cases and cannot be compared; compare CPU runs with CPU runs, GPU with GPU")
 
 
 def _version(run: RunData) -> str:
@@ -319,11 +357,18 @@ def run(args) -> int:
         print(f"error: --alpha must be in (0, 1), got {args.alpha}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        base, new = load(args.base), load(args.new)
+        base_path, new_path, notes = inputs(args)
+        base, new = load(base_path), load(new_path)
         gb, gn = _gpu(base), _gpu(new)
     except results.ResultsError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    refusal = cpu_against_gpu(base, new, gb, gn)
+    if refusal:
+        print(f"error: {refusal}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    for note in notes:
+        print(note)
     if not base.fingerprint or not new.fingerprint:
         print("WARNING: a file carries no verifybench fingerprint: the hardware cannot be checked")
     elif gb != gn and not args.allow_different_hardware:
@@ -333,8 +378,8 @@ def run(args) -> int:
     rows, only = compare_runs(base, new, args.min_effect, args.alpha)
     if not rows:
         shared = base.cases.keys() & new.cases.keys()
-        print(f"error: {args.base} and {args.new} share no case" if not shared else
-              f"error: no case ran in both {args.base} and {args.new} ({len(shared)} shared, every one skipped)",
+        print(f"error: {base.path} and {new.path} share no case" if not shared else
+              f"error: no case ran in both {base.path} and {new.path} ({len(shared)} shared, every one skipped)",
               file=sys.stderr)
         return EXIT_BAD_INPUT
     if all(r["host_%"] is None for r in rows):  # files from before the probe: no empty column
@@ -363,7 +408,7 @@ def run(args) -> int:
     if host_moves:
         print(f"NOTE: {len(host_moves)} of the SLOW/FAST cases are host-timed ({', '.join(HOST_TIMED_MODES)} or a "
               "CPU timer): on shared VMs these moved by up to +-170% between two processes with no code change "
-              "(README, 'Measured on our H200s'); compare them within one process")
+              "(docs/FINDINGS.md, section 1); compare them within one process")
         followed = [r for r in host_moves if host_moved_along(r, args.min_effect)]
         if followed:
             print(f"NOTE: in {len(followed)} of them the host-speed probe moved the same way by at least "
@@ -371,7 +416,8 @@ def run(args) -> int:
     moved = [r for r in rows if r["state_differs"] and r["verdict"] != "SAME"]
     if moved:
         print(f"NOTE: {len(moved)} non-SAME case(s) ran in a different process state in BASE and NEW (cupy imported, "
-              "process group): that alone moved tiny graph nodes by up to 30% on an H200 (README), "
+              "process group): that alone moved tiny graph nodes by up to 31% on an H200 (docs/FINDINGS.md, "
+              "section 1), "
               f"e.g. {moved[0]['case']}")
     for label, timed in (("device-timed", False), ("host-timed", True)):
         part = [r for r in rows if r["host_timed"] == timed]

@@ -154,12 +154,19 @@ def collect() -> dict:
 
 
 def gpu_model(fp: dict) -> str:
-    """The GPU model name compare() matches on ('cpu' without a GPU)."""
+    """The GPU model name compare() matches on ('cpu' without a GPU), from the GPU list, else torch's device. A
+    stored `gpu_model` (what reports and plan read) must say the same: ValueError when the fingerprint contradicts
+    itself, as an edited file does."""
     if fp.get("gpus"):
-        return fp["gpus"][0]["name"] or "unknown-gpu"
-    if fp.get("torch_device"):
-        return fp["torch_device"]["name"]
-    return "cpu"
+        model = fp["gpus"][0]["name"] or "unknown-gpu"
+    elif fp.get("torch_device"):
+        model = fp["torch_device"]["name"]
+    else:
+        return fp.get("gpu_model") or "cpu"
+    stored = fp.get("gpu_model")
+    if stored is not None and stored != model:
+        raise ValueError(f"the fingerprint contradicts itself: gpu_model {stored!r} but its GPU is {model!r}")
+    return model
 
 
 def machine_slug(fp: dict) -> str:

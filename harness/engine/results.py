@@ -5,15 +5,21 @@ summary, derived figures, correctness outcome). A case whose check failed carrie
 """
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import math
+import os
+import re
+import secrets
+import zlib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 from verifybench.harness.engine.timing import Measurement
-from verifybench.kernels.config_tables import write_atomic  # noqa: F401 (the one atomic writer, for callers)
+from verifybench.kernels.config_tables import _remove_stale_temps, write_atomic  # the one atomic writer
 
 SCHEMA = "verifybench.result"
 SCHEMA_VERSION = 1
@@ -96,23 +102,37 @@ def _finite(obj):
     return obj
 
 
-def write_json_atomic(path: Path, data: dict) -> Path:
-    """JSON (NaN/inf stored as null; gzip when the name ends in .gz) written through write_atomic."""
+def _json_bytes(data: dict, gz: bool = False) -> bytes:
     text = (json.dumps(_finite(data), indent=1, allow_nan=False) + "\n").encode()
-    if Path(path).suffix == ".gz":
-        text = gzip.compress(text, mtime=0)
+    return gzip.compress(text, mtime=0) if gz else text
+
+
+def write_json_atomic(path: Path, data: dict) -> Path:
+    """JSON (NaN/inf stored as null; gzip when the name ends in .gz) written through write_atomic: it replaces
+    `path` (a table meant to be rewritten); a result or an output a user named goes through write_new."""
+    text = _json_bytes(data, Path(path).suffix == ".gz")
     return write_atomic(path, lambda f: f.write(text))
+
+
+def write_json_new(path: Path, data: dict, inputs=(), option: str = "output") -> Path:
+    """JSON as write_json_atomic stores it, written through write_new (never onto an input or another file)."""
+    return write_new(path, _json_bytes(data, Path(path).suffix == ".gz"), inputs, option)
 
 
 def check_writable(directory: Path) -> Path:
     """Fail before measuring, not after: `directory` exists or can be made, and a file can be written in it."""
     directory = Path(directory)
+    probe = directory / f".verifybench-write-test.{os.getpid()}"
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        write_atomic(directory / ".verifybench-write-test", lambda f: f.write(b"ok"))
-        (directory / ".verifybench-write-test").unlink()
+        write_atomic(probe, lambda f: f.write(b"ok"))
     except OSError as e:
         raise ResultsError(f"output folder {directory} is not writable: {e.strerror or e}") from None
+    finally:
+        try:
+            probe.unlink(missing_ok=True)  # also when interrupted: only complete results stay behind
+        except OSError:
+            pass  # the folder was never made
     return directory
 
 
@@ -126,11 +146,152 @@ def stamp(run: dict) -> str:
     return datetime.fromisoformat(run["created_utc"]).astimezone(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
-def save_run(run: dict, directory: Path | None = None, name: str | None = None) -> Path:
-    """Store as <directory>/<component>-<UTC time>.json (default directory: default_dir)."""
+def save_run(run: dict, directory: Path | None = None, name: str | None = None, update: Path | None = None) -> Path:
+    """Store as <directory>/<component>-<UTC time>.json (default directory: default_dir) through write_new: never
+    over another run's file. `update`: the path an earlier save of this same run returned, replaced in place (a
+    job that saves as it goes)."""
     validate_run(run, "run to save")
+    if update is not None:
+        return write_json_atomic(update, run)
     directory = Path(directory) if directory else default_dir(run["fingerprint"])
-    return write_json_atomic(directory / (name or f"{run['component']}-{stamp(run)}.json"), run)
+    return write_new(directory / (name or f"{run['component']}-{stamp(run)}.json"), _json_bytes(run))
+
+
+# ---- writing: never onto an input, never over a file another run wrote
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def refuse_inputs(path: Path, inputs=(), option: str = "output") -> None:
+    """ResultsError when `path` is one of this command's inputs (the same file by any name)."""
+    for given in inputs:
+        if given is not None and (_same_file(Path(path), Path(given))
+                                  or Path(path).resolve() == Path(given).resolve()):
+            raise ResultsError(f"{option} {path}: that is an input of this command; name another file")
+
+
+def numbered(path: Path, i: int) -> Path:
+    """`path` with -<i> before its suffix (r.json -> r-2.json, t.json.gz -> t-2.json.gz); i = 1: `path` itself."""
+    if i == 1:
+        return path
+    suffix = "".join(path.suffixes[-2:]) if path.name.endswith((".json.gz", ".tar.gz")) else path.suffix
+    return path.with_name(f"{path.name[:len(path.name) - len(suffix)]}-{i}{suffix}")
+
+
+def write_new(path: Path, data, inputs=(), option: str = "output") -> Path:
+    """Write `data` (bytes, or write(file)) as a new file: `path`, or when a file of that name exists (another
+    run's, or one written in the same second) the first free numbered(path, i). The whole file is written and
+    synced under a temp name first, then linked to the free name, which fails if a concurrent writer took it:
+    a reader never sees half a file and no writer replaces another's. Returns the path written."""
+    path = Path(path)
+    refuse_inputs(path, inputs, option)
+    write = data if callable(data) else (lambda f: f.write(data))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(path)  # what a killed writer of this name left
+    staging = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")  # write_atomic's temp name
+    write_atomic(staging, write)
+    try:
+        for i in range(1, 10_000):
+            target = numbered(path, i)
+            try:
+                os.link(staging, target)
+                return target
+            except FileExistsError:
+                continue
+            except OSError as e:  # a file system without hard links: claim the name, then fill it
+                if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+                    raise
+                try:
+                    os.close(os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                except FileExistsError:
+                    continue
+                os.replace(staging, target)
+                return target
+        raise ResultsError(f"{path}: 10000 files of this name already exist")
+    finally:
+        staging.unlink(missing_ok=True)
+
+
+# ---- reading: result kinds from file names, folders, the one loader
+
+STAMPED = re.compile(r"^(?P<kind>.+?)-(?P<stamp>[0-9]{8}T[0-9]{6}Z)(?:-(?P<i>[0-9]+))?$")
+
+
+def _stem(path: Path) -> str | None:
+    for suffix in (".json.gz", ".json"):
+        if path.name.endswith(suffix):
+            return path.name[:-len(suffix)]
+    return None
+
+
+def kind_of(path: Path) -> str | None:
+    """The kind of result a file name says: the prefix before -<UTC stamp> (verify-20261202T101010Z.json ->
+    verify), or a curated baseline's stem (baselines/<machine>/verify.json -> verify); None: not a JSON name."""
+    stem = _stem(Path(path))
+    if stem is None:
+        return None
+    m = STAMPED.match(stem)
+    return m["kind"] if m else stem
+
+
+def _order(path: Path) -> tuple:
+    """Oldest first: a curated (unstamped) file, then by UTC stamp, then by the number write_new added."""
+    m = STAMPED.match(_stem(path) or "")
+    return (1, m["stamp"], int(m["i"] or 1)) if m else (0, "", 0)
+
+
+def latest(paths, kind: str, where: str) -> Path | None:
+    """The newest of `paths` that are of `kind`; ResultsError when two curated files of it cannot be ordered."""
+    found = sorted((p for p in paths if kind_of(p) == kind and Path(p).is_file()), key=_order)
+    if len(found) > 1 and _order(found[-1]) == _order(found[-2]):
+        raise ResultsError(f"{where}: {found[-2].name} and {found[-1].name} are both {kind} results and their names "
+                           "carry no UTC time to choose by; give one file")
+    return found[-1] if found else None
+
+
+def latest_of_kind(folder: Path, kind: str) -> Path | None:
+    """The newest result file of `kind` in `folder` (not its subfolders), by the UTC time in the names."""
+    return latest(Path(folder).iterdir(), kind, str(folder))
+
+
+def kinds_in(folder: Path) -> list[str]:
+    return sorted({k for p in Path(folder).iterdir() if (k := kind_of(p)) and p.is_file()})
+
+
+def pick_input(given, kinds, option: str) -> tuple[Path, str]:
+    """One result file from what a user gave for one input: a file; a folder (its latest file of the first of
+    `kinds` it holds); or several files of one kind, as a shell glob expands (the latest of them). Returns (path,
+    a note saying which was chosen, or "" for a file given alone); ResultsError naming the input otherwise."""
+    paths = [Path(p) for p in ([given] if isinstance(given, (str, Path)) else given)]
+    if len(paths) == 1 and not paths[0].is_dir():
+        return paths[0], ""
+    if len(paths) == 1:
+        folder = paths[0]
+        if not kinds:
+            raise ResultsError(f"{option} {folder}: a folder; name the kind of result to take from it")
+        for kind in kinds:
+            found = latest_of_kind(folder, kind)
+            if found is not None:
+                return found, f"{option}: {found} (the latest {kind} result in {folder})"
+        raise ResultsError(f"{option} {folder}: no {' or '.join(kinds)} result in this folder (it holds: "
+                           f"{', '.join(kinds_in(folder)) or 'none'})")
+    if any(p.is_dir() for p in paths):
+        raise ResultsError(f"{option}: give one folder or result files, not both ({', '.join(map(str, paths))})")
+    named = sorted({kind_of(p) or "?" for p in paths})
+    if len(named) > 1:
+        raise ResultsError(f"{option}: {len(paths)} files of different kinds ({', '.join(named)}); give one")
+    if kinds and named[0] not in kinds:
+        raise ResultsError(f"{option}: {len(paths)} {named[0]} files; this needs a {' or '.join(kinds)} result")
+    if any(not STAMPED.match(_stem(p) or "") for p in paths):
+        raise ResultsError(f"{option}: {len(paths)} files whose names carry no UTC time to choose by; give one")
+    found = latest(paths, named[0], option)
+    if found is None:
+        raise ResultsError(f"{option}: none of the {len(paths)} files given exists")
+    return found, f"{option}: {found} (the latest of the {len(paths)} files given)"
 
 
 def read_json(path: Path) -> dict:
@@ -141,7 +302,7 @@ def read_json(path: Path) -> dict:
         text = gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text()
     except FileNotFoundError:
         raise ResultsError(f"{path}: no such file") from None
-    except (OSError, EOFError, UnicodeDecodeError) as e:  # gzip's BadGzipFile is an OSError
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error) as e:  # gzip's BadGzipFile is an OSError
         raise ResultsError(f"{path}: cannot read: {e}") from None
     try:
         data = json.loads(text)
@@ -152,7 +313,20 @@ def read_json(path: Path) -> dict:
     return data
 
 
+def _median_problem(value) -> str | None:
+    if value is None:
+        return "is null or missing"
+    if not _is_number(value) or not math.isfinite(value):
+        return f"is not a finite number ({value!r})"
+    return f"must be > 0, got {value!r}" if value <= 0 else None
+
+
 def validate_run(data: dict, where: str) -> dict:
+    """The schema every reader relies on: version, component, a self-consistent fingerprint, and per case a
+    name, params and derived objects, a check outcome, and for a passing case samples, a mode and a positive
+    stored median. ResultsError naming `where`, the case and the field."""
+    from verifybench.harness.engine.fingerprint import gpu_model
+
     if data.get("schema") != SCHEMA:
         raise ResultsError(f"{where}: not a verifybench result file (schema={data.get('schema')!r})")
     version = data.get("schema_version")
@@ -161,21 +335,112 @@ def validate_run(data: dict, where: str) -> dict:
     for key, kind in (("component", str), ("fingerprint", dict), ("cases", list)):
         if not isinstance(data.get(key), kind):
             raise ResultsError(f"{where}: field {key!r} missing or not a {kind.__name__}")
+    try:
+        gpu_model(data["fingerprint"])
+    except ValueError as e:
+        raise ResultsError(f"{where}: {e}") from None
+    except (KeyError, TypeError, IndexError, AttributeError):
+        raise ResultsError(f"{where}: the fingerprint's GPU entry is malformed") from None
     for i, case in enumerate(data["cases"]):
         if not isinstance(case, dict) or not isinstance(case.get("name"), str):
             raise ResultsError(f"{where}: case {i} has no name")
         check = case.get("check")
         if not isinstance(check, dict) or not isinstance(check.get("ok"), bool):
             raise ResultsError(f"{where}: case {case['name']!r} has no check outcome")
+        for key in ("params", "derived"):
+            if not isinstance(case.get(key, {}), dict):
+                raise ResultsError(f"{where}: case {case['name']!r}: field {key!r} is not an object")
         if check["ok"]:
             samples = case.get("samples_us")
             if not isinstance(samples, list) or not samples or not isinstance(case.get("summary"), dict):
                 raise ResultsError(f"{where}: case {case['name']!r} passed its check but has no samples")
             if not isinstance(case.get("mode"), str):
                 raise ResultsError(f"{where}: case {case['name']!r} has no mode")
+            problem = _median_problem(case["summary"].get("median_us"))
+            if problem:
+                raise ResultsError(f"{where}: case {case['name']!r}: the stored median {problem}")
     return data
 
 
-def load_run(path: Path) -> dict:
-    """Load and validate one suite result file; raises ResultsError with the reason, never returns bad data."""
-    return validate_run(read_json(path), str(path))
+# ---- what a command reads from a kind of result, checked when the file is read
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_count(v) -> bool:
+    return _is_number(v) and isinstance(v, int) and v >= 1
+
+
+@dataclass(frozen=True)
+class Check:
+    """What a field must hold, in words (for the error) and as a test."""
+
+    what: str
+    ok: Callable[[object], bool]
+
+
+COUNT = Check("an integer >= 1", _is_count)
+COUNT_OR_NULL = Check("null or an integer >= 1", lambda v: v is None or _is_count(v))
+POSITIVE = Check("a finite number > 0", lambda v: _is_number(v) and math.isfinite(v) and v > 0)
+NONNEGATIVE = Check("a finite number >= 0", lambda v: _is_number(v) and math.isfinite(v) and v >= 0)
+TEXT = Check("a non-empty string", lambda v: isinstance(v, str) and bool(v))
+FINITE_TABLE = Check("an object of finite numbers", lambda v: isinstance(v, dict) and bool(v) and all(
+    _is_number(x) and math.isfinite(x) for x in v.values()))
+BYTES_TABLE = Check("an object of byte counts >= 0", lambda v: isinstance(v, dict) and bool(v) and all(
+    _is_number(x) and math.isfinite(x) and x >= 0 for x in v.values()))
+
+
+@dataclass(frozen=True)
+class Need:
+    """Fields (dotted paths, e.g. "derived.decode_ms") a command reads from each passing case `where` selects
+    (default: every passing case), and what each must hold."""
+
+    fields: dict[str, Check]
+    where: Callable[[dict], bool] | None = None
+
+
+_MISSING = object()
+
+
+def _field(case: dict, path: str):
+    value = case
+    for key in path.split("."):
+        value = value.get(key, _MISSING) if isinstance(value, dict) else _MISSING
+    return value
+
+
+def check_needs(run: dict, needs, where: str) -> dict:
+    """ResultsError naming the file, the case and the field when a passing case lacks what a Need asks."""
+    for need in needs:
+        for case in run["cases"]:
+            if not case["check"]["ok"] or (need.where is not None and not need.where(case)):
+                continue
+            for path, check in need.fields.items():
+                value = _field(case, path)
+                if value is _MISSING or not check.ok(value):
+                    got = "missing" if value is _MISSING else f"{value!r}"[:60]
+                    raise ResultsError(f"{where}: case {case['name']!r}: field {path} must be {check.what}, got {got}")
+    return run
+
+
+def is_cpu_run(run: dict) -> bool:
+    """A CPU smoke run: no GPU in its fingerprint, or CPU case records (conclusions from it are withheld)."""
+    fp = run["fingerprint"]
+    return cpu_numbers(run["cases"]) or fp.get("gpu_model") == "cpu" or fp.get("cuda_available") is False
+
+
+def load_run(path: Path, needs: dict[str, tuple[Need, ...]] | None = None, reader: str = "this command",
+             gpu_only: bool = False) -> dict:
+    """Load and validate one suite result file; raises ResultsError with the reason, never returns bad data.
+    `needs`: the kinds (components) `reader` takes, each with the fields it reads; `gpu_only`: a CPU smoke run
+    is refused (its numbers support no conclusion)."""
+    run = validate_run(read_json(path), str(path))
+    if needs is not None:
+        if run["component"] not in needs:
+            raise ResultsError(f"{path}: a {run['component']!r} result; {reader} needs a "
+                               f"{' or '.join(needs)} result")
+        check_needs(run, needs[run["component"]], str(path))
+    if gpu_only and is_cpu_run(run):
+        raise ResultsError(f"{path}: a CPU smoke run; conclusions from CPU numbers are withheld")
+    return run

@@ -39,7 +39,7 @@ class Output:
                  "label": self.args.label, "device": self.device_type, "nccl_log": nccl_log, "ranks": self.ranks,
                  "time_definition": "max over ranks of each rank's median; graph and eager: one sample = K ops / K"}
         run = results.make_run(COMPONENT, self.cases, self.fp, extra)
-        self.path = results.save_run(run, self.args.out, self.name)
+        self.path = results.save_run(run, self.args.out, self.name, update=self.path)
         return run
 
     def finish(self, skipped: dict, nccl_log_dir: str | None, added_env: tuple = ()) -> None:

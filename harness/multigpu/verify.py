@@ -435,7 +435,7 @@ class Output:
                  "time_definition": "max over ranks of each rank's median; graph mode, one forward per replay; "
                                     "per AR = (full - without-allreduce) / (2 x layers)"}
         run = results.make_run(COMPONENT, self.cases, self.fp, extra)
-        self.path = results.save_run(run, self.args.out, self.name)
+        self.path = results.save_run(run, self.args.out, self.name, update=self.path)
         return run
 
     def finish(self, skipped: dict) -> None:
