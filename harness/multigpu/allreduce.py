@@ -25,8 +25,9 @@ from verifybench.harness.collectives.backends import (ALL_BACKENDS, BACKEND_HELP
                                         prepare_for_timing, unavailable_reason)
 from verifybench.harness.collectives.allreduce_results import ENGINE_MODE, MODES
 from verifybench.harness.multigpu.output import Output
-from verifybench.harness.multigpu.guard import (Agreement, Watchdog, announce_safe_env, init_group, maybe_fault, parse_fault,
-                                            rank_main)
+from verifybench.harness.multigpu.guard import init_group, maybe_fault, parse_fault, rank_main
+from verifybench.harness.multigpu.ranks import Agreement, announce_safe_env
+from verifybench.harness.multigpu.watchdog import Watchdog
 from verifybench.harness.engine.results import DEFAULT_OUT
 from verifybench.harness.engine.timing import measure
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from verifybench.harness.multigpu import guard as dist_guard
+from verifybench.harness.multigpu import report
 from verifybench.harness.model.presets import default_scope
 from verifybench.harness.engine import fingerprint, memory
 from verifybench.harness.model import presets
@@ -39,8 +39,9 @@ from verifybench.harness.collectives.backends import (DTYPE, GPU_BACKENDS, ArOp,
                                         capture_graph, check_eager, check_graph, expected_sum, make_backend,
                                         unavailable_reason)
 from verifybench.harness.collectives.allreduce_results import measurement_from_dict
-from verifybench.harness.multigpu.guard import (Agreement, Watchdog, announce_safe_env, init_group, maybe_fault, parse_fault,
-                                            rank_main)
+from verifybench.harness.multigpu.guard import init_group, maybe_fault, parse_fault, rank_main
+from verifybench.harness.multigpu.ranks import Agreement, announce_safe_env
+from verifybench.harness.multigpu.watchdog import Watchdog
 from verifybench.harness.engine.results import Case
 from verifybench.harness.engine.timing import measure
 from verifybench.harness.model import build
@@ -574,7 +575,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    dist_guard.PREFIX = "[verify_dist]"
+    report.PREFIX = "[verify_dist]"
     announce_safe_env()
     try:
         make_plan(args)  # bad arguments: every rank says so and exits 2, before any rendezvous
