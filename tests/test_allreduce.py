@@ -249,11 +249,16 @@ AR_CASES = [("nccl", 14336, "graph", 30.0, "1 tok"), ("nccl", 28672, "graph", 32
             ("nccl", 14336, "eager", 5.0, "1 tok"), ("nccl", 1 << 20, "graph", 99.0, "pow2")]
 
 
+# how a GPU figure is labelled when it stands in on this host
+GPU_LABEL = "" if torch.cuda.is_available() else " (a GPU figure, measured on NVIDIA X)"
+
+
 def test_stand_in_takes_the_median_at_the_nearest_size_of_the_named_or_fastest_backend(tmp_path):
     path = str(_stored(tmp_path / "ar.json", "allreduce", AR_CASES))
-    assert stand_in_from_result(path, 14336) == (12.0, f"{path}: symm-one-shot, the fastest, graph mode, at 14336 B")
+    assert stand_in_from_result(path, 14336) == (
+        12.0, f"{path}: symm-one-shot, the fastest, graph mode, at 14336 B{GPU_LABEL}")
     us, source = stand_in_from_result(f"{path}:nccl", 14336)  # named: graph mode, never the faster eager figure
-    assert us == 30.0 and source == f"{path}: nccl, graph mode, at 14336 B"
+    assert us == 30.0 and source == f"{path}: nccl, graph mode, at 14336 B{GPU_LABEL}"
     us, source = stand_in_from_result(path, 7168 * 3 * 2)  # 43008 B: nearest measured is 57344 (ratio 1.33 < 1.5)
     assert us == 40.0 and "at 57344 B (the size nearest 43008 B)" in source
     us, source = stand_in_from_result(path)  # no size: the median over the verify sizes, not the pow2 one
@@ -265,11 +270,33 @@ def test_stand_in_takes_the_median_at_the_nearest_size_of_the_named_or_fastest_b
         stand_in_from_result(str(other))
 
 
+def test_a_default_allreduce_file_stands_in_with_its_gpu_backends_and_ignores_gloo(tmp_path):
+    """The job's default backend set includes gloo, so a GPU run's file holds gloo's host times too: they never stand
+    in (on a GPU a file was refused for them); only a file with no GPU-backend case is CPU numbers, refused on a
+    GPU. The latency comes rounded (6.608500028960407 us was printed)."""
+    path = str(_stored(tmp_path / "ar.json", "allreduce", [
+        ("nccl", 14336, "graph", 6.608500028960407, "1 tok"), ("gloo", 14336, "graph", 3.0, "1 tok")]))
+    for case in (run := load_run(path))["cases"]:
+        case["device"] = "cpu" if case["params"]["backend"] == "gloo" else "cuda"
+    results.write_json_atomic(path, run)
+    assert stand_in_from_result(path, 14336) == (6.61, f"{path}: nccl, graph mode, at 14336 B{GPU_LABEL}")
+    cpu_only = str(_stored(tmp_path / "gloo.json", "allreduce", [("gloo", 14336, "graph", 3.04449, "1 tok")],
+                           device="cpu"))
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"a CPU \(gloo\) run"):
+            stand_in_from_result(cpu_only, 14336)
+        with pytest.raises(ValueError, match=r"a CPU \(gloo\) run"):
+            stand_in_from_result(f"{path}:gloo", 14336)
+    else:
+        assert stand_in_from_result(cpu_only, 14336) == (3.04, f"{cpu_only}: gloo, graph mode, at 14336 B "
+                                                               "(CPU numbers: gloo)")
+
+
 def test_verifybench_allreduce_from_sets_the_one_gpu_stand_in_and_names_its_source(tmp_path, monkeypatch):
     path = str(_stored(tmp_path / "ar.json", "allreduce", AR_CASES))
     monkeypatch.delenv("VERIFYBENCH_ALLREDUCE_US", raising=False)
     monkeypatch.setenv("VERIFYBENCH_ALLREDUCE_FROM", f"{path}:nccl")
-    assert allreduce_stand_in_us(28672) == (32.0, f"measured: {path}: nccl, graph mode, at 28672 B")
+    assert allreduce_stand_in_us(28672) == (32.0, f"measured: {path}: nccl, graph mode, at 28672 B{GPU_LABEL}")
     assert allreduce_stand_in_us()[0] == 32.0
     monkeypatch.setenv("VERIFYBENCH_ALLREDUCE_US", "20")
     with pytest.raises(ValueError, match="not both"):
