@@ -38,7 +38,7 @@ def quick_sweep(tmp_path_factory):
                             "--out", str(out_dir)], timeout_s=240)
     assert rc == 0, out[-3000:]
     assert_no_orphans(tag)
-    return out, next(out_dir.glob("allreduce-sweep-*/summary.json"))
+    return out, next(out_dir.glob("allreduce_sweep-*/summary.json"))
 
 
 def test_gloo_eight_rank_run_prints_table_and_saves_checked_json(quick_sweep):
@@ -89,7 +89,7 @@ def test_quick_nccl_sweep_runs_each_setting_in_a_fresh_eight_rank_torchrun_and_p
     assert "the NCCL variables do nothing here" in out  # gloo: a plumbing check, said so
     assert re.search(r"\[sweep 1/3, \d+/1800 s\] default \.\.\. ok", out), out[-3000:]
     assert "settings ranked at verify sizes" in out and "fastest setting per size" in out
-    assert "export NCCL_NVLS_ENABLE=0" in out and "not a recommendation" in out
+    assert "not a recommendation" in out and results.WITHHELD in out
     run = load_run(summary)
     assert {c["params"]["nccl_setting"] for c in run["cases"]} == {"default", "NCCL_PROTO=LL,NCCL_ALGO=Ring"}
     assert all(c["check"]["ok"] and c["params"]["world_size"] == 8 for c in run["cases"])
@@ -147,7 +147,41 @@ def test_sweep_ranks_at_verify_sizes_and_combines_the_best_of_independent_groups
     assert sweep.combine_winners(outcomes[:2], sweep.rank_settings(outcomes[:2])) is None  # one group: no new run
     lines = sweep.export_lines(env, {"NCCL_IB_DISABLE": "1", "NCCL_DEBUG": "INFO", "PATH": "/bin"})
     assert lines == ["export NCCL_ALGO=Ring", "export NCCL_IB_DISABLE=1", "export NCCL_NTHREADS=256",
-                     "export NCCL_NVLS_ENABLE=0", "export NCCL_PROTO=LL", "export TORCH_SYMM_MEM_DISABLE_MULTICAST=1"]
+                     "export NCCL_PROTO=LL"]  # what every setting ran under and the winner's: nothing unmeasured
+
+
+def _stub_setting(label, env, folder, args, nproc, backends, timeout_s) -> dict:
+    """run_setting without a torchrun: a gloo run whose LL setting is 40% faster than the default."""
+    t = 6.0 if env else 10.0
+    case = {"name": f"allreduce/gloo/512B/graph", "check": {"ok": True, "detail": ""}, "mode": "graph",
+            "device": "cpu", "samples_us": [t], "summary": {"median_us": t}, "derived": {"time_us": t},
+            "params": {"backend": "gloo", "size_bytes": 512, "mode": "graph", "origin": "1 tok"}}
+    return {"label": label, "group": sweep.group_of(env), "env": env, "status": "ok", "wall_s": 0.1,
+            "run": {"fingerprint": {"env": {}}, "cases": [case]}, "nccl_log": {}, "output_tail": [], "folder": None}
+
+
+def test_sweep_without_out_saves_under_the_default_folder_exports_only_what_it_measured_and_withholds_cpu_gains(
+        tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sweep, "run_setting", _stub_setting)
+    monkeypatch.setattr(sweep, "_gpu_count", lambda: 0)
+    for key in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST"):  # launched as on an NVSwitch box
+        monkeypatch.delenv(key, raising=False)
+    assert allreduce_main(["--nccl-sweep", "--setting", "default", "--setting", "NCCL_PROTO=LL"]) == 0
+    out = capsys.readouterr().out
+    (summary,) = (tmp_path / results.DEFAULT_OUT / "cpu").glob("allreduce_sweep-*/summary.json")
+    assert load_run(summary)["component"] == "allreduce_sweep"
+    assert "export NCCL_PROTO=LL" in out
+    assert "NCCL_NVLS_ENABLE=0" not in out.split("fastest at verify sizes")[1]  # never measured with NVLS on
+    assert "TORCH_SYMM_MEM_DISABLE_MULTICAST" not in out.split("fastest at verify sizes")[1]
+    assert "+40.0%" not in out and "0.6" not in out.split("settings ranked")[1]  # the gains: CPU timer noise
+    assert out.count(results.WITHHELD) >= 2 and "CPU numbers" in out
+
+
+def test_a_sweep_setting_that_cannot_be_read_is_refused_in_one_line(capsys):
+    assert allreduce_main(["--nccl-sweep", "--setting", "NCCL_NVLS_ENABLE=1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --setting:") and "NVLS multicast" in err[0]
 
 
 def test_sweep_refuses_settings_that_enable_multicast():

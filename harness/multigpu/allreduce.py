@@ -274,8 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    announce_safe_env()
-    if args.nccl_sweep or args.list:
+    if args.nccl_sweep or args.list:  # the driver leaves its environment as launched: it is what export lines read
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             print("error: --nccl-sweep is the driver: run it with plain python, it starts torchrun per setting",
                   file=sys.stderr)
@@ -283,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         from verifybench.harness.multigpu.sweep import run_sweep
 
         return run_sweep(args)
+    announce_safe_env()
     try:
         check_arguments(args)
     except ValueError as e:
