@@ -345,3 +345,23 @@ def test_verifybench_allreduce_from_sets_the_one_gpu_stand_in_and_names_its_sour
 
 def _run(cmd: list[str], timeout_s: float = 120):
     return run_job(cmd, timeout_s, drop_env=("VERIFYBENCH_ALLREDUCE_US", "VERIFYBENCH_ALLREDUCE_FROM"))
+
+
+def test_each_kind_of_result_the_torchrun_room_writes_has_its_own_file_prefix(monkeypatch):
+    """The name's prefix before -<UTC stamp> names the kind: the one-rank component owns allreduce-, the torchrun
+    job writes allreduce_ranks- (its stored component stays "allreduce", so baselines still load and compare)."""
+    from types import SimpleNamespace
+
+    from verifybench.harness.components import allreduce as one_rank
+    from verifybench.harness.engine import fingerprint
+    from verifybench.harness.multigpu import output, verify_output
+    from verifybench.harness.multigpu.ranks import RankInfo
+
+    monkeypatch.setattr(fingerprint, "collect", lambda: {"env": {}})
+    info = RankInfo(0, 2, 0, 2, "127.0.0.1", 1, True, "r", "h")
+    job = output.Output(SimpleNamespace(name=None, out=None, label=None), info, {}, "cpu", [])
+    prefix, _, stamp = job.name.removesuffix(".json").rpartition("-")
+    assert prefix == "allreduce_ranks" and re.fullmatch(r"\d{8}T\d{6}Z", stamp)
+    assert output.COMPONENT == "allreduce"
+    kinds = [one_rank.NAME, prefix, sweep.COMPONENT, verify_output.COMPONENT]
+    assert kinds == ["allreduce", "allreduce_ranks", "allreduce_sweep", "verify_dist"]

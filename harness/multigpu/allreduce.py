@@ -252,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-nccl-log", dest="nccl_log", action="store_false",
                    help="do not record NCCL's init log (transport) when NCCL_DEBUG is unset")
     p.add_argument("--out", type=Path, help=f"results folder (default ./{DEFAULT_OUT}/<machine>/)")
-    p.add_argument("--name", help="results file name (default allreduce-<UTC time>.json)")
+    p.add_argument("--name", help="results file name (default allreduce_ranks-<UTC time>.json)")
     sweep = p.add_argument_group("NCCL setting sweep (driver mode, run without torchrun)")
     sweep.add_argument("--nccl-sweep", action="store_true", help="run every setting in its own torchrun, rank them "
                        "at verify sizes, run the best of each group combined, print the winner as export lines")
