@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from verifybench.harness.model.forward import allocated_bytes
-from verifybench.harness.multigpu import verify as vd, verify_setup as setup
-from verifybench.harness.engine.results import load_run
+from verifybench.harness.multigpu import verify as vd, verify_output as vd_output, verify_setup as setup
+from verifybench.harness.engine.results import WITHHELD, load_run
 from torchrun_jobs import BOUND_S, TORCHRUN, assert_no_orphans, run_job
 
 VERIFY_DIST = TORCHRUN + ["-m", "verifybench.harness.multigpu.verify"]
@@ -27,6 +27,7 @@ def test_eight_rank_gloo_run_checks_times_both_variants_and_saves(tmp_path):
     assert re.search(r"n\s+size\(B\)\s+backend\s+full\(us\)\s+no-AR\(us\)\s+AR marginal\(us\)\s+per AR\(us\)", out), \
         out[-3000:]
     assert "CPU numbers" in out and "stand-in: 7.7 us" in out
+    assert re.search(r"gloo\s+[\d.]+\s+[\d.]+\s+withheld: CPU numbers", out), out[-3000:]  # no AR marginal
     run = load_run(tmp_path / "r.json")
     assert run["component"] == "verify_dist"
     assert run["extra"]["world_size"] == 8 and run["extra"]["complete"]
@@ -67,6 +68,30 @@ def test_rank_exiting_early_ends_job_nonzero_within_bound_naming_it(tmp_path):
     assert rc != 0 and wall_s < BOUND_S
     assert re.search(r"Root Cause.*?rank\s*:\s*1 \(local_rank: 1\)", out, re.S), out[-3000:]
     assert_no_orphans(tag)
+
+
+def _rank_records(full_us: float, without_us: float, alone_us: float) -> list[dict]:
+    def m(t):
+        return {"mode": "graph", "device": "cpu", "timer": "perf_counter", "samples_us": [t], "calls_per_sample": 1,
+                "warmup_calls": 2, "stop_reason": "fixed_samples", "wall_s": 0.1, "clocks_before": None,
+                "clocks_after": None, "summary": {"median_us": t}}
+
+    return [{"n": 1, "ok": True, "detail": "ok", "variants": {"full": m(full_us), "without-allreduce": m(without_us),
+                                                              "only-allreduce": m(alone_us)}}]
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_allreduce_marginal_is_withheld_on_cpu_and_shown_on_a_gpu(device):
+    """On CPU a forward without its allreduce timed 12,386 us slower than with it: a difference of two noisy
+    perf_counter times is no allreduce cost."""
+    plan = {"layers_run": 3, "tokens": [1], "stand_in_by_n_us": [7.7], "hidden": 256, "preset": "tiny", "tp": 1,
+            "context": 64, "no_allreduce": False, "device": device}
+    cases, (row,) = vd_output.build_cases("gloo", [_rank_records(100.0, 12486.0, 30.0)] * 2, plan, 2)
+    assert cases[0].derived["allreduce_marginal_us"] == -12386.0  # stored as measured, for tools that read it
+    assert row["full(us)"] == 100.0 and row["no-AR(us)"] == 12486.0 and row["stand-in(us)"] == 7.7
+    for column in vd_output.DERIVED_COLUMNS:
+        assert (row[column] == WITHHELD) == (device == "cpu"), column
+    assert row["AR marginal(us)"] == (WITHHELD if device == "cpu" else -12386.0)
 
 
 def _streams(values):

@@ -12,6 +12,8 @@ from verifybench.harness.multigpu.verify_setup import VARIANTS
 
 
 COMPONENT = "verify_dist"
+# figures derived from the timed variants (differences and ratios): on CPU, timer noise, withheld in the table
+DERIVED_COLUMNS = ("AR marginal(us)", "per AR(us)", "AR alone/op(us)", "no-AR+stand-ins(us)")
 
 
 def build_cases(name: str, per_rank: list[list[dict]], plan: dict, world_size: int) -> tuple[list[Case], list[dict]]:
@@ -48,7 +50,7 @@ def build_cases(name: str, per_rank: list[list[dict]], plan: dict, world_size: i
         rows.append({**row, "full(us)": t["full"], "no-AR(us)": t["without-allreduce"], "AR marginal(us)": marginal,
                      "per AR(us)": marginal / n_ar, "AR alone/op(us)": t["only-allreduce"] / n_ar,
                      "stand-in(us)": stand_in, "no-AR+stand-ins(us)": ar["stand_in_forward_us"], "check": "ok"})
-    return cases, rows
+    return cases, (results.withhold(rows, DERIVED_COLUMNS) if plan["device"] == "cpu" else rows)
 
 
 class Output:
@@ -80,7 +82,8 @@ class Output:
         p, i = self.plan, self.info
         out = []
         if p["device"] == "cpu":
-            out.append("NOTE: run on CPU: CPU numbers (gloo, perf_counter timing), not GPU numbers.")
+            out.append("NOTE: run on CPU: CPU numbers (gloo, perf_counter timing), not GPU numbers; the figures "
+                       "derived from them (allreduce marginal, per allreduce, with stand-ins) are withheld.")
         if i.world_size < p["tp"]:
             out.append(f"NOTE: {i.world_size} ranks of a TP-{p['tp']} model: each rank holds the shapes one of "
                        f"{p['tp']} ranks holds, and the allreduce spans {i.world_size} ranks, not {p['tp']}.")
