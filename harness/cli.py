@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-EXIT_BAD_INPUT = 2
+from verifybench.harness.analysis.numbers import EXIT_BAD_INPUT, Parser
 
 # name -> (module with add_arguments/run, one-line help). Components are added from the registry.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -34,13 +34,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "hostprobe": ("verifybench.harness.engine.hostnoise", "how much this host's CPU speed wanders (host-timed "
                   "figures follow it)"),
 }
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with its refusals in one line (naming the argument and what it allows) and exit code 2."""
-
-    def error(self, message: str):
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,8 +16,9 @@ import time
 from types import SimpleNamespace
 
 import pytest
+import torch
 
-from verifybench.harness.multigpu import guard, report, watchdog
+from verifybench.harness.multigpu import allreduce, guard, report, verify, watchdog
 from verifybench.harness.multigpu.ranks import RankInfo
 from torchrun_jobs import REPO, alive, assert_no_orphans, rank_processes, rank_step, start_job
 
@@ -228,11 +229,44 @@ def test_only_a_sibling_worker_of_this_job_is_ever_killed():
     assert report.process_state(other.pid) is None
 
 
-@pytest.mark.parametrize("dest", guard.COUNT_OPTIONS)
-@pytest.mark.parametrize("value", [0, -3])
-def test_a_count_of_zero_is_refused_not_swapped_for_the_default(dest, value):
+JOB_COUNTS = [("allreduce", flag) for flag in ("--warmup", "--samples", "--isolated-samples", "--calls-per-sample",
+                                               "--tp", "--hidden", "--nproc-per-node")]
+JOB_COUNTS += [("verify", flag) for flag in ("--warmup", "--samples", "--layers", "--context", "--tp")]
+
+
+@pytest.mark.parametrize("job, flag", JOB_COUNTS)
+@pytest.mark.parametrize("value", ["0", "-3", "2.5"])
+def test_a_count_of_zero_is_refused_in_one_line_when_parsed_not_swapped_for_the_default(job, flag, value, capsys):
+    parser = (allreduce if job == "allreduce" else verify).build_parser()
+    with pytest.raises(SystemExit) as stop:
+        parser.parse_args([flag, value])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1, err
+    assert f"argument {flag}: " in err[0] and value in err[0]
+    assert getattr(parser.parse_args([flag, "1"]), flag[2:].replace("-", "_")) == 1
+
+
+@pytest.mark.parametrize("flag", ["--setting-timeout", "--sweep-time-limit"])
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+def test_a_sweep_time_that_is_not_a_positive_number_of_seconds_is_refused_when_parsed(flag, value, capsys):
+    with pytest.raises(SystemExit) as stop:
+        allreduce.build_parser().parse_args([flag, value])
+    assert stop.value.code == 2 and f"argument {flag}: " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("spec", ["bogus", "exit-early", "hang:x", "hang:1@y", "crash:1"])
+def test_a_fault_that_cannot_be_read_is_refused_at_the_edge_naming_the_allowed_values(spec):
     info = RankInfo(1, 2, 1, 2, "127.0.0.1", 1, True, "r", "h")
-    flag = "--" + dest.replace("_", "-")
-    with pytest.raises(ValueError, match=f"{flag} must be a whole number >= 1, got {value}"):
-        guard.check_edge(SimpleNamespace(hang_timeout=30, **{dest: value}), info)
-    guard.check_edge(SimpleNamespace(hang_timeout=30, **{dest: 1}), info)
+    with pytest.raises(ValueError, match=r"expected exit-early:RANK\[@CASE\] or hang:RANK\[@CASE\]"):
+        guard.check_edge(SimpleNamespace(hang_timeout=30, out=None, fault=spec), info)
+    guard.check_edge(SimpleNamespace(hang_timeout=30, out=None, fault="hang:1@2"), info)
+
+
+@pytest.mark.parametrize("job, argv", [("allreduce", ["--backend", "gloo,nccl"]), ("allreduce", ["--backend", "pynccl"]),
+                                       ("verify", ["--allreduce", "nccl"]), ("verify", ["--allreduce", "symm-one-shot"])])
+def test_a_gpu_backend_is_refused_on_a_cpu_box_in_one_line(job, argv, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    module = allreduce if job == "allreduce" else verify
+    assert module.main(["--preset", "tiny", "--tp", "1", *argv]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and "forced" not in line]
+    assert len(err) == 1 and "needs a CUDA GPU and this machine has none" in err[0], err

@@ -1,8 +1,18 @@
-"""Argument types for numbers given on a command line: finite, in range, named in the error."""
+"""Command-line parsing every command and torchrun job shares: argument types for numbers (finite, in range, named
+in the error) and the parser that refuses in one line with exit code 2."""
 from __future__ import annotations
 
 import argparse
 import math
+
+EXIT_BAD_INPUT = 2
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with its refusals in one line (naming the argument and what it allows) and exit code 2."""
+
+    def error(self, message: str):
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def finite_float(low: float | None = None, high: float | None = None, exclusive: bool = False):

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from verifybench.harness.analysis.numbers import Parser, finite_float, positive_int
 from verifybench.harness.model import presets
 from verifybench.harness.collectives.backends import (ALL_BACKENDS, BACKEND_HELP, ELEMENT_BYTES, GPU_BACKENDS, Comm, backend_versions,
                                         check_eager, check_graph, count_wrong, expected_sum, make_backend,
@@ -133,6 +134,10 @@ def check_arguments(args) -> list[str]:
     unknown = [b for b in requested if b not in ALL_BACKENDS]
     if unknown or len(set(requested)) != len(requested):
         raise ValueError(f"--backend takes distinct names of {', '.join(ALL_BACKENDS)}, got {args.backend!r}")
+    gpu_only = [b for b in requested if b in GPU_BACKENDS] if args.backend else []
+    if gpu_only and not torch.cuda.is_available():
+        raise ValueError(f"--backend {','.join(gpu_only)} needs a CUDA GPU and this machine has none: use "
+                         "--backend gloo")
     try:
         _make_plan(args, "cpu", requested)
     except (KeyError, IndexError, ZeroDivisionError, OverflowError) as e:
@@ -229,11 +234,11 @@ def _enable_nccl_log() -> str | None:
 # ---- entry ----
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m verifybench.harness.multigpu.allreduce", description=__doc__,
+    p = Parser(prog="python -m verifybench.harness.multigpu.allreduce", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="kimi-k2.5", help="model preset whose hidden size sets the sizes")
-    p.add_argument("--tp", type=int, default=8, help="TP degree for the preset (the hidden size does not change)")
-    p.add_argument("--hidden", type=int, help="hidden size, overriding the preset's")
+    p.add_argument("--tp", type=positive_int, default=8, help="TP degree for the preset (the hidden size does not change)")
+    p.add_argument("--hidden", type=positive_int, help="hidden size, overriding the preset's")
     p.add_argument("--tokens", default="1-8", help="token counts, e.g. 1-8 or 1,2,4 (default 1-8)")
     p.add_argument("--batches", default="1", help="batch sizes multiplying the token counts (default 1)")
     p.add_argument("--sizes", help="extra sizes in bytes, comma-separated (K/M suffixes, multiples of 16)")
@@ -242,10 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
                    + " (default: all that run here)")
     p.add_argument("--mode", help="comma list of " + "; ".join(f"{k}: {v}" for k, v in MODE_HELP.items())
                    + " (default: all)")
-    p.add_argument("--warmup", type=int, help="warm-up calls per case (default 20 GPU, 3 CPU)")
-    p.add_argument("--samples", type=int, help="samples per case in graph and eager modes (default 100 GPU, 10 CPU)")
-    p.add_argument("--isolated-samples", type=int, help="samples in isolated mode (default 1000 GPU, 20 CPU)")
-    p.add_argument("--calls-per-sample", type=int, help="K: ops per sample in graph (one replay) and eager "
+    p.add_argument("--warmup", type=positive_int, help="warm-up calls per case (default 20 GPU, 3 CPU)")
+    p.add_argument("--samples", type=positive_int, help="samples per case in graph and eager modes (default 100 GPU, 10 CPU)")
+    p.add_argument("--isolated-samples", type=positive_int, help="samples in isolated mode (default 1000 GPU, 20 CPU)")
+    p.add_argument("--calls-per-sample", type=positive_int, help="K: ops per sample in graph (one replay) and eager "
                    "(back to back) modes (default 64 GPU, 4 CPU)")
     p.add_argument("--hang-timeout", type=float, default=DEFAULT_HANG_TIMEOUT_S,
                    help="seconds without progress before the job is ended, naming the stuck rank (default 30)")
@@ -261,9 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "checks the sweep's plumbing, e.g. on CPU, where gloo ignores every NCCL variable")
     sweep.add_argument("--setting", action="append", help="KEY=VAL[,KEY=VAL...] or 'default'; repeatable "
                        "(default: the built-in list, see --list)")
-    sweep.add_argument("--nproc-per-node", type=int, help="ranks per setting (default: GPUs here, or 2)")
-    sweep.add_argument("--setting-timeout", type=float, default=180, help="seconds per setting (default 180)")
-    sweep.add_argument("--sweep-time-limit", type=float, help="total seconds for the sweep (default 1800): a "
+    sweep.add_argument("--nproc-per-node", type=positive_int, help="ranks per setting (default: GPUs here, or 2)")
+    sweep.add_argument("--setting-timeout", type=finite_float(0, exclusive=True), default=180, help="seconds per setting (default 180)")
+    sweep.add_argument("--sweep-time-limit", type=finite_float(0, exclusive=True), help="total seconds for the sweep (default 1800): a "
                        "setting that might not finish inside it is skipped, and the summary is still written")
     sweep.add_argument("--torchrun-args", default="", help="extra torchrun arguments, e.g. rendezvous options")
     p.add_argument("--label", help=argparse.SUPPRESS)  # sweep setting this rank runs under
@@ -279,6 +284,12 @@ def main(argv: list[str] | None = None) -> int:
             print("error: --nccl-sweep is the driver: run it with plain python, it starts torchrun per setting",
                   file=sys.stderr)
             return 2
+        if not args.list:  # what every setting's job would refuse, refused once
+            try:
+                check_arguments(args)
+            except ValueError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 2
         from verifybench.harness.multigpu.sweep import run_sweep
 
         return run_sweep(args)

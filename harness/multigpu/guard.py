@@ -43,19 +43,12 @@ def maybe_fault(fault: tuple[str, int, int] | None, rank: int, case_index: int) 
         time.sleep(3600)
 
 
-# options of the torchrun jobs (dist.allreduce, dist.verify) that count something: given, each must be >= 1
-COUNT_OPTIONS = ("warmup", "samples", "isolated_samples", "calls_per_sample", "layers", "context", "hidden", "tp")
-
-
 def check_edge(args, info: RankInfo) -> None:
-    """What every job checks before its rendezvous (ValueError naming the option): --hang-timeout, the counts in
-    COUNT_OPTIONS, and on rank 0, which writes the results, that a given --out folder can be written (not only after
-    the measuring)."""
+    """What every job checks before its rendezvous (ValueError naming the option): --hang-timeout, --fault, and on
+    rank 0, which writes the results, that a given --out folder can be written (not only after the measuring). The
+    counts are checked when the command line is parsed (analysis/numbers.py)."""
     args.hang_timeout = check_hang_timeout(args.hang_timeout)
-    for dest in COUNT_OPTIONS:  # a 0 would otherwise be swapped for the default (`args.samples or default`)
-        value = getattr(args, dest, None)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise ValueError(f"--{dest.replace('_', '-')} must be a whole number >= 1, got {value!r}")
+    parse_fault(getattr(args, "fault", None))  # read after the rendezvous: a bad one would end every rank there
     if info.rank == 0 and getattr(args, "out", None) is not None:
         from verifybench.harness.engine.results import check_writable
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from verifybench.harness.analysis.numbers import Parser, positive_int
 from verifybench.harness.collectives.backends import (DTYPE, ArOp, Comm, backend_versions, capture_graph,
                                                       check_eager, check_graph, expected_sum, unavailable_reason)
 from verifybench.harness.engine import results
@@ -258,20 +259,20 @@ def run_rank(args, info, store, guard: Watchdog) -> int:
 # ---- entry ----
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="torchrun --nproc-per-node=N -m verifybench.harness.multigpu.verify", description=__doc__,
+    p = Parser(prog="torchrun --nproc-per-node=N -m verifybench.harness.multigpu.verify", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", help="model preset (default kimi-k2.5; tiny when the forward runs on CPU, as with "
                    "gloo)")
-    p.add_argument("--tp", type=int, help="TP degree whose per-rank shapes each rank holds, whatever the number of "
+    p.add_argument("--tp", type=positive_int, help="TP degree whose per-rank shapes each rank holds, whatever the number of "
                    "ranks (default 8; 1 on CPU)")
-    p.add_argument("--context", type=int, help="cached tokens per layer (default 4096; 64 on CPU)")
-    p.add_argument("--layers", type=int, help="layers to build (default: the preset's; when they do not fit, the job "
+    p.add_argument("--context", type=positive_int, help="cached tokens per layer (default 4096; 64 on CPU)")
+    p.add_argument("--layers", type=positive_int, help="layers to build (default: the preset's; when they do not fit, the job "
                    "refuses before building and names the --layers that fit)")
     p.add_argument("--tokens", default="1-8", help="token counts n, e.g. 1-8 or 1,2,4 (default 1-8)")
     p.add_argument("--allreduce", help="comma list of " + "; ".join(f"{k}: {v}" for k, v in BACKEND_HELP.items())
                    + " (default nccl with CUDA, gloo without)")
-    p.add_argument("--warmup", type=int, help="eager forwards before each capture (default 3 GPU, 2 CPU)")
-    p.add_argument("--samples", type=int, help="graph replays timed per variant and n (default 40 GPU, 5 CPU)")
+    p.add_argument("--warmup", type=positive_int, help="eager forwards before each capture (default 3 GPU, 2 CPU)")
+    p.add_argument("--samples", type=positive_int, help="graph replays timed per variant and n (default 40 GPU, 5 CPU)")
     p.add_argument("--hang-timeout", type=float, default=DEFAULT_HANG_TIMEOUT_S,
                    help="seconds without progress before the job is ended, naming the stuck rank (default 120: "
                         "the first forward of each n may compile Triton kernels)")
