@@ -153,7 +153,7 @@ def test_sweep_ranks_at_verify_sizes_and_combines_the_best_of_independent_groups
 def _stub_setting(label, env, folder, args, nproc, backends, timeout_s) -> dict:
     """run_setting without a torchrun: a gloo run whose LL setting is 40% faster than the default."""
     t = 6.0 if env else 10.0
-    case = {"name": f"allreduce/gloo/512B/graph", "check": {"ok": True, "detail": ""}, "mode": "graph",
+    case = {"name": "allreduce/gloo/512B/graph", "check": {"ok": True, "detail": ""}, "mode": "graph",
             "device": "cpu", "samples_us": [t], "summary": {"median_us": t}, "derived": {"time_us": t},
             "params": {"backend": "gloo", "size_bytes": 512, "mode": "graph", "origin": "1 tok"}}
     return {"label": label, "group": sweep.group_of(env), "env": env, "status": "ok", "wall_s": 0.1,
@@ -220,6 +220,19 @@ def test_verify_sizes_are_hidden_times_tokens_times_two_bytes():
     assert with_batch[7168 * 2 * 4] == "1 tok x 4 req" and {1024, 2048, 4096} <= set(with_batch)
     with pytest.raises(ValueError):
         plan_sizes(7168, [1], [1], [100], None)
+
+
+@pytest.mark.parametrize("text", ["1_0", "1-", "-2", "4-2", "1,,2", "1,", "0", "a", "1-100000000", "1.5"])
+def test_a_count_list_is_read_exactly_or_refused_naming_the_option(text):
+    with pytest.raises(ValueError, match=r"--batches takes counts >= 1 and <= 65536"):
+        parse_int_list(text, "--batches")
+
+
+@pytest.mark.parametrize("text", ["1_0", "1e3", "14KK", "K", "-1K", "nan", "inf", ""])
+def test_a_byte_count_is_read_exactly_or_refused(text):
+    with pytest.raises(ValueError, match="not a byte count"):
+        parse_bytes(text)
+    assert parse_bytes("1.5K") == 1536 and parse_bytes("64mb") == 64 << 20
 
 
 def test_busbw_uses_the_nccl_tests_factor():

@@ -11,6 +11,7 @@ import argparse
 import itertools
 import math
 import os
+import re
 import sys
 import tempfile
 from dataclasses import replace
@@ -43,24 +44,28 @@ DEFAULT_HANG_TIMEOUT_S = 30.0
 
 # ---- sizes ----
 
+COUNT_MAX = 1 << 16  # a larger count in --tokens/--batches is a typo, and a range up to it would fill memory
+
+
 def parse_bytes(text: str) -> int:
-    """'14336', '14K', '1M' (K = 1024) -> bytes."""
-    text = text.strip().upper().removesuffix("B")
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-    return int(float(text[:-1] if scale > 1 else text) * scale)
+    """'14336', '14K', '1.5M' (K = 1024, an optional B) -> bytes; ValueError for anything else ('1_0', '1e3')."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([KMG]?)B?", text.strip().upper())
+    if not m:
+        raise ValueError(f"not a byte count: {text!r}")
+    return int(float(m[1]) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(m[2], 1))
 
 
 def parse_int_list(text: str, name: str = "--tokens") -> list[int]:
-    """'1-8' or '1,2,4' or '1-4,8' -> sorted unique ints >= 1 (ValueError naming `name` otherwise)."""
+    """'1-8' or '1,2,4' or '1-4,8' -> sorted unique ints in 1..COUNT_MAX (ValueError naming `name` otherwise: '1_0',
+    '1-', '4-2' and empty parts are refused, not read as something else)."""
     out: set[int] = set()
-    try:
-        for part in filter(None, (p.strip() for p in text.split(","))):
-            lo, _, hi = part.partition("-")
-            out.update(range(int(lo), int(hi or lo) + 1))
-    except ValueError:
-        raise ValueError(f"{name} takes counts like 1-8 or 1,2,4, got {text!r}") from None
-    if not out or min(out) < 1:
-        raise ValueError(f"{name} takes counts >= 1 like 1-8 or 1,2,4, got {text!r}")
+    for part in (p.strip() for p in text.split(",")):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        lo, hi = (int(m[1]), int(m[2] or m[1])) if m else (0, -1)
+        if not 1 <= lo <= hi <= COUNT_MAX:
+            raise ValueError(f"{name} takes counts >= 1 and <= {COUNT_MAX} like 1-8 or 1,2,4 (a range LOW-HIGH with "
+                             f"LOW <= HIGH), got {text!r}")
+        out.update(range(lo, hi + 1))
     return sorted(out)
 
 
