@@ -172,6 +172,8 @@ def test_sweep_without_out_saves_under_the_default_folder_exports_only_what_it_m
     (summary,) = (tmp_path / results.DEFAULT_OUT / "cpu").glob("allreduce_sweep-*/summary.json")
     assert load_run(summary)["component"] == "allreduce_sweep"
     assert "export NCCL_PROTO=LL" in out
+    assert "every setting runs with NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 (launched with " \
+           "NCCL_NVLS_ENABLE unset" in out  # what it measured under, said once, never exported
     assert "NCCL_NVLS_ENABLE=0" not in out.split("fastest at verify sizes")[1]  # never measured with NVLS on
     assert "TORCH_SYMM_MEM_DISABLE_MULTICAST" not in out.split("fastest at verify sizes")[1]
     assert "+40.0%" not in out and "0.6" not in out.split("settings ranked")[1]  # the gains: CPU timer noise

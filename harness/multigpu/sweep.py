@@ -333,11 +333,11 @@ def run_sweep(args) -> int:
     if cpu:
         print("NOTE: gloo on CPU: the NCCL variables do nothing here; this checks the sweep's plumbing, and its "
               "ranking is noise, not a recommendation: CPU numbers, gains withheld.", flush=True)
-    forced = force_safe_env(dict(launched))
+    forced = {k: launched.get(k) for k, v in SAFE_ENV.items() if launched.get(k) != v}
     if forced:
-        print(f"NOTE: every setting runs with {', '.join(f'{k}={SAFE_ENV[k]}' for k in forced)} (launched with "
-              f"{', '.join(f'{k}={v!r}' for k, v in forced.items())}): multicast off; the export lines leave "
-              "these out, so nothing the sweep did not measure is exported", flush=True)
+        was = ", ".join(f"{k} {'unset' if v is None else repr(v)}" for k, v in forced.items())
+        print(f"NOTE: every setting runs with {', '.join(f'{k}={SAFE_ENV[k]}' for k in forced)} (launched with {was}): "
+              "multicast off; the export lines leave these out: they name only what the sweep measured", flush=True)
     t0 = time.monotonic()
     outcomes: list[dict] = []
 
@@ -394,10 +394,13 @@ def _report(outcomes: list[dict], nproc: int, root: Path, launched: dict, cpu: b
             print(f"\n{o['label']}: {o['status']}; last output:\n  " + "\n  ".join(o["output_tail"]))
     if winner:
         note = " (CPU plumbing check: not a recommendation)" if cpu else ""
-        what = ("default: no setting beat the environment as launched, which is" if winner["setting"] == "default"
-                else f"{winner['setting']}; paste to use it")
-        print(f"\nfastest at verify sizes{note}: {what}" + (":" if exports else ""))
-        print("\n".join(exports) if exports else "(no NCCL_* variable to export)")
+        if winner["setting"] == "default":
+            what = "default (no setting beat the environment as launched)" + (", which sets:" if exports else "")
+        else:
+            what = f"{winner['setting']}; paste to use it:"
+        print(f"\nfastest at verify sizes{note}: {what}")
+        if exports:
+            print("\n".join(exports))
     else:
         print("\nno setting finished with passing checks at the verify sizes: nothing to recommend")
     print(f"saved {path}")
