@@ -38,12 +38,12 @@ def quick_sweep(tmp_path_factory):
                             "--out", str(out_dir)], timeout_s=240)
     assert rc == 0, out[-3000:]
     assert_no_orphans(tag)
-    return out, next(out_dir.glob("allreduce_sweep-*/summary.json"))
+    return out, next(out_dir.glob("allreduce_sweep-*.json"))
 
 
 def test_gloo_eight_rank_run_prints_table_and_saves_checked_json(quick_sweep):
     _, summary = quick_sweep
-    job = next(summary.parent.glob("00-*"))
+    job = next(summary.with_suffix("").glob("00-*"))  # the runs sit in the folder of its name
     out = (job / "output.log").read_text()
     assert re.search(r"size\(B\)\s+count\s+type\s+backend\s+mode\s+time\(us\)\s+algbw\(GB/s\)\s+busbw\(GB/s\)\s+#wrong",
                      out), out[-3000:]
@@ -96,7 +96,7 @@ def test_quick_nccl_sweep_runs_each_setting_in_a_fresh_eight_rank_torchrun_and_p
     assert run["extra"]["winner"]["setting"] in ("default", "NCCL_PROTO=LL,NCCL_ALGO=Ring")
     # each setting reached its ranks' environment (recorded in their fingerprint), multicast still off
     for i, want in enumerate((None, "LL")):
-        setting_run = load_run(next(summary.parent.glob(f"{i:02d}-*/allreduce.json")))
+        setting_run = load_run(next(summary.with_suffix("").glob(f"{i:02d}-*/allreduce.json")))
         env = setting_run["fingerprint"]["env"]
         assert env.get("NCCL_PROTO") == want
         assert env["NCCL_NVLS_ENABLE"] == "0" and env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
@@ -169,7 +169,7 @@ def test_sweep_without_out_saves_under_the_default_folder_exports_only_what_it_m
         monkeypatch.delenv(key, raising=False)
     assert allreduce_main(["--nccl-sweep", "--setting", "default", "--setting", "NCCL_PROTO=LL"]) == 0
     out = capsys.readouterr().out
-    (summary,) = (tmp_path / results.DEFAULT_OUT / "cpu").glob("allreduce_sweep-*/summary.json")
+    (summary,) = (tmp_path / results.DEFAULT_OUT / "cpu").glob("allreduce_sweep-*.json")
     assert load_run(summary)["component"] == "allreduce_sweep"
     assert "export NCCL_PROTO=LL" in out
     assert "every setting runs with NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 (launched with " \

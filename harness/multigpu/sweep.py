@@ -385,7 +385,8 @@ def _report(outcomes: list[dict], nproc: int, root: Path, launched: dict, cpu: b
     run = results.make_run(COMPONENT, [], fp, extra)
     run["cases"] = cases
     root.mkdir(parents=True, exist_ok=True)
-    path = results.write_json_atomic(root / "summary.json", results.validate_run(run, "sweep summary"))
+    # beside the folder of per-setting runs, named as every result is (<kind>-<stamp>.json): found with the others
+    path = results.write_json_atomic(root.parent / f"{root.name}.json", results.validate_run(run, "sweep summary"))
     for title, rows in summary_tables(outcomes, cpu):
         if rows:
             print(f"\n{title}\n" + tabulate(rows, headers="keys", floatfmt=".2f", missingval="-"))
