@@ -12,7 +12,8 @@ import importlib
 import signal
 import sys
 
-EXIT_BAD_INPUT = 2
+from verifybench.harness.analysis.numbers import EXIT_BAD_INPUT, Parser
+
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
 
 # name -> (module with add_arguments/run, one-line help). Components are added from the registry.
@@ -37,13 +38,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "hostprobe": ("verifybench.harness.engine.hostnoise", "how much this host's CPU speed wanders (host-timed "
                   "figures follow it)"),
 }
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with its refusals in one line (naming the argument and what it allows) and exit code 2."""
-
-    def error(self, message: str):
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -38,12 +38,12 @@ def quick_sweep(tmp_path_factory):
                             "--out", str(out_dir)], timeout_s=240)
     assert rc == 0, out[-3000:]
     assert_no_orphans(tag)
-    return out, next(out_dir.glob("allreduce-sweep-*/summary.json"))
+    return out, next(out_dir.glob("allreduce_sweep-*.json"))
 
 
 def test_gloo_eight_rank_run_prints_table_and_saves_checked_json(quick_sweep):
     _, summary = quick_sweep
-    job = next(summary.parent.glob("00-*"))
+    job = next(summary.with_suffix("").glob("00-*"))  # the runs sit in the folder of its name
     out = (job / "output.log").read_text()
     assert re.search(r"size\(B\)\s+count\s+type\s+backend\s+mode\s+time\(us\)\s+algbw\(GB/s\)\s+busbw\(GB/s\)\s+#wrong",
                      out), out[-3000:]
@@ -89,14 +89,14 @@ def test_quick_nccl_sweep_runs_each_setting_in_a_fresh_eight_rank_torchrun_and_p
     assert "the NCCL variables do nothing here" in out  # gloo: a plumbing check, said so
     assert re.search(r"\[sweep 1/3, \d+/1800 s\] default \.\.\. ok", out), out[-3000:]
     assert "settings ranked at verify sizes" in out and "fastest setting per size" in out
-    assert "export NCCL_NVLS_ENABLE=0" in out and "not a recommendation" in out
+    assert "not a recommendation" in out and results.WITHHELD in out
     run = load_run(summary)
     assert {c["params"]["nccl_setting"] for c in run["cases"]} == {"default", "NCCL_PROTO=LL,NCCL_ALGO=Ring"}
     assert all(c["check"]["ok"] and c["params"]["world_size"] == 8 for c in run["cases"])
     assert run["extra"]["winner"]["setting"] in ("default", "NCCL_PROTO=LL,NCCL_ALGO=Ring")
     # each setting reached its ranks' environment (recorded in their fingerprint), multicast still off
     for i, want in enumerate((None, "LL")):
-        setting_run = load_run(next(summary.parent.glob(f"{i:02d}-*/allreduce.json")))
+        setting_run = load_run(next(summary.with_suffix("").glob(f"{i:02d}-*/allreduce.json")))
         env = setting_run["fingerprint"]["env"]
         assert env.get("NCCL_PROTO") == want
         assert env["NCCL_NVLS_ENABLE"] == "0" and env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
@@ -147,7 +147,43 @@ def test_sweep_ranks_at_verify_sizes_and_combines_the_best_of_independent_groups
     assert sweep.combine_winners(outcomes[:2], sweep.rank_settings(outcomes[:2])) is None  # one group: no new run
     lines = sweep.export_lines(env, {"NCCL_IB_DISABLE": "1", "NCCL_DEBUG": "INFO", "PATH": "/bin"})
     assert lines == ["export NCCL_ALGO=Ring", "export NCCL_IB_DISABLE=1", "export NCCL_NTHREADS=256",
-                     "export NCCL_NVLS_ENABLE=0", "export NCCL_PROTO=LL", "export TORCH_SYMM_MEM_DISABLE_MULTICAST=1"]
+                     "export NCCL_PROTO=LL"]  # what every setting ran under and the winner's: nothing unmeasured
+
+
+def _stub_setting(label, env, folder, args, nproc, backends, timeout_s) -> dict:
+    """run_setting without a torchrun: a gloo run whose LL setting is 40% faster than the default."""
+    t = 6.0 if env else 10.0
+    case = {"name": "allreduce/gloo/512B/graph", "check": {"ok": True, "detail": ""}, "mode": "graph",
+            "device": "cpu", "samples_us": [t], "summary": {"median_us": t}, "derived": {"time_us": t},
+            "params": {"backend": "gloo", "size_bytes": 512, "mode": "graph", "origin": "1 tok"}}
+    return {"label": label, "group": sweep.group_of(env), "env": env, "status": "ok", "wall_s": 0.1,
+            "run": {"fingerprint": {"env": {}}, "cases": [case]}, "nccl_log": {}, "output_tail": [], "folder": None}
+
+
+def test_sweep_without_out_saves_under_the_default_folder_exports_only_what_it_measured_and_withholds_cpu_gains(
+        tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sweep, "run_setting", _stub_setting)
+    monkeypatch.setattr(sweep, "_gpu_count", lambda: 0)
+    for key in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST"):  # launched as on an NVSwitch box
+        monkeypatch.delenv(key, raising=False)
+    assert allreduce_main(["--nccl-sweep", "--setting", "default", "--setting", "NCCL_PROTO=LL"]) == 0
+    out = capsys.readouterr().out
+    (summary,) = (tmp_path / results.DEFAULT_OUT / "cpu").glob("allreduce_sweep-*.json")
+    assert load_run(summary)["component"] == "allreduce_sweep"
+    assert "export NCCL_PROTO=LL" in out
+    assert "every setting runs with NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 (launched with " \
+           "NCCL_NVLS_ENABLE unset" in out  # what it measured under, said once, never exported
+    assert "NCCL_NVLS_ENABLE=0" not in out.split("fastest at verify sizes")[1]  # never measured with NVLS on
+    assert "TORCH_SYMM_MEM_DISABLE_MULTICAST" not in out.split("fastest at verify sizes")[1]
+    assert "+40.0%" not in out and "0.6" not in out.split("settings ranked")[1]  # the gains: CPU timer noise
+    assert out.count(results.WITHHELD) >= 2 and "CPU numbers" in out
+
+
+def test_a_sweep_setting_that_cannot_be_read_is_refused_in_one_line(capsys):
+    assert allreduce_main(["--nccl-sweep", "--setting", "NCCL_NVLS_ENABLE=1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --setting:") and "NVLS multicast" in err[0]
 
 
 def test_sweep_refuses_settings_that_enable_multicast():
@@ -186,6 +222,19 @@ def test_verify_sizes_are_hidden_times_tokens_times_two_bytes():
     assert with_batch[7168 * 2 * 4] == "1 tok x 4 req" and {1024, 2048, 4096} <= set(with_batch)
     with pytest.raises(ValueError):
         plan_sizes(7168, [1], [1], [100], None)
+
+
+@pytest.mark.parametrize("text", ["1_0", "1-", "-2", "4-2", "1,,2", "1,", "0", "a", "1-100000000", "1.5"])
+def test_a_count_list_is_read_exactly_or_refused_naming_the_option(text):
+    with pytest.raises(ValueError, match=r"--batches takes counts >= 1 and <= 65536"):
+        parse_int_list(text, "--batches")
+
+
+@pytest.mark.parametrize("text", ["1_0", "1e3", "14KK", "K", "-1K", "nan", "inf", ""])
+def test_a_byte_count_is_read_exactly_or_refused(text):
+    with pytest.raises(ValueError, match="not a byte count"):
+        parse_bytes(text)
+    assert parse_bytes("1.5K") == 1536 and parse_bytes("64mb") == 64 << 20
 
 
 def test_busbw_uses_the_nccl_tests_factor():
@@ -249,11 +298,16 @@ AR_CASES = [("nccl", 14336, "graph", 30.0, "1 tok"), ("nccl", 28672, "graph", 32
             ("nccl", 14336, "eager", 5.0, "1 tok"), ("nccl", 1 << 20, "graph", 99.0, "pow2")]
 
 
+# how a GPU figure is labelled when it stands in on this host
+GPU_LABEL = "" if torch.cuda.is_available() else " (a GPU figure, measured on NVIDIA X)"
+
+
 def test_stand_in_takes_the_median_at_the_nearest_size_of_the_named_or_fastest_backend(tmp_path):
     path = str(_stored(tmp_path / "ar.json", "allreduce", AR_CASES))
-    assert stand_in_from_result(path, 14336) == (12.0, f"{path}: symm-one-shot, the fastest, graph mode, at 14336 B")
+    assert stand_in_from_result(path, 14336) == (
+        12.0, f"{path}: symm-one-shot, the fastest, graph mode, at 14336 B{GPU_LABEL}")
     us, source = stand_in_from_result(f"{path}:nccl", 14336)  # named: graph mode, never the faster eager figure
-    assert us == 30.0 and source == f"{path}: nccl, graph mode, at 14336 B"
+    assert us == 30.0 and source == f"{path}: nccl, graph mode, at 14336 B{GPU_LABEL}"
     us, source = stand_in_from_result(path, 7168 * 3 * 2)  # 43008 B: nearest measured is 57344 (ratio 1.33 < 1.5)
     assert us == 40.0 and "at 57344 B (the size nearest 43008 B)" in source
     us, source = stand_in_from_result(path)  # no size: the median over the verify sizes, not the pow2 one
@@ -265,11 +319,33 @@ def test_stand_in_takes_the_median_at_the_nearest_size_of_the_named_or_fastest_b
         stand_in_from_result(str(other))
 
 
+def test_a_default_allreduce_file_stands_in_with_its_gpu_backends_and_ignores_gloo(tmp_path):
+    """The job's default backend set includes gloo, so a GPU run's file holds gloo's host times too: they never stand
+    in (on a GPU a file was refused for them); only a file with no GPU-backend case is CPU numbers, refused on a
+    GPU. The latency comes rounded (6.608500028960407 us was printed)."""
+    path = str(_stored(tmp_path / "ar.json", "allreduce", [
+        ("nccl", 14336, "graph", 6.608500028960407, "1 tok"), ("gloo", 14336, "graph", 3.0, "1 tok")]))
+    for case in (run := load_run(path))["cases"]:
+        case["device"] = "cpu" if case["params"]["backend"] == "gloo" else "cuda"
+    results.write_json_atomic(path, run)
+    assert stand_in_from_result(path, 14336) == (6.61, f"{path}: nccl, graph mode, at 14336 B{GPU_LABEL}")
+    cpu_only = str(_stored(tmp_path / "gloo.json", "allreduce", [("gloo", 14336, "graph", 3.04449, "1 tok")],
+                           device="cpu"))
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"a CPU \(gloo\) run"):
+            stand_in_from_result(cpu_only, 14336)
+        with pytest.raises(ValueError, match=r"a CPU \(gloo\) run"):
+            stand_in_from_result(f"{path}:gloo", 14336)
+    else:
+        assert stand_in_from_result(cpu_only, 14336) == (3.04, f"{cpu_only}: gloo, graph mode, at 14336 B "
+                                                               "(CPU numbers: gloo)")
+
+
 def test_verifybench_allreduce_from_sets_the_one_gpu_stand_in_and_names_its_source(tmp_path, monkeypatch):
     path = str(_stored(tmp_path / "ar.json", "allreduce", AR_CASES))
     monkeypatch.delenv("VERIFYBENCH_ALLREDUCE_US", raising=False)
     monkeypatch.setenv("VERIFYBENCH_ALLREDUCE_FROM", f"{path}:nccl")
-    assert allreduce_stand_in_us(28672) == (32.0, f"measured: {path}: nccl, graph mode, at 28672 B")
+    assert allreduce_stand_in_us(28672) == (32.0, f"measured: {path}: nccl, graph mode, at 28672 B{GPU_LABEL}")
     assert allreduce_stand_in_us()[0] == 32.0
     monkeypatch.setenv("VERIFYBENCH_ALLREDUCE_US", "20")
     with pytest.raises(ValueError, match="not both"):
@@ -284,3 +360,23 @@ def test_verifybench_allreduce_from_sets_the_one_gpu_stand_in_and_names_its_sour
 
 def _run(cmd: list[str], timeout_s: float = 120):
     return run_job(cmd, timeout_s, drop_env=("VERIFYBENCH_ALLREDUCE_US", "VERIFYBENCH_ALLREDUCE_FROM"))
+
+
+def test_each_kind_of_result_the_torchrun_room_writes_has_its_own_file_prefix(monkeypatch):
+    """The name's prefix before -<UTC stamp> names the kind: the one-rank component owns allreduce-, the torchrun
+    job writes allreduce_ranks- (its stored component stays "allreduce", so baselines still load and compare)."""
+    from types import SimpleNamespace
+
+    from verifybench.harness.components import allreduce as one_rank
+    from verifybench.harness.engine import fingerprint
+    from verifybench.harness.multigpu import output, verify_output
+    from verifybench.harness.multigpu.ranks import RankInfo
+
+    monkeypatch.setattr(fingerprint, "collect", lambda: {"env": {}})
+    info = RankInfo(0, 2, 0, 2, "127.0.0.1", 1, True, "r", "h")
+    job = output.Output(SimpleNamespace(name=None, out=None, label=None), info, {}, "cpu", [])
+    prefix, _, stamp = job.name.removesuffix(".json").rpartition("-")
+    assert prefix == "allreduce_ranks" and re.fullmatch(r"\d{8}T\d{6}Z", stamp)
+    assert output.COMPONENT == "allreduce"
+    kinds = [one_rank.NAME, prefix, sweep.COMPONENT, verify_output.COMPONENT]
+    assert kinds == ["allreduce", "allreduce_ranks", "allreduce_sweep", "verify_dist"]

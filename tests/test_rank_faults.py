@@ -16,8 +16,10 @@ import time
 from types import SimpleNamespace
 
 import pytest
+import torch
 
-from verifybench.harness.multigpu import guard
+from verifybench.harness.multigpu import allreduce, guard, report, verify, watchdog
+from verifybench.harness.multigpu.ranks import RankInfo
 from torchrun_jobs import REPO, alive, assert_no_orphans, rank_processes, rank_step, start_job
 
 WORLD, FAULTY = 8, 5  # the world size the deployment runs; the faulty rank is not rank 0
@@ -29,7 +31,7 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--n
 JOB = ["-m", "verifybench.harness.multigpu.allreduce", "--backend", "gloo", "--preset", "tiny", "--tokens", "1",
        "--mode", "eager", "--warmup", "2", "--samples", "5000", "--calls-per-sample", "3",
        "--hang-timeout", str(HANG_TIMEOUT_S)]
-IN_LOOP = ": eager"  # the label guard.mark gives the timed loop (harness/multigpu/allreduce.py)
+IN_LOOP = ": eager"  # the label Watchdog.mark gets the timed loop (harness/multigpu/allreduce.py)
 
 
 def _fault_in_loop(tmp_path, sig: signal.Signals) -> tuple[int, str, float]:
@@ -108,17 +110,17 @@ def test_a_hang_timeout_the_watchdog_cannot_honour_is_refused_at_the_edge():
 @pytest.mark.parametrize("value", ["nan", "-1", "0", "0.5", "inf", "1e9", "abc", None])
 def test_every_hang_timeout_outside_its_range_is_named(value):
     with pytest.raises(ValueError, match=r"--hang-timeout must be a number of seconds in \[1, 86400\]"):
-        guard.check_hang_timeout(value)
-    assert guard.check_hang_timeout("30") == 30.0
+        watchdog.check_hang_timeout(value)
+    assert watchdog.check_hang_timeout("30") == 30.0
 
 
 def test_an_unwritable_out_is_refused_before_the_rendezvous_on_rank_0(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
-    info = guard.RankInfo(0, 2, 0, 2, "127.0.0.1", 1, True, "r", "h")
+    info = RankInfo(0, 2, 0, 2, "127.0.0.1", 1, True, "r", "h")
     with pytest.raises(ValueError, match="output folder .*a-file/sub is not writable"):
         guard.check_edge(SimpleNamespace(hang_timeout=30, out=blocker / "sub"), info)
-    other = guard.RankInfo(1, 2, 1, 2, "127.0.0.1", 1, True, "r", "h")  # only rank 0 writes results
+    other = RankInfo(1, 2, 1, 2, "127.0.0.1", 1, True, "r", "h")  # only rank 0 writes results
     guard.check_edge(SimpleNamespace(hang_timeout="30", out=blocker / "sub"), other)
     args = SimpleNamespace(hang_timeout="12.5", out=None)
     guard.check_edge(args, info)
@@ -138,10 +140,10 @@ class FakeStore:
         return json.dumps(self.values[key]).encode()
 
 
-def _watchdog_seeing(peers: dict[int, int]) -> guard.Watchdog:
+def _watchdog_seeing(peers: dict[int, int]) -> watchdog.Watchdog:
     """A Watchdog (no store, no thread) whose peers' published pids are `peers` (rank -> pid, on this host)."""
-    w = guard.Watchdog.__new__(guard.Watchdog)
-    w.info = guard.RankInfo(0, len(peers) + 1, 0, len(peers) + 1, "127.0.0.1", 1, True, "r", socket.gethostname())
+    w = watchdog.Watchdog.__new__(watchdog.Watchdog)
+    w.info = RankInfo(0, len(peers) + 1, 0, len(peers) + 1, "127.0.0.1", 1, True, "r", socket.gethostname())
     w.peers = sorted(peers)
     w.where = {r: {"host": w.info.host, "pid": pid, "seq": 3, "label": "gloo 512B: eager"} for r, pid in peers.items()}
     w.statuses, w.seen_beat = {}, {r: (1, time.monotonic()) for r in peers}
@@ -188,7 +190,7 @@ def test_the_culprit_of_a_failed_collective_is_the_peer_whose_process_died_or_st
             p.wait()
 
 
-def _exit_message(w: guard.Watchdog, why: dict[int, str]) -> str:
+def _exit_message(w: watchdog.Watchdog, why: dict[int, str]) -> str:
     """What `w.peers_down(why)` exits with, caught instead of ending the test process."""
     said = []
 
@@ -200,7 +202,7 @@ def _exit_message(w: guard.Watchdog, why: dict[int, str]) -> str:
     with pytest.raises(SystemExit):
         w.peers_down(why, "; this rank's RuntimeError followed from it")
     (message, code), = said
-    assert code == guard.EXIT_PEER_FAILED
+    assert code == report.EXIT_PEER_FAILED
     return message
 
 
@@ -219,19 +221,52 @@ def test_peers_gone_together_are_named_together_never_the_lowest_rank_alone():
 def test_only_a_sibling_worker_of_this_job_is_ever_killed():
     other = subprocess.Popen(["sleep", "60"])  # another command line, another parent: not this job's worker
     try:
-        assert not guard._same_job(other.pid)
-        assert guard.process_state(other.pid) in ("S", "R")
+        assert not report._same_job(other.pid)
+        assert report.process_state(other.pid) in ("S", "R")
     finally:
         other.kill()
         other.wait()
-    assert guard.process_state(other.pid) is None
+    assert report.process_state(other.pid) is None
 
 
-@pytest.mark.parametrize("dest", guard.COUNT_OPTIONS)
-@pytest.mark.parametrize("value", [0, -3])
-def test_a_count_of_zero_is_refused_not_swapped_for_the_default(dest, value):
-    info = guard.RankInfo(1, 2, 1, 2, "127.0.0.1", 1, True, "r", "h")
-    flag = "--" + dest.replace("_", "-")
-    with pytest.raises(ValueError, match=f"{flag} must be a whole number >= 1, got {value}"):
-        guard.check_edge(SimpleNamespace(hang_timeout=30, **{dest: value}), info)
-    guard.check_edge(SimpleNamespace(hang_timeout=30, **{dest: 1}), info)
+JOB_COUNTS = [("allreduce", flag) for flag in ("--warmup", "--samples", "--isolated-samples", "--calls-per-sample",
+                                               "--tp", "--hidden", "--nproc-per-node")]
+JOB_COUNTS += [("verify", flag) for flag in ("--warmup", "--samples", "--layers", "--context", "--tp")]
+
+
+@pytest.mark.parametrize("job, flag", JOB_COUNTS)
+@pytest.mark.parametrize("value", ["0", "-3", "2.5"])
+def test_a_count_of_zero_is_refused_in_one_line_when_parsed_not_swapped_for_the_default(job, flag, value, capsys):
+    parser = (allreduce if job == "allreduce" else verify).build_parser()
+    with pytest.raises(SystemExit) as stop:
+        parser.parse_args([flag, value])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stop.value.code == 2 and len(err) == 1, err
+    assert f"argument {flag}: " in err[0] and value in err[0]
+    assert getattr(parser.parse_args([flag, "1"]), flag[2:].replace("-", "_")) == 1
+
+
+@pytest.mark.parametrize("flag", ["--setting-timeout", "--sweep-time-limit"])
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+def test_a_sweep_time_that_is_not_a_positive_number_of_seconds_is_refused_when_parsed(flag, value, capsys):
+    with pytest.raises(SystemExit) as stop:
+        allreduce.build_parser().parse_args([flag, value])
+    assert stop.value.code == 2 and f"argument {flag}: " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("spec", ["bogus", "exit-early", "hang:x", "hang:1@y", "crash:1"])
+def test_a_fault_that_cannot_be_read_is_refused_at_the_edge_naming_the_allowed_values(spec):
+    info = RankInfo(1, 2, 1, 2, "127.0.0.1", 1, True, "r", "h")
+    with pytest.raises(ValueError, match=r"expected exit-early:RANK\[@CASE\] or hang:RANK\[@CASE\]"):
+        guard.check_edge(SimpleNamespace(hang_timeout=30, out=None, fault=spec), info)
+    guard.check_edge(SimpleNamespace(hang_timeout=30, out=None, fault="hang:1@2"), info)
+
+
+@pytest.mark.parametrize("job, argv", [("allreduce", ["--backend", "gloo,nccl"]), ("allreduce", ["--backend", "pynccl"]),
+                                       ("verify", ["--allreduce", "nccl"]), ("verify", ["--allreduce", "symm-one-shot"])])
+def test_a_gpu_backend_is_refused_on_a_cpu_box_in_one_line(job, argv, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    module = allreduce if job == "allreduce" else verify
+    assert module.main(["--preset", "tiny", "--tp", "1", *argv]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and "forced" not in line]
+    assert len(err) == 1 and "needs a CUDA GPU and this machine has none" in err[0], err

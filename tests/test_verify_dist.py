@@ -10,8 +10,9 @@ import re
 import pytest
 import torch
 
-from verifybench.harness.multigpu import verify as vd
-from verifybench.harness.engine.results import load_run
+from verifybench.harness.model.forward import allocated_bytes
+from verifybench.harness.multigpu import verify as vd, verify_output as vd_output, verify_setup as setup
+from verifybench.harness.engine.results import WITHHELD, load_run
 from torchrun_jobs import BOUND_S, TORCHRUN, assert_no_orphans, run_job
 
 VERIFY_DIST = TORCHRUN + ["-m", "verifybench.harness.multigpu.verify"]
@@ -26,6 +27,7 @@ def test_eight_rank_gloo_run_checks_times_both_variants_and_saves(tmp_path):
     assert re.search(r"n\s+size\(B\)\s+backend\s+full\(us\)\s+no-AR\(us\)\s+AR marginal\(us\)\s+per AR\(us\)", out), \
         out[-3000:]
     assert "CPU numbers" in out and "stand-in: 7.7 us" in out
+    assert re.search(r"gloo\s+[\d.]+\s+[\d.]+\s+withheld: CPU numbers", out), out[-3000:]  # no AR marginal
     run = load_run(tmp_path / "r.json")
     assert run["component"] == "verify_dist"
     assert run["extra"]["world_size"] == 8 and run["extra"]["complete"]
@@ -68,6 +70,30 @@ def test_rank_exiting_early_ends_job_nonzero_within_bound_naming_it(tmp_path):
     assert_no_orphans(tag)
 
 
+def _rank_records(full_us: float, without_us: float, alone_us: float) -> list[dict]:
+    def m(t):
+        return {"mode": "graph", "device": "cpu", "timer": "perf_counter", "samples_us": [t], "calls_per_sample": 1,
+                "warmup_calls": 2, "stop_reason": "fixed_samples", "wall_s": 0.1, "clocks_before": None,
+                "clocks_after": None, "summary": {"median_us": t}}
+
+    return [{"n": 1, "ok": True, "detail": "ok", "variants": {"full": m(full_us), "without-allreduce": m(without_us),
+                                                              "only-allreduce": m(alone_us)}}]
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_allreduce_marginal_is_withheld_on_cpu_and_shown_on_a_gpu(device):
+    """On CPU a forward without its allreduce timed 12,386 us slower than with it: a difference of two noisy
+    perf_counter times is no allreduce cost."""
+    plan = {"layers_run": 3, "tokens": [1], "stand_in_by_n_us": [7.7], "hidden": 256, "preset": "tiny", "tp": 1,
+            "context": 64, "no_allreduce": False, "device": device}
+    cases, (row,) = vd_output.build_cases("gloo", [_rank_records(100.0, 12486.0, 30.0)] * 2, plan, 2)
+    assert cases[0].derived["allreduce_marginal_us"] == -12386.0  # stored as measured, for tools that read it
+    assert row["full(us)"] == 100.0 and row["no-AR(us)"] == 12486.0 and row["stand-in(us)"] == 7.7
+    for column in vd_output.DERIVED_COLUMNS:
+        assert (row[column] == WITHHELD) == (device == "cpu"), column
+    assert row["AR marginal(us)"] == (WITHHELD if device == "cpu" else -12386.0)
+
+
 def _streams(values):
     return [torch.tensor(v, dtype=torch.bfloat16).view(1, -1) for v in values]
 
@@ -94,9 +120,9 @@ def test_consistency_verdict_catches_a_missing_allreduce():
 
 
 def test_ranks_get_their_own_weights_replicated_ones_and_identical_inputs():
-    plan = vd.make_plan(vd.build_parser().parse_args(["--preset", "tiny", "--tp", "1", "--context", "16",
+    plan = setup.make_plan(vd.build_parser().parse_args(["--preset", "tiny", "--tp", "1", "--context", "16",
                                                       "--tokens", "1,2", "--allreduce", "gloo"]))
-    f0, f1 = vd.build_forward(plan, "cpu", 0), vd.build_forward(plan, "cpu", 1)
+    f0, f1 = setup.build_forward(plan, "cpu", 0), setup.build_forward(plan, "cpu", 1)
     assert not torch.equal(f0.layers[0]["q_b"], f1.layers[0]["q_b"]) and not torch.equal(f0.lm_head, f1.lm_head)
     for a, b in zip(f0.layers, f1.layers):  # what TP replicates is the same on every rank: the same routing
         assert torch.equal(a["q_a_kv_a"], b["q_a_kv_a"])
@@ -111,11 +137,11 @@ def test_ranks_get_their_own_weights_replicated_ones_and_identical_inputs():
     # the forward's own numbers: two ranks' streams differ without an allreduce (the check's control)
     for f in (f0, f1):
         f.allreduce_fn = lambda t: None
-    h0, h1 = (f.forward(2, vd.NO_HEAD) for f in (f0, f1))
+    h0, h1 = (f.forward(2, setup.NO_HEAD) for f in (f0, f1))
     assert vd.spread([h0, h1])["max_rel_diff"] > vd.CONTROL_MIN_REL
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for L in f0.layers
                 for k, t in L.items() if k not in ("ln1", "ln2", "q_ln", "kv_ln")}  # views (router) count once
-    assert vd.allocated_bytes(f0.s, 16, 2) == sum(storages.values()) + f0.lm_head.numel() * 2
+    assert allocated_bytes(f0.s, 16, 2) == sum(storages.values()) + f0.lm_head.numel() * 2
 
 
 def test_a_measured_stand_in_is_taken_at_each_token_counts_size(tmp_path, monkeypatch):
@@ -129,16 +155,16 @@ def test_a_measured_stand_in_is_taken_at_each_token_counts_size(tmp_path, monkey
     path = results.write_json_atomic(tmp_path / "ar.json", run)
     monkeypatch.delenv("VERIFYBENCH_ALLREDUCE_US", raising=False)
     monkeypatch.setenv("VERIFYBENCH_ALLREDUCE_FROM", str(path))
-    plan = vd.make_plan(vd.build_parser().parse_args(["--preset", "tiny", "--tp", "1", "--tokens", "1,2",
+    plan = setup.make_plan(vd.build_parser().parse_args(["--preset", "tiny", "--tp", "1", "--tokens", "1,2",
                                                       "--allreduce", "gloo"]))
     assert plan["stand_in_by_n_us"] == [10.0, 20.0]  # hidden 256 x n x 2 B
     assert plan["stand_in_us"] == 15.0 and plan["stand_in_source"].startswith(f"measured: {path}: nccl")
 
 
 def test_the_forward_on_cpu_defaults_to_the_smoke_profiles_tiny_shapes():
-    plan = vd.make_plan(vd.build_parser().parse_args(["--allreduce", "gloo", "--tokens", "1"]))
+    plan = setup.make_plan(vd.build_parser().parse_args(["--allreduce", "gloo", "--tokens", "1"]))
     assert (plan["preset"], plan["tp"], plan["context"], plan["device"]) == ("tiny", 1, 64, "cpu")
-    plan = vd.make_plan(vd.build_parser().parse_args(["--allreduce", "gloo", "--tokens", "1", "--preset",
+    plan = setup.make_plan(vd.build_parser().parse_args(["--allreduce", "gloo", "--tokens", "1", "--preset",
                                                       "kimi-k2.5", "--tp", "8", "--layers", "2"]))
     assert (plan["preset"], plan["tp"], plan["layers_run"]) == ("kimi-k2.5", 8, 2)  # what is asked, when it fits
 

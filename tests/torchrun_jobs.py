@@ -86,7 +86,7 @@ def rank_processes(tag: str) -> dict[int, tuple[int, dict]]:
 
 
 def rank_step(env: dict, rank: int) -> str | None:
-    """The step label rank `rank` last published to the job's store (harness/multigpu/guard.py Watchdog), or None."""
+    """The step label rank `rank` last published to the job's store (harness/multigpu/watchdog.py), or None."""
     import json
     from datetime import timedelta
 

@@ -1,5 +1,5 @@
-"""Argument types for numbers given on a command line: written plainly, finite, in range, named in the error.
-Python's int() and float() read "1_0" as 10; a typo there must be refused, not measured."""
+"""Command-line parsing every command and torchrun job shares: argument types for numbers (written plainly, finite,
+in range, named in the error: Python's int() reads "1_0" as 10) and the parser that refuses in one line, exit 2."""
 from __future__ import annotations
 
 import argparse
@@ -24,6 +24,15 @@ def read_float(text: str) -> float:
     if not DECIMAL.fullmatch(text.strip()):
         raise ValueError(f"not a number: {text!r}")
     return float(text)
+
+EXIT_BAD_INPUT = 2
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with its refusals in one line (naming the argument and what it allows) and exit code 2."""
+
+    def error(self, message: str):
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def finite_float(low: float | None = None, high: float | None = None, exclusive: bool = False):

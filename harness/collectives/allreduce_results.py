@@ -8,9 +8,10 @@ import re
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from verifybench.harness.engine import results
-from verifybench.harness.collectives.backends import ALL_BACKENDS, ELEMENT_BYTES
+from verifybench.harness.collectives.backends import ALL_BACKENDS, ELEMENT_BYTES, GPU_BACKENDS
 from verifybench.harness.engine.results import Case
 from verifybench.harness.engine.timing import Measurement
 
@@ -110,6 +111,7 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
 # ---- a measured figure for the one-GPU stand-in ----
 
 STAND_IN_MODES = ("graph", "eager", "isolated")  # engines replay their allreduces inside CUDA graphs: graph first
+STAND_IN_DECIMALS = 2  # 0.01 us: finer than any allreduce median can be told apart
 
 
 def _split_spec(spec: str) -> tuple[Path, str | None]:
@@ -122,21 +124,32 @@ def stand_in_from_result(spec: str, size_bytes: int | None = None) -> tuple[floa
     """(latency us, source) from an allreduce result or a sweep summary: the time (max over ranks of the per-rank
     median) of the named backend, else the fastest one (in a sweep: under its fastest setting), in graph mode where
     measured. At `size_bytes` (the forward's hidden x n x 2 B): the nearest measured size; without it, the median
-    over the file's verify sizes (hidden x n tokens x 2 B). Raises ValueError, naming the file, when it has none."""
+    over the file's verify sizes (hidden x n tokens x 2 B). Only the GPU backends' cases where the file has any;
+    gloo's (CPU numbers, labelled so) only where it has none and no GPU is here. Rounded to STAND_IN_DECIMALS.
+    Raises ValueError, naming the file, when it has none."""
     path, backend = _split_spec(spec)
     run = results.load_run(path)
     if run["component"] not in (COMPONENT, "allreduce_sweep"):
         raise ValueError(f"{path}: an allreduce result or NCCL sweep summary is needed, got {run['component']!r}")
     cases = [c for c in run["cases"] if c["check"]["ok"] and (backend is None or c["params"]["backend"] == backend)]
+    on_gpu = torch.cuda.is_available()
+    # the job's default backend set includes gloo: its host times sit beside the GPU backends' in most files and
+    # never stand in for them
+    gpu_cases = [c for c in cases if c["params"]["backend"] in GPU_BACKENDS and c.get("device") != "cpu"]
+    if gpu_cases:
+        cases = gpu_cases
+    elif on_gpu and cases:
+        raise ValueError(f"{path}: a CPU (gloo) run: its times are not a GPU allreduce latency (no case of "
+                         f"{', '.join(GPU_BACKENDS)})")
     mode = next((m for m in STAND_IN_MODES if any(c["params"]["mode"] == m for c in cases)), None)
     if mode is None:
         raise ValueError(f"{path}: no passing allreduce case" + (f" of backend {backend}" if backend else ""))
-    cpu = results.cpu_numbers(cases)
-    if cpu:
-        import torch
-
-        if torch.cuda.is_available():
-            raise ValueError(f"{path}: a CPU (gloo) run: its times are not a GPU allreduce latency")
+    if not gpu_cases:
+        label = " (CPU numbers: gloo)"
+    elif not on_gpu:
+        label = f" (a GPU figure, measured on {run['fingerprint'].get('gpu_model') or 'a GPU'})"
+    else:
+        label = ""
     series: dict[str, dict[int, float]] = {}  # who -> size -> time
     origin: dict[int, str] = {}
     for c in cases:
@@ -161,8 +174,8 @@ def stand_in_from_result(spec: str, size_bytes: int | None = None) -> tuple[floa
         raise ValueError(f"{path}: no backend measured every size asked for")
     who = min(picks, key=picks.get)
     chosen = "" if backend else (", the fastest" if len(picks) > 1 else "")
-    source = f"{path}: {who}{chosen}, {mode} mode, {where}" + (" (CPU numbers)" if cpu else "")
-    return picks[who], source
+    source = f"{path}: {who}{chosen}, {mode} mode, {where}{label}"
+    return round(picks[who], STAND_IN_DECIMALS), source
 
 
 def _median(values: list[float]) -> float:

@@ -11,6 +11,7 @@ import argparse
 import itertools
 import math
 import os
+import re
 import sys
 import tempfile
 from dataclasses import replace
@@ -19,14 +20,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from verifybench.harness.analysis.numbers import Parser, finite_float, positive_int
 from verifybench.harness.model import presets
 from verifybench.harness.collectives.backends import (ALL_BACKENDS, BACKEND_HELP, ELEMENT_BYTES, GPU_BACKENDS, Comm, backend_versions,
                                         check_eager, check_graph, count_wrong, expected_sum, make_backend,
                                         prepare_for_timing, unavailable_reason)
 from verifybench.harness.collectives.allreduce_results import ENGINE_MODE, MODES
 from verifybench.harness.multigpu.output import Output
-from verifybench.harness.multigpu.guard import (Agreement, Watchdog, announce_safe_env, init_group, maybe_fault, parse_fault,
-                                            rank_main)
+from verifybench.harness.multigpu.guard import init_group, maybe_fault, parse_fault, rank_main
+from verifybench.harness.multigpu.ranks import Agreement, announce_safe_env
+from verifybench.harness.multigpu.watchdog import Watchdog
 from verifybench.harness.engine.results import DEFAULT_OUT
 from verifybench.harness.engine.timing import measure
 
@@ -41,24 +44,28 @@ DEFAULT_HANG_TIMEOUT_S = 30.0
 
 # ---- sizes ----
 
+COUNT_MAX = 1 << 16  # a larger count in --tokens/--batches is a typo, and a range up to it would fill memory
+
+
 def parse_bytes(text: str) -> int:
-    """'14336', '14K', '1M' (K = 1024) -> bytes."""
-    text = text.strip().upper().removesuffix("B")
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-    return int(float(text[:-1] if scale > 1 else text) * scale)
+    """'14336', '14K', '1.5M' (K = 1024, an optional B) -> bytes; ValueError for anything else ('1_0', '1e3')."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([KMG]?)B?", text.strip().upper())
+    if not m:
+        raise ValueError(f"not a byte count: {text!r}")
+    return int(float(m[1]) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(m[2], 1))
 
 
 def parse_int_list(text: str, name: str = "--tokens") -> list[int]:
-    """'1-8' or '1,2,4' or '1-4,8' -> sorted unique ints >= 1 (ValueError naming `name` otherwise)."""
+    """'1-8' or '1,2,4' or '1-4,8' -> sorted unique ints in 1..COUNT_MAX (ValueError naming `name` otherwise: '1_0',
+    '1-', '4-2' and empty parts are refused, not read as something else)."""
     out: set[int] = set()
-    try:
-        for part in filter(None, (p.strip() for p in text.split(","))):
-            lo, _, hi = part.partition("-")
-            out.update(range(int(lo), int(hi or lo) + 1))
-    except ValueError:
-        raise ValueError(f"{name} takes counts like 1-8 or 1,2,4, got {text!r}") from None
-    if not out or min(out) < 1:
-        raise ValueError(f"{name} takes counts >= 1 like 1-8 or 1,2,4, got {text!r}")
+    for part in (p.strip() for p in text.split(",")):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        lo, hi = (int(m[1]), int(m[2] or m[1])) if m else (0, -1)
+        if not 1 <= lo <= hi <= COUNT_MAX:
+            raise ValueError(f"{name} takes counts >= 1 and <= {COUNT_MAX} like 1-8 or 1,2,4 (a range LOW-HIGH with "
+                             f"LOW <= HIGH), got {text!r}")
+        out.update(range(lo, hi + 1))
     return sorted(out)
 
 
@@ -132,6 +139,10 @@ def check_arguments(args) -> list[str]:
     unknown = [b for b in requested if b not in ALL_BACKENDS]
     if unknown or len(set(requested)) != len(requested):
         raise ValueError(f"--backend takes distinct names of {', '.join(ALL_BACKENDS)}, got {args.backend!r}")
+    gpu_only = [b for b in requested if b in GPU_BACKENDS] if args.backend else []
+    if gpu_only and not torch.cuda.is_available():
+        raise ValueError(f"--backend {','.join(gpu_only)} needs a CUDA GPU and this machine has none: use "
+                         "--backend gloo")
     try:
         _make_plan(args, "cpu", requested)
     except (KeyError, IndexError, ZeroDivisionError, OverflowError) as e:
@@ -228,11 +239,11 @@ def _enable_nccl_log() -> str | None:
 # ---- entry ----
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m verifybench.harness.multigpu.allreduce", description=__doc__,
+    p = Parser(prog="python -m verifybench.harness.multigpu.allreduce", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="kimi-k2.5", help="model preset whose hidden size sets the sizes")
-    p.add_argument("--tp", type=int, default=8, help="TP degree for the preset (the hidden size does not change)")
-    p.add_argument("--hidden", type=int, help="hidden size, overriding the preset's")
+    p.add_argument("--tp", type=positive_int, default=8, help="TP degree for the preset (the hidden size does not change)")
+    p.add_argument("--hidden", type=positive_int, help="hidden size, overriding the preset's")
     p.add_argument("--tokens", default="1-8", help="token counts, e.g. 1-8 or 1,2,4 (default 1-8)")
     p.add_argument("--batches", default="1", help="batch sizes multiplying the token counts (default 1)")
     p.add_argument("--sizes", help="extra sizes in bytes, comma-separated (K/M suffixes, multiples of 16)")
@@ -241,17 +252,17 @@ def build_parser() -> argparse.ArgumentParser:
                    + " (default: all that run here)")
     p.add_argument("--mode", help="comma list of " + "; ".join(f"{k}: {v}" for k, v in MODE_HELP.items())
                    + " (default: all)")
-    p.add_argument("--warmup", type=int, help="warm-up calls per case (default 20 GPU, 3 CPU)")
-    p.add_argument("--samples", type=int, help="samples per case in graph and eager modes (default 100 GPU, 10 CPU)")
-    p.add_argument("--isolated-samples", type=int, help="samples in isolated mode (default 1000 GPU, 20 CPU)")
-    p.add_argument("--calls-per-sample", type=int, help="K: ops per sample in graph (one replay) and eager "
+    p.add_argument("--warmup", type=positive_int, help="warm-up calls per case (default 20 GPU, 3 CPU)")
+    p.add_argument("--samples", type=positive_int, help="samples per case in graph and eager modes (default 100 GPU, 10 CPU)")
+    p.add_argument("--isolated-samples", type=positive_int, help="samples in isolated mode (default 1000 GPU, 20 CPU)")
+    p.add_argument("--calls-per-sample", type=positive_int, help="K: ops per sample in graph (one replay) and eager "
                    "(back to back) modes (default 64 GPU, 4 CPU)")
     p.add_argument("--hang-timeout", type=float, default=DEFAULT_HANG_TIMEOUT_S,
                    help="seconds without progress before the job is ended, naming the stuck rank (default 30)")
     p.add_argument("--no-nccl-log", dest="nccl_log", action="store_false",
                    help="do not record NCCL's init log (transport) when NCCL_DEBUG is unset")
     p.add_argument("--out", type=Path, help=f"results folder (default ./{DEFAULT_OUT}/<machine>/)")
-    p.add_argument("--name", help="results file name (default allreduce-<UTC time>.json)")
+    p.add_argument("--name", help="results file name (default allreduce_ranks-<UTC time>.json)")
     sweep = p.add_argument_group("NCCL setting sweep (driver mode, run without torchrun)")
     sweep.add_argument("--nccl-sweep", action="store_true", help="run every setting in its own torchrun, rank them "
                        "at verify sizes, run the best of each group combined, print the winner as export lines")
@@ -260,9 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "checks the sweep's plumbing, e.g. on CPU, where gloo ignores every NCCL variable")
     sweep.add_argument("--setting", action="append", help="KEY=VAL[,KEY=VAL...] or 'default'; repeatable "
                        "(default: the built-in list, see --list)")
-    sweep.add_argument("--nproc-per-node", type=int, help="ranks per setting (default: GPUs here, or 2)")
-    sweep.add_argument("--setting-timeout", type=float, default=180, help="seconds per setting (default 180)")
-    sweep.add_argument("--sweep-time-limit", type=float, help="total seconds for the sweep (default 1800): a "
+    sweep.add_argument("--nproc-per-node", type=positive_int, help="ranks per setting (default: GPUs here, or 2)")
+    sweep.add_argument("--setting-timeout", type=finite_float(0, exclusive=True), default=180, help="seconds per setting (default 180)")
+    sweep.add_argument("--sweep-time-limit", type=finite_float(0, exclusive=True), help="total seconds for the sweep (default 1800): a "
                        "setting that might not finish inside it is skipped, and the summary is still written")
     sweep.add_argument("--torchrun-args", default="", help="extra torchrun arguments, e.g. rendezvous options")
     p.add_argument("--label", help=argparse.SUPPRESS)  # sweep setting this rank runs under
@@ -273,15 +284,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    announce_safe_env()
-    if args.nccl_sweep or args.list:
+    if args.nccl_sweep or args.list:  # the driver leaves its environment as launched: it is what export lines read
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             print("error: --nccl-sweep is the driver: run it with plain python, it starts torchrun per setting",
                   file=sys.stderr)
             return 2
+        if not args.list:  # what every setting's job would refuse, refused once
+            try:
+                check_arguments(args)
+            except ValueError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 2
         from verifybench.harness.multigpu.sweep import run_sweep
 
         return run_sweep(args)
+    announce_safe_env()
     try:
         check_arguments(args)
     except ValueError as e:

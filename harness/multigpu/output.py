@@ -11,6 +11,10 @@ from verifybench.harness.collectives.allreduce_results import COMPONENT, build_c
 from verifybench.harness.engine import fingerprint, results
 from verifybench.harness.engine.results import Case
 
+# The file name's prefix names the kind of result: the one-rank `allreduce` component writes allreduce-<stamp>.json,
+# this job allreduce_ranks-<stamp>.json; its stored component stays "allreduce", so baselines load and compare.
+FILE_PREFIX = "allreduce_ranks"
+
 
 class Output:
     """Rank 0's accumulating results file: re-saved after each backend, so a later crash keeps earlier numbers."""
@@ -22,7 +26,7 @@ class Output:
         self.versions: dict = {}
         self.fp = fingerprint.collect()
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        self.name = args.name or f"{COMPONENT}-{stamp}.json"
+        self.name = args.name or f"{FILE_PREFIX}-{stamp}.json"
         self.path: Path | None = None
         self.all_ok = True
 

@@ -24,7 +24,7 @@ from tabulate import tabulate
 
 from verifybench.harness.engine import fingerprint
 from verifybench.harness.engine import results
-from verifybench.harness.multigpu.guard import SAFE_ENV, force_safe_env
+from verifybench.harness.multigpu.ranks import SAFE_ENV, force_safe_env
 
 # Knobs that matter for small allreduces on one node, PCIe boxes without NVLink first. "default" is the environment
 # as launched. A setting's group comes from its variables (VAR_GROUP): the settings of a group are alternatives,
@@ -52,6 +52,10 @@ LOG_SUBSYS = "INIT,ENV,GRAPH,TUNING"
 ALGO_IDS = {0: "Tree", 1: "Ring", 2: "CollNetDirect", 3: "CollNetChain", 4: "NVLS", 5: "NVLSTree", 6: "PAT"}
 PROTO_IDS = {0: "LL", 1: "LL128", 2: "Simple"}
 DEFAULT_BUDGET_S = 1800.0
+COMPONENT = "allreduce_sweep"  # the summary's kind, and the prefix of the sweep's folder
+GAIN_COLUMNS = ("x default", "gain vs default")  # derived from CPU timer noise under gloo: withheld there
+
+
 def parse_setting(text: str) -> tuple[str, dict]:
     """'NCCL_PROTO=LL,NCCL_ALGO=Ring' -> (label, env); 'default' -> ('default', {}). Refuses multicast."""
     text = text.strip()
@@ -250,16 +254,17 @@ def combine_winners(outcomes: list[dict], ranking: list[dict]) -> tuple[list[str
 
 
 def export_lines(env_setting: dict, launched: dict) -> list[str]:
-    """The winning environment as shell lines: the NCCL_* variables the sweep ran under (as launched, multicast
-    off) with the winner's on top."""
+    """The winning environment as shell lines: the NCCL_* variables every setting ran under (as launched) with the
+    winner's on top. Nothing the sweep did not measure: the multicast switches it forces are not added (on an
+    NVSwitch box they would turn NVLS off)."""
     merged = {k: v for k, v in launched.items() if k.startswith("NCCL_") and not k.startswith("NCCL_DEBUG")}
-    merged.update(SAFE_ENV)
     merged.update(env_setting)
     return [f"export {k}={shlex.quote(v)}" for k, v in sorted(merged.items())]
 
 
-def summary_tables(outcomes: list[dict]) -> list[tuple[str, list[dict]]]:
-    """Per setting the graph-mode time per size; per size the fastest setting against the default; the ranking."""
+def summary_tables(outcomes: list[dict], cpu: bool = False) -> list[tuple[str, list[dict]]]:
+    """Per setting the graph-mode time per size; per size the fastest setting against the default; the ranking.
+    `cpu`: the gains over the default are withheld (CPU numbers)."""
     times = {o["label"]: _times(o) for o in outcomes}
     keys = sorted({k for t in times.values() for k in t})
     sizes = sorted({s for _, s in keys})
@@ -280,8 +285,11 @@ def summary_tables(outcomes: list[dict]) -> list[tuple[str, list[dict]]]:
         if base.get((b, s)):
             row["gain vs default"] = f"{100 * (1 - candidates[0][0] / base[(b, s)]):+.1f}%"
         best.append(row)
+    ranking = rank_settings(outcomes)
+    if cpu:
+        best, ranking = results.withhold(best, GAIN_COLUMNS), results.withhold(ranking, GAIN_COLUMNS)
     return [("graph-mode time (us) per NCCL setting, max over ranks", grid), ("fastest setting per size", best),
-            ("settings ranked at verify sizes (geomean over sizes and backends)", rank_settings(outcomes))]
+            ("settings ranked at verify sizes (geomean over sizes and backends)", ranking)]
 
 
 # ---- the driver ----
@@ -303,7 +311,11 @@ def _skipped(label: str, env: dict, why: str) -> dict:
 
 
 def run_sweep(args) -> int:
-    settings = sweep_settings(args)
+    try:
+        settings = sweep_settings(args)
+    except ValueError as e:
+        print(f"error: --setting: {e}", file=sys.stderr)
+        return 2
     if args.list:
         print_setting_list(settings)
         return 0
@@ -313,14 +325,19 @@ def run_sweep(args) -> int:
     budget_s = args.sweep_time_limit or DEFAULT_BUDGET_S
     launched = dict(os.environ)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    root = Path(args.out or results.RESULTS_DIR / _machine_slug()) / f"allreduce-sweep-{stamp}"
+    root = Path(args.out or results.DEFAULT_OUT / _machine_slug()) / f"{COMPONENT}-{stamp}"
     print_setting_list(settings)
     print(f"{nproc} ranks per setting, backends {args.backend or backends}, time budget {budget_s:.0f} s "
           f"(--sweep-time-limit), at most {args.setting_timeout:.0f} s per setting", flush=True)
     cpu = "gloo" in (args.backend or backends).split(",")
     if cpu:
         print("NOTE: gloo on CPU: the NCCL variables do nothing here; this checks the sweep's plumbing, and its "
-              "ranking is noise, not a recommendation.", flush=True)
+              "ranking is noise, not a recommendation: CPU numbers, gains withheld.", flush=True)
+    forced = {k: launched.get(k) for k, v in SAFE_ENV.items() if launched.get(k) != v}
+    if forced:
+        was = ", ".join(f"{k} {'unset' if v is None else repr(v)}" for k, v in forced.items())
+        print(f"NOTE: every setting runs with {', '.join(f'{k}={SAFE_ENV[k]}' for k in forced)} (launched with {was}): "
+              "multicast off; the export lines leave these out: they name only what the sweep measured", flush=True)
     t0 = time.monotonic()
     outcomes: list[dict] = []
 
@@ -365,11 +382,12 @@ def _report(outcomes: list[dict], nproc: int, root: Path, launched: dict, cpu: b
     extra = {"nproc_per_node": nproc, "settings": [{k: v for k, v in o.items() if k != "run"} for o in outcomes],
              "ranking": ranking, "winner": winner and {**winner, "env": env_of[winner["setting"]],
                                                        "exports": exports}}
-    run = results.make_run("allreduce_sweep", [], fp, extra)
+    run = results.make_run(COMPONENT, [], fp, extra)
     run["cases"] = cases
     root.mkdir(parents=True, exist_ok=True)
-    path = results.write_json_atomic(root / "summary.json", results.validate_run(run, "sweep summary"))
-    for title, rows in summary_tables(outcomes):
+    # beside the folder of per-setting runs, named as every result is (<kind>-<stamp>.json): found with the others
+    path = results.write_json_atomic(root.parent / f"{root.name}.json", results.validate_run(run, "sweep summary"))
+    for title, rows in summary_tables(outcomes, cpu):
         if rows:
             print(f"\n{title}\n" + tabulate(rows, headers="keys", floatfmt=".2f", missingval="-"))
     for o in outcomes:
@@ -377,10 +395,13 @@ def _report(outcomes: list[dict], nproc: int, root: Path, launched: dict, cpu: b
             print(f"\n{o['label']}: {o['status']}; last output:\n  " + "\n  ".join(o["output_tail"]))
     if winner:
         note = " (CPU plumbing check: not a recommendation)" if cpu else ""
-        what = ("default: no setting beat the environment as launched, which is" if winner["setting"] == "default"
-                else f"{winner['setting']}; paste to use it")
-        print(f"\nfastest at verify sizes{note}: {what}:")
-        print("\n".join(exports))
+        if winner["setting"] == "default":
+            what = "default (no setting beat the environment as launched)" + (", which sets:" if exports else "")
+        else:
+            what = f"{winner['setting']}; paste to use it:"
+        print(f"\nfastest at verify sizes{note}: {what}")
+        if exports:
+            print("\n".join(exports))
     else:
         print("\nno setting finished with passing checks at the verify sizes: nothing to recommend")
     print(f"saved {path}")

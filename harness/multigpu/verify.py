@@ -22,47 +22,26 @@ import itertools
 import os
 import sys
 import traceback
-from dataclasses import replace
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from verifybench.harness.multigpu import guard as dist_guard
-from verifybench.harness.model.presets import default_scope
-from verifybench.harness.engine import fingerprint, memory
-from verifybench.harness.model import presets
+from verifybench.harness.analysis.numbers import Parser, positive_int
+from verifybench.harness.collectives.backends import (DTYPE, ArOp, Comm, backend_versions, capture_graph,
+                                                      check_eager, check_graph, expected_sum, unavailable_reason)
 from verifybench.harness.engine import results
-from verifybench.harness.multigpu.allreduce import parse_int_list
-from verifybench.harness.collectives.backends import (DTYPE, GPU_BACKENDS, ArOp, Comm, backend_versions,
-                                        capture_graph, check_eager, check_graph, expected_sum, make_backend,
-                                        unavailable_reason)
-from verifybench.harness.collectives.allreduce_results import measurement_from_dict
-from verifybench.harness.multigpu.guard import (Agreement, Watchdog, announce_safe_env, init_group, maybe_fault, parse_fault,
-                                            rank_main)
-from verifybench.harness.engine.results import Case
 from verifybench.harness.engine.timing import measure
-from verifybench.harness.model import build
-from verifybench.harness.model.forward import COMPONENTS, VerifyForward, allocated_bytes
+from verifybench.harness.model.forward import VerifyForward
+from verifybench.harness.multigpu import report
+from verifybench.harness.multigpu.guard import init_group, maybe_fault, parse_fault, rank_main
+from verifybench.harness.multigpu.ranks import Agreement, announce_safe_env
+from verifybench.harness.multigpu.verify_output import Output
+from verifybench.harness.multigpu.verify_setup import (BACKEND_HELP, NO_HEAD, VARIANTS, build_forward,
+                                                       make_allreduce_fn, make_plan)
+from verifybench.harness.multigpu.watchdog import Watchdog
 
-COMPONENT = "verify_dist"
-BACKENDS = (*GPU_BACKENDS, "gloo")
-ALL = frozenset(COMPONENTS)
-VARIANTS = {"full": ALL, "without-allreduce": ALL - {"allreduce"}, "only-allreduce": frozenset({"allreduce"})}
-BACKEND_HELP = {  # how each reduces the forward's [n, hidden] bf16 tensors, which are not preallocated buffers
-    "nccl": "torch.distributed.all_reduce in place on the NCCL process group",
-    "pynccl": "raw ncclAllReduce through cupy.cuda.nccl, in place, on torch's current stream (as serving engines "
-              "call it inside their graphs)",
-    "symm-one-shot": "torch symmetric memory: the tensor copied into a symmetric buffer (inside the kernel where "
-                     "torch has one_shot_all_reduce_copy_out), every rank loads all peers' over P2P into the tensor",
-    "symm-two-shot": "torch symmetric memory: copy into a symmetric buffer, reduce-scatter + all-gather over P2P "
-                     "loads into the tensor",
-    "gloo": "torch.distributed.all_reduce on gloo: the forward runs on CPU (the smoke run)",
-}
-NO_HEAD = ALL - {"head"}  # the head's lm_head is a per-rank vocab shard: its argmax differs by design
-# (warm-up calls, samples) per variant and n, identical on every rank; one forward per graph replay
-DEFAULT_COUNTS = {"cuda": (3, 40), "cpu": (2, 5)}
+
 REL_TOL = 1e-2  # bf16 paths; a real allreduce gives bit-identical streams (sums broadcast to all)
 CONTROL_MIN_REL = 0.1  # without the allreduce the ranks' streams must differ by at least this, or the check is blind
 STORE_TIMEOUT_S = 600  # blocking store reads; the watchdog ends a real hang long before
@@ -121,111 +100,6 @@ def consistency_verdict(real: list, control: list | None = None, replayed: list 
             else:
                 parts.append(f"without the allreduce they differ (rel diff {c:.2f})")
     return ok, "; ".join(parts)
-
-
-# ---- the forward on this rank ----
-
-def check_memory(plan: dict, device: str, sharers: int = 1) -> None:
-    """MemoryError naming the bytes and the --layers that would fit, when this rank's forward does not fit its share
-    of the free memory (engine/memory.py's rule): before building, not by dying of OOM halfway through. On a CPU the
-    `sharers` ranks of a host share its memory; on GPUs each rank has its own."""
-    s = presets.get(plan["preset"], plan["tp"], plan["layers"])
-
-    def need(n_layers: int) -> int:
-        return allocated_bytes(replace(s, layers=n_layers), plan["context"], max(plan["tokens"]))
-
-    what = (f"one rank's {plan['preset']} TP{plan['tp']} forward at context {plan['context']}"
-            + (f" on a host shared by {sharers} ranks" if sharers > 1 else ""))
-    fit = memory.plan(need, s.layers, min(s.layers, s.dense_layers + 1), what, "layers", device,
-                      free=memory.free_bytes(device) // sharers)
-    if fit.units < s.layers:
-        raise MemoryError(fit.skip or memory.shortfall(f"{what} ({s.layers} layers)", need(s.layers),
-                                                       fit.free_bytes, device) + f": --layers {fit.units} fits")
-
-
-def same_inputs(fwd: VerifyForward, seed: int = 0) -> None:
-    """Redraw every per-n input and stand-in buffer identically on every rank: VerifyForward draws them from the
-    global generator after the rank-seeded weights. Drawn on CPU (the same numbers on any GPU), then moved."""
-    device, fwd.device = fwd.device, "cpu"
-    torch.manual_seed(seed)
-    try:
-        bufs = {n: fwd._buffers(n) for n in fwd.buf}
-    finally:
-        fwd.device = device
-    fwd.buf = {n: {k: v.to(device) for k, v in b.items()} for n, b in bufs.items()}
-
-
-def replicate_weights(fwd: VerifyForward, seed: int = 0) -> None:
-    """Make the weights TP replicates (fused q_a/kv_a projection, router) identical on every rank, as in a
-    deployment: the ranks then route the same tokens to the same experts and do the same MoE work, so waits at
-    the allreduce come from the allreduce, not from routing that differs per rank. The rest stays rank-seeded."""
-    for i, L in enumerate(fwd.layers):
-        for key in ("q_a_kv_a", "router"):
-            if key in L:
-                gen = torch.Generator(device=fwd.device).manual_seed(seed * 1000 + i)
-                w = torch.randn(L[key].shape, generator=gen, device=fwd.device, dtype=L[key].dtype)
-                L[key].copy_(w / L[key].shape[-1] ** 0.5)
-
-
-def build_forward(plan: dict, device: str, rank: int) -> VerifyForward:
-    """This rank's forward: the one-GPU report's MoE, tree verify and small-op set; rank-dependent weights except
-    the replicated ones; inputs identical on every rank."""
-    s = presets.get(plan["preset"], plan["tp"], plan["layers"])
-    if device == "cuda":  # each rank its own GPU, now current; a CPU plan was checked before the rendezvous
-        check_memory(plan, device)
-    fwd = VerifyForward(s, plan["context"], device, build.moe_fn(device), None, build.chain_verify(device),
-                        max_tokens=max(plan["tokens"]), seed=1 + rank, ops=build.forward_ops(device))
-    replicate_weights(fwd)
-    same_inputs(fwd)
-    return fwd
-
-
-# ---- allreduce_fn(t): in place over the N ranks, graph-capturable on CUDA ----
-
-def make_allreduce_fn(name: str, comm: Comm, max_numel: int):
-    """`fn(t)` sums a contiguous [n, hidden] bf16 tensor in place over every rank. Collective: every rank calls it."""
-    if name in ("nccl", "gloo"):
-        return lambda t: dist.all_reduce(t)
-    if name == "pynccl":
-        from cupy.cuda import nccl
-
-        make = make_backend(name, comm, max_numel)  # the uid exchange and the communicator
-        nc, bf16, op_sum = make.communicator, getattr(nccl, "NCCL_BFLOAT16", 9), nccl.NCCL_SUM
-
-        def fn(t):  # in place; torch's current stream at call time (the capture stream inside torch.cuda.graph)
-            nc.allReduce(t.data_ptr(), t.data_ptr(), t.numel(), bf16, op_sum, torch.cuda.current_stream().cuda_stream)
-
-        fn.keep = make
-        return fn
-    if name in ("symm-one-shot", "symm-two-shot"):
-        from verifybench.harness.collectives.backends import _symm_group_name
-
-        make = make_backend(name, comm, max_numel)  # the rendezvoused symmetric buffer
-        buf, group, ops = make.buffer, _symm_group_name(), torch.ops.symm_mem
-        if name == "symm-one-shot" and hasattr(ops, "one_shot_all_reduce_copy_out"):
-            def fn(t):  # the kernel copies t into the buffer itself; each thread copies then writes the same
-                flat = t.view(-1)  # elements, so the output may be t
-                ops.one_shot_all_reduce_copy_out(buf[: flat.numel()], flat, "sum", group, flat)
-        elif name == "symm-one-shot":
-            def fn(t):
-                flat = t.view(-1)
-                sym = buf[: flat.numel()]
-                sym.copy_(flat)
-                ops.one_shot_all_reduce_out(sym, "sum", group, flat)
-        else:
-            def fn(t):  # copy in; reduce-scatter in the buffers, all-gather into t (or copy back)
-                flat = t.view(-1)
-                sym = buf[: flat.numel()]
-                sym.copy_(flat)
-                if hasattr(ops, "two_shot_all_reduce_out"):
-                    ops.two_shot_all_reduce_out(sym, "sum", group, flat)
-                else:
-                    ops.two_shot_all_reduce_(sym, "sum", group)
-                    flat.copy_(sym)
-
-        fn.keep = make
-        return fn
-    raise ValueError(f"unknown backend {name!r}")
 
 
 class TensorExchange:
@@ -338,167 +212,6 @@ def run_backend(name, fwd, plan, comm, agree, xchg, guard, fault, counter) -> tu
     return records, None
 
 
-# ---- rank 0: cases, table, file ----
-
-def build_cases(name: str, per_rank: list[list[dict]], plan: dict, world_size: int) -> tuple[list[Case], list[dict]]:
-    """Per n and variant one Case: time = max over ranks of each rank's median, samples of that slowest rank.
-    The allreduce figures go on the full forward's case and into the table row."""
-    cases, rows = [], []
-    n_ar = 2 * plan["layers_run"]
-    for i, n in enumerate(plan["tokens"]):
-        recs = [r[i] for r in per_rank]
-        stand_in = plan["stand_in_by_n_us"][i]
-        ok, detail = recs[0]["ok"], recs[0]["detail"]
-        size = n * plan["hidden"] * 2
-        row = {"n": n, "size(B)": size, "backend": name}
-        base = {"preset": plan["preset"], "tp": plan["tp"], "world_size": world_size, "backend": name, "tokens": n,
-                "context": plan["context"], "layers": plan["layers_run"]}
-        if plan["no_allreduce"]:
-            base["debug"] = "no-allreduce"
-        if not ok:
-            cases += [Case(f"{COMPONENT}/{name}/{v}/n{n}", {**base, "variant": v}, False, detail) for v in VARIANTS]
-            rows.append({**row, "full(us)": "FAIL", "check": "FAIL"})
-            continue
-        meds = {v: [r["variants"][v]["summary"]["median_us"] for r in recs] for v in VARIANTS}
-        t = {v: max(m) for v, m in meds.items()}
-        marginal = t["full"] - t["without-allreduce"]
-        ar = {"allreduces_per_forward": n_ar, "allreduce_bytes": size, "allreduce_marginal_us": marginal,
-              "per_allreduce_marginal_us": marginal / n_ar, "per_allreduce_alone_us": t["only-allreduce"] / n_ar,
-              "stand_in_us": stand_in, "stand_in_forward_us": t["without-allreduce"] + n_ar * stand_in}
-        for v in VARIANTS:
-            slowest = max(range(world_size), key=lambda r: meds[v][r])
-            derived = {"time_us": t[v], "rank_medians_us": meds[v], "slowest_rank": slowest,
-                       **(ar if v == "full" else {})}
-            cases.append(Case(f"{COMPONENT}/{name}/{v}/n{n}", {**base, "variant": v}, True, detail,
-                              measurement_from_dict(recs[slowest]["variants"][v]), derived))
-        rows.append({**row, "full(us)": t["full"], "no-AR(us)": t["without-allreduce"], "AR marginal(us)": marginal,
-                     "per AR(us)": marginal / n_ar, "AR alone/op(us)": t["only-allreduce"] / n_ar,
-                     "stand-in(us)": stand_in, "no-AR+stand-ins(us)": ar["stand_in_forward_us"], "check": "ok"})
-    return cases, rows
-
-
-class Output:
-    """Rank 0's results file, re-saved after each backend so a later crash keeps the earlier numbers."""
-
-    def __init__(self, args, info, plan: dict, ranks: list[dict]):
-        self.args, self.info, self.plan, self.ranks = args, info, plan, ranks
-        self.cases: list[Case] = []
-        self.rows: list[dict] = []
-        self.versions: dict = {}
-        self.fp = fingerprint.collect()
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        self.name = args.name or f"{COMPONENT}-{stamp}.json"
-        self.path: Path | None = None
-
-    def add(self, backend: str, per_rank: list[list[dict]], skipped: dict, versions: dict) -> None:
-        self.versions = versions
-        if per_rank and per_rank[0]:
-            cases, rows = build_cases(backend, per_rank, self.plan, self.info.world_size)
-            self.cases += cases
-            self.rows += rows
-        self.save(skipped, complete=False)
-
-    @property
-    def all_ok(self) -> bool:
-        return bool(self.cases) and all(c.check_ok for c in self.cases)
-
-    def notes(self) -> list[str]:
-        p, i = self.plan, self.info
-        out = []
-        if p["device"] == "cpu":
-            out.append("NOTE: run on CPU: CPU numbers (gloo, perf_counter timing), not GPU numbers.")
-        if i.world_size < p["tp"]:
-            out.append(f"NOTE: {i.world_size} ranks of a TP-{p['tp']} model: each rank holds the shapes one of "
-                       f"{p['tp']} ranks holds, and the allreduce spans {i.world_size} ranks, not {p['tp']}.")
-        elif i.world_size > p["tp"]:
-            out.append(f"NOTE: {i.world_size} ranks, each with the shapes of a TP-{p['tp']} rank: the allreduce spans "
-                       f"{i.world_size} ranks, more than a TP-{p['tp']} model has.")
-        if i.world_size == 1:
-            out.append("NOTE: one rank: the allreduce has no peer. Multi-GPU: torchrun --nproc-per-node=N -m "
-                       "verifybench.harness.multigpu.verify")
-        if p["layers_run"] != p["preset_layers"]:
-            out.append(f"NOTE: {p['layers_run']} of the preset's {p['preset_layers']} layers, not scaled.")
-        if p["no_allreduce"]:
-            out.append("NOTE: --no-allreduce (debug): the allreduce is a no-op, the cross-rank check must fail.")
-        per_n = "" if len(set(p["stand_in_by_n_us"])) == 1 else "; at each n's size in the table"
-        out.append(f"stand-in: {p['stand_in_us']:g} us per allreduce in the one-GPU report ({p['stand_in_source']})"
-                   + per_n)
-        return out
-
-    def save(self, skipped: dict, complete: bool) -> dict:
-        i = self.info
-        extra = {"world_size": i.world_size, "local_world_size": i.local_world_size, "nnodes": i.nnodes,
-                 "plan": self.plan, "skipped": skipped, "versions": self.versions, "complete": complete,
-                 "ranks": self.ranks, "table": self.rows, "notes": self.notes(), "ops": self.ranks[0]["ops"],
-                 "allreduce": ("disabled (--no-allreduce, debug)" if self.plan["no_allreduce"] else
-                               "real: through the named backend across the ranks, inside the forward's CUDA graph"),
-                 "time_definition": "max over ranks of each rank's median; graph mode, one forward per replay; "
-                                    "per AR = (full - without-allreduce) / (2 x layers)"}
-        run = results.make_run(COMPONENT, self.cases, self.fp, extra)
-        self.path = results.save_run(run, self.args.out, self.name, update=self.path)
-        return run
-
-    def finish(self, skipped: dict) -> None:
-        from tabulate import tabulate
-
-        self.save(skipped, complete=True)
-        p = self.plan
-        for line in self.notes():
-            print(line)
-        for b, why in skipped.items():
-            print(f"skipped {b}: {why}")
-        failed = [c.name for c in self.cases if not c.check_ok]
-        if failed:
-            details = {c.check_detail for c in self.cases if not c.check_ok}
-            print(f"FAILED checks (no time reported): {', '.join(failed)}\n  " + "\n  ".join(sorted(details)))
-        if fingerprint.throttled(self.fp):
-            print("WARNING: a GPU reported throttling when the run started")
-        print(f"saved {self.path}")
-        ar = "NO allreduce (debug)" if p["no_allreduce"] else "real allreduce"
-        print(f"\n# verify forward, {p['preset']} TP-{p['tp']} rank shapes on {self.info.world_size} ranks, "
-              f"{p['layers_run']} layers, context {p['context']}, {self.ranks[0]['ops'] or 'no'} ops; {ar}, "
-              f"2 per layer; time = max over ranks of the per-rank median, graph mode, warm-up {p['warmup_calls']}, "
-              f"samples {p['samples']}")
-        print(tabulate(self.rows, headers="keys", floatfmt=".1f", stralign="right"), flush=True)
-
-
-# ---- one rank ----
-
-def make_plan(args) -> dict:
-    """Everything every rank must agree on; validated before any process group exists (same answer on every rank)."""
-    cuda = torch.cuda.is_available()
-    if args.context is not None and not 1 <= args.context <= 1 << 20:
-        raise ValueError(f"--context must be in 1..{1 << 20} tokens, got {args.context}")
-    backends = args.allreduce.split(",") if args.allreduce else ["nccl" if cuda else "gloo"]
-    unknown = [b for b in backends if b not in BACKENDS]
-    if unknown:
-        raise ValueError(f"unknown --allreduce {unknown}; choose from {', '.join(BACKENDS)}")
-    if "gloo" in backends and len(backends) > 1:
-        raise ValueError("gloo runs the forward on CPU: run it on its own, not with GPU backends")
-    tokens = parse_int_list(args.tokens.replace("..", "-"))
-    if not tokens or tokens[0] < 1:
-        raise ValueError(f"--tokens needs counts >= 1, got {args.tokens!r}")
-    if args.layers is not None and args.layers < 1:
-        raise ValueError(f"--layers needs at least 1, got {args.layers}")
-    device = "cuda" if cuda and backends != ["gloo"] else "cpu"
-    default_preset, default_tp, default_context = default_scope(device == "cuda")  # CPU: the smoke profile's tiny
-    preset = args.preset if args.preset is not None else default_preset
-    tp = args.tp if args.tp is not None else default_tp
-    context = args.context if args.context is not None else default_context
-    s = presets.get(preset, tp, args.layers)  # raises on an unknown preset or a TP that does not divide
-    warm, samples = DEFAULT_COUNTS[device]
-    ar_us, ar_source = build.allreduce_stand_in_us()
-    by_n = [build.allreduce_stand_in_us(n * s.hidden * 2)[0] for n in tokens]  # a measured figure: at each n's size
-    plan = {"preset": preset, "tp": tp, "context": context, "layers": args.layers,
-            "layers_run": s.layers, "preset_layers": presets.get(preset).layers, "hidden": s.hidden,
-            "tokens": tokens, "backends": backends, "device": device, "warmup_calls": args.warmup or warm,
-            "samples": args.samples or samples, "calls_per_sample": 1, "no_allreduce": args.no_allreduce,
-            "stand_in_us": ar_us, "stand_in_source": ar_source, "stand_in_by_n_us": by_n, "variants": list(VARIANTS),
-            "rank_bytes": allocated_bytes(s, context, max(tokens))}
-    if device == "cpu":
-        check_memory(plan, device, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    return plan
-
 
 def run_rank(args, info, store, guard: Watchdog) -> int:
     """Everything one rank does; rank 0 also prints and saves. Returns the exit code."""
@@ -546,20 +259,20 @@ def run_rank(args, info, store, guard: Watchdog) -> int:
 # ---- entry ----
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="torchrun --nproc-per-node=N -m verifybench.harness.multigpu.verify", description=__doc__,
+    p = Parser(prog="torchrun --nproc-per-node=N -m verifybench.harness.multigpu.verify", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", help="model preset (default kimi-k2.5; tiny when the forward runs on CPU, as with "
                    "gloo)")
-    p.add_argument("--tp", type=int, help="TP degree whose per-rank shapes each rank holds, whatever the number of "
+    p.add_argument("--tp", type=positive_int, help="TP degree whose per-rank shapes each rank holds, whatever the number of "
                    "ranks (default 8; 1 on CPU)")
-    p.add_argument("--context", type=int, help="cached tokens per layer (default 4096; 64 on CPU)")
-    p.add_argument("--layers", type=int, help="layers to build (default: the preset's; when they do not fit, the job "
+    p.add_argument("--context", type=positive_int, help="cached tokens per layer (default 4096; 64 on CPU)")
+    p.add_argument("--layers", type=positive_int, help="layers to build (default: the preset's; when they do not fit, the job "
                    "refuses before building and names the --layers that fit)")
     p.add_argument("--tokens", default="1-8", help="token counts n, e.g. 1-8 or 1,2,4 (default 1-8)")
     p.add_argument("--allreduce", help="comma list of " + "; ".join(f"{k}: {v}" for k, v in BACKEND_HELP.items())
                    + " (default nccl with CUDA, gloo without)")
-    p.add_argument("--warmup", type=int, help="eager forwards before each capture (default 3 GPU, 2 CPU)")
-    p.add_argument("--samples", type=int, help="graph replays timed per variant and n (default 40 GPU, 5 CPU)")
+    p.add_argument("--warmup", type=positive_int, help="eager forwards before each capture (default 3 GPU, 2 CPU)")
+    p.add_argument("--samples", type=positive_int, help="graph replays timed per variant and n (default 40 GPU, 5 CPU)")
     p.add_argument("--hang-timeout", type=float, default=DEFAULT_HANG_TIMEOUT_S,
                    help="seconds without progress before the job is ended, naming the stuck rank (default 120: "
                         "the first forward of each n may compile Triton kernels)")
@@ -574,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    dist_guard.PREFIX = "[verify_dist]"
+    report.PREFIX = "[verify_dist]"
     announce_safe_env()
     try:
         make_plan(args)  # bad arguments: every rank says so and exits 2, before any rendezvous
