@@ -118,8 +118,6 @@ def test_every_import_runs_down_the_floors_or_stays_in_its_room(graph):
 # A module a reader can hold: past this many lines it is split along a seam it has, or named here with the reason.
 MAX_MODULE_LINES = 450
 LONG_MODULES = {
-    "harness/multigpu/guard.py": "split on another branch",
-    "harness/multigpu/verify.py": "split on another branch",
     "scripts/probe_cases.py": "split on another branch",
 }
 
