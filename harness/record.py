@@ -26,12 +26,13 @@ RANGE = "verify_forward"
 CYCLE_RANGE = "spec_cycle"
 
 
-def _export(prof, out: Path) -> None:
+def _export(prof, out: Path) -> Path:
+    """The trace, gzipped, as a new file (never over an earlier one): returns the path written."""
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(raw))
         data = gzip.compress(raw.read_bytes(), mtime=0)
-    results.write_atomic(out, lambda f: f.write(data))
+    return results.write_new(out, data)
 
 
 def _captured(fn):
@@ -69,7 +70,7 @@ def record_forward(out: Path, preset: str, tp: int, context: int, tokens: int, r
                     with record_function(name):
                         g.replay()
             torch.cuda.synchronize()
-        _export(prof, out)
+        out = _export(prof, out)
         del graphs
     finally:
         release_forwards()
@@ -109,7 +110,7 @@ def record_cycle(out: Path, preset: str, tp: int, context: int, config: str, att
 
                     cyc.step(mark)
             torch.cuda.synchronize()
-        _export(prof, out)
+        out = _export(prof, out)
         del cyc
     finally:
         release_forwards()
@@ -169,6 +170,7 @@ def run(args) -> int:
     else:
         info = record_forward(args.out, args.preset, args.tp, args.context, args.tokens, args.replays, args.layers,
                               comps)
-    results.write_json_atomic(args.out.with_name(args.out.name.replace(".json.gz", ".direct.json")), info)
+    trace = Path(info["trace"])  # the name written: a numbered one when OUT existed
+    results.write_json_new(trace.with_name(trace.name.replace(".json.gz", ".direct.json")), info)
     print(json.dumps(info))
     return 0

@@ -107,11 +107,11 @@ def main(argv=None) -> int:
         dirs = {"tuned": empty, **({"retuned": str(args.user_dir)} if args.user_dir else {})}
         rows = compare(fwd, args.rounds, args.max_time_s, dirs)
     gpu = config_tables.device_name("cuda")
-    results.write_json_atomic(args.out, {"gpu": gpu, "preset": args.preset, "tp": args.tp, "context": args.context,
-                                         "layers": len(fwd.layers), "rounds": args.rounds, "mode": "graph",
-                                         "user_dir": str(args.user_dir) if args.user_dir else None, "rows": rows,
-                                         "fingerprint": fingerprint.collect()})
-    print(f"wrote {args.out}")
+    written = results.write_json_new(args.out, {"gpu": gpu, "preset": args.preset, "tp": args.tp, "context": args.context,
+                                               "layers": len(fwd.layers), "rounds": args.rounds, "mode": "graph",
+                                               "user_dir": str(args.user_dir) if args.user_dir else None,
+                                               "rows": rows, "fingerprint": fingerprint.collect()})
+    print(f"wrote {written}")
     config_tables.print_defaults_notice()
     print(f"{gpu}, {args.preset} TP{args.tp}, context {args.context}: shipped tables (tuned) vs defaults"
           + (" vs the user's tables (retuned)" if args.user_dir else "") + " (gap: slower than tuned by)\n"

@@ -29,6 +29,14 @@ def test_cli_on_cpu_writes_the_series(tmp_path, capsys):
     assert cli_main(["hostprobe", "--seconds", "nan"]) == 2
 
 
+def test_cli_json_onto_an_existing_file_writes_a_new_one_and_keeps_the_old(tmp_path, capsys):
+    first = tmp_path / "h.json"
+    first.write_text('{"mine": 1}')
+    assert cli_main(["hostprobe", "--seconds", "0.2", "--json", str(first)]) == 0
+    assert first.read_text() == '{"mine": 1}'
+    assert (tmp_path / "h-2.json").exists() and "wrote " + str(tmp_path / "h-2.json") in capsys.readouterr().out
+
+
 def test_gate_calibrates_to_the_fastest_read_and_splits_states_at_the_factor():
     reads = iter([100, 90, 95, 120, 130, 125, 80, 111, 113])
     gate = hostprobe.HostGate(probe=lambda: next(reads), factor=1.4, calibrate_s=0)

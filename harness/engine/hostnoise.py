@@ -68,7 +68,7 @@ def run(args) -> int:
     import torch
 
     from verifybench.harness.engine import fingerprint, hostpin
-    from verifybench.harness.engine.results import check_writable, write_json_atomic
+    from verifybench.harness.engine.results import check_writable, write_json_new
 
     if args.json:  # before sampling, not after
         if args.json.is_dir():
@@ -78,8 +78,9 @@ def run(args) -> int:
     rows = series(args.seconds, gpu=torch.cuda.is_available())
     summary = summarize_series(rows)
     if args.json:
-        write_json_atomic(args.json, {"host_pin": pin, "fingerprint": fingerprint.collect(), "summary": summary,
-                                      "series": rows})
+        written = write_json_new(args.json, {"host_pin": pin, "fingerprint": fingerprint.collect(),
+                                             "summary": summary, "series": rows})
+        print(f"wrote {written}")
     print(f"host pin: {pin.get('cpu')} ({pin.get('reason')}); {summary['slots']} slots over {args.seconds:g} s")
     for key in FIGURES:
         if key in summary:
