@@ -204,6 +204,16 @@ def test_every_repo_file_a_doc_cites_exists(doc):
     assert not missing, "\n".join(missing)
 
 
+def test_every_doc_section_the_code_cites_exists():
+    # Messages point a user to a doc as (README, 'words') or (docs/x.md, 'words'): the words must be in that doc.
+    cites = [(f, doc, words) for f in [*(REPO / "harness").rglob("*.py"), *(REPO / "kernels").rglob("*.py")]
+             for doc, words in re.findall(r"\((README|docs/[\w-]+\.md), '([^']+)'\)", f.read_text())]
+    assert cites, "no citation found: the pattern no longer matches the messages"
+    missing = [f"{f.relative_to(REPO)}: ({doc}, '{words}')" for f, doc, words in cites
+               if words not in (REPO / (doc if doc.endswith(".md") else "README.md")).read_text()]
+    assert not missing, "\n".join(missing)
+
+
 def test_the_readme_shows_its_two_commands_first():
     commands = [c for _, c in shown_commands((REPO / "README.md").read_text())]
     assert commands[:2] == ["verifybench run", "python3 -m pytest"], commands[:2]
