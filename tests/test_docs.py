@@ -28,25 +28,43 @@ CITED = re.compile(r"(?<![\w./:~$-])((?:%s)/[\w./*<>-]*[\w*/>])" % "|".join(re.e
 
 
 def shown_commands(text: str) -> list[tuple[int, str]]:
-    """(line number, command) for each command in a fenced block line or an inline code span of markdown `text`."""
-    found, fenced, pending = [], False, ""
+    """(line number, command) for each command in a fenced block line or an inline code span of markdown `text` (a
+    span may run over the lines of its paragraph)."""
+    found, fenced, pending, paragraph = [], False, "", []
+
+    def spans_of_paragraph():
+        if paragraph:
+            joined = " ".join(line.strip() for _, line in paragraph).replace("\\|", "|")
+            for span in re.findall(r"`([^`]+)`", joined):
+                command = _command_of(span)
+                if command:
+                    found.append((paragraph[0][0], command))
+            paragraph.clear()
+
     for number, line in enumerate(text.splitlines(), 1):
         if line.lstrip().startswith("```"):
+            spans_of_paragraph()
             fenced = not fenced
             continue
-        if fenced:
-            line = pending + line.strip()
-            if line.endswith("\\"):
-                pending = line[:-1].rstrip() + " "
-                continue
-            pending = ""
-            spans = [line]
-        else:
-            spans = re.findall(r"`([^`]+)`", line.replace("\\|", "|"))
-        for span in spans:
-            command = _command_of(span)
-            if command:
-                found.append((number, command))
+        if not fenced:
+            if line.lstrip().startswith("|"):  # a table row is a paragraph of its own
+                spans_of_paragraph()
+                paragraph.append((number, line))
+                spans_of_paragraph()
+            elif line.strip():
+                paragraph.append((number, line))
+            else:
+                spans_of_paragraph()
+            continue
+        line = pending + line.strip()
+        if line.endswith("\\"):
+            pending = line[:-1].rstrip() + " "
+            continue
+        pending = ""
+        command = _command_of(line)
+        if command:
+            found.append((number, command))
+    spans_of_paragraph()
     return found
 
 
@@ -204,14 +222,28 @@ def test_every_repo_file_a_doc_cites_exists(doc):
     assert not missing, "\n".join(missing)
 
 
-def test_every_doc_section_the_code_cites_exists():
-    # Messages point a user to a doc as (README, 'words') or (docs/x.md, 'words'): the words must be in that doc.
-    cites = [(f, doc, words) for f in [*(REPO / "harness").rglob("*.py"), *(REPO / "kernels").rglob("*.py")]
-             for doc, words in re.findall(r"\((README|docs/[\w-]+\.md), '([^']+)'\)", f.read_text())]
+CITES_SECTION = re.compile(r"""\((README|docs/[\w-]+\.md), ['"]([^'"]+)['"]""")
+
+
+def cited_sections(text: str) -> list[tuple[str, str]]:
+    """(doc, words) for each place a text points a reader to a doc's section: (README, 'words') or
+    (docs/x.md, "words")."""
+    return [(doc if doc.endswith(".md") else "README.md", words) for doc, words in CITES_SECTION.findall(text)]
+
+
+def test_every_doc_section_the_code_and_docs_cite_exists():
+    sources = [*(REPO / "harness").rglob("*.py"), *(REPO / "kernels").rglob("*.py"), *DOCS]
+    cites = [(f, doc, words) for f in sources for doc, words in cited_sections(f.read_text())]
     assert cites, "no citation found: the pattern no longer matches the messages"
     missing = [f"{f.relative_to(REPO)}: ({doc}, '{words}')" for f, doc, words in cites
-               if words not in (REPO / (doc if doc.endswith(".md") else "README.md")).read_text()]
+               if words not in " ".join((REPO / doc).read_text().split())]
     assert not missing, "\n".join(missing)
+
+
+def test_the_docs_check_refuses_a_section_that_is_not_there():
+    (doc, words), = cited_sections("""compare them within one process (docs/FINDINGS.md, "Host noise").""")
+    assert (doc, words) == ("docs/FINDINGS.md", "Host noise")
+    assert words not in (REPO / doc).read_text()
 
 
 def test_the_readme_shows_its_two_commands_first():
@@ -249,11 +281,25 @@ def test_the_docs_check_accepts_a_command_that_parses(command):
 
 
 def test_the_docs_check_finds_commands_in_blocks_and_spans_and_missing_files():
-    text = ("Run `verifybench env --json` or:\n```bash\n.ci/install && verifybench run   # the main job\n"
+    text = ("Run `verifybench env --json` or `verifybench\nbreakeven --accept-len 2.5`:\n```bash\n.ci/install && verifybench run   # the main job\n"
             "FOO=1 torchrun --nproc-per-node=2 \\\n  -m verifybench.harness.multigpu.verify\n```\n"
             "See harness/no_such_file.py and `git show 226aae0:results/old.json`.\n")
     assert [c for _, c in shown_commands(text)] == [
-        "verifybench env --json", "verifybench run",
+        "verifybench env --json", "verifybench breakeven --accept-len 2.5", "verifybench run",
         "torchrun --nproc-per-node=2 -m verifybench.harness.multigpu.verify"]
     assert [p for _, p in cited_paths(text)] == [".ci/install", "harness/no_such_file.py"]
     assert not _exists("harness/no_such_file.py") and _exists("harness/cli.py")
+
+
+def test_the_acceptance_script_runs_every_command_the_readme_and_the_guides_show():
+    # FINDINGS and the baselines' INDEX show the measurements behind dated figures: parsed above, not re-run.
+    script = (REPO / "scripts" / "acceptance.sh").read_text()
+    guides = [d for d in DOCS if d.name not in ("FINDINGS.md", "INDEX.md")]
+    missing = []
+    for doc in guides:
+        for number, command in shown_commands(doc.read_text()):
+            words = command.split()
+            head = words[words.index("-m") + 1] if "-m" in words else " ".join(words[:2])
+            if "<" not in head and head not in script:
+                missing.append(f"{doc.name}:{number}: {head}")
+    assert not missing, "\n".join(missing)
