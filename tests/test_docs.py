@@ -137,7 +137,7 @@ def problems_of(command: str) -> list[str]:
         argv = argv[2:]
         if argv and argv[0] == "pytest":
             argv[0] = "pytest"
-    if argv[0] == "verifybench" or argv[0] == "verifybench.harness.cli":
+    if argv[0] in ("verifybench", "verifybench.harness", "verifybench.harness.cli"):
         return _problems_cli(argv[1:], synopsis)
     if argv[0] == "torchrun":
         if "-m" not in argv:
@@ -169,6 +169,8 @@ def problems_of(command: str) -> list[str]:
 
 
 def _problems_cli(argv: list[str], synopsis: bool) -> list[str]:
+    if argv[:1] == ["..."]:  # `verifybench ...`: any command
+        return []
     if not argv or argv[0].startswith("-"):
         return [] if not argv else [p for p in [_parse(_cli(), argv)] if p]
     commands = _subparsers(_cli())
@@ -281,7 +283,8 @@ def test_the_docs_check_accepts_a_command_that_parses(command):
 
 
 def test_the_docs_check_finds_commands_in_blocks_and_spans_and_missing_files():
-    text = ("Run `verifybench env --json` or `verifybench\nbreakeven --accept-len 2.5`:\n```bash\n.ci/install && verifybench run   # the main job\n"
+    text = ("Run `verifybench env --json` or `verifybench\nbreakeven --accept-len 2.5`:\n"
+            "```bash\n.ci/install && verifybench run   # the main job\n"
             "FOO=1 torchrun --nproc-per-node=2 \\\n  -m verifybench.harness.multigpu.verify\n```\n"
             "See harness/no_such_file.py and `git show 226aae0:results/old.json`.\n")
     assert [c for _, c in shown_commands(text)] == [
@@ -303,3 +306,36 @@ def test_the_acceptance_script_runs_every_command_the_readme_and_the_guides_show
             if "<" not in head and head not in script:
                 missing.append(f"{doc.name}:{number}: {head}")
     assert not missing, "\n".join(missing)
+
+
+def commands_in_code(text: str) -> list[str]:
+    """The commands a message or docstring tells a user, in backticks or parentheses: `verifybench ...`,
+    (verifybench ...); "a / b" names two commands."""
+    found = []
+    for command in re.findall(r"[`(]((?:verifybench|torchrun|python3 -m verifybench)\b[^`()\n]*)[`)]", text):
+        first, *others = [c.strip() for c in command.split(" / ")]
+        found += [first] + [o if o.startswith("verifybench") else f"verifybench {o}" for o in others]
+    return found
+
+
+def _strings(path: Path) -> list[str]:
+    """The string literals of a module (adjacent literals joined, as Python joins them); comments left out."""
+    import ast
+
+    return [n.value for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Constant)
+            and isinstance(n.value, str)]
+
+
+def test_every_command_the_code_tells_a_user_parses():
+    sources = [*(REPO / "harness").rglob("*.py"), *(REPO / "kernels").rglob("*.py"),
+               *(REPO / "scripts").glob("*.py")]
+    wrong = [f"{f.relative_to(REPO)}: `{c}`: {p}" for f in sources for text in _strings(f)
+             for c in commands_in_code(text) for p in problems_of(c)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_code_check_refuses_the_command_a_message_gets_wrong():
+    text = '''raise ValueError("a verify result, not a cycle result (verifybench run verify)")'''
+    assert commands_in_code(text) == ["verifybench run verify"]
+    assert problems_of("verifybench run verify")
+    assert commands_in_code("(verifybench verify / run)") == ["verifybench verify", "verifybench run"]
