@@ -3,8 +3,8 @@
 # its output. usage: scripts/acceptance.sh [--cpu | --gpu]   (default: both where a GPU is present, else --cpu)
 #
 # --cpu runs anywhere (without a GPU: the smoke profile, the torchrun jobs on gloo at tiny shapes); CI runs it after
-#   the README's test command. 24 commands, 9 minutes on the 2-core CI box under a load of 8 (`verifybench run` 108 s,
-#   the two torchrun jobs 22 and 38 s idle, each other command 5-25 s, most of it importing torch).
+#   the README's test command. 24 commands in 5 minutes on the shared 2-core box, 9 under a load of 8 (`verifybench
+#   run` 108 s, the two torchrun jobs 22 and 38 s, each other command 5-25 s, most of it importing torch).
 # Needs the work of other branches to pass: `verifybench advise` and `cycle --contexts` (advise), results folders
 #   for compare / plan / trace --against (io-options).
 # --gpu runs what only a GPU can measure, on the H200 (under `timeout` each; the session's one command there):
