@@ -267,15 +267,15 @@ def test_pytest_benchmark_figures_are_checked_against_their_data(tmp_path, capsy
     assert "every sample is null" in capsys.readouterr().err
 
 
-def test_the_host_timed_note_cites_a_findings_section_that_exists(tmp_path, capsys):
+def test_the_host_timed_note_cites_a_measuring_section_that_exists(tmp_path, capsys):
     from pathlib import Path
 
     base = _write(tmp_path / "a.json", {"x": _samples(1)}, mode="host_call")
     assert _cli(base, _write(tmp_path / "b.json", {"x": _samples(3, 150)}, mode="host_call")) == 1
     out = capsys.readouterr().out
-    assert "(docs/FINDINGS.md, section 1)" in out and "README, 'Measured" not in out
-    findings = (Path(__file__).resolve().parent.parent / "docs" / "FINDINGS.md").read_text()
-    assert "\n## 1. Measuring method" in findings
+    cited = "Host-timed figures do not repeat across processes"
+    assert f"(docs/measuring.md, '{cited}')" in out and "README, 'Measured" not in out
+    assert cited in (Path(__file__).resolve().parent.parent / "docs" / "measuring.md").read_text()
 
 
 def test_identical_samples_are_same_even_at_min_effect_zero():

@@ -408,7 +408,8 @@ def run(args) -> int:
     if host_moves:
         print(f"NOTE: {len(host_moves)} of the SLOW/FAST cases are host-timed ({', '.join(HOST_TIMED_MODES)} or a "
               "CPU timer): on shared VMs these moved by up to +-170% between two processes with no code change "
-              "(docs/FINDINGS.md, section 1); compare them within one process")
+              "(docs/measuring.md, 'Host-timed figures do not repeat across processes'); compare them within one "
+              "process")
         followed = [r for r in host_moves if host_moved_along(r, args.min_effect)]
         if followed:
             print(f"NOTE: in {len(followed)} of them the host-speed probe moved the same way by at least "
