@@ -417,9 +417,8 @@ def run(args) -> int:
     moved = [r for r in rows if r["state_differs"] and r["verdict"] != "SAME"]
     if moved:
         print(f"NOTE: {len(moved)} non-SAME case(s) ran in a different process state in BASE and NEW (cupy imported, "
-              "process group): that alone moved tiny graph nodes by up to 31% on an H200 (docs/FINDINGS.md, "
-              "section 1), "
-              f"e.g. {moved[0]['case']}")
+              "process group): that alone moved tiny graph nodes by up to 31% on an H200 "
+              f"(docs/FINDINGS.md, 'Measuring method'), e.g. {moved[0]['case']}")
     for label, timed in (("device-timed", False), ("host-timed", True)):
         part = [r for r in rows if r["host_timed"] == timed]
         if part:
