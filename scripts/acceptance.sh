@@ -1,21 +1,18 @@
 #!/usr/bin/env bash
 # Runs every command README.md and docs/*.md show, as a user types them, and checks each exit code and one line of
-# its output. usage: scripts/acceptance.sh [--cpu | --gpu]   (default: both where a GPU is present, else --cpu)
+# its output. usage: scripts/acceptance.sh [--cpu | --gpu]   (default: --gpu where a GPU is present, else --cpu)
 #
 # --cpu runs anywhere (without a GPU: the smoke profile, the torchrun jobs on gloo at tiny shapes); CI runs it after
 #   the README's test command. 24 commands in 5 minutes on the shared 2-core box, 9 under a load of 8 (`verifybench
 #   run` 108 s, the two torchrun jobs 22 and 38 s, each other command 5-25 s, most of it importing torch).
 # Needs the work of other branches to pass: `verifybench advise` and `cycle --contexts` (advise), results folders
 #   for compare / plan / trace --against (io-options).
-# --gpu runs what only a GPU can measure, on the H200 (under `timeout` each; the session's one command there):
-#   pytest --benchmark-only microbench/   the device-timed pytest-benchmark run (on CPU it would time the smoke
-#                                         profile through pytest for minutes and prove nothing the run does not)
-#   verifybench tune, verifybench record, scripts/defaults_vs_tuned.py
-#                                         time a GPU's own kernels; --cpu checks that they refuse in one line
-#   verifybench compare BASELINE RUN/     the H200 baselines against this GPU's run (--cpu compares a CPU run with
-#                                         itself and checks that the H200 baseline is refused as other hardware)
-#   the NCCL sweep, VERIFYBENCH_CONFIG_TABLES=none / VERIFYBENCH_MEMORY_CAP_GIB=94 runs
-#                                         NCCL settings and GPU memory mean nothing on gloo and a CPU
+# --gpu runs what only a GPU can measure, on the H200, in one device command (about 7 minutes): the main job, compare
+#   against the committed H200 baseline, advise, plan, project, record and trace on its results. With ACCEPT_LONG=1
+#   (a device command of its own) also: pytest --benchmark-only microbench/ (on CPU it would time the smoke profile
+#   for minutes and prove nothing the run does not), tune, defaults_vs_tuned.py, record --what cycle, cycle
+#   --contexts, a run on no tables, and on several GPUs the torchrun jobs and the NCCL sweep. --cpu checks that the
+#   GPU-only commands refuse in one line, and that the H200 baseline is refused as other hardware.
 # Left to tests/test_docs.py (parsed, not run): docs/FINDINGS.md and results/baselines/INDEX.md, whose commands are
 # the measurements behind dated findings and baselines (hours of GPU time), and the engines' own commands (curl,
 # SGLang, vLLM) in README.md and docs/trace.md.
@@ -29,7 +26,7 @@ case $part in
 esac
 gpu=$(python3 -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
 if [ "$part" = auto ]; then
-  if [ "$gpu" = 1 ]; then parts="cpu gpu"; else parts=cpu; fi
+  if [ "$gpu" = 1 ]; then parts=gpu; else parts=cpu; fi
 elif [ "$part" = --gpu ] && [ "$gpu" != 1 ]; then
   echo "scripts/acceptance.sh: --gpu needs a CUDA GPU (none here); run --cpu" >&2; exit 2
 else
@@ -100,19 +97,23 @@ cpu_part() {
   check 0 "saved" 300 "torchrun --nproc-per-node=2 -m verifybench.harness.multigpu.verify"
 }
 
-gpu_part() {
+gpu_part() {  # what only a GPU measures, sized for one 10-minute device command on an H200 (about 7 minutes)
   echo "== GPU part"
-  check 0 "passed" 600 "cd $REPO && python3 -m pytest --benchmark-only -q microbench/"
-  if [ ! -d verifybench-results ]; then  # --gpu alone: the main job first (the CPU part ran it otherwise)
-    check 0 "^report: " 600 "verifybench run"
-  fi
+  check 0 "^report: " 600 "verifybench run"
   local gpu_run; gpu_run=verifybench-results/$(ls verifybench-results | head -n 1)
-  [ "$part" = --gpu ] && check 0 "SAME" 120 "verifybench compare $H200/verify.json $gpu_run/"
+  check 0 "SAME" 120 "verifybench compare $H200/verify.json $gpu_run/"
+  check 0 "lever" 120 "verifybench advise"
+  check 0 "tok/s" 120 "verifybench advise $gpu_run --accept-len 3:2.4,6:3.1"
+  check 0 "tok" 60 "verifybench plan $gpu_run --accept-rates 0.8,0.7,0.6,0.5,0.4"
+  check 0 "rtx|RTX" 60 "verifybench project $gpu_run --target rtx-pro-6000-pcie-tp8"
+  check 0 "[0-9]" 300 "verifybench record OUT.json.gz"
+  check 0 "allreduce" 120 "verifybench trace OUT.json.gz --against $gpu_run/"
+  [ -n "${ACCEPT_LONG:-}" ] || return  # the rest outlasts one device command: ACCEPT_LONG=1 in a call of its own
+  check 0 "passed" 600 "cd $REPO && python3 -m pytest --benchmark-only -q microbench/"
   check 0 "[0-9]" 600 "verifybench tune --budget-s 180 --out tuned"
   check 0 "[0-9]" 600 "python3 scripts/defaults_vs_tuned.py dvt.json --user-dir tuned --max-time-s 0.3"
-  check 0 "[0-9]" 300 "verifybench record OUT.json.gz"
   check 0 "[0-9]" 300 "verifybench record cycle.json.gz --what cycle"
-  check 0 "allreduce" 120 "verifybench trace OUT.json.gz --against $gpu_run/"
+  check 0 "cycle" 600 "verifybench cycle --configs \"2,1,3\" --contexts 1024,4096"
   check 0 "report: " 600 "VERIFYBENCH_CONFIG_TABLES=none verifybench run --components verify --out gpu-defaults"
   local gpus; gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
   if [ "$gpus" -ge 2 ]; then
