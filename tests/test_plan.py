@@ -233,7 +233,7 @@ def test_plan_with_one_verify_point_names_only_the_draft_tokens_given(capsys):
     assert "one point (D=3)" in err and "whose D is 3" in err and "plan only" not in err
 
 
-@pytest.mark.parametrize("verify_ms, configs", [("3:25,4:20", "5,1,6"), ("3:25,6:1", "5,1,6;3,1,4;2,1,3")])
+@pytest.mark.parametrize("verify_ms, configs", [("3:25,4:20", "5,1,6"), ("4:5,5:1", "4,1,5;5,1,6")])
 def test_plan_refuses_to_draw_out_verify_times_that_fall_with_d(verify_ms, configs, capsys):
     # a line falling with D, drawn past the points, gives shrinking and then negative cycles and tok/s
     assert cli_main(["plan", "--decode-ms", "11", "--verify-ms", verify_ms, "--configs", configs,
