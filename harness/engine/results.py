@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -179,3 +180,20 @@ def validate_run(data: dict, where: str) -> dict:
 def load_run(path: Path) -> dict:
     """Load and validate one suite result file; raises ResultsError with the reason, never returns bad data."""
     return validate_run(read_json(path), str(path))
+
+
+_STAMPED = re.compile(r"^(?P<kind>.+?)-\d{8}T\d{6}Z(?:-\d+)?$")
+
+
+def kind_of(path: Path) -> str:
+    """A result file's kind: its name's prefix before `-<UTC stamp>` (verify-20261202T101010Z.json -> verify), or,
+    for a curated baseline, the stem before .json / .json.gz (baselines/.../verify.json -> verify)."""
+    stem = Path(path).name.removesuffix(".gz").removesuffix(".json")
+    m = _STAMPED.match(stem)
+    return m.group("kind") if m else stem
+
+
+def latest_of_kind(folder: Path, kind: str) -> Path | None:
+    """The newest result file of `kind` in `folder` (stamped names sort by time; a curated name stands alone)."""
+    found = sorted(p for p in Path(folder).glob("*.json*") if p.suffix in (".json", ".gz") and kind_of(p) == kind)
+    return found[-1] if found else None
