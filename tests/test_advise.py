@@ -116,6 +116,12 @@ def test_advise_outside_the_measured_contexts_is_refused_in_one_line(capsys):
     assert "outside" in capsys.readouterr().err
 
 
+def test_advise_refuses_an_accept_length_past_the_shapes_depth_in_one_line(capsys):
+    assert cli_main(["advise", str(H200), "--accept-len", "3:3.5"]) == 2
+    err = capsys.readouterr().err
+    assert "outside 1..3" in err and err.count("\n") == 1
+
+
 def test_advise_names_the_command_for_a_lever_it_cannot_cost(capsys):
     assert cli_main(["advise", str(H200 / "cycle.json")]) == 0
     text = capsys.readouterr().out

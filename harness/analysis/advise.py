@@ -324,6 +324,17 @@ def report_lines(runs_by_component: dict[str, dict], out_dir: Path) -> list[str]
     return [line.replace("## ", "### ") for line in lines_for(runs, found)] + [""]
 
 
+def _checked(taus):
+    """tau_of(config) refusing an accept length outside 1..min(steps, D-1)+1, as plan does."""
+    def tau_of(config):
+        tau = taus(config)
+        if tau is not None and not 1 <= tau <= plan.max_accept_len(config):
+            raise ValueError(f"accept length {tau:g} for {config} outside 1..{plan.max_accept_len(config)} "
+                             "(min(steps, D-1) + bonus)")
+        return tau
+    return tau_of
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("results_in", nargs="*", type=Path, metavar="RESULTS",
                    help="a results folder (the latest file of each kind) or result files; default the latest "
@@ -352,5 +363,7 @@ def run(args) -> int:
     elif args.accept_rates:
         rates = plan.parse_rates(args.accept_rates)
         taus = lambda c: plan.tau_from_rates(rates, c)  # noqa: E731
+    if taus is not None:
+        taus = _checked(taus)
     print("\n".join(lines_for(runs, found, taus, args.context, args.engine, args.nccl_from)))
     return 0
