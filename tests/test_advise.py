@@ -166,6 +166,12 @@ def test_advise_and_env_warn_about_each_nccl_variable_that_differs_from_the_swee
     assert "WARNING NCCL_PROTO: here Simple" in capsys.readouterr().out
 
 
+def test_nccl_from_refuses_a_result_that_is_not_a_sweep_naming_it(capsys):
+    assert cli_main(["env", "--nccl-from", str(H200 / "cycle.json")]) == 2
+    err = capsys.readouterr().err
+    assert "cycle.json: a cycle result" in err and "allreduce_sweep" in err and err.count("\n") == 1
+
+
 def test_result_kind_is_the_name_before_the_stamp_or_the_baselines_stem(tmp_path):
     assert results.kind_of(Path("verify-20261202T101010Z.json")) == "verify"
     assert results.kind_of(Path("allreduce_sweep.json.gz")) == "allreduce_sweep"

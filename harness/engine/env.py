@@ -53,7 +53,11 @@ def lost_settings(winner_env: dict[str, str], environ=None) -> list[str]:
 
 def nccl_warnings(sweep_path: Path, environ=None) -> list[str]:
     """The lost-settings lines for a saved sweep: its winner, then each NCCL_* variable that differs here."""
-    label, env = sweep_winner(results.load_run(sweep_path))
+    run = results.load_run(sweep_path)
+    if run["component"] != "allreduce_sweep":
+        raise ValueError(f"--nccl-from {sweep_path}: a {run['component']} result; give an NCCL sweep's "
+                         "(allreduce_sweep) file")
+    label, env = sweep_winner(run)
     lost = lost_settings(env, environ)
     head = f"NCCL sweep {sweep_path}: winner {label!r}"
     return [head + (": every NCCL_* variable here matches it" if not lost else
