@@ -81,7 +81,9 @@ def test_advise_with_accept_lengths_gives_tok_s_per_lever_and_the_best_draft_sha
     spl = _cycle_ms((2, 1, 3), "split_kv")
     assert f"; {1000 * 2.4 / spl:.4g} tok/s" in text
     six = _cycle_ms((5, 1, 6), "extend")
-    assert "draft shape: (2, 1, 3) -> (5, 1, 6)" in text and f"{1000 * 3.1 / six:.4g} tok/s" in text
+    ext = _cycle_ms((2, 1, 3), "extend")
+    assert f"draft shape: (2, 1, 3) -> (5, 1, 6): {ext:.4g} -> {six * 2.4 / 3.1:.4g} ms per cycle" in text
+    assert f"break-even tau* {six / _decode_ms():.3g}; {1000 * 3.1 / six:.4g} tok/s" in text
     assert "--speculative-num-steps 5 --speculative-eagle-topk 1 --speculative-num-draft-tokens 6" in text
 
 

@@ -191,7 +191,7 @@ def levers(runs: dict, found: dict, taus, context: int | None, engine: str) -> l
             lv = _lever(f"draft shape: {config} -> {best}", base, t_best * tau / taus(best), "measured", [f_cycle],
                         setting("draft", engine, steps=best[0], topk=best[1], d=best[2]), tau, decode,
                         f"tau {taus(best):g} vs {tau:g}; after = its cycle per {tau:g} accepted tokens")
-            lv["tok_s"] = 1000 * taus(best) / t_best
+            lv["tok_s"], lv["tau_star"] = 1000 * taus(best) / t_best, t_best / decode  # its own cycle's
             out.append(lv)
     else:
         missing.append(("draft shape", "advise --accept-len D:tau,... (or --accept-rates) to rank the shapes"))
