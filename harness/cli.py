@@ -29,6 +29,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                 "described by numbers"),
     "plan": ("verifybench.harness.analysis.plan", "rank (steps, topk, draft tokens) by tokens/s from measured costs "
              "and an acceptance profile, with the break-even accept length"),
+    "advise": ("verifybench.harness.analysis.advise", "the answer first, then the levers that move a verify cycle, "
+               "ranked by ms saved, with the engine setting for each"),
     "breakeven": ("verifybench.harness.analysis.breakeven", "speedup and break-even accept length of speculative "
                   "decoding"),
     "trace": ("verifybench.harness.analysis.trace", "decompose an engine's profiler trace (SGLang, vLLM, or the "

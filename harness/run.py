@@ -12,6 +12,7 @@ import torch
 from tabulate import tabulate
 
 from verifybench.harness import components
+from verifybench.harness.analysis import advise
 from verifybench.harness.analysis.numbers import int_in, out_path, tokens_arg
 from verifybench.harness.engine import fingerprint, hostpin, hostprobe, memory, results, timing
 from verifybench.harness.engine.timing import cuda_available
@@ -141,6 +142,7 @@ def write_report(runs: dict[str, dict], scope: dict, out_dir: Path, notices: lis
     fp, stamp = first["fingerprint"], results.stamp(first)
     lines = [f"# verifybench run: {scope['preset']} TP{scope['tp']}, context {scope['context']}, on {fp['gpu_model']}",
              ""]
+    lines += advise.report_lines(runs, out_dir)
     if scope["cpu"]:
         lines += [f"**{cpu_banner()}** Derived figures that CPU noise cannot support (fits, ratios, eta, break-even) "
                   f"are withheld: their cells read \"{results.WITHHELD}\".", ""]

@@ -73,7 +73,7 @@ def test_report_break_even_follows_its_formula(run_dir):
     decode_ms = next(r["measured_us"] for r in table if r["n"] == 1) / 1e3
     assert len(rows) == len(table)
     for row, t in zip(rows, table):
-        cycle = bench_verify.DEFAULT_DRAFT_MS + t["measured_us"] / 1e3 + bench_verify.DEFAULT_OVERHEAD_MS
+        cycle = bench_verify.ASSUMED_DRAFT_MS + t["measured_us"] / 1e3 + bench_verify.ASSUMED_OVERHEAD_MS
         assert row["break-even accept len"] == pytest.approx(cycle / decode_ms)
 
 

@@ -111,7 +111,8 @@ def test_plan_reads_a_cycle_result_skipping_failed_checks_and_other_attention(tm
         _cycle_case(2, 1, 3, verify=20.0), _cycle_case(5, 1, 6, verify=23.0),
         _cycle_case(2, 1, 3, attention="split_kv", verify=19.0), _cycle_case(3, 1, 4, ok=False)]))
     out = tmp_path / "plan.json"
-    assert cli_main(["plan", str(path), "--accept-len", "3:2.4,6:3.1", "--json", str(out)]) == 0
+    assert cli_main(["plan", str(path), "--attention", "extend", "--accept-len", "3:2.4,6:3.1", "--json",
+                     str(out)]) == 0
     rows = _json_rows(out)
     assert set(rows) == {(2, 1, 3), (5, 1, 6)}
     assert rows[(2, 1, 3)]["cycle_ms"] == pytest.approx(21.5) and rows[(2, 1, 3)]["verify_from"] == "measured"
@@ -183,6 +184,62 @@ def test_plan_needs_costs_and_a_line_needs_two_points(capsys):
     assert "one point" in capsys.readouterr().err
     assert cli_main(["plan", "--decode-ms", "11", "--verify-ms", "3:25", "--configs", "2,1,3",
                      "--accept-rates", "0.7"]) == 0
+
+
+CYCLE_BASELINE = VERIFY_BASELINE.with_name("cycle.json")
+
+
+def test_plan_on_a_cycle_file_ranks_every_attention_variant_by_default(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert cli_main(["plan", str(CYCLE_BASELINE), "--accept-len", "3:2.4,6:3.1", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["attention"] for r in rows} == {"extend", "split_kv"} and rows[0]["attention"] == "split_kv"
+    assert "every variant in the file ranked (extend, split_kv)" in capsys.readouterr().out
+
+
+def test_plan_on_one_attention_variant_says_the_file_holds_the_other(capsys):
+    assert cli_main(["plan", str(CYCLE_BASELINE), "--attention", "extend", "--accept-len", "3:2.4"]) == 0
+    assert "extend only; the file also holds split_kv" in capsys.readouterr().out
+
+
+def test_plan_t_decode_of_one_cycle_file_is_the_same_whatever_attention_is_planned(tmp_path):
+    run = results.load_run(CYCLE_BASELINE)
+    decodes = {plan.cycle_costs(run, a)[1] for a in ("all", "extend", "split_kv")}
+    want = sorted(c["derived"]["decode_ms"] for c in run["cases"] if c["check"]["ok"])
+    assert len(decodes) == 1 and decodes.pop() == pytest.approx((want[3] + want[4]) / 2)
+
+
+def test_plan_never_prints_a_negative_overhead_and_names_the_cases_it_floored(tmp_path, capsys):
+    path = _save(tmp_path, _cycle_run([_cycle_case(2, 1, 3, reextend=0.3, other=-0.5)]))
+    out = tmp_path / "plan.json"
+    assert cli_main(["plan", str(path), "--accept-len", "3:2.4", "--json", str(out)]) == 0
+    row = _json_rows(out)[(2, 1, 3)]
+    assert row["overhead_ms"] == pytest.approx(0.3) and row["cycle_ms"] == pytest.approx(20.8)  # the measured cycle
+    assert "other shown as 0" in capsys.readouterr().out and "(2,1,3) extend -0.50 ms" in json.dumps(
+        json.loads(out.read_text())["notes"])
+
+
+def test_plan_breakeven_and_the_verify_report_assume_one_overhead():
+    from verifybench.harness.analysis import breakeven
+    from verifybench.harness.cli import build_parser
+    args = build_parser().parse_args(["breakeven", "--accept-len", "2"])
+    assert args.overhead_ms == pytest.approx(plan.ASSUMED_REEXTEND_MS + plan.ASSUMED_OTHER_MS)
+    assert bench_verify.ASSUMED_OVERHEAD_MS is breakeven.ASSUMED_OVERHEAD_MS
+    assert args.draft_ms == pytest.approx(2 * plan.ASSUMED_DRAFT_STEP_MS)
+
+
+def test_plan_with_one_verify_point_names_only_the_draft_tokens_given(capsys):
+    assert cli_main(["plan", "--decode-ms", "11", "--verify-ms", "3:25", "--accept-len", "3:2"]) == 2
+    err = capsys.readouterr().err
+    assert "one point (D=3)" in err and "whose D is 3" in err and "plan only" not in err
+
+
+@pytest.mark.parametrize("verify_ms, configs", [("3:25,4:20", "5,1,6"), ("4:5,5:1", "4,1,5;5,1,6")])
+def test_plan_refuses_to_draw_out_verify_times_that_fall_with_d(verify_ms, configs, capsys):
+    # a line falling with D, drawn past the points, gives shrinking and then negative cycles and tok/s
+    assert cli_main(["plan", "--decode-ms", "11", "--verify-ms", verify_ms, "--configs", configs,
+                     "--accept-rates", "0.7"]) == 2
+    assert "fall with D" in capsys.readouterr().err
 
 
 def test_newest_cycle_is_the_latest_stamped_file(tmp_path):

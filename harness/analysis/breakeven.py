@@ -3,7 +3,8 @@ speedup = tau * T_decode / (T_draft + T_verify + T_overhead), break-even tau* = 
 T_decode, with tau the mean tokens accepted per verify, bonus token included.
 
 Defaults: the Kimi-K2.5 deployment on 8x RTX PRO 6000 Blackwell (PCIe, SGLang EAGLE-3, 3 draft tokens): decode 11.1
-ms, verify 25.6 ms, draft 1.0 ms, re-extend and bookkeeping 0.3 ms.
+ms, verify 25.6 ms, draft 1.0 ms, overhead 0.4 ms (re-extend 0.3 + tree build, sync, bookkeeping 0.1): a 27 ms cycle.
+The ASSUMED_* constants below are the one place every command takes these assumptions from.
 """
 from __future__ import annotations
 
@@ -14,15 +15,23 @@ from tabulate import tabulate
 from verifybench.harness.analysis.decompose import break_even
 from verifybench.harness.analysis.numbers import MAX_DRAFT_TOKENS, accept_len, finite_float
 
+DEPLOYMENT = "Kimi-K2.5 on 8x RTX PRO 6000 Blackwell, PCIe, SGLang EAGLE-3"
+ASSUMED_DECODE_MS, ASSUMED_VERIFY_MS = 11.1, 25.6  # the deployment's plain decode, and its verify at 3 draft tokens
+ASSUMED_DRAFT_MS, ASSUMED_DRAFT_STEPS = 1.0, 2  # drafting per cycle, over its 2 draft steps
+ASSUMED_DRAFT_STEP_MS = ASSUMED_DRAFT_MS / ASSUMED_DRAFT_STEPS
+ASSUMED_REEXTEND_MS, ASSUMED_OTHER_MS = 0.3, 0.1  # re-extend; tree build, sync, bookkeeping
+ASSUMED_OVERHEAD_MS = ASSUMED_REEXTEND_MS + ASSUMED_OTHER_MS
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--accept-len", type=accept_len, required=True,
                    help=f"tau: mean tokens accepted per verify, bonus included, in 1..{MAX_DRAFT_TOKENS} (1: the "
                    "bonus token alone, every draft token rejected)")
-    p.add_argument("--decode-ms", type=finite_float(0, exclusive=True), default=11.1, help="one plain decode step (ms)")
-    p.add_argument("--verify-ms", type=finite_float(0), default=25.6, help="one verify step (ms)")
-    p.add_argument("--draft-ms", type=finite_float(0), default=1.0, help="drafting the tokens (ms)")
-    p.add_argument("--overhead-ms", type=finite_float(0), default=0.3,
+    p.add_argument("--decode-ms", type=finite_float(0, exclusive=True), default=ASSUMED_DECODE_MS,
+                   help="one plain decode step (ms)")
+    p.add_argument("--verify-ms", type=finite_float(0), default=ASSUMED_VERIFY_MS, help="one verify step (ms)")
+    p.add_argument("--draft-ms", type=finite_float(0), default=ASSUMED_DRAFT_MS, help="drafting the tokens (ms)")
+    p.add_argument("--overhead-ms", type=finite_float(0), default=ASSUMED_OVERHEAD_MS,
                    help="draft re-extend, tree build, sampling, bookkeeping per cycle (ms)")
 
 

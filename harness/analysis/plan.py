@@ -6,12 +6,15 @@ tok/s = 1000 * tau / T_cycle,  speedup over plain decode = tau * T_decode / T_cy
 T_cycle / T_decode; tau = mean tokens accepted per cycle, bonus token included (1 <= tau <= min(steps, D-1) + 1).
 
 Costs, one source:
-  a cycle result (verifybench cycle): each passing case's measured cycle and phases, its plain decode;
-      one attention variant (--attention, default extend: the engine's);
+  a cycle result (verifybench cycle): each passing case's measured cycle and phases; T_decode the median of every
+      passing case's plain decode (the same on every invocation); every attention variant in the file is ranked
+      (--attention extend or split_kv plans one, and the answer names the others the file holds); a phase pass that
+      sums past the measured cycle shows other as 0 and says so;
   a verify result (verifybench verify): T_verify(D) = the suite's full forward at n = D, T_decode = its n = 1
       forward; draft, re-extend and other as given, else the ASSUMED defaults below;
   numbers: --decode-ms and --verify-ms "D:ms,..." (other D from the least-squares line T(D) = a + b*D through
-      the given points, said so in the verify column).
+      the given points, said so in the verify column; refused where that line falls with D, as it would give
+      verify times and cycles that shrink, or turn negative, with more draft tokens).
 ASSUMED when not given (the Kimi-K2.5 deployment on 8x RTX PRO 6000 Blackwell, PCIe, SGLang EAGLE-3: a 27 ms
 cycle at 3 draft tokens, 25.6 ms of it verify): draft 1.0 ms per cycle over its 2 steps, so 0.5 ms per step
 (--draft-ms per cycle or --draft-step-ms per step; a step is costed alike at any topk), re-extend 0.3 ms, other
@@ -35,12 +38,12 @@ from pathlib import Path
 import numpy as np
 from tabulate import tabulate
 
+from verifybench.harness.analysis.breakeven import ASSUMED_DRAFT_STEP_MS, ASSUMED_OTHER_MS, ASSUMED_REEXTEND_MS
 from verifybench.harness.analysis.numbers import finite_float, out_path
 from verifybench.harness.engine import results
 from verifybench.harness.engine.results import COUNT, FINITE_TABLE, POSITIVE, TEXT, Need
 
 DEFAULT_CONFIGS = "2,1,3;3,1,4;5,1,6;5,4,8"
-ASSUMED_DRAFT_STEP_MS, ASSUMED_REEXTEND_MS, ASSUMED_OTHER_MS = 0.5, 0.3, 0.1
 COMPARE_D = (3, 6)  # the deployment's two draft-token counts
 
 
@@ -152,8 +155,8 @@ def _passing(run: dict) -> list[dict]:
     return [c for c in run["cases"] if c["check"]["ok"]]
 
 
-def cycle_cases(run: dict, attention: str = "extend") -> list[dict]:
-    """A cycle result's passing cases of one attention variant (default extend, the engine's; "all": every one)."""
+def cycle_cases(run: dict, attention: str = "all") -> list[dict]:
+    """A cycle result's passing cases of one attention variant ("all", the default: every one)."""
     cases = _passing(run)
     if attention != "all":
         have = sorted({c["params"].get("attention") for c in cases})
@@ -187,19 +190,26 @@ def _table_ms(case: dict) -> dict[str, float]:
     return out
 
 
-def cycle_costs(run: dict, attention: str = "extend") -> tuple[dict, float]:
-    """({(config, attention): Cost}, T_decode ms) from a cycle result: the measured cycle (median) and its phases;
-    T_decode the median of the cases' measured plain decode."""
-    costs, decodes = {}, []
+def cycle_costs(run: dict, attention: str = "all") -> tuple[dict, float]:
+    """({(config, attention): Cost}, T_decode ms) from a cycle result: the measured cycle (median) and its phases,
+    other floored at 0 (see clipped_other); T_decode the median of every passing case's plain decode, whatever
+    `attention` picks, so one file gives one T_decode."""
+    costs = {}
     for c in cycle_cases(run, attention):
         t = _table_ms(c)
         key = (_config(c), c["params"]["attention"])
         if key in costs:
             raise ValueError(f"cycle result holds {key} twice")
-        costs[key] = Cost(_config(c), t["draft"], t["verify"], t["reextend"] + t["other"],
+        costs[key] = Cost(_config(c), t["draft"], t["verify"], t["reextend"] + max(0.0, t["other"]),
                           c["summary"]["median_us"] / 1e3, "measured")
-        decodes.append(c["derived"]["decode_ms"])
-    return costs, float(np.median(decodes))
+    return costs, float(np.median([c["derived"]["decode_ms"] for c in cycle_cases(run, "all")]))
+
+
+def clipped_other(run: dict, attention: str = "all") -> list[str]:
+    """The cases whose phases sum past the measured cycle (other < 0: the phase pass and the whole-cycle pass
+    disagree by that much), as "label other_ms"."""
+    return [f"({','.join(map(str, _config(c)))}) {c['params']['attention']} {_table_ms(c)['other']:+.2f} ms"
+            for c in cycle_cases(run, attention) if _table_ms(c)["other"] < 0]
 
 
 def newest_cycle(directory: Path) -> Path | None:
@@ -228,11 +238,16 @@ def modelled_costs(configs, points: dict[int, float], draft_ms: float | None, dr
             verify, source = points[d], measured
         else:
             if len(points) < 2:
-                raise ValueError(f"--verify-ms: one point gives no line; give >= 2 D or plan only D={d}")
+                raise ValueError(f"--verify-ms: one point (D={next(iter(points))}) gives no line for D={d}; give "
+                                 f"verify times at >= 2 D, or --configs whose D is {next(iter(points))}")
             b, a = np.polyfit(list(points), list(points.values()), 1)
             line = (float(a), float(b))
             verify = line[0] + line[1] * d
             source = "interpolated" if min(points) < d < max(points) else "extrapolated"
+            if b < 0 and source == "extrapolated" or verify <= 0:
+                raise ValueError(f"--verify-ms: the verify times given fall with D (T(D) = {a:.4g} {b:+.4g}*D ms); "
+                                 f"drawn out to D={d} that line gives {verify:.4g} ms, a cycle that shrinks with more "
+                                 "draft tokens: give the verify time at that D, or --configs within the D given")
         draft = draft_ms if draft_ms is not None else config[0] * draft_step_ms
         costs[(config, None)] = Cost(config, draft, verify, overhead_ms, draft + verify + overhead_ms, source)
     return costs, line
@@ -294,8 +309,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     acc = p.add_mutually_exclusive_group(required=True)
     acc.add_argument("--accept-rates", default=None, help="per-depth acceptance p1,p2,... each in [0, 1]")
     acc.add_argument("--accept-len", default=None, help="tau per D or per steps,topk,D: '3:2.4,6:3.1' (>= 1)")
-    p.add_argument("--attention", default="extend",
-                   help="cycle result: the attention variant to plan (extend, split_kv, or all; default extend)")
+    p.add_argument("--attention", default="all",
+                   help="cycle result: the attention variant to plan (extend, split_kv, or all; default all: every "
+                   "variant the file holds, ranked together)")
     p.add_argument("--decode-ms", type=finite_float(0, exclusive=True), default=None,
                    help="one plain decode step (ms); overrides a result file's")
     p.add_argument("--verify-ms", default=None, help="verify time per D: 'D:ms,...' (ms > 0)")
@@ -329,6 +345,7 @@ def _costs(args, configs) -> tuple[dict, float, list[str], str | None]:
             raise ValueError(f"{' '.join(extra)}: the cycle result's measured phases are used; cost flags go with a "
                              "verify result or numbers")
         costs, decode = cycle_costs(run, args.attention)
+        held = sorted({c["params"].get("attention") for c in cycle_cases(run, "all")})
         if configs is not None:
             missing = [c for c in configs if not any(k[0] == c for k in costs)]
             if missing:
@@ -336,6 +353,16 @@ def _costs(args, configs) -> tuple[dict, float, list[str], str | None]:
                                  f"{sorted({k[0] for k in costs})})")
             costs = {k: v for k, v in costs.items() if k[0] in configs}
         notes, line_note = [f"costs: measured cycle (median) and phases of {args.result}"], None
+        if args.attention != "all":
+            others = [a for a in held if a != args.attention]
+            notes.append(f"attention: {args.attention} only" + (f"; the file also holds {', '.join(others)} "
+                                                                 "(--attention all ranks them together)" if others else ""))
+        else:
+            notes.append(f"attention: every variant in the file ranked ({', '.join(held)})")
+        clipped = clipped_other(run, args.attention)
+        if clipped:
+            notes.append("other shown as 0 where the phases sum past the measured cycle (the two timing passes "
+                         f"disagree): {'; '.join(clipped)}")
     else:
         if run is not None and run["component"] != "verify":
             raise ValueError(f"{args.result}: a cycle or verify result is needed, got {run['component']!r}")
@@ -364,7 +391,7 @@ def _costs(args, configs) -> tuple[dict, float, list[str], str | None]:
         decode = args.decode_ms
         notes.append(f"T_decode {decode:g} ms (given)")
     else:
-        notes.append(f"T_decode {decode:.4g} ms (measured in {args.result})")
+        notes.append(f"T_decode {decode:.4g} ms (measured in {args.result}; the median over its passing cases)")
     return costs, decode, notes, line_note
 
 

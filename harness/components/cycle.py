@@ -1,7 +1,7 @@
 """The whole EAGLE-3 speculative cycle of one TP rank as SGLang's EAGLE worker runs it, per phase, with no sync but
 the cycle's own: draft steps / target verify / draft re-extend / other, and what the verify costs beyond the forward.
 
-Run: verifybench cycle [--configs "2,1,3;3,1,4;5,1,6;5,4,8"] [--attention extend,split_kv]
+Run: verifybench cycle [--configs "2,1,3;3,1,4;5,1,6;5,4,8"] [--attention extend,split_kv] [--contexts 1024,4096]
 """
 from __future__ import annotations
 
@@ -40,6 +40,19 @@ def add_arguments(p) -> None:
                    f"{MAX_DRAFT_TOKENS}")
     p.add_argument("--attention", default=None, help="verify attention variants, comma-separated: extend (the "
                    "engine's serial prefill kernel), split_kv (ours) (default both on a GPU; CPU: the torch reference)")
+    p.add_argument("--contexts", default=None, help="several contexts, comma-separated (e.g. 1024,4096,16384): the "
+                   "cycle's phases per context and a chart of cycle ms against context; replaces --context")
+
+
+def parse_contexts(text: str) -> list[int]:
+    """"1024,4096" -> [1024, 4096]: distinct integers >= 1, in the order given."""
+    try:
+        out = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise ValueError(f"--contexts: {text!r} is not integers separated by ',' (e.g. 1024,4096,16384)") from None
+    if not out or min(out) < 1 or len(set(out)) != len(out):
+        raise ValueError(f"--contexts: {text!r}: give distinct contexts >= 1, e.g. 1024,4096,16384")
+    return out
 
 
 def _plan(preset: str, tp: int, context: int, cfgs: list[SpecConfig]) -> memory.Plan:
@@ -53,9 +66,9 @@ def _plan(preset: str, tp: int, context: int, cfgs: list[SpecConfig]) -> memory.
 
 
 def cases(preset: str, tp: int, context: int = CONTEXT, tokens: tuple[int, ...] | None = None,
-          configs: str | None = None, attention: str | None = None) -> list[CaseSpec]:
-    """One case per (configuration, attention variant); `tokens` keeps the configurations with those draft-token
-    counts."""
+          configs: str | None = None, attention: str | None = None, contexts: str | None = None) -> list[CaseSpec]:
+    """One case per (context, configuration, attention variant); `tokens` keeps the configurations with those
+    draft-token counts; `contexts` ("1024,4096") replaces the one context."""
     gpu = cuda_available()
     cfgs = parse_configs(configs or (GPU_CONFIGS if gpu else CPU_CONFIGS))
     if tokens:
@@ -70,8 +83,12 @@ def cases(preset: str, tp: int, context: int = CONTEXT, tokens: tuple[int, ...] 
     bad = [v for v in variants if v not in ATTENTION]
     if bad or len(set(variants)) != len(variants):
         raise ValueError(f"--attention takes distinct names of {', '.join(ATTENTION)}, got {attention!r}")
-    plan = _plan(preset, tp, context, cfgs)
-    return [_case(preset, tp, context, c, v, plan) for c in cfgs for v in variants]
+    several = contexts is not None
+    out = []
+    for ctx in parse_contexts(contexts) if several else [context]:
+        plan = _plan(preset, tp, ctx, cfgs)
+        out += [_case(preset, tp, ctx, c, v, plan, several) for c in cfgs for v in variants]
+    return out
 
 
 def _median_ms(samples_us: list[float]) -> float:
@@ -89,7 +106,8 @@ def make_cycle(fwd, cfg: SpecConfig, attention: str, allreduce_us: float) -> tup
     return cyc, att_cfg, att_source
 
 
-def _case(preset: str, tp: int, context: int, cfg: SpecConfig, attention: str, plan: memory.Plan) -> CaseSpec:
+def _case(preset: str, tp: int, context: int, cfg: SpecConfig, attention: str, plan: memory.Plan,
+          named_context: bool = False) -> CaseSpec:
     ar_us, ar_source = allreduce_stand_in_us()
     layers = plan.units if plan.reduced else None
     total = presets.get(preset, tp).layers
@@ -125,7 +143,7 @@ def _case(preset: str, tp: int, context: int, cfg: SpecConfig, attention: str, p
         return cyc.step, check, derive
 
     label = f"{preset}-tp{tp}" + (f"-L{plan.units}" if plan.reduced else "")
-    return CaseSpec(f"cycle/{label}/{cfg.label}/{attention}",
+    return CaseSpec(f"cycle/{label}/" + (f"ctx{context}/" if named_context else "") + f"{cfg.label}/{attention}",
                     {"preset": preset, "tp": tp, "context": context, "layers": layers, "steps": cfg.steps,
                      "topk": cfg.topk, "draft_tokens": cfg.draft_tokens, "attention": attention}, "cycle", setup,
                     {"phases": PHASES, "max_time_s": CASE_MAX_TIME_S})
@@ -172,9 +190,14 @@ def _ok(records):
     return [r for r in records if r["check"]["ok"] and "phases_ms" in r.get("derived", {})]
 
 
-def _key(r) -> dict:
+def _key(r, contexts: bool = False) -> dict:
     p = r["params"]
-    return {"steps,topk,D": f"{p['steps']},{p['topk']},{p['draft_tokens']}", "attention": p["attention"]}
+    return {**({"context": p["context"]} if contexts else {}),
+            "steps,topk,D": f"{p['steps']},{p['topk']},{p['draft_tokens']}", "attention": p["attention"]}
+
+
+def _several_contexts(rows) -> bool:
+    return len({r["params"]["context"] for r in rows}) > 1
 
 
 def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
@@ -184,7 +207,7 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
     cpu = cpu_numbers(records)
     engine, fine, beyond, vs = [], [], [], []
     for r in rows:
-        dv, key = r["derived"], _key(r)
+        dv, key = r["derived"], _key(r, _several_contexts(rows))
         cyc = dv["cycle_ms"]
         row = {**key, **{f"{k}_ms": v for k, v in dv["table_ms"].items()},
                **{f"{k}_%": 100 * v / cyc for k, v in dv["table_ms"].items()}, "cycle_ms": cyc}
@@ -202,7 +225,7 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
     if cpu:
         engine = withhold(engine, lambda k: k.endswith("_%"))
         fine = withhold(fine, ("sum_vs_cycle_%",))
-        beyond = withhold(beyond, lambda k: k not in ("steps,topk,D", "attention", "bare_forward_ms",
+        beyond = withhold(beyond, lambda k: k not in ("context", "steps,topk,D", "attention", "bare_forward_ms",
                                                       "verify_in_cycle_ms"))
         vs = withhold(vs, ("break-even accept len",))
     first = rows[0]["derived"] if rows else {}
@@ -236,7 +259,7 @@ def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
     rows = _ok(records)
     if not rows:
         return []
-    labels = [f"{_key(r)['steps,topk,D']}\n{r['params']['attention']}" for r in rows]
+    labels = ["\n".join(f"{v}" for v in _key(r, _several_contexts(rows)).values()) for r in rows]
     fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows)), 4.5))
     bottom = [0.0] * len(rows)
     for p in PHASES:
@@ -248,7 +271,34 @@ def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
     ax.set_title("EAGLE-3 cycle per phase (steps, topk, draft tokens)" + (" (CPU numbers)" if cpu_numbers(records)
                                                                           else ""))
     ax.legend(fontsize=8)
-    return [write_png(fig, Path(directory) / f"cycle_phases-{stamp}.png")]
+    out = [write_png(fig, Path(directory) / f"cycle_phases-{stamp}.png")]
+    if _several_contexts(rows):
+        out.append(_context_chart(rows, directory, stamp, cpu_numbers(records)))
+    return out
+
+
+def _context_chart(rows, directory: Path, stamp: str, cpu: bool) -> Path:
+    """Cycle ms against context, one line per (configuration, attention): extend against split_kv."""
+    import matplotlib.pyplot as plt
+
+    from verifybench.harness.components.verify import write_png
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    lines: dict[tuple, list] = {}
+    for r in rows:
+        lines.setdefault((_key(r)["steps,topk,D"], r["params"]["attention"]), []).append(
+            (r["params"]["context"], r["derived"]["cycle_ms"]))
+    for (cfg, att), pts in sorted(lines.items()):
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-" if att == "extend" else "s--", label=f"{cfg} {att}")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted({p[0] for pts in lines.values() for p in pts}))
+    ax.get_xaxis().set_major_formatter(plt.FuncFormatter(lambda v, _: f"{int(v)}"))
+    ax.set_xlabel("context (tokens in the KV cache)")
+    ax.set_ylabel("ms per cycle")
+    ax.set_title("EAGLE-3 cycle against context: extend vs split_kv" + (" (CPU numbers)" if cpu else ""))
+    ax.legend(fontsize=8)
+    return write_png(fig, Path(directory) / f"cycle_contexts-{stamp}.png")
 
 
 def release() -> None:

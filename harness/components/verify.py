@@ -11,6 +11,7 @@ import torch
 
 from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.analysis import decompose
+from verifybench.harness.analysis.breakeven import ASSUMED_DRAFT_MS, ASSUMED_OVERHEAD_MS, DEPLOYMENT
 from verifybench.harness.engine.results import WITHHELD, cpu_numbers, stamp, withhold, write_new
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cuda_available
@@ -49,8 +50,6 @@ def fused_vs_torch(fwd: VerifyForward, n: int) -> float:
 # the deployment's drafting and re-extend + bookkeeping per cycle (Kimi-K2.5 on 8x RTX PRO 6000 Blackwell, PCIe,
 # SGLang EAGLE-3: a 27 ms cycle at 3 draft tokens, 25.6 ms of it verify), used beside the measured forward in the
 # report's break-even where no cycle result measured them; labelled as assumptions there
-DEFAULT_DRAFT_MS, DEFAULT_OVERHEAD_MS = 1.0, 0.4
-DEPLOYMENT = "Kimi-K2.5 on 8x RTX PRO 6000 Blackwell, PCIe, SGLang EAGLE-3"
 
 
 MAX_TOKENS = 8  # the forward's buffers hold n = 1..MAX_TOKENS
@@ -323,7 +322,7 @@ def break_even_rows(table: list[dict], cycle: dict | None = None) -> list[dict]:
     measured, _ = measured_overheads(cycle)
     rows = []
     for r in table:
-        config, draft_ms, overhead_ms = measured.get(r["n"], (None, DEFAULT_DRAFT_MS, DEFAULT_OVERHEAD_MS))
+        config, draft_ms, overhead_ms = measured.get(r["n"], (None, ASSUMED_DRAFT_MS, ASSUMED_OVERHEAD_MS))
         be = decompose.break_even(1.0, decode / 1e3, r["measured_us"] / 1e3, draft_ms, overhead_ms)
         row = {"n": r["n"], "verify_ms": r["measured_us"] / 1e3, "cycle_ms": be.cycle_ms,
                "break-even accept len": be.tau_star, "max accept len (n)": r["n"],
@@ -339,7 +338,7 @@ def break_even_title(cycle: dict | None = None, cycle_name: str | None = None) -
     """The break-even table's title: where draft and overhead came from (measured by the cycle result named, or
     ASSUMED)."""
     head = "break-even accept length per n: T_decode = the measured n=1 forward, T_verify(n) = the measured forward"
-    assumed = (f"draft {DEFAULT_DRAFT_MS} ms and overhead {DEFAULT_OVERHEAD_MS} ms per cycle ASSUMED (the "
+    assumed = (f"draft {ASSUMED_DRAFT_MS} ms and overhead {ASSUMED_OVERHEAD_MS} ms per cycle ASSUMED (the "
                f"deployment's: {DEPLOYMENT})")
     measured, why = measured_overheads(cycle)
     if not measured:

@@ -1,0 +1,369 @@
+"""`verifybench advise`: the answer first (what the verify forward and cycle are made of), then the levers that
+move a speculative cycle, ranked by ms saved per cycle, each with its engine setting and the files it came from.
+
+RESULTS: a folder (the latest file of each kind in it: the name's prefix before -<UTC stamp>, or a baseline's stem)
+or result files; default the latest run's folder under ./verifybench-results/. Each lever is applied alone to the
+engine's cycle (its serial `extend` verify attention at (2,1,3), the deployment's shape) and costed through plan's
+model: T_cycle after, break-even tau* = T_cycle / T_decode, tok/s = 1000 * tau / T_cycle at the given acceptance.
+A lever whose measurement is missing names the command that would measure it. On CPU results every figure is
+withheld (CPU numbers).
+"""
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import numpy as np
+
+from verifybench.harness.analysis import plan
+from verifybench.harness.analysis.engine_settings import setting
+from verifybench.harness.analysis.fit import linear_fit
+from verifybench.harness.analysis.numbers import positive_int
+from verifybench.harness.engine import env, results
+
+KINDS = ("verify", "cycle", "mla_verify", "allreduce_sweep", "verify_dist", "defaults_vs_tuned", "graph_replay")
+ENGINE_CONFIG = (2, 1, 3)  # the deployment's shape: 2 draft steps, topk 1, 3 draft tokens
+ANSWER_LINES = 15
+
+
+def resolve(paths: list[Path]) -> dict[str, Path]:
+    """{kind: file}: for each folder the latest file of each kind, files as given (a later one of a kind wins)."""
+    found: dict[str, Path] = {}
+    for p in paths:
+        if p.is_dir():
+            for kind in sorted({k for f in p.glob("*.json*") if f.is_file() and (k := results.kind_of(f))}):
+                found[kind] = results.latest_of_kind(p, kind)
+        elif p.exists():
+            found[results.kind_of(p)] = p
+        else:
+            raise ValueError(f"{p}: no such file or folder (give a results folder or result files)")
+    return found
+
+
+def default_folder() -> Path:
+    """The latest run's folder: the most recently written machine folder under ./verifybench-results/."""
+    folders = [d for d in results.DEFAULT_OUT.glob("*") if d.is_dir()]
+    if not folders:
+        raise ValueError(f"no RESULTS given and no run under {results.DEFAULT_OUT}/ (run `verifybench run`, or give "
+                         "a folder such as results/baselines/nvidia-h200-x1)")
+    return max(folders, key=lambda d: d.stat().st_mtime)
+
+
+def load(found: dict[str, Path]) -> dict[str, dict]:
+    out = {}
+    for kind in KINDS:
+        if kind in found and found[kind] is not None:
+            out[kind] = results.read_json(found[kind]) if kind == "defaults_vs_tuned" else results.load_run(found[kind])
+    return out
+
+
+def is_cpu(runs: dict[str, dict]) -> bool:
+    return any(results.cpu_numbers(r.get("cases", [])) or r.get("fingerprint", {}).get("gpu_model") == "cpu"
+               for r in runs.values())
+
+
+def _ok(run: dict) -> list[dict]:
+    return [c for c in run["cases"] if c["check"]["ok"]]
+
+
+# ---- the costs ----
+
+def cycle_at(runs: dict, context: int | None) -> tuple[dict, int]:
+    """{(config, attention): case} of the cycle result at `context` if it ran there, else at its context nearest to
+    it (the lever then moves the attention by mla_verify); returns the context used."""
+    cases = _ok(runs["cycle"])
+    have = sorted({c["params"]["context"] for c in cases})
+    ctx = min(have, key=lambda c: abs(c - context)) if context else have[len(have) // 2]
+    return {(plan._config(c), c["params"]["attention"]): c for c in cases if c["params"]["context"] == ctx}, ctx
+
+
+def decode_ms(runs: dict) -> float:
+    """plan's T_decode of the cycle file: the median of its passing cases' plain decode."""
+    return float(np.median([c["derived"]["decode_ms"] for c in _ok(runs["cycle"])]))
+
+
+def attention_per_forward_ms(runs: dict, variant: str, d: int, context: int) -> tuple[float, str]:
+    """mla_verify's per-forward attention (ms) of a chain of D tokens at `context`: measured there, else linear
+    between the two measured contexts around it (said); outside them refused."""
+    pts = sorted((c["params"]["context"], c["derived"]["per_forward_us"] / 1e3) for c in _ok(runs["mla_verify"])
+                 if c["params"]["variant"] == variant and c["params"]["n"] == d and c["params"]["tree"] == "chain")
+    xs = [p[0] for p in pts]
+    if not pts or not xs[0] <= context <= xs[-1]:
+        raise ValueError(f"mla_verify holds {variant} at D={d} for contexts {xs}; --context {context} is outside")
+    how = "measured" if context in xs else f"interpolated between contexts {max(x for x in xs if x < context)} and " \
+                                           f"{min(x for x in xs if x > context)}"
+    return float(np.interp(context, xs, [p[1] for p in pts])), how
+
+
+def forward_fit(runs: dict):
+    full = {c["params"]["tokens"]: c["summary"]["median_us"] / 1e3 for c in _ok(runs["verify"])
+            if c["params"]["variant"] == "full"}
+    return linear_fit(list(full), list(full.values())), full
+
+
+# ---- the levers ----
+
+def _lever(name, before, after, status, files, how, tau=None, decode=None, note=""):
+    return {"lever": name, "before_ms": before, "after_ms": after,
+            "saved_ms": None if before is None or after is None else before - after,
+            "tau_star": None if after is None else after / decode,
+            "tok_s": None if after is None or tau is None else 1000 * tau / after,
+            "status": status, "files": files, "how": how, "note": note}
+
+
+def levers(runs: dict, found: dict, taus, context: int | None, engine: str) -> list[dict]:
+    """Every lever the results can cost, then the missing ones with the command that would measure them."""
+    out, missing = [], []
+    if "cycle" not in runs or not _ok(runs["cycle"]):
+        return [{"lever": "all", "missing": "verifybench cycle (the cycle every lever is costed against)"}]
+    cases, ctx = cycle_at(runs, context)
+    decode = decode_ms(runs)
+    # the engine's cycle: extend (its serial kernel) at its shape, else the nearest the file holds
+    base_case = cases.get((ENGINE_CONFIG, "extend")) or next(
+        (c for k, c in cases.items() if k[1] == "extend"), None) or next(iter(cases.values()))
+    base_att = base_case["params"]["attention"]
+    config = plan._config(base_case)
+    base = base_case["summary"]["median_us"] / 1e3
+    tau = taus(config) if taus else None
+    want = context or ctx
+    f_cycle = str(found["cycle"])
+
+    # verify attention kernel
+    split = cases.get((config, "split_kv")) if base_att == "extend" else None
+    if split is not None and want == ctx:
+        out.append(_lever("verify attention: extend -> split_kv", base, split["summary"]["median_us"] / 1e3,
+                          "measured", [f_cycle], setting("attention", engine), tau, decode,
+                          f"context {ctx}, both measured in the cycle"))
+    elif split is not None and "mla_verify" in runs:
+        d = config[2]
+        ext_now, how = attention_per_forward_ms(runs, "extend", d, want)
+        spl_now, _ = attention_per_forward_ms(runs, "split_kv", d, want)
+        ext_then, _ = attention_per_forward_ms(runs, "extend", d, ctx)
+        spl_then, _ = attention_per_forward_ms(runs, "split_kv", d, ctx)
+        before = base + ext_now - ext_then
+        after = split["summary"]["median_us"] / 1e3 + spl_now - spl_then
+        out.append(_lever("verify attention: extend -> split_kv", before, after, "projected",
+                          [f_cycle, str(found["mla_verify"])], setting("attention", engine), tau, decode,
+                          f"context {want}: the cycle at {ctx} moved by mla_verify's per-forward attention ({how})"))
+        base = before  # the other levers start from the cycle at the user's context
+    else:
+        missing.append(("verify attention", f"verifybench cycle --contexts {want}" if split is not None else
+                        "verifybench cycle --attention extend,split_kv"))
+
+    # allreduce: the sweep's winner against its default, per call x calls per forward x one target forward
+    if "allreduce_sweep" in runs:
+        sweep = runs["allreduce_sweep"]
+        label, win_env = env.sweep_winner(sweep)
+        times = env.sweep_times(sweep)
+        size = min(times["default"], key=lambda s: abs(s - 7168 * 2 * config[2]))
+        per_call_us = times["default"][size] - times[label][size]
+        calls = 2 * base_case["derived"].get("layers_total", 61)
+        calls_from = "2 per layer"
+        if "verify_dist" in runs:
+            calls = next(c["derived"]["allreduces_per_forward"] for c in _ok(runs["verify_dist"])
+                         if c["derived"].get("allreduces_per_forward"))
+            calls_from = "verify_dist"
+        saved = per_call_us * calls / 1e3
+        envtxt = " ".join(f"{k}={v}" for k, v in win_env.items()) or "NCCL defaults"
+        out.append(_lever(f"allreduce: NCCL {label} (sweep winner)", base, base - saved, "projected",
+                          [f_cycle, str(found["allreduce_sweep"])] + ([str(found["verify_dist"])]
+                                                                      if "verify_dist" in runs else []),
+                          setting("allreduce", engine, env=envtxt), tau, decode,
+                          f"{per_call_us:.3g} us per call at {size} B x {calls} allreduces per forward "
+                          f"({calls_from}) x 1 target forward per cycle; measured on the sweep's "
+                          f"{sweep['fingerprint'].get('gpu_model')} x{sweep['extra'].get('nproc_per_node')}; this cycle's "
+                          f"allreduce is a {base_case['derived'].get('allreduce_stand_in_us')} us stand-in, so the "
+                          "saving holds where a call costs what the sweep's default did"))
+    else:
+        missing.append(("allreduce", "python3 -m verifybench.harness.multigpu.allreduce --nccl-sweep "
+                        "--nproc-per-node=N (then advise --nccl-from its file)"))
+
+    # draft shape: the best (steps, topk, D) at the given acceptance, same attention as the engine's
+    shapes = {k[0]: c for k, c in cases.items() if k[1] == base_att}
+    if taus:
+        ranked = sorted(((1000 * taus(k) / (c["summary"]["median_us"] / 1e3), k) for k, c in shapes.items()
+                         if taus(k) is not None), reverse=True)
+        if ranked and ranked[0][1] != config:
+            best = ranked[0][1]
+            t_best = shapes[best]["summary"]["median_us"] / 1e3
+            # ms per cycle at equal tokens: the shape's cycle scaled to the engine shape's accepted tokens
+            lv = _lever(f"draft shape: {config} -> {best}", base, t_best * tau / taus(best), "measured", [f_cycle],
+                        setting("draft", engine, steps=best[0], topk=best[1], d=best[2]), tau, decode,
+                        f"tau {taus(best):g} vs {tau:g}; after = its cycle per {tau:g} accepted tokens")
+            lv["tok_s"], lv["tau_star"] = 1000 * taus(best) / t_best, t_best / decode  # its own cycle's
+            out.append(lv)
+    else:
+        missing.append(("draft shape", "advise --accept-len D:tau,... (or --accept-rates) to rank the shapes"))
+
+    # kernel configs: what the defaults would cost against the tuned tables, forward at n = D
+    if "defaults_vs_tuned" in runs:
+        row = min(runs["defaults_vs_tuned"]["rows"], key=lambda r: abs(r["n"] - config[2]))
+        gap = (row["forward_default_us"] - row["forward_tuned_us"]) / 1e3
+        out.append(_lever("kernel configs: defaults -> tuned", base + gap, base, "measured",
+                          [f_cycle, str(found["defaults_vs_tuned"])], setting("configs", engine), tau, decode,
+                          f"forward at n = {row['n']}: {row['forward_default_us'] / 1e3:.4g} -> "
+                          f"{row['forward_tuned_us'] / 1e3:.4g} ms"))
+    else:
+        missing.append(("kernel configs", "verifybench tune, then the defaults_vs_tuned comparison"))
+
+    # CUDA graphs: the model-shaped graph against its eager (hot) run, scaled to the cycle's layers
+    model = [c for c in _ok(runs["graph_replay"]) if "model" in c["params"]] if "graph_replay" in runs else []
+    hot = {c["params"]["tokens"]: c for c in model if c["mode"] == "hot"}
+    graph = {c["params"]["tokens"]: c for c in model if c["mode"] == "graph"}
+    if hot and graph:
+        n = min((n for n in hot if n in graph), key=lambda n: abs(n - config[2]))
+        layers = int(hot[n]["params"]["model"].rsplit("-L", 1)[1]) if "-L" in hot[n]["params"]["model"] else 61
+        scale = base_case["derived"].get("layers_total", 61) / layers
+        gap = (hot[n]["summary"]["median_us"] - graph[n]["summary"]["median_us"]) / 1e3 * scale
+        out.append(_lever("CUDA graphs: eager -> graph", base + gap, base, "measured", [
+            f_cycle, str(found["graph_replay"])], setting("graphs", engine), tau, decode,
+            f"{hot[n]['params']['model']} at n = {n}, scaled x{scale:.3g} to the cycle's layers"))
+    else:
+        missing.append(("CUDA graphs", "verifybench graph_replay"))
+
+    # host gaps: GPU idle inside the cycle, from an engine trace's summary
+    if "trace" in found:
+        per = results.read_json(found["trace"]).get("per_cycle_us", {})
+        if "gpu_idle" in per:
+            idle = per["gpu_idle"] / 1e3
+            out.append(_lever("host gaps: hide the GPU idle", base, base - idle, "projected", [str(found["trace"])],
+                              setting("host", engine), tau, decode,
+                              "the upper bound: every idle ms inside the traced cycle hidden"))
+    else:
+        missing.append(("host gaps", "verifybench trace ENGINE_TRACE --json trace-summary.json (then pass it)"))
+    out.sort(key=lambda r: -(r["saved_ms"] if r["saved_ms"] is not None else -1e9))
+    return out + [{"lever": name, "missing": cmd} for name, cmd in missing]
+
+
+# ---- the answer ----
+
+def answer(runs: dict, found: dict, context: int | None) -> list[str]:
+    """At most ANSWER_LINES lines: the forward's a and b, the fixed part's make-up, what the cycle adds, why."""
+    lines = []
+    fit = None
+    try:
+        fit, full = forward_fit(runs) if "verify" in runs else (None, None)
+    except ValueError as e:  # too few token counts for a line with a CI (a short CPU run)
+        lines.append(f"forward ({found['verify']}): no line: {e}")
+    if fit is not None:
+        n1 = next(c for c in _ok(runs["verify"]) if c["params"]["variant"] == "full" and c["params"]["tokens"] == 1)
+        only_ar = [c for c in _ok(runs["verify"]) if c["params"]["variant"] == "only-allreduce"
+                   and c["params"]["tokens"] == 1]
+        ar_ms = only_ar[0]["summary"]["median_us"] / 1e3 if only_ar else None
+        stream_ms = n1["derived"]["roofline_us"] / 1e3
+        lines.append(f"forward ({found['verify']}): T(n) = {fit.a:.3g} +- {fit.a_halfwidth:.2g} ms + "
+                     f"{fit.b:.3g} +- {fit.b_halfwidth:.2g} ms*n (r2 {fit.r2:.2f}, n = {min(full)}..{max(full)})")
+        parts = [f"weight streaming at n=1 {stream_ms:.3g} ms (bytes / copy bandwidth)"]
+        if ar_ms is not None:
+            parts.insert(0, f"allreduces {ar_ms:.3g} ms (the only-allreduce forward: 122 x "
+                            f"{n1['derived']['allreduce_stand_in_us']:g} us stand-in)")
+        rest = fit.a - stream_ms - (ar_ms or 0)
+        lines.append(f"fixed part a = {fit.a:.3g} ms: " + "; ".join(parts) + f"; the rest {rest:.3g} ms (launches, "
+                     "attention, small ops)")
+    elif "verify" not in runs:
+        lines.append("forward: no verify result (run `verifybench verify`)")
+    if "cycle" in runs:
+        cases, ctx = cycle_at(runs, context)
+        for att in ("extend", "split_kv"):
+            c = cases.get((ENGINE_CONFIG, att))
+            if c is None:
+                continue
+            d, t = c["derived"], plan._table_ms(c)
+            beyond = d.get("beyond_bare_ms", {})
+            lines.append(f"cycle {ENGINE_CONFIG} {att} at context {ctx}: {c['summary']['median_us'] / 1e3:.4g} ms = "
+                         f"forward at D {d['bare_forward_ms']:.3g} + beyond it {d['beyond_bare_total_ms']:.3g} ("
+                         + ", ".join(f"{k} {v:.2g}" for k, v in beyond.items()) + f") + draft {t['draft']:.3g} + "
+                         f"re-extend {t['reextend']:.3g} ms; attention {d['attention_per_forward_ms']['tree']:.3g} "
+                         "ms per forward")
+        ext, spl = cases.get((ENGINE_CONFIG, "extend")), cases.get((ENGINE_CONFIG, "split_kv"))
+        if ext and spl and fit is not None:
+            e_att = ext["derived"]["attention_per_forward_ms"]["tree"]
+            lines.append(f"why verify barely grows with tokens: each token adds {fit.b:.2g} ms to a fixed "
+                         f"{fit.a:.3g} ms, and the engine's serial extend attention adds {e_att:.3g} ms per forward "
+                         f"at context {ctx} whatever D (split_kv: "
+                         f"{spl['derived']['attention_per_forward_ms']['tree']:.3g} ms)")
+    else:
+        lines.append("cycle: no cycle result (run `verifybench cycle`)")
+    return lines[:ANSWER_LINES]
+
+
+def _fmt(v, cpu: bool, spec: str = ".4g") -> str:
+    if v is None:
+        return "-"
+    return results.WITHHELD if cpu else format(v, spec)
+
+
+def lines_for(runs: dict, found: dict, taus=None, context: int | None = None, engine: str = "sglang",
+              nccl_from: Path | None = None) -> list[str]:
+    """The answer, then the ranked levers, then lost settings: plain lines for the terminal and the report."""
+    cpu = is_cpu(runs)
+    out = ["## The answer"] + (["(CPU numbers: every figure below is withheld)"] if cpu else [])
+    ans = answer(runs, found, context)
+    out += [f"{re.split(r'[0-9(:=]', a)[0].strip()}: {results.WITHHELD}" if cpu else a for a in ans]
+    out += ["", "## Levers, ranked by ms saved per cycle (each alone, against the engine's cycle)"]
+    for i, lv in enumerate(levers(runs, found, taus, context, engine), 1):
+        if "missing" in lv:
+            out.append(f"- {lv['lever']}: not measured here; measure it with `{lv['missing']}`")
+            continue
+        out.append(f"{i}. {lv['lever']}: {_fmt(lv['before_ms'], cpu)} -> {_fmt(lv['after_ms'], cpu)} ms per cycle "
+                   f"(saves {_fmt(lv['saved_ms'], cpu)} ms); break-even tau* {_fmt(lv['tau_star'], cpu, '.3g')}"
+                   + (f"; {_fmt(lv['tok_s'], cpu)} tok/s" if lv["tok_s"] is not None else "")
+                   + f" [{lv['status']}: {', '.join(lv['files'])}]")
+        out.append(f"   {lv['note']}" if not cpu else "   (detail withheld: CPU numbers)")
+        out.append(f"   {lv['how']}")
+    if nccl_from is not None:
+        out += ["", "## Lost settings"] + env.nccl_warnings(nccl_from)
+    return out
+
+
+def report_lines(runs_by_component: dict[str, dict], out_dir: Path) -> list[str]:
+    """The report's opening: the answer and the levers for this run's results (files named as saved)."""
+    found = {name: out_dir / f"{name}-{results.stamp(run)}.json" for name, run in runs_by_component.items()}
+    runs = {k: v for k, v in runs_by_component.items() if k in KINDS}
+    return [line.replace("## ", "### ") for line in lines_for(runs, found)] + [""]
+
+
+def _checked(taus):
+    """tau_of(config) refusing an accept length outside 1..min(steps, D-1)+1, as plan does."""
+    def tau_of(config):
+        tau = taus(config)
+        if tau is not None and not 1 <= tau <= plan.max_accept_len(config):
+            raise ValueError(f"accept length {tau:g} for {config} outside 1..{plan.max_accept_len(config)} "
+                             "(min(steps, D-1) + bonus)")
+        return tau
+    return tau_of
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("results_in", nargs="*", type=Path, metavar="RESULTS",
+                   help="a results folder (the latest file of each kind) or result files; default the latest "
+                   f"run's folder under ./{results.DEFAULT_OUT}/")
+    acc = p.add_mutually_exclusive_group()
+    acc.add_argument("--accept-len", default=None, help="tau per D or steps,topk,D: '3:2.4,6:3.1' (>= 1); gives tok/s")
+    acc.add_argument("--accept-rates", default=None, help="per-depth acceptance p1,p2,... each in [0, 1]")
+    p.add_argument("--context", type=positive_int, default=None,
+                   help="context length to advise at (default the cycle's); between measured contexts the "
+                   "attention is interpolated from mla_verify, said so")
+    p.add_argument("--engine", choices=("sglang", "vllm"), default="sglang", help="whose settings to print")
+    p.add_argument("--nccl-from", type=Path, default=None, metavar="SWEEP",
+                   help="a saved NCCL sweep: its winner costs the allreduce lever, and each NCCL_* variable here "
+                   "that differs from it is warned about")
+
+
+def run(args) -> int:
+    found = resolve(args.results_in or [default_folder()])
+    if args.nccl_from is not None:
+        found["allreduce_sweep"] = args.nccl_from
+    runs = load(found)
+    taus = None
+    if args.accept_len:
+        given = plan.parse_keyed(args.accept_len, "--accept-len", 1)
+        taus = lambda c: given.get(c, given.get(c[2]))  # noqa: E731
+    elif args.accept_rates:
+        rates = plan.parse_rates(args.accept_rates)
+        taus = lambda c: plan.tau_from_rates(rates, c)  # noqa: E731
+    if taus is not None:
+        taus = _checked(taus)
+    print("\n".join(lines_for(runs, found, taus, args.context, args.engine, args.nccl_from)))
+    return 0

@@ -1,0 +1,219 @@
+"""`verifybench advise` (analysis/advise.py): each lever's figures recomputed by hand from the committed H200
+results, CPU results withheld, lost NCCL settings, the report's opening, and `cycle --contexts`."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from verifybench.harness.analysis import advise
+from verifybench.harness.cli import main as cli_main
+from verifybench.harness.components import cycle as bench_cycle
+from verifybench.harness.engine import env, results
+
+ROOT = Path(__file__).resolve().parent.parent / "results/baselines"
+H200, H200X2 = ROOT / "nvidia-h200-x1", ROOT / "nvidia-h200-x2"
+
+
+def _advise(capsys, *argv):
+    assert cli_main(["advise", str(H200), str(H200X2), *argv]) == 0
+    return capsys.readouterr().out
+
+
+def _cycle_ms(config, attention):
+    run = results.load_run(H200 / "cycle.json")
+    (case,) = [c for c in run["cases"] if c["check"]["ok"] and c["params"]["attention"] == attention
+               and (c["params"]["steps"], c["params"]["topk"], c["params"]["draft_tokens"]) == config]
+    return case["summary"]["median_us"] / 1e3
+
+
+def _decode_ms():
+    run = results.load_run(H200 / "cycle.json")
+    return float(np.median([c["derived"]["decode_ms"] for c in run["cases"] if c["check"]["ok"]]))
+
+
+def test_advise_attention_lever_is_the_cycles_extend_minus_split_kv(capsys):
+    text = _advise(capsys)
+    ext, spl = _cycle_ms((2, 1, 3), "extend"), _cycle_ms((2, 1, 3), "split_kv")
+    assert f"1. verify attention: extend -> split_kv: {ext:.4g} -> {spl:.4g} ms per cycle (saves {ext - spl:.4g} ms)" \
+        in text
+    assert f"break-even tau* {spl / _decode_ms():.3g}" in text and "FlashInfer MLA ignores the tree mask" in text
+
+
+def test_advise_allreduce_lever_is_the_sweep_winners_saving_per_call_times_calls(capsys):
+    text = _advise(capsys)
+    sweep = results.load_run(H200X2 / "allreduce_sweep.json.gz")
+    at = {c["params"]["nccl_setting"]: c["summary"]["median_us"] for c in sweep["cases"] if c["check"]["ok"]
+          and c["params"]["backend"] == "nccl" and c["params"]["size_bytes"] == 7168 * 2 * 3}
+    per_call = at["default"] - at["NCCL_GRAPH_MIXING_SUPPORT=0"]
+    saved = per_call * 122 / 1e3
+    ext = _cycle_ms((2, 1, 3), "extend")
+    assert f"allreduce: NCCL NCCL_GRAPH_MIXING_SUPPORT=0 (sweep winner): {ext:.4g} -> {ext - saved:.4g} ms" in text
+    assert f"(saves {saved:.4g} ms)" in text and "NCCL_GRAPH_MIXING_SUPPORT=0" in text and "projected" in text
+
+
+def test_advise_kernel_config_lever_is_the_forwards_default_minus_tuned_at_d(capsys):
+    text = _advise(capsys)
+    row = next(r for r in results.read_json(H200 / "defaults_vs_tuned.json")["rows"] if r["n"] == 3)
+    gap = (row["forward_default_us"] - row["forward_tuned_us"]) / 1e3
+    ext = _cycle_ms((2, 1, 3), "extend")
+    assert f"kernel configs: defaults -> tuned: {ext + gap:.4g} -> {ext:.4g} ms per cycle (saves {gap:.4g} ms)" in text
+
+
+def test_advise_graph_lever_is_the_model_graphs_eager_minus_graph_scaled_to_the_cycles_layers(capsys):
+    text = _advise(capsys)
+    run = results.load_run(H200 / "graph_replay.json.gz")
+    t = {c["mode"]: c["summary"]["median_us"] for c in run["cases"] if c["params"].get("tokens") == 1}
+    gap = (t["hot"] - t["graph"]) / 1e3 * 61 / 60
+    ext = _cycle_ms((2, 1, 3), "extend")
+    assert f"CUDA graphs: eager -> graph: {ext + gap:.4g} -> {ext:.4g} ms per cycle (saves {gap:.4g} ms)" in text
+
+
+def test_advise_levers_are_ranked_by_ms_saved():
+    found = advise.resolve([H200, H200X2])
+    rows = [r for r in advise.levers(advise.load(found), found, None, None, "sglang") if "missing" not in r]
+    saved = [r["saved_ms"] for r in rows]
+    assert len(rows) >= 4 and saved == sorted(saved, reverse=True)
+
+
+def test_advise_with_accept_lengths_gives_tok_s_per_lever_and_the_best_draft_shape(capsys):
+    text = _advise(capsys, "--accept-len", "3:2.4,6:3.1")
+    spl = _cycle_ms((2, 1, 3), "split_kv")
+    assert f"; {1000 * 2.4 / spl:.4g} tok/s" in text
+    six = _cycle_ms((5, 1, 6), "extend")
+    ext = _cycle_ms((2, 1, 3), "extend")
+    assert f"draft shape: (2, 1, 3) -> (5, 1, 6): {ext:.4g} -> {six * 2.4 / 3.1:.4g} ms per cycle" in text
+    assert f"break-even tau* {six / _decode_ms():.3g}; {1000 * 3.1 / six:.4g} tok/s" in text
+    assert "--speculative-num-steps 5 --speculative-eagle-topk 1 --speculative-num-draft-tokens 6" in text
+
+
+def test_advise_answer_carries_the_forward_fit_and_fits_fifteen_lines(capsys):
+    text = _advise(capsys)
+    run = results.load_run(H200 / "verify.json")
+    full = {c["params"]["tokens"]: c["summary"]["median_us"] / 1e3 for c in run["cases"]
+            if c["check"]["ok"] and c["params"]["variant"] == "full"}
+    b, a = np.polyfit(list(full), list(full.values()), 1)
+    answer = text.split("## The answer\n")[1].split("\n\n")[0].splitlines()
+    assert len(answer) <= 15 and f"T(n) = {a:.3g} +-" in answer[0] and f"{b:.3g} +-" in answer[0]
+
+
+def test_advise_at_a_context_between_measured_ones_interpolates_mla_verify_and_says_so(capsys):
+    text = _advise(capsys, "--context", "2048")
+    run = results.load_run(H200 / "mla_verify.json")
+
+    def per_forward_ms(variant, ctx):
+        pts = sorted((c["params"]["context"], c["derived"]["per_forward_us"] / 1e3) for c in run["cases"]
+                     if c["check"]["ok"] and c["params"]["variant"] == variant and c["params"]["n"] == 3
+                     and c["params"]["tree"] == "chain")
+        return float(np.interp(ctx, [p[0] for p in pts], [p[1] for p in pts]))
+
+    before = _cycle_ms((2, 1, 3), "extend") + per_forward_ms("extend", 2048) - per_forward_ms("extend", 4096)
+    after = _cycle_ms((2, 1, 3), "split_kv") + per_forward_ms("split_kv", 2048) - per_forward_ms("split_kv", 4096)
+    assert f"extend -> split_kv: {before:.4g} -> {after:.4g} ms" in text
+    assert "interpolated between contexts 1024 and 4096" in text and "projected" in text
+
+
+def test_advise_outside_the_measured_contexts_is_refused_in_one_line(capsys):
+    assert cli_main(["advise", str(H200), "--context", "100000"]) == 2
+    assert "outside" in capsys.readouterr().err
+
+
+def test_advise_refuses_an_accept_length_past_the_shapes_depth_in_one_line(capsys):
+    assert cli_main(["advise", str(H200), "--accept-len", "3:3.5"]) == 2
+    err = capsys.readouterr().err
+    assert "outside 1..3" in err and err.count("\n") == 1
+
+
+def test_advise_names_the_command_for_a_lever_it_cannot_cost(capsys):
+    assert cli_main(["advise", str(H200 / "cycle.json")]) == 0
+    text = capsys.readouterr().out
+    assert "allreduce: not measured here; measure it with `python3 -m verifybench.harness.multigpu.allreduce" in text
+    assert "CUDA graphs: not measured here; measure it with `verifybench graph_replay`" in text
+
+
+def _as_cpu(src: Path, dst: Path) -> Path:
+    run = results.read_json(src)
+    for c in run.get("cases", []):
+        c["device"] = "cpu"
+    run.get("fingerprint", {})["gpu_model"] = "cpu"
+    return results.write_json_atomic(dst / src.name, run)
+
+
+def test_advise_on_cpu_results_withholds_every_figure(tmp_path, capsys):
+    for name in ("cycle.json", "verify.json", "graph_replay.json.gz", "mla_verify.json"):
+        _as_cpu(H200 / name, tmp_path)
+    assert cli_main(["advise", str(tmp_path), "--accept-len", "3:2.4"]) == 0
+    text = capsys.readouterr().out
+    ext = _cycle_ms((2, 1, 3), "extend")
+    assert results.WITHHELD in text and f"{ext:.4g}" not in text and "tok/s" in text
+    assert not any(ch.isdigit() for line in text.split("## Levers")[0].splitlines()[2:] for ch in line)
+
+
+def test_advise_help_explains_the_answer_levers_and_withholding(capsys):
+    assert cli_main(["advise", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "ranked by ms saved" in text and "withheld" in text and "--nccl-from" in text
+
+
+def test_advise_and_env_warn_about_each_nccl_variable_that_differs_from_the_sweeps_winner(monkeypatch, capsys):
+    sweep = H200X2 / "allreduce_sweep.json.gz"
+    lines = env.nccl_warnings(sweep, {"NCCL_PROTO": "LL", "NCCL_DEBUG": "INFO"})
+    assert "winner 'NCCL_GRAPH_MIXING_SUPPORT=0'" in lines[0] and len(lines) == 3
+    assert any("NCCL_GRAPH_MIXING_SUPPORT: here unset, the sweep's winner 0" in x for x in lines)
+    assert any("NCCL_PROTO: here LL" in x for x in lines)
+    assert env.nccl_warnings(sweep, {"NCCL_GRAPH_MIXING_SUPPORT": "0"})[0].endswith("matches it")
+    monkeypatch.setenv("NCCL_PROTO", "Simple")
+    monkeypatch.delenv("NCCL_GRAPH_MIXING_SUPPORT", raising=False)
+    assert cli_main(["advise", str(H200), "--nccl-from", str(sweep)]) == 0
+    assert "WARNING NCCL_PROTO: here Simple" in capsys.readouterr().out
+
+
+def test_nccl_from_refuses_a_result_that_is_not_a_sweep_naming_it(capsys):
+    assert cli_main(["env", "--nccl-from", str(H200 / "cycle.json")]) == 2
+    err = capsys.readouterr().err
+    assert "cycle.json: a cycle result" in err and "allreduce_sweep" in err and err.count("\n") == 1
+
+
+def test_result_kind_is_the_name_before_the_stamp_or_the_baselines_stem(tmp_path):
+    assert results.kind_of(Path("verify-20261202T101010Z.json")) == "verify"
+    assert results.kind_of(Path("allreduce_sweep.json.gz")) == "allreduce_sweep"
+    for stamp in ("20261201T000000Z", "20261202T000000Z"):
+        (tmp_path / f"cycle-{stamp}.json").write_text("{}")
+    (tmp_path / "cycle_contexts-20261203T000000Z.png").write_text("")
+    assert results.latest_of_kind(tmp_path, "cycle").name == "cycle-20261202T000000Z.json"
+    assert results.latest_of_kind(tmp_path, "verify") is None
+
+
+def test_report_opening_is_the_answer_and_levers_within_one_screen():
+    runs = {k: results.load_run(H200 / f) for k, f in (("verify", "verify.json"), ("cycle", "cycle.json"),
+                                                         ("graph_replay", "graph_replay.json.gz"))}
+    lines = advise.report_lines(runs, Path("out"))
+    assert lines[0] == "### The answer" and len(lines) <= 40
+    assert any("verify attention: extend -> split_kv" in x for x in lines)
+    assert any(f"cycle-{results.stamp(runs['cycle'])}.json" in x for x in lines)
+
+
+def test_cycle_contexts_gives_one_case_per_context_with_the_context_in_its_name():
+    cases = bench_cycle.cases("tiny", 1, 64, None, configs="2,1,3", attention="split_kv", contexts="32,128")
+    assert [c.params["context"] for c in cases] == [32, 128]
+    assert len({c.name for c in cases}) == 2 and "ctx32" in cases[0].name
+
+
+@pytest.mark.parametrize("text", ["", "0,64", "64,64", "1k"])
+def test_cycle_contexts_refuses_a_bad_list_naming_it(text):
+    with pytest.raises(ValueError, match="--contexts"):
+        bench_cycle.parse_contexts(text)
+
+
+def test_cycle_contexts_chart_plots_cycle_ms_against_context_per_variant(tmp_path):
+    run = results.load_run(H200 / "cycle.json")
+    records = []
+    for ctx, scale in ((1024, 0.5), (4096, 1.0)):
+        for c in run["cases"]:
+            r = json.loads(json.dumps(c))
+            r["params"]["context"] = ctx
+            r["derived"]["cycle_ms"] *= scale
+            records.append(r)
+    pngs = bench_cycle.charts(records, tmp_path, "20261202T000000Z")
+    assert [p.name for p in pngs] == ["cycle_phases-20261202T000000Z.png", "cycle_contexts-20261202T000000Z.png"]
+    assert all(p.stat().st_size > 0 for p in pngs)
