@@ -135,7 +135,8 @@ def _as_cpu(src: Path, dst: Path) -> Path:
     run = results.read_json(src)
     for c in run.get("cases", []):
         c["device"] = "cpu"
-    run.get("fingerprint", {})["gpu_model"] = "cpu"
+    fp = run.get("fingerprint", {})
+    fp.update(gpu_model="cpu", gpus=[], torch_device=None)  # a CPU machine's fingerprint names no GPU
     return results.write_json_atomic(dst / src.name, run)
 
 
