@@ -10,6 +10,11 @@ import argparse
 import importlib
 import sys
 
+from verifybench.harness.engine import interpreter
+
+# Before any component (and so any kernel) is imported: without a GPU the Triton kernels run in the interpreter.
+interpreter.enable_without_gpu()
+
 EXIT_BAD_INPUT = 2
 
 # name -> (module with add_arguments/run, one-line help). Components are added from the registry.

@@ -20,7 +20,7 @@ import triton
 
 from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.model import presets
-from verifybench.harness.engine.results import cpu_numbers, withhold
+from verifybench.harness.engine.results import withhold_on_cpu
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
 from verifybench.kernels import mla_decode as md
@@ -213,8 +213,8 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
     for row in side:
         if row.get("triton_us") and row.get("torch_us"):
             row["speedup"] = row["torch_us"] / row["triton_us"]
-    if cpu_numbers(records):  # a CPU copy ceiling says nothing about a GPU kernel's distance from its own
-        side = withhold(side, lambda k: k.endswith("eta") or k == "floor_us")
+    # a CPU copy ceiling says nothing about a GPU kernel's distance from its own, nor an interpreter of its speed
+    side = withhold_on_cpu(records, side, lambda k: k.endswith("eta") or k in ("floor_us", "speedup"))
     return [("MLA decode per case (graph mode, caches rotated)", per_case),
             ("MLA decode: Triton (tuned / default config) vs the torch path", side)]
 

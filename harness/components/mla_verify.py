@@ -22,7 +22,7 @@ import torch
 import triton
 
 from verifybench.harness.engine import ceiling, memory
-from verifybench.harness.engine.results import cpu_numbers, withhold, write_atomic
+from verifybench.harness.engine.results import cpu_numbers, withhold_on_cpu, write_atomic
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
 from verifybench.harness.model import presets
@@ -220,9 +220,9 @@ def side_by_side(records: list[dict]) -> list[dict]:
 
 def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
     rows = side_by_side(records)
-    if cpu_numbers(records):  # CPU timer noise and an interpreter cannot support a GPU kernel's ratio or eta
-        rows = withhold(rows, lambda k: k.endswith("eta") or k in ("extend/split_kv",
-                                                                   "extend_minus_split_kv_per_forward_ms"))
+    # CPU timer noise and an interpreter cannot support a GPU kernel's ratio or eta
+    rows = withhold_on_cpu(records, rows, lambda k: k.endswith("eta") or k in (
+        "extend/split_kv", "extend_minus_split_kv_per_forward_ms"))
     layers = sorted({r["params"]["layers"] for r in records if r["name"].startswith("mla_verify/")})
     per_forward = f"x {', '.join(map(str, layers))} layers" if layers else "x layers"
     return [(f"MLA verify attention, tree mask: engine-style extend vs split_kv (graph mode, caches rotated; "

@@ -15,7 +15,7 @@ import torch
 
 from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.model import presets
-from verifybench.harness.engine.results import cpu_numbers, withhold
+from verifybench.harness.engine.results import withhold_on_cpu
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
 from verifybench.kernels import moe_int4 as moe
@@ -250,8 +250,8 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
             row["ref/triton"] = row["reference_us"] / row["triton_us"]
         side.append(row)
     side.sort(key=lambda r: (r["preset"], r["n"]))
-    if cpu_numbers(records):  # CPU timings of torch paths: no eta, no verdict on the INT4 gain
-        side = withhold(side, ("eta", "floor_us", "dense/int4", "of_ideal_3.56x", "ref/triton"))
+    # CPU timings of torch paths and the interpreter: no eta, no verdict on the INT4 gain
+    side = withhold_on_cpu(records, side, ("eta", "floor_us", "dense/int4", "of_ideal_3.56x", "ref/triton"))
     return [("INT4 MoE layer per case (cold: weights rotated through the graph)", per_case),
             ("INT4 MoE layer side by side (uniform routing unless named; dense = plain torch, bf16 weights on GPU)",
              side)]

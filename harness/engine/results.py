@@ -40,6 +40,12 @@ def withhold(rows: list[dict], keys) -> list[dict]:
     return [{k: (WITHHELD if hit(k) and v is not None else v) for k, v in row.items()} for row in rows]
 
 
+def withhold_on_cpu(records: list[dict], rows: list[dict], keys) -> list[dict]:
+    """The one withholding rule: every derived figure (fit, ratio, eta, share, break-even, gain) of a table passes
+    through here; from a CPU run (cpu_numbers) its cells read WITHHELD, from a GPU run they stay."""
+    return withhold(rows, keys) if cpu_numbers(records) else rows
+
+
 class ResultsError(ValueError):
     """A results file that is missing, corrupt, foreign or of an unsupported version."""
 
