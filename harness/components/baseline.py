@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from verifybench.harness.engine import ceiling
-from verifybench.harness.engine.results import cpu_numbers, withhold_on_cpu
+from verifybench.harness.engine.results import cpu_numbers, mode_label, withhold_on_cpu
 from verifybench.harness.engine.runner import CaseSpec, rel_error
 from verifybench.harness.engine.timing import cuda_available
 
@@ -90,7 +90,7 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
 
 
 def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
-    copy_rows = [{"case": r["name"], "mode": r["mode"], "median_us": r["summary"]["median_us"],
+    copy_rows = [{"case": r["name"], "mode": mode_label(r), "median_us": r["summary"]["median_us"],
                   "GB/s": r["derived"]["gbps"]} for r in records if r["name"].startswith("copy/") and r["check"]["ok"]]
     # on CPU the three ways are all perf_counter around CPU calls: their ratios say nothing of a GPU's distortion
     exhibit = withhold_on_cpu(records, exhibit_table(records), lambda k: "/" in k)

@@ -250,10 +250,10 @@ def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
         ax.bar(labels, vals, bottom=bottom, label=p)
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.plot(labels, [r["derived"]["cycle_ms"] for r in rows], "k_", markersize=30, label="cycle (no phase events)")
+    ax.set_xlabel("configuration (steps, topk, draft tokens) and verify attention")
     ax.set_ylabel("ms per cycle")
-    ax.set_title("EAGLE-3 cycle per phase (steps, topk, draft tokens)" + (" (CPU numbers)" if cpu_numbers(records)
-                                                                          else ""))
-    ax.legend(fontsize=8)
+    ax.set_title("EAGLE-3 cycle per phase" + (" (CPU numbers)" if cpu_numbers(records) else ""))
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over them
     return [write_png(fig, Path(directory) / f"cycle_phases-{stamp}.png")]
 
 

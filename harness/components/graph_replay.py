@@ -12,7 +12,7 @@ import torch
 from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.model import presets
 from verifybench.harness.analysis.fit import LinearFit, linear_fit
-from verifybench.harness.engine.results import cpu_numbers, withhold_on_cpu
+from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers, mode_label, withhold_on_cpu
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cuda_available
 from verifybench.kernels.graph_replay import LayerShapes, ModelStack, straight_line, tiny_kernel
@@ -182,13 +182,13 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
     eager = [{"kernels": r["derived"]["kernels"], "eager_per_kernel_us": r["derived"]["per_kernel_us"]}
              for r in ok if r["name"].startswith("graph/eager/")]
     out.append(("eager launches (hot, events): per-kernel cost", eager))
-    model = [{"tokens": r["derived"]["tokens"], "mode": r["mode"], "kernels": r["derived"]["kernels"],
+    model = [{"tokens": r["derived"]["tokens"], "mode": mode_label(r), "kernels": r["derived"]["kernels"],
               "layers": r["derived"]["layers"], "time_us": r["summary"]["median_us"],
               "weight_GB/s": r["derived"]["gbps"], "eta": r["derived"]["eta"],
               **({"note": r["derived"]["memory_note"]} if r["derived"].get("memory_note") else {})}
              for r in ok if r["name"].startswith("graph/model/")]
     out.append(("model-shaped graph (per-layer projection GEMMs, distinct weights per layer)"
-                + ("; CPU: mode graph = the calls in a Python loop, no CUDA graph" if cpu else ""),
+                + (f"; {CPU_TIMING}" if cpu else ""),
                 withhold_on_cpu(records, model, ("eta",))))
     return out
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from verifybench.harness.engine import ceiling
-from verifybench.harness.engine.results import cpu_numbers, withhold_on_cpu
+from verifybench.harness.engine.results import cpu_numbers, mode_label, withhold_on_cpu
 from verifybench.harness.model import presets
 from verifybench.harness.engine.runner import CaseSpec
 from verifybench.harness.engine.timing import Measurement, cuda_available
@@ -260,8 +260,8 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
         k_us = k["summary"]["median_us"] if k else None
         ref_us = ref["summary"]["median_us"] if ref else None
         rows.append({"step": step, "tree": label, "B": batch, "variant": variant, "kernel_us": k_us,
-                     "kernel_mode": k["mode"] if k else None, "reference_us": ref_us,
-                     "reference_mode": ref["mode"] if ref else None,
+                     "kernel_mode": mode_label(k) if k else None, "reference_us": ref_us,
+                     "reference_mode": mode_label(ref) if ref else None,
                      "speedup": ref_us / k_us if k_us and ref_us else None})
         if step == "build_tree" and variant.startswith("full"):
             r = k or ref

@@ -20,7 +20,7 @@ import triton
 
 from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.model import presets
-from verifybench.harness.engine.results import withhold_on_cpu
+from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers, withhold_on_cpu
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
 from verifybench.kernels import mla_decode as md
@@ -215,7 +215,8 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
             row["speedup"] = row["torch_us"] / row["triton_us"]
     # a CPU copy ceiling says nothing about a GPU kernel's distance from its own, nor an interpreter of its speed
     side = withhold_on_cpu(records, side, lambda k: k.endswith("eta") or k in ("floor_us", "speedup"))
-    return [("MLA decode per case (graph mode, caches rotated)", per_case),
+    return [("MLA decode per case (" + (CPU_TIMING if cpu_numbers(records) else "graph mode") + ", caches rotated)",
+             per_case),
             ("MLA decode: Triton (tuned / default config) vs the torch path", side)]
 
 

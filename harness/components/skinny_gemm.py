@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.model import presets
-from verifybench.harness.engine.results import withhold_on_cpu
+from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers, withhold_on_cpu
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
 from verifybench.kernels import skinny_gemm as sg
@@ -187,7 +187,8 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
             row["speedup"] = row["torch_us"] / row["triton_us"]
     # a CPU copy ceiling says nothing about a GPU kernel's distance from its own, nor an interpreter of its speed
     side = withhold_on_cpu(records, side, lambda k: k.endswith("eta") or k in ("floor_us", "speedup"))
-    return [("Skinny GEMM per case (graph mode, weights rotated)", per_case),
+    return [("Skinny GEMM per case (" + (CPU_TIMING if cpu_numbers(records) else "graph mode") + ", weights rotated)",
+             per_case),
             ("Skinny GEMM: Triton vs F.linear (cuBLAS on GPU)", side)]
 
 
