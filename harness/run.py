@@ -296,9 +296,7 @@ def run(args) -> int:
     path = write_report(runs, scope, out_dir, notices)
     for line in notices:
         print(line)
-    print("\n== summary" + (" (CPU smoke profile: CPU numbers)" if scope["cpu"] else ""))
-    if scope["cpu"]:
-        print(interpreter.describe())
+    print("\n== summary" + (f" (CPU smoke profile: CPU numbers) {interpreter.describe()}" if scope["cpu"] else ""))
     for line in summary_lines(runs, time.monotonic() - started, path):
         print(line)
     return 1 if any(failed_cases(r) for r in runs.values()) else 0
@@ -306,10 +304,14 @@ def run(args) -> int:
 
 def run_one(args) -> int:
     """`verifybench <component>`: one component's cases, tables and result file."""
+    started = time.monotonic()
     scope = resolve_scope(args)
     scope["component"] = args.command
     check_cases([args.command], scope)
     out_dir = prepare(scope)
-    failed = failed_cases(run_component(args.command, scope, out_dir))
+    result = run_component(args.command, scope, out_dir)
     config_tables.print_defaults_notice()
-    return 1 if failed else 0
+    print("\n== summary" + (f" (CPU smoke profile: CPU numbers) {interpreter.describe()}" if scope["cpu"] else ""))
+    for line in summary_lines({args.command: result}, time.monotonic() - started, None):
+        print(line)
+    return 1 if failed_cases(result) else 0
