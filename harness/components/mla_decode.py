@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import triton
 
-from verifybench.harness.engine import ceiling, memory
+from verifybench.harness.engine import ceiling, interpreter, memory
 from verifybench.harness.model import presets
 from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers, withhold_on_cpu
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
@@ -178,7 +178,8 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
         quick = {"max_time_s": 0.2, "warmup_s": 0.0, "min_samples": 3}
         out = [make_case(a, n, c, "torch", "cpu", quick, preset, tp) for c in CPU_CONTEXTS for n in tokens or CPU_NS]
         if INTERPRET:
-            out += [make_case(a, n, c, "triton", "cpu", quick, preset, tp) for c in CPU_CONTEXTS for n in (1, 4)]
+            out += [make_case(a, n, c, "triton", "cpu", interpreter.MEASURE_KW, preset, tp) for c in CPU_CONTEXTS
+                    for n in (1, 4)]
         return out
     return [make_case(a, n, c, impl, "cuda", {"max_time_s": 0.5}, preset, tp)
             for c in sorted({context, *GPU_CONTEXTS}) for n in tokens or GPU_NS for impl in IMPLS]

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from verifybench.harness.engine import ceiling, memory
+from verifybench.harness.engine import ceiling, interpreter, memory
 from verifybench.harness.model import presets
 from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers, withhold_on_cpu
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
@@ -158,7 +158,8 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
         quick = {"max_time_s": 0.2, "warmup_s": 0.0, "min_samples": 3}
         out = [make_case(s, n, "torch", "cpu", quick, preset, tp) for s in shapes(preset, tp) for n in tokens or CPU_NS]
         if sg._INTERPRET:
-            out += [make_case(s, n, "triton", "cpu", quick, preset, tp) for s in shapes(preset, tp)[:2] for n in (1, 4)]
+            out += [make_case(s, n, "triton", "cpu", interpreter.MEASURE_KW, preset, tp) for s in shapes(preset, tp)[:2]
+                    for n in (1, 4)]
         return out
     return [make_case(s, n, impl, "cuda", {"max_time_s": 0.5}, preset, tp)
             for s in shapes(preset, tp) for n in tokens or GPU_NS for impl in IMPLS]
