@@ -38,6 +38,12 @@ def test_a_column_withheld_in_every_row_is_named_once_above_the_table():
     assert "| ratio" not in text
 
 
+def test_a_column_empty_in_every_row_is_dropped_and_a_long_withheld_list_wraps():
+    rows = [{"n": n, "no_pdl_us": None, **{f"component_{j}_marginal_us": WITHHELD for j in range(12)}} for n in (1, 2)]
+    text = tables.render(rows)
+    assert "no_pdl_us" not in text and max(len(line) for line in text.splitlines()) <= tables.MAX_WIDTH_CHARS
+
+
 def test_a_single_wide_row_becomes_field_value_lines():
     text = tables.render([{"ops": "torch", "allreduce": "x" * 150}])
     assert text.splitlines()[0].split() == ["field", "value"]

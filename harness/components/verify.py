@@ -383,7 +383,8 @@ def tables(records: list[dict], cycle: dict | None = None,
     layers = setup_lines(records)[0]["layers"] if full else "all"
     out = [("setup (CPU: one rank, torch ops, no allreduce runs)" if cpu else
             "setup (one GPU: the allreduce is a calibrated device wait, not a collective)", setup_lines(records)),
-           (f"verify forward ({layers} layers), isolated components (us; each alone in its own graph); no_comm = "
+           (f"verify forward ({layers} layers), isolated components (us; each alone in its own "
+            + ("CPU loop" if cpu else "graph") + "); no_comm = "
             "forward without allreduce, held against the weight+KV roofline"
             + ("; all_layers_estimate = measured x the whole forward's bytes / the run's (an estimate)" if scale
                else ""), short),

@@ -1,9 +1,10 @@
 """Tables as the console and the report print them: one number format per column, columns a CPU run withholds named
-once above the table instead of filling every cell, and nothing wider than MAX_WIDTH_CHARS (split, or transposed).
+once above the table instead of filling every cell, empty columns dropped, nothing wider than MAX_WIDTH_CHARS.
 """
 from __future__ import annotations
 
 import math
+import textwrap
 
 from tabulate import tabulate
 
@@ -72,8 +73,10 @@ def render(rows: list[dict], tablefmt: str = "simple", width: int = MAX_WIDTH_CH
         return "(no rows)"
     withheld = [k for k in dict.fromkeys(k for row in rows for k in row)
                 if all(row.get(k) in (WITHHELD, None) for row in rows) and any(row.get(k) == WITHHELD for row in rows)]
-    head = f"withheld ({WITHHELD.split(': ', 1)[-1]}): {', '.join(withheld)}\n\n" if withheld else ""
-    rows = [{k: v for k, v in row.items() if k not in withheld} for row in rows]
+    head = "\n".join(textwrap.wrap(f"withheld ({WITHHELD.split(': ', 1)[-1]}): {', '.join(withheld)}", width,
+                                   break_on_hyphens=False)) + "\n\n" if withheld else ""
+    empty = {k for k in dict.fromkeys(k for row in rows for k in row) if all(row.get(k) is None for row in rows)}
+    rows = [{k: v for k, v in row.items() if k not in withheld and k not in empty} for row in rows]
     keys, cells, numeric = _cells(rows)
     if not keys:
         return head.rstrip()
