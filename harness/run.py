@@ -30,8 +30,8 @@ def figures_line(cpu: bool) -> str:
     """What a figure of the report is, as it was measured here."""
     if cpu:
         return ("Each figure: the median of perf_counter samples of CPU code (torch, and the Triton interpreter where "
-                "a table names Triton); a mode `graph` on CPU is K calls in a Python loop, no CUDA graph. The result "
-                "JSON beside this file holds the samples and the fingerprint.")
+                "a table names Triton); mode cpu-loop is K calls in a Python loop (a GPU run's `graph`: no CUDA graph here). "
+                "The result JSON beside this file holds the samples and the fingerprint.")
     return ("Each figure: the median of device-timed samples in the mode shown; the result JSON beside this file "
             "holds the samples, their confidence interval and the fingerprint.")
 
