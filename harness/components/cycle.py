@@ -242,7 +242,7 @@ def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
     rows = _ok(records)
     if not rows:
         return []
-    labels = [f"{_key(r)['steps,topk,D']}\n{r['params']['attention']}" for r in rows]
+    labels = [f"{_key(r)['steps,topk,D']}\n{_key(r)['attention']}" for r in rows]  # what ran, as in the tables
     fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows)), 4.5))
     bottom = [0.0] * len(rows)
     for p in PHASES:
