@@ -11,7 +11,7 @@ import torch
 
 from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.analysis import decompose
-from verifybench.harness.engine.results import WITHHELD, cpu_numbers, stamp, withhold, write_atomic
+from verifybench.harness.engine.results import cpu_numbers, stamp, withhold_on_cpu, write_atomic
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cuda_available
 from verifybench.harness.model import presets
@@ -374,12 +374,11 @@ def tables(records: list[dict], cycle: dict | None = None,
     if scale:  # fewer layers ran (memory): the whole forward estimated by its bytes, labelled as such
         for row in short:
             row["all_layers_estimate_us"] = row["measured_us"] * scale
-    if cpu:
-        short = withhold(short, RATIOS)
-        marginal = withhold(marginal, lambda k: k != "n")
-        etas = withhold(etas, lambda k: k.endswith("_eta"))
-        # the deployment's assumed draft and overhead are never added to CPU times: the cycle column goes too
-        be = withhold(be, ("break-even accept len", "pays off at full acceptance", "cycle_ms"))
+    short = withhold_on_cpu(records, short, RATIOS)
+    marginal = withhold_on_cpu(records, marginal, lambda k: k != "n")
+    etas = withhold_on_cpu(records, etas, lambda k: k.endswith("_eta"))
+    # the deployment's assumed draft and overhead are never added to CPU times: the cycle column goes too
+    be = withhold_on_cpu(records, be, ("break-even accept len", "pays off at full acceptance", "cycle_ms"))
     layers = setup_lines(records)[0]["layers"] if full else "all"
     out = [("setup (CPU: one rank, torch ops, no allreduce runs)" if cpu else
             "setup (one GPU: the allreduce is a calibrated device wait, not a collective)", setup_lines(records)),
@@ -397,7 +396,7 @@ def tables(records: list[dict], cycle: dict | None = None,
         row = {"a_us": f["a"], "a_ci_us": f["a_halfwidth"], "b_us": f["b"], "b_ci_us": f["b_halfwidth"],
                "r2": f["r2"], f"fixed_share_a/T({f['n_max']})": f["fixed_share"]}
         out.append((f"fit T(n) = a + b n over n = {', '.join(str(r['n']) for r in dec['table'])} (95% CI)",
-                    [{k: WITHHELD for k in row} if cpu else row]))
+                    withhold_on_cpu(records, [row], lambda k: True)))
     return out
 
 
