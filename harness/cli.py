@@ -12,7 +12,12 @@ import importlib
 import signal
 import sys
 
-from verifybench.harness.analysis.numbers import EXIT_BAD_INPUT, Parser
+from verifybench.harness.engine import interpreter
+
+# Before any component (and so any kernel) is imported: without a GPU the Triton kernels run in the interpreter.
+interpreter.enable_without_gpu()
+
+from verifybench.harness.analysis.numbers import EXIT_BAD_INPUT, Parser  # noqa: E402
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
 

@@ -6,15 +6,15 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import time
 from pathlib import Path
 
 import torch
-from tabulate import tabulate
 
 from verifybench.harness import components
 from verifybench.harness.analysis import advise
 from verifybench.harness.analysis.numbers import int_in, out_path, tokens_arg
-from verifybench.harness.engine import fingerprint, hostpin, hostprobe, memory, results, timing
+from verifybench.harness.engine import fingerprint, hostpin, hostprobe, interpreter, memory, results, tables, timing
 from verifybench.harness.engine.timing import cuda_available
 from verifybench.kernels import config_tables
 
@@ -23,8 +23,22 @@ MAX_CONTEXT = 1 << 20  # tokens; K2.5's window is 262144
 
 
 def cpu_banner() -> str:
-    return ("NOTE: no CUDA device: CPU smoke profile (tiny preset, torch CPU code and the Triton interpreter, "
-            "perf_counter timing). These are CPU numbers, not GPU numbers.")
+    return ("NOTE: no CUDA device: CPU smoke profile (tiny preset, torch CPU code, perf_counter timing). "
+            f"{interpreter.describe()} These are CPU numbers, not GPU numbers.")
+
+
+def figures_line(cpu: bool) -> str:
+    """What a figure of the report is, as it was measured here."""
+    if cpu:
+        return ("Each figure: the median of perf_counter samples of CPU code (torch, and the Triton interpreter where "
+                "a table names Triton); mode cpu-loop is K calls in a Python loop (a GPU run's `graph`: no CUDA graph here). "
+                "The result JSON beside this file holds the samples and the fingerprint.")
+    return ("Each figure: the median of device-timed samples in the mode shown; the result JSON beside this file "
+            "holds the samples, their confidence interval and the fingerprint.")
+
+
+def print_table(title: str, rows: list[dict]) -> None:
+    print(f"\n{title}\n" + tables.render(rows))
 
 
 def add_scope_arguments(p: argparse.ArgumentParser) -> None:
@@ -113,9 +127,10 @@ def run_component(name: str, scope: dict, out_dir: Path, quiet: bool = False) ->
     run = results.make_run(name, cases, fp, extra={k: v for k, v in scope.items() if k in ("preset", "tp", "context",
                                                                                           "tokens", "options")})
     path = results.save_run(run, out_dir)
+    run["saved_path"] = str(path)  # in memory only: the summary and the report name the file
     if not quiet:
         for title, rows in module.tables(run["cases"]):
-            print(f"\n{title}\n" + tabulate(rows, headers="keys", floatfmt=".4g"))
+            print_table(title, rows)
         failed = [c.name for c in cases if not c.check_ok and not c.skipped]
         skipped = [f"{c.name} ({c.skipped})" for c in cases if c.skipped]
         if skipped:
@@ -130,6 +145,32 @@ def run_component(name: str, scope: dict, out_dir: Path, quiet: bool = False) ->
 
 def failed_cases(run: dict) -> list[str]:
     return [c["name"] for c in run["cases"] if not c["check"]["ok"] and not c.get("skipped")]
+
+
+def summary_lines(runs: dict[str, dict], wall_s: float, report: Path | None) -> list[str]:
+    """The run's closing summary: components, cases checked / passed / failed / skipped (each skip reason once, with
+    its cases), wall time, the report and the result files."""
+    cases = [c for run in runs.values() for c in run["cases"]]
+    skipped = [c for c in cases if c.get("skipped")]
+    failed = [c for c in cases if not c["check"]["ok"] and not c.get("skipped")]
+    passed = [c for c in cases if c["check"]["ok"]]
+    lines = [f"components run: {len(runs)} ({', '.join(runs)})",
+             f"cases: {len(passed) + len(failed)} checked, {len(passed)} passed, {len(failed)} failed, "
+             f"{len(skipped)} skipped"]
+    lines += [f"  FAILED {c['name']}: {c['check'].get('detail', '')}" for c in failed]
+    by_reason: dict[str, list[str]] = {}
+    for c in skipped:
+        by_reason.setdefault(c["skipped"], []).append(c["name"])
+    for reason, names in by_reason.items():
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        lines.append(f"  skipped {len(names)}: {reason} ({shown})")
+    lines.append(f"wall time: {wall_s:.0f} s")
+    if report is not None:
+        lines.append(f"report: {report}")
+    files = [run["saved_path"] for run in runs.values() if run.get("saved_path")]
+    if files:
+        lines.append(f"results: {Path(files[0]).parent}/ ({', '.join(Path(f).name for f in files)})")
+    return lines
 
 
 def write_report(runs: dict[str, dict], scope: dict, out_dir: Path, notices: list[str] = (),
@@ -152,18 +193,18 @@ def write_report(runs: dict[str, dict], scope: dict, out_dir: Path, notices: lis
                   "memory ran fewer layers or rotation sets (said in its tables) or skipped a case (listed).", ""]
     lines += [f"git {fp['git']['commit']} (dirty={fp['git']['dirty']}), torch {fp['versions']['torch']}, "
               f"driver {fp['driver']}, method version {first.get('method_version')}", "",
-              "Each figure: the median of device-timed samples in the mode shown; the result JSON beside this file "
-              "holds the samples, their confidence interval and the fingerprint.", ""]
-    if saved:
-        lines += ["Made from: " + ", ".join(f"`{p.name}`" for p in saved.values()), ""]
+              figures_line(scope["cpu"]), ""]
     for name, run in runs.items():
         module = components.load(name)
         lines += [f"## {name}: {module.HELP}", ""]
+        source = saved.get(name) or run.get("saved_path")
+        if source:
+            lines += [f"From `{Path(source).name}`.", ""]
         # the verify break-even takes the draft and overhead the cycle measured in the same run
         measured = {"cycle": runs["cycle"], "cycle_name": saved["cycle"].name if "cycle" in saved else
                     f"cycle-{results.stamp(runs['cycle'])}.json"} if name == "verify" and "cycle" in runs else {}
         for title, rows in module.tables(run["cases"], **measured):
-            lines += [f"**{title}**", "", tabulate(rows, headers="keys", tablefmt="github", floatfmt=".4g"), ""]
+            lines += [f"**{title}**", "", tables.render(rows, "github"), ""]
         for png in module.charts(run["cases"], out_dir, stamp):
             lines += [f"![{png.stem}]({png.name})", ""]
         if failed_cases(run):
@@ -227,6 +268,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     """The main job: every registered component (or --components) for a preset, then one markdown report."""
+    started = time.monotonic()
     names = components.parse_names(args.components)
     scope = resolve_scope(args)
     check_cases(names, scope)
@@ -237,18 +279,24 @@ def run(args) -> int:
         runs[name], saved[name] = run_component(name, scope, out_dir)
     notices = config_tables.defaults_notice()
     path = write_report(runs, scope, out_dir, notices, saved)
-    print(f"\nreport: {path}")
     for line in notices:
+        print(line)
+    print("\n== summary" + (f" (CPU smoke profile: CPU numbers) {interpreter.describe()}" if scope["cpu"] else ""))
+    for line in summary_lines(runs, time.monotonic() - started, path):
         print(line)
     return 1 if any(failed_cases(r) for r in runs.values()) else 0
 
 
 def run_one(args) -> int:
     """`verifybench <component>`: one component's cases, tables and result file."""
+    started = time.monotonic()
     scope = resolve_scope(args)
     scope["component"] = args.command
     check_cases([args.command], scope)
     out_dir = prepare(scope)
-    failed = failed_cases(run_component(args.command, scope, out_dir)[0])
+    result = run_component(args.command, scope, out_dir)[0]
     config_tables.print_defaults_notice()
-    return 1 if failed else 0
+    print("\n== summary" + (f" (CPU smoke profile: CPU numbers) {interpreter.describe()}" if scope["cpu"] else ""))
+    for line in summary_lines({args.command: result}, time.monotonic() - started, None):
+        print(line)
+    return 1 if failed_cases(result) else 0

@@ -127,6 +127,22 @@ def _outcome(label: str, env: dict, times: dict[int, float], status: str = "ok")
     return {"label": label, "group": sweep.group_of(env), "env": env, "status": status, "run": {"cases": cases}}
 
 
+def test_sweep_tables_withhold_gains_and_ratios_of_a_cpu_gloo_sweep():
+    from verifybench.harness.engine.results import WITHHELD
+
+    outcomes = [{**_outcome("default", {}, {512: 20.0}), "nccl_log": {}},
+                {**_outcome("NCCL_PROTO=LL", {"NCCL_PROTO": "LL"}, {512: 10.0}), "nccl_log": {}}]
+    gpu = dict(sweep.summary_tables(outcomes))
+    assert gpu["fastest setting per size"][0]["gain vs default"] == "+50.0%"
+    for o in outcomes:
+        for c in o["run"]["cases"]:
+            c["device"] = "cpu"
+    cpu = dict(sweep.summary_tables(outcomes))
+    assert cpu["fastest setting per size"][0]["gain vs default"] == WITHHELD
+    ranked = next(rows for title, rows in cpu.items() if title.startswith("settings ranked"))
+    assert ranked and all(r["x default"] == WITHHELD for r in ranked)
+
+
 def test_sweep_ranks_at_verify_sizes_and_combines_the_best_of_independent_groups():
     outcomes = [_outcome("default", {}, {512: 20.0, 1024: 22.0}),
                 _outcome("NCCL_PROTO=LL,NCCL_ALGO=Ring", {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"},

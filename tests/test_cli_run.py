@@ -17,13 +17,16 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
-    env = dict(os.environ, VERIFYBENCH_MAX_TIME_S="0.05")
+    # without TRITON_INTERPRET, as a user runs it: the command line switches the interpreter on by itself
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["VERIFYBENCH_MAX_TIME_S"] = "0.05"
     # the tiny preset named explicitly: on a GPU machine too this stays a quick end-to-end run
     cmd = [sys.executable, "-m", "verifybench.harness", "run", "--preset", "tiny", "--tp", "1", "--context", "64",
            "--out", str(out)]
     r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert ("CPU smoke profile" in r.stdout) == (not torch.cuda.is_available())
+    (out / "stdout.txt").write_text(r.stdout)
     return out
 
 
@@ -92,7 +95,7 @@ def test_cpu_report_withholds_what_cpu_noise_cannot_support(run_dir):
     marginal = next(rows for title, rows in tables.items() if title.startswith("marginal"))
     assert all(v == WITHHELD for r in marginal for k, v in r.items() if k != "n")
     report = next(run_dir.glob("run-*.md")).read_text()
-    assert report.count(WITHHELD) > 10 and "fixed_share_a/T(8)" not in report
+    assert report.count("withheld (CPU numbers): ") > 10 and "fixed_share_a/T(8)" not in report
 
 
 def test_eta_uses_the_copy_ceiling_measured_by_the_baseline_of_the_same_run(run_dir):
@@ -160,7 +163,7 @@ def test_the_report_and_the_output_name_the_kernels_that_ran_on_defaults(tmp_pat
     assert main(["run", "--components", "baseline", "--out", str(tmp_path)]) == 0
     report = next(tmp_path.glob("run-*.md")).read_text()
     assert f"**{line}**" in report and line in capsys.readouterr().out
-    assert "Made from: `baseline-20261202T000000Z.json`" in report  # the report names the files it was made from
+    assert "From `baseline-20261202T000000Z.json`." in report  # the report names the files it was made from
 
 
 def test_sigint_during_a_real_run_exits_130_in_one_line_and_leaves_only_complete_files(tmp_path):
@@ -186,3 +189,105 @@ def test_sigint_during_a_real_run_exits_130_in_one_line_and_leaves_only_complete
     for name in left:
         if name.endswith(".json"):
             results.load_run(tmp_path / name)
+
+
+def _summary(run_dir) -> str:
+    return (run_dir / "stdout.txt").read_text().split("== summary", 1)[1]
+
+
+def test_run_ends_with_one_summary_of_components_cases_skips_wall_time_and_files(run_dir):
+    from verifybench.harness.components import REGISTRY
+
+    out = (run_dir / "stdout.txt").read_text()
+    assert out.count("== summary") == 1
+    summary = _summary(run_dir)
+    assert f"components run: {len(REGISTRY)}" in summary and "wall time:" in summary
+    counts = next(line for line in summary.splitlines() if line.startswith("cases:"))
+    checked, passed, failed = (int(counts.split()[i]) for i in (1, 3, 5))
+    assert checked == passed + failed and failed == 0 and checked > 100
+    report = next(run_dir.glob("run-*.md"))
+    assert f"report: {report}" in summary and all(p.name in summary for p in run_dir.glob("*.json"))
+    for line in summary.splitlines():
+        if line.strip().startswith("skipped"):
+            assert ": " in line  # every skip carries its reason
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is the CPU path")
+def test_cpu_run_checks_the_triton_kernels_through_the_interpreter_unasked(run_dir):
+    summary = _summary(run_dir)
+    assert "Triton kernels run in the interpreter (TRITON_INTERPRET=1, set by verifybench" in summary
+    records = {p.name.split("-2")[0]: json.loads(p.read_text())["cases"] for p in run_dir.glob("*.json")}
+    ran = lambda comp, impl_key, impl: [r for r in records[comp] if r["params"].get(impl_key) == impl  # noqa: E731
+                                        and r["check"]["ok"]]
+    assert ran("mla_verify", "variant", "split_kv") and ran("mla_verify", "variant", "extend")
+    assert ran("kv_tree", "backend", "kernel") and ran("skinny_gemm", "impl", "triton")
+    assert ran("mla_decode", "impl", "triton")
+    skips = [line for line in (run_dir / "stdout.txt").read_text().splitlines() if "cannot run here" in line]
+    assert all("moe/tiny-tp1/triton" in line for line in skips)  # moe's Triton case: the one named skip
+
+
+def test_report_names_the_result_file_of_every_section(run_dir):
+    report = next(run_dir.glob("run-*.md")).read_text()
+    for path in run_dir.glob("*.json"):
+        assert f"From `{path.name}`." in report
+
+
+def test_run_tables_stay_within_120_characters(run_dir):
+    from verifybench.harness.engine.tables import MAX_WIDTH_CHARS
+
+    report = next(run_dir.glob("run-*.md")).read_text()
+    table_lines = [line for line in report.splitlines() if line.startswith("|")]
+    assert table_lines and max(len(line) for line in table_lines) <= MAX_WIDTH_CHARS
+
+
+def test_run_exits_1_and_names_the_failed_check_in_the_summary(tmp_path, monkeypatch, capsys):
+    from verifybench.harness import run
+    from verifybench.harness.cli import main
+
+    monkeypatch.delenv("VERIFYBENCH_MAX_TIME_S", raising=False)
+    monkeypatch.setattr(run, "run_component", lambda name, scope, out: {
+        "component": name, "fingerprint": {"gpu_model": "Some GPU", "git": {"commit": "x", "dirty": False},
+                                           "versions": {"torch": "t"}, "driver": "d"},
+        "created_utc": "2026-12-02T00:00:00+00:00",
+        "cases": [{"name": "copy/x", "params": {}, "check": {"ok": False, "detail": "dst != src"}, "derived": {}},
+                  {"name": "copy/y", "params": {}, "check": {"ok": False, "detail": "skipped: no P2P"},
+                   "derived": {}, "skipped": "no P2P"}]})
+    assert main(["run", "--components", "baseline", "--out", str(tmp_path)]) == 1
+    summary = capsys.readouterr().out.split("== summary", 1)[1]
+    assert "cases: 1 checked, 0 passed, 1 failed, 1 skipped" in summary
+    assert "FAILED copy/x: dst != src" in summary and "skipped 1: no P2P (copy/y)" in summary
+
+
+def _figures(monkeypatch):
+    """The figures a charts() call draws, kept open."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figs = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: figs.append(fig))
+    return figs
+
+
+def test_verify_charts_tick_integer_n_and_plot_no_withheld_roofline_on_cpu(run_dir, tmp_path, monkeypatch):
+    records = json.loads(next(run_dir.glob("verify-*.json")).read_text())["cases"]
+    figs = _figures(monkeypatch)
+    bench_verify.charts(records, tmp_path, "x")
+    assert len(figs) == 2
+    for fig in figs:
+        ax = fig.axes[0]
+        assert all(float(t).is_integer() for t in ax.get_xticks())
+    labels = [line.get_label() for line in figs[1].axes[0].get_lines()]
+    assert ("weight+KV roofline" in labels) == torch.cuda.is_available()
+
+
+def test_cycle_chart_has_an_x_label_and_its_legend_beside_the_bars(run_dir, tmp_path, monkeypatch):
+    from verifybench.harness.components import cycle
+
+    records = json.loads(next(run_dir.glob("cycle-*.json")).read_text())["cases"]
+    figs = _figures(monkeypatch)
+    cycle.charts(records, tmp_path, "x")
+    ax = figs[0].axes[0]
+    legend = ax.get_legend()
+    assert ax.get_xlabel() and legend.get_bbox_to_anchor().x0 >= ax.get_window_extent().x1

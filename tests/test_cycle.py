@@ -94,7 +94,20 @@ def test_other_is_not_shown_where_the_phase_pass_disagrees_with_the_cycle(fwd):
         return row["other_ms"]
 
     assert other_ms(0.98) == pytest.approx(0.02 * dv["cycle_ms"])
-    assert other_ms(1.06) == "unsure: phases +6.0% off the cycle"  # never a negative "other"
+    assert other_ms(1.06) is None  # never a negative "other": blank, as its title says
+
+
+def test_cpu_cycle_table_withholds_other_and_shares_and_names_the_reference_attention(fwd):
+    from verifybench.harness.engine.results import WITHHELD
+
+    spec = component.cases("tiny", 1, 64, (3,), configs="2,1,3")[0]
+    record = {**spec.run(max_time_s=0.1).as_dict(), "device": "cpu"}
+    tables = dict(component.tables([record]))
+    (row,) = next(rows for title, rows in tables.items() if "deployment" in title)
+    assert all(row[k] in (WITHHELD, None) for k in row if k.endswith("_%") or k == "other_ms")  # None: over 3% off
+    assert row["attention"] == "torch reference (not split_kv)"
+    (setup,) = next(rows for title, rows in tables.items() if title.startswith("setup"))
+    assert "device wait" not in setup["allreduce"]
 
 
 @pytest.mark.parametrize("text, message", [

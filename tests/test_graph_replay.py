@@ -63,8 +63,23 @@ def test_every_cpu_case_passes_its_check_and_tables_are_consistent(monkeypatch):
     assert [r["nodes"] for r in straight] == list(counts)
     for r in straight:
         assert r["replay_us"] == pytest.approx(r["per_node_us"] * r["nodes"])
-    fit_rows = next(rows for title, rows in tables.items() if title.startswith("fit"))
+    # the fit's arithmetic, as a GPU run shows it (a CPU run withholds it)
+    as_gpu = dict(gr.tables([{**r, "device": "cuda"} for r in recs]))
+    fit_rows = next(rows for title, rows in as_gpu.items() if title.startswith("fit"))
     direct = linear_fit([r["nodes"] for r in straight], [r["replay_us"] for r in straight])
     assert fit_rows[0]["per_node_us"] == pytest.approx(direct.b)
-    model = next(rows for title, rows in tables.items() if title.startswith("model-shaped"))
+    model = next(rows for title, rows in as_gpu.items() if title.startswith("model-shaped"))
     assert sorted(r["tokens"] for r in model if r["mode"] == "graph") == list(range(1, 9))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU run's fit is shown")
+def test_cpu_replay_fit_is_withheld_and_cpu_modes_never_read_graph(monkeypatch):
+    from verifybench.harness.engine.results import WITHHELD
+
+    monkeypatch.setattr(gr, "STRAIGHT_MAX_TIME_S", 0.05)
+    recs = [spec.run(max_time_s=0.05).as_dict() for spec in gr.cases("tiny", 1, 64, (1, 2))]
+    tables = dict(gr.tables(recs))
+    (fit,) = next(rows for title, rows in tables.items() if title.startswith("fit"))
+    assert fit["fixed_us"] == WITHHELD and fit["r2"] == WITHHELD and fit["measured_in_s"] > 0
+    model = next(rows for title, rows in tables.items() if title.startswith("model-shaped"))
+    assert model and not any(r["mode"] == "graph" for r in model)

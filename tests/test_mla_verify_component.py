@@ -77,6 +77,16 @@ def test_chart_is_one_png_named_with_the_stamp(records, tmp_path):
 
 
 @cpu_only
+def test_chart_has_a_log_y_axis_so_split_kv_shows_beside_extend(records, tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    figs = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: figs.append(fig))
+    mla_verify.charts(records, tmp_path, "x")
+    assert figs[0].axes[0].get_yscale() == "log"
+
+
+@cpu_only
 def test_cli_tokens_reach_the_cases_and_the_tree_joins_at_its_draft_count():
     parser = argparse.ArgumentParser()
     run.add_scope_arguments(parser)

@@ -11,6 +11,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels module is first imported (conftest too)
 
+from verifybench.harness.engine.results import WITHHELD  # noqa: E402
 from verifybench.harness.engine.runner import rel_error  # noqa: E402
 from verifybench.kernels import pdl  # noqa: E402
 from verifybench.kernels import skinny_gemm as sg  # noqa: E402
@@ -339,8 +340,12 @@ def test_bench_cpu_case_runs_and_tables_pair_the_impls(monkeypatch):
     quick = {"max_time_s": 0.05, "warmup_s": 0.0, "min_samples": 2}
     records = [bench.make_case(shape, 2, impl, "cpu", quick, "tiny", 1).run().as_dict() for impl in bench.IMPLS]
     assert all(r["check"]["ok"] for r in records)
-    side = dict(bench.tables(records))["Skinny GEMM: Triton vs F.linear (cuBLAS on GPU)"]
-    assert len(side) == 1 and side[0]["speedup"] > 0 and side[0]["config"].startswith("dot")
+    title = "Skinny GEMM: Triton vs F.linear (cuBLAS on GPU)"
+    side = dict(bench.tables(records))[title]
+    assert len(side) == 1 and side[0]["config"].startswith("dot")
+    assert side[0]["speedup"] == WITHHELD  # an interpreter's time against torch's says nothing of a GPU
+    (gpu,) = dict(bench.tables([{**r, "device": "cuda"} for r in records]))[title]
+    assert gpu["speedup"] == pytest.approx(gpu["torch_us"] / gpu["triton_us"])
 
 
 @needs_kernel

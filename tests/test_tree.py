@@ -260,3 +260,22 @@ def test_argmax_kernel_returns_first_maximum_like_torch(dtype):
     logits = torch.randint(-3, 4, (6, 5000), generator=g).to(dtype).to(DEV)  # many ties at the maximum
     logits[2] = float("-inf")
     assert torch.equal(tree.argmax(logits, backend="kernel").cpu(), torch.argmax(logits, dim=-1).cpu())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke profile")
+def test_kv_tree_on_cpu_checks_its_kernels_in_the_interpreter_and_withholds_eta_speedup_and_targets():
+    from verifybench.harness.components import kv_tree
+    from verifybench.harness.engine.results import WITHHELD
+
+    specs = [s for s in kv_tree.cases("tiny", 1, 64) if s.params["tree"] == "d4t1s3" and s.params["B"] == 1
+             and s.params["step"] in ("verify", "build_tree") and s.params["variant"] in ("", "full-ctx1024")]
+    assert {s.params["backend"] for s in specs} == {"kernel", "reference"}
+    records = [s.run(max_time_s=0.05).as_dict() for s in specs]
+    assert all(r["check"]["ok"] for r in records) and any("kernel == reference" in r["check"]["detail"]
+                                                          for r in records)
+    tables = dict(kv_tree.tables(records))
+    rows = next(rows for title, rows in tables.items() if title.startswith("draft tree"))
+    assert all(r["speedup"] == WITHHELD and r["kernel_mode"] == "cpu-hot" for r in rows)
+    fill = next(rows for title, rows in tables.items() if title.startswith("full tree mask"))
+    assert fill and all(r["eta"] == WITHHELD for r in fill)
+    assert next(rows for title, rows in tables.items() if title.startswith("targets")) == []

@@ -12,7 +12,7 @@ import torch
 
 from verifybench.harness.components.mla_verify import variant_config
 from verifybench.harness.engine import memory
-from verifybench.harness.engine.results import cpu_numbers, withhold
+from verifybench.harness.engine.results import cpu_numbers, withhold_on_cpu
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec
 from verifybench.harness.engine.timing import cuda_available, measure
 from verifybench.harness.model import presets
@@ -179,7 +179,7 @@ def _derive(m, fwd, cyc: Cycle, cfg: SpecConfig, attention, ar_us, ar_source, to
            "attention_per_forward_ms": {"tree": attn_tree_us / 1e3, "decode (forward's)": attn_decode_us / 1e3},
            "accepted_mean": accepted, "allreduce_stand_in_us": ar_us, "allreduce_source": ar_source,
            "logits_gather": f"device wait of {ar_us} us (the allreduce stand-in's latency)" if fwd.device == "cuda"
-           else "none (one rank)", "attention_ran": attention if fwd.device == "cuda" else "torch reference (CPU)",
+           else "none (one rank)", "attention_ran": attention if fwd.device == "cuda" else "torch reference",
            "graphs": cyc.graphs, "layers_run": len(fwd.layers), "layers_total": total}
     if plan.reduced:
         out["memory_note"] = plan.note
@@ -191,9 +191,12 @@ def _ok(records):
 
 
 def _key(r, contexts: bool = False) -> dict:
+    """The row's configuration; its attention label says what ran (on CPU the torch reference stands in)."""
     p = r["params"]
+    ran = r.get("derived", {}).get("attention_ran", p["attention"])
     return {**({"context": p["context"]} if contexts else {}),
-            "steps,topk,D": f"{p['steps']},{p['topk']},{p['draft_tokens']}", "attention": p["attention"]}
+            "steps,topk,D": f"{p['steps']},{p['topk']},{p['draft_tokens']}",
+            "attention": p["attention"] if ran == p["attention"] else f"torch reference (not {p['attention']})"}
 
 
 def _several_contexts(rows) -> bool:
@@ -211,10 +214,10 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
         cyc = dv["cycle_ms"]
         row = {**key, **{f"{k}_ms": v for k, v in dv["table_ms"].items()},
                **{f"{k}_%": 100 * v / cyc for k, v in dv["table_ms"].items()}, "cycle_ms": cyc}
-        if not cpu and abs(dv["phases_sum_error"]) > PHASES_AGREE:
-            row["other_ms"] = row["other_%"] = f"unsure: phases {100 * dv['phases_sum_error']:+.1f}% off the cycle"
+        if abs(dv["phases_sum_error"]) > PHASES_AGREE:  # the two passes disagree: "other" would be that gap
+            row["other_ms"] = row["other_%"] = None
         engine.append(row)
-        fine.append({**key, **{f"{p}_ms": dv["phases_ms"][p] for p in PHASES},
+        fine.append({**key, **({} if cpu else {f"{p}_ms": dv["phases_ms"][p] for p in PHASES}),
                      **{f"{p}_host_ms": dv["host_phases_ms"][p] for p in PHASES},
                      "sum_vs_cycle_%": 100 * dv["phases_sum_error"]})
         beyond.append({**key, "bare_forward_ms": dv["bare_forward_ms"], "verify_in_cycle_ms": dv["verify_in_cycle_ms"],
@@ -222,22 +225,25 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
                        "beyond_total_ms": dv["beyond_bare_total_ms"]})
         vs.append({**key, "decode_ms": dv["decode_ms"], "cycle_ms": cyc, "break-even accept len": cyc / dv["decode_ms"],
                    "accepted per cycle (random draft)": dv["accepted_mean"]})
-    if cpu:
-        engine = withhold(engine, lambda k: k.endswith("_%"))
-        fine = withhold(fine, ("sum_vs_cycle_%",))
-        beyond = withhold(beyond, lambda k: k not in ("context", "steps,topk,D", "attention", "bare_forward_ms",
-                                                      "verify_in_cycle_ms"))
-        vs = withhold(vs, ("break-even accept len",))
+    # other = the cycle minus the phases, and the shares: derived from two passes, withheld on CPU
+    engine = withhold_on_cpu(records, engine, lambda k: k.endswith("_%") or k == "other_ms")
+    fine = withhold_on_cpu(records, fine, ("sum_vs_cycle_%",))
+    beyond = withhold_on_cpu(records, beyond, lambda k: k not in ("context", "steps,topk,D", "attention",
+                                                                  "bare_forward_ms", "verify_in_cycle_ms"))
+    vs = withhold_on_cpu(records, vs, ("break-even accept len",))
     first = rows[0]["derived"] if rows else {}
+    allreduce = (f"device wait of {first.get('allreduce_stand_in_us')} us ({first.get('allreduce_source')})"
+                 if not cpu else "none: one rank on CPU, no collective and no stand-in wait")
     setup = [{"layers": f"{first.get('layers_run')} of {first.get('layers_total')}", "graphs": first.get("graphs"),
-              "allreduce": f"device wait of {first.get('allreduce_stand_in_us')} us ({first.get('allreduce_source')})",
-              "logits gather": first.get("logits_gather"), **({"memory": first["memory_note"]}
-                                                              if first.get("memory_note") else {})}] if rows else []
-    return [("setup (one GPU: allreduce and all-gather are device waits of a stated latency)", setup),
-            ("the cycle as the deployment's profiler splits it (ms per cycle; other = cycle - the phases, shown "
-             f"where the phases' sum is within {100 * PHASES_AGREE:.0f}% of the cycle)", engine),
-            ("phases, device (CUDA events between phases, no sync added) and host (perf_counter), ms; their sum "
-             "against the cycle measured without phase events", fine),
+              "allreduce": allreduce, "logits gather": first.get("logits_gather"),
+              **({"memory": first["memory_note"]} if first.get("memory_note") else {})}] if rows else []
+    return [("setup (CPU: eager torch, perf_counter between phases; the tree attention is the torch reference)" if cpu
+             else "setup (one GPU: allreduce and all-gather are device waits of a stated latency)", setup),
+            ("the cycle as the deployment's profiler splits it (ms per cycle; other = cycle - the phases, blank "
+             f"where the phases' sum is more than {100 * PHASES_AGREE:.0f}% off the cycle)", engine),
+            ("phases, host (perf_counter) only: no device on CPU, ms; their sum against the cycle measured without "
+             "phase stamps" if cpu else "phases, device (CUDA events between phases, no sync added) and host "
+             "(perf_counter), ms; their sum against the cycle measured without phase events", fine),
             ("what the verify in the cycle costs beyond the bare forward at the same n (ms per cycle): "
              "tree_attention = the tree-masked attention kernel against the forward's decode attention, every "
              "layer; graph_rest = the rest of the verify graph against the bare forward (embedding, logits all-gather, "
@@ -259,7 +265,7 @@ def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
     rows = _ok(records)
     if not rows:
         return []
-    labels = ["\n".join(f"{v}" for v in _key(r, _several_contexts(rows)).values()) for r in rows]
+    labels = ["\n".join(f"{v}" for v in _key(r, _several_contexts(rows)).values()) for r in rows]  # what ran
     fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows)), 4.5))
     bottom = [0.0] * len(rows)
     for p in PHASES:
@@ -267,10 +273,11 @@ def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
         ax.bar(labels, vals, bottom=bottom, label=p)
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.plot(labels, [r["derived"]["cycle_ms"] for r in rows], "k_", markersize=30, label="cycle (no phase events)")
+    ax.set_xlabel("configuration (steps, topk, draft tokens) and verify attention")
     ax.set_ylabel("ms per cycle")
-    ax.set_title("EAGLE-3 cycle per phase (steps, topk, draft tokens)" + (" (CPU numbers)" if cpu_numbers(records)
+    ax.set_title("EAGLE-3 cycle per phase" + (" (CPU numbers)" if cpu_numbers(records)
                                                                           else ""))
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over them
     out = [write_png(fig, Path(directory) / f"cycle_phases-{stamp}.png")]
     if _several_contexts(rows):
         out.append(_context_chart(rows, directory, stamp, cpu_numbers(records)))

@@ -12,7 +12,7 @@ import torch
 from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.model import presets
 from verifybench.harness.analysis.fit import LinearFit, linear_fit
-from verifybench.harness.engine.results import cpu_numbers, withhold
+from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers, mode_label, withhold_on_cpu
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cuda_available
 from verifybench.kernels.graph_replay import LayerShapes, ModelStack, straight_line, tiny_kernel
@@ -174,21 +174,23 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
     cpu = cpu_numbers(records)
     if len(straight) >= 3:
         f = replay_fit(records)
+        fit_row = {"fixed_us": f.a, "fixed_ci_us": f.a_halfwidth, "per_node_us": f.b, "per_node_ci_us": f.b_halfwidth,
+                   "per_node_ci_%": 100 * f.b_halfwidth / f.b if f.b else None, "r2": f.r2,
+                   "measured_in_s": sum(r["wall_s"] for r in straight)}
         out.append(("fit: replay_us = fixed + per_node * N (95% CI)" + (
-            "; CPU numbers: a loop of calls, no graph: says nothing of a GPU's replay cost" if cpu else ""), [{
-            "fixed_us": f.a, "fixed_ci_us": f.a_halfwidth, "per_node_us": f.b, "per_node_ci_us": f.b_halfwidth,
-            "per_node_ci_%": 100 * f.b_halfwidth / f.b if f.b else None, "r2": f.r2,
-            "measured_in_s": sum(r["wall_s"] for r in straight)}]))
+            "; CPU numbers: a loop of calls, no graph: says nothing of a GPU's replay cost" if cpu else ""),
+            withhold_on_cpu(records, [fit_row], lambda k: k != "measured_in_s")))
     eager = [{"kernels": r["derived"]["kernels"], "eager_per_kernel_us": r["derived"]["per_kernel_us"]}
              for r in ok if r["name"].startswith("graph/eager/")]
     out.append(("eager launches (hot, events): per-kernel cost", eager))
-    model = [{"tokens": r["derived"]["tokens"], "mode": r["mode"], "kernels": r["derived"]["kernels"],
+    model = [{"tokens": r["derived"]["tokens"], "mode": mode_label(r), "kernels": r["derived"]["kernels"],
               "layers": r["derived"]["layers"], "time_us": r["summary"]["median_us"],
               "weight_GB/s": r["derived"]["gbps"], "eta": r["derived"]["eta"],
               **({"note": r["derived"]["memory_note"]} if r["derived"].get("memory_note") else {})}
              for r in ok if r["name"].startswith("graph/model/")]
-    out.append(("model-shaped graph (per-layer projection GEMMs, distinct weights per layer)",
-                withhold(model, ("eta",)) if cpu else model))
+    out.append(("model-shaped graph (per-layer projection GEMMs, distinct weights per layer)"
+                + (f"; {CPU_TIMING}" if cpu else ""),
+                withhold_on_cpu(records, model, ("eta",))))
     return out
 
 

@@ -15,7 +15,7 @@ import torch
 
 from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.model import presets
-from verifybench.harness.engine.results import cpu_numbers, withhold
+from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers, withhold_on_cpu
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
 from verifybench.kernels import moe_int4 as moe
@@ -202,6 +202,19 @@ def make_case(preset: str, tp: int, impl: str, n: int, routing: str, device: str
     return CaseSpec(name=name, params=params, mode=mode, setup=setup, measure_kw={"device": device, **measure_kw})
 
 
+CPU_TRITON_SKIP = ("the Triton kernel in the interpreter takes several minutes per case at these shapes; "
+                   "tests/test_moe_int4.py checks it against the reference there")
+
+
+def _skipped_triton_case(preset: str, tp: int, n: int) -> CaseSpec:
+    """On CPU the Triton case is listed as skipped with its reason, so the run's summary says it did not run."""
+    def setup():
+        raise CaseSkipped(CPU_TRITON_SKIP)
+
+    return CaseSpec(name=f"moe/{preset}-tp{tp}/triton/n{n}/uniform", params={"preset": preset, "tp": tp,
+                    "impl": "triton", "n": n, "routing": "uniform", "device": "cpu"}, mode="graph", setup=setup)
+
+
 def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = None) -> list[CaseSpec]:
     """GPU: the Triton kernel at n in GPU_NS (uniform, skewed, and trace when TRACE_ENV names a file) and the
     plain-torch bf16 path at the same n in graph mode; the torch reference at REF_NS in hot mode (eager: it syncs
@@ -212,7 +225,8 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
             raise ValueError(f"preset {preset!r} needs a GPU (1.19 GB per K2.5 layer); use preset 'tiny' on CPU")
         quick = {"max_time_s": 0.2, "warmup_s": 0.0, "min_samples": 3}
         return [make_case(preset, tp, impl, n, "uniform", "cpu", mode, quick)
-                for impl, mode in (("reference", "cold"), ("torch-dense", "graph")) for n in tokens or CPU_NS]
+                for impl, mode in (("reference", "cold"), ("torch-dense", "graph")) for n in tokens or CPU_NS] + [
+            _skipped_triton_case(preset, tp, min(tokens or CPU_NS))]
     routings = ["uniform", "skewed"] + (["trace"] if os.environ.get(TRACE_ENV) else [])
     ns = tokens or GPU_NS
     ref_ns = [n for n in ns if n in REF_NS] or [min(ns)]
@@ -251,9 +265,10 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
             row["ref/triton"] = row["reference_us"] / row["triton_us"]
         side.append(row)
     side.sort(key=lambda r: (r["preset"], r["n"]))
-    if cpu_numbers(records):  # CPU timings of torch paths: no eta, no verdict on the INT4 gain
-        side = withhold(side, ("eta", "floor_us", "dense/int4", "of_ideal_3.56x", "ref/triton"))
-    return [("INT4 MoE layer per case (cold: weights rotated through the graph)", per_case),
+    # CPU timings of torch paths and the interpreter: no eta, no verdict on the INT4 gain
+    side = withhold_on_cpu(records, side, ("eta", "floor_us", "dense/int4", "of_ideal_3.56x", "ref/triton"))
+    return [("INT4 MoE layer per case (" + (CPU_TIMING if cpu_numbers(records) else
+                                             "cold: weights rotated through the graph") + ")", per_case),
             ("INT4 MoE layer side by side (uniform routing unless named; dense = plain torch, bf16 weights on GPU)",
              side)]
 

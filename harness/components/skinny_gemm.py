@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from verifybench.harness.engine import ceiling, memory
+from verifybench.harness.engine import ceiling, interpreter, memory
 from verifybench.harness.model import presets
-from verifybench.harness.engine.results import cpu_numbers, withhold
+from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers, withhold_on_cpu
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
 from verifybench.kernels import skinny_gemm as sg
@@ -160,7 +160,8 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
         quick = {"max_time_s": 0.2, "warmup_s": 0.0, "min_samples": 3}
         out = [make_case(s, n, "torch", "cpu", quick, preset, tp) for s in shapes(preset, tp) for n in tokens or CPU_NS]
         if sg._INTERPRET:
-            out += [make_case(s, n, "triton", "cpu", quick, preset, tp) for s in shapes(preset, tp)[:2] for n in (1, 4)]
+            out += [make_case(s, n, "triton", "cpu", interpreter.MEASURE_KW, preset, tp) for s in shapes(preset, tp)[:2]
+                    for n in (1, 4)]
         return out
     return [make_case(s, n, impl, "cuda", {"max_time_s": 0.5}, preset, tp)
             for s in shapes(preset, tp) for n in tokens or GPU_NS for impl in IMPLS]
@@ -187,9 +188,10 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
     for row in side:
         if row.get("triton_us") and row.get("torch_us"):
             row["speedup"] = row["torch_us"] / row["triton_us"]
-    if cpu_numbers(records):  # a CPU copy ceiling says nothing about a GPU kernel's distance from its own
-        side = withhold(side, lambda k: k.endswith("eta") or k == "floor_us")
-    return [("Skinny GEMM per case (graph mode, weights rotated)", per_case),
+    # a CPU copy ceiling says nothing about a GPU kernel's distance from its own, nor an interpreter of its speed
+    side = withhold_on_cpu(records, side, lambda k: k.endswith("eta") or k in ("floor_us", "speedup"))
+    return [("Skinny GEMM per case (" + (CPU_TIMING if cpu_numbers(records) else "graph mode") + ", weights rotated)",
+             per_case),
             ("Skinny GEMM: Triton vs F.linear (cuBLAS on GPU)", side)]
 
 

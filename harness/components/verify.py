@@ -12,7 +12,7 @@ import torch
 from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.analysis import decompose
 from verifybench.harness.analysis.breakeven import ASSUMED_DRAFT_MS, ASSUMED_OVERHEAD_MS, DEPLOYMENT
-from verifybench.harness.engine.results import WITHHELD, cpu_numbers, stamp, withhold, write_new
+from verifybench.harness.engine.results import cpu_numbers, stamp, withhold_on_cpu, write_new
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cuda_available
 from verifybench.harness.model import presets
@@ -209,6 +209,7 @@ def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
         ax.bar(ns, vals, bottom=bottom, label=comp)
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.plot(ns, [r["measured_us"] / 1e3 for r in rows], "k-o", label="measured forward")
+    ax.set_xticks(ns)  # n is an integer: no fractional ticks
     ax.set_xlabel("tokens verified (n)")
     ax.set_ylabel("ms")
     ax.set_title("verify forward: isolated components (stacked) vs measured" + (" (CPU numbers)" if cpu else ""))
@@ -221,11 +222,12 @@ def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
         ax.plot(ns, [r["no_pdl_us"] / 1e3 for r in rows], "k:x", label="measured, PDL off")
     if all(r.get("no_comm_us") for r in rows):
         ax.plot(ns, [r["no_comm_us"] / 1e3 for r in rows], "m-^", label="measured without allreduce")
-    if rows[0].get("roofline_us"):
+    if rows[0].get("roofline_us") and not cpu:  # against a CPU copy ceiling: withheld, as in the table
         ax.plot(ns, [r["roofline_us"] / 1e3 for r in rows], "g:", label="weight+KV roofline")
     if "fit" in dec and not cpu:  # a fit through CPU noise is withheld, as in the tables
         f = dec["fit"]
         ax.plot(ns, [(f["a"] + f["b"] * n) / 1e3 for n in ns], "r-", alpha=0.5, label="fit a + b n")
+    ax.set_xticks(ns)
     ax.set_xlabel("tokens verified (n)")
     ax.set_ylabel("ms")
     ax.set_ylim(bottom=0)
@@ -276,9 +278,9 @@ def setup_lines(records: list[dict]) -> list[dict]:
     d, p = full[0]["derived"], full[0]["params"]
     layers = (f"{d['layers_run']} of {d['layers_total']}" if d.get("layers_total") and d.get("layers_run")
               and d["layers_run"] < d["layers_total"] else p["layers"] or "all")
-    row = {"ops": d.get("ops"), "pdl": d.get("pdl"),
-           "allreduce": f"device wait of {d['allreduce_stand_in_us']} us per allreduce "
-           f"({d.get('allreduce_source', '?')})", "context": p["context"], "layers": layers,
+    allreduce = (f"device wait of {d['allreduce_stand_in_us']} us per allreduce ({d.get('allreduce_source', '?')})"
+                 if not cpu_numbers(records) else "none: one rank on CPU, the allreduce is a no-op")
+    row = {"ops": d.get("ops"), "pdl": d.get("pdl"), "allreduce": allreduce, "context": p["context"], "layers": layers,
            "copy_GBps": d.get("copy_gbps"), "copy_from": d.get("copy_source")}
     if d.get("memory_note"):
         row["memory"] = d["memory_note"]
@@ -314,22 +316,24 @@ def measured_overheads(cycle: dict | None) -> tuple[dict, str]:
 
 def break_even_rows(table: list[dict], cycle: dict | None = None) -> list[dict]:
     """tau* = (T_draft + T_verify(n) + T_overhead) / T_decode per n, with T_decode the measured one-token forward.
-    With a cycle result (a loaded result dict), draft and overhead are its measured ones at D = n, the ASSUMED
-    defaults at the n it did not run; each row then says which."""
+    With a cycle result (a loaded result dict) that measured draft and overhead, the rows are the n it ran, each with
+    its measured ones (never mixed with ASSUMED rows); without one, every row takes the ASSUMED defaults, which the
+    title states once."""
     decode = next((r["measured_us"] for r in table if r["n"] == 1), None)
     if decode is None:
         return []
     measured, _ = measured_overheads(cycle)
     rows = []
     for r in table:
+        if measured and r["n"] not in measured:
+            continue
         config, draft_ms, overhead_ms = measured.get(r["n"], (None, ASSUMED_DRAFT_MS, ASSUMED_OVERHEAD_MS))
         be = decompose.break_even(1.0, decode / 1e3, r["measured_us"] / 1e3, draft_ms, overhead_ms)
         row = {"n": r["n"], "verify_ms": r["measured_us"] / 1e3, "cycle_ms": be.cycle_ms,
                "break-even accept len": be.tau_star, "max accept len (n)": r["n"],
                "pays off at full acceptance": r["n"] > be.tau_star}
-        if cycle is not None:
-            row.update({"draft_ms": draft_ms, "overhead_ms": overhead_ms,
-                        "draft+overhead": f"measured {config}" if config else "ASSUMED"})
+        if config:
+            row.update({"draft_ms": draft_ms, "overhead_ms": overhead_ms, "draft+overhead": f"measured {config}"})
         rows.append(row)
     return rows
 
@@ -346,10 +350,11 @@ def break_even_title(cycle: dict | None = None, cycle_name: str | None = None) -
     name = cycle_name or f"cycle-{stamp(cycle)}.json"
     return (f"{head}, draft and overhead (the cycle beyond its draft and its bare forward) measured per cycle "
             f"(cycle result {name}, the cheapest case) at n = "
-            f"{', '.join(str(d) for d in sorted(measured))}, elsewhere {assumed}")
+            f"{', '.join(str(d) for d in sorted(measured))}: only the n the cycle ran")
 
 
-RATIOS = ("measured/roofline", "no_comm/roofline", "parts_error_%")  # CPU: withheld
+# CPU: withheld (the roofline is bytes over a CPU copy ceiling: nothing a GPU forward is held against)
+RATIOS = ("roofline_us", "measured/roofline", "no_comm/roofline", "parts_error_%")
 
 
 def tables(records: list[dict], cycle: dict | None = None,
@@ -369,26 +374,29 @@ def tables(records: list[dict], cycle: dict | None = None,
     if scale:  # fewer layers ran (memory): the whole forward estimated by its bytes, labelled as such
         for row in short:
             row["all_layers_estimate_us"] = row["measured_us"] * scale
-    if cpu:
-        short = withhold(short, RATIOS)
-        marginal = withhold(marginal, lambda k: k != "n")
-        etas = withhold(etas, lambda k: k.endswith("_eta"))
-        be = withhold(be, ("break-even accept len", "pays off at full acceptance"))
+    short = withhold_on_cpu(records, short, RATIOS)
+    marginal = withhold_on_cpu(records, marginal, lambda k: k != "n")
+    etas = withhold_on_cpu(records, etas, lambda k: k.endswith("_eta"))
+    # the deployment's assumed draft and overhead are never added to CPU times: the cycle column goes too
+    be = withhold_on_cpu(records, be, ("break-even accept len", "pays off at full acceptance", "cycle_ms"))
     layers = setup_lines(records)[0]["layers"] if full else "all"
-    out = [("setup (one GPU: the allreduce is a calibrated device wait, not a collective)", setup_lines(records)),
-           (f"verify forward ({layers} layers), isolated components (us; each alone in its own graph); no_comm = "
+    out = [("setup (CPU: one rank, torch ops, no allreduce runs)" if cpu else
+            "setup (one GPU: the allreduce is a calibrated device wait, not a collective)", setup_lines(records)),
+           (f"verify forward ({layers} layers), isolated components (us; each alone in its own "
+            + ("CPU loop" if cpu else "graph") + "); no_comm = "
             "forward without allreduce, held against the weight+KV roofline"
             + ("; all_layers_estimate = measured x the whole forward's bytes / the run's (an estimate)" if scale
                else ""), short),
            ("marginal cost of each component (us; forward minus forward without it)", marginal),
            ("bytes and eta of each component (isolated time vs copy bandwidth)", etas)]
-    out.append((break_even_title(cycle, cycle_name), be))
+    out.append(("break-even accept length per n: withheld, CPU numbers (no assumed draft or overhead is added to "
+                "CPU times)" if cpu else break_even_title(cycle, cycle_name), be))
     if "fit" in dec:
         f = dec["fit"]
         row = {"a_us": f["a"], "a_ci_us": f["a_halfwidth"], "b_us": f["b"], "b_ci_us": f["b_halfwidth"],
                "r2": f["r2"], f"fixed_share_a/T({f['n_max']})": f["fixed_share"]}
         out.append((f"fit T(n) = a + b n over n = {', '.join(str(r['n']) for r in dec['table'])} (95% CI)",
-                    [{k: WITHHELD for k in row} if cpu else row]))
+                    withhold_on_cpu(records, [row], lambda k: True)))
     return out
 
 

@@ -10,7 +10,7 @@ import torch
 
 from verifybench.harness.engine import memory
 from verifybench.harness.engine.modes import cache_bytes
-from verifybench.harness.engine.results import WITHHELD, cpu_numbers
+from verifybench.harness.engine.results import WITHHELD, cpu_numbers, mode_label
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec
 from verifybench.harness.engine.timing import Measurement, cuda_available
 
@@ -96,7 +96,7 @@ def streaming_case_rows(records: list[dict], prefix: str, with_mode: bool = Fals
     that rotated over fewer sets than the rule wants (too little memory) says so in a `note` column."""
     ok = [r for r in records if r["name"].startswith(prefix) and r["check"]["ok"] and "summary" in r]
     cpu = cpu_numbers(records)
-    rows = [{"case": r["name"], **({"mode": r["mode"]} if with_mode else {}), "median_us": r["summary"]["median_us"],
+    rows = [{"case": r["name"], **({"mode": mode_label(r)} if with_mode else {}), "median_us": r["summary"]["median_us"],
              **({"distinct": r["derived"]["distinct_experts"]} if "distinct_experts" in r["derived"] else {}),
              "MB": r["derived"]["bytes_moved"] / 1e6, "GB/s": r["derived"]["gbps"],
              "eta": WITHHELD if cpu else r["derived"]["eta"], "floor_us": WITHHELD if cpu else r["derived"]["floor_us"],

@@ -46,6 +46,23 @@ def withhold(rows: list[dict], keys) -> list[dict]:
     return [{k: (WITHHELD if hit(k) and v is not None else v) for k, v in row.items()} for row in rows]
 
 
+def withhold_on_cpu(records: list[dict], rows: list[dict], keys) -> list[dict]:
+    """The one withholding rule: every derived figure (fit, ratio, eta, share, break-even, gain) of a table passes
+    through here; from a CPU run (cpu_numbers) its cells read WITHHELD, from a GPU run they stay."""
+    return withhold(rows, keys) if cpu_numbers(records) else rows
+
+
+# What a mode means when the samples are perf_counter times of CPU code (engine/timing.py's CPU sampler)
+CPU_MODE_LABELS = {"graph": "cpu-loop", "hot": "cpu-hot", "cold": "cpu-cold", "cycle": "cpu-cycle"}
+CPU_TIMING = "CPU: perf_counter; cpu-loop = K calls in a Python loop (no CUDA graph), cpu-cold = 64 MiB written first"
+
+
+def mode_label(record: dict) -> str:
+    """The mode as a table shows it: a GPU record's own; a CPU record's says it was a CPU timing (never `graph`)."""
+    mode = record.get("mode")
+    return CPU_MODE_LABELS.get(mode, f"cpu-{mode}") if record.get("device") == "cpu" else mode
+
+
 class ResultsError(ValueError):
     """A results file that is missing, corrupt, foreign or of an unsupported version."""
 

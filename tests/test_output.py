@@ -1,0 +1,94 @@
+"""What the console and the report print: tables within 120 characters in one number format per column, withheld
+columns named once, and the Triton interpreter switched on by the command line before any kernel is imported."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from verifybench.harness.engine import interpreter, tables
+from verifybench.harness.engine.results import WITHHELD
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _wide_rows():
+    return [{"n": n, "measured_us": 13990.0 * n, "small_us": 4.557 / n, "sum_of_parts_us": 3100.0 + n,
+             **{f"part{j}_us": 1.1 * j + n for j in range(14)}, "ratio": WITHHELD} for n in range(1, 4)]
+
+
+def test_tables_split_past_120_chars_and_repeat_the_label_column():
+    text = tables.render(_wide_rows())
+    assert max(len(line) for line in text.splitlines()) <= tables.MAX_WIDTH_CHARS
+    parts = [p for p in text.split("\n\n") if not p.startswith("withheld")]
+    assert len(parts) >= 2 and all(p.splitlines()[0].split()[0] == "n" for p in parts)
+
+
+def test_tables_print_one_number_format_per_column_never_mixing_exponents():
+    text = tables.render([{"us": v} for v in (1859.0, 8984.0, 11760.0, 2.5)])
+    cells = [line.strip() for line in text.splitlines()[2:]]
+    assert cells == ["1859", "8984", "11760", "2"] and "e+" not in text
+
+
+def test_a_column_withheld_in_every_row_is_named_once_above_the_table():
+    text = tables.render(_wide_rows(), "github")
+    assert text.startswith("withheld (CPU numbers): ratio") and text.count(WITHHELD) == 0
+    assert "| ratio" not in text
+
+
+def test_a_column_empty_in_every_row_is_dropped_and_a_long_withheld_list_wraps():
+    rows = [{"n": n, "no_pdl_us": None, **{f"component_{j}_marginal_us": WITHHELD for j in range(12)}} for n in (1, 2)]
+    text = tables.render(rows)
+    assert "no_pdl_us" not in text and max(len(line) for line in text.splitlines()) <= tables.MAX_WIDTH_CHARS
+
+
+def test_a_single_wide_row_becomes_field_value_lines():
+    text = tables.render([{"ops": "torch", "allreduce": "x" * 150}])
+    assert text.splitlines()[0].split() == ["field", "value"]
+
+
+def test_the_interpreter_is_not_forced_over_the_users_setting(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert not interpreter.enable_without_gpu() and os.environ["TRITON_INTERPRET"] == "0"
+    assert "NOT run" in interpreter.describe()
+
+
+def test_the_interpreter_cannot_be_switched_on_after_a_kernel_module_was_imported(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setitem(sys.modules, "verifybench.kernels.fake", object())
+    assert not interpreter.enable_without_gpu() and "TRITON_INTERPRET" not in os.environ
+    assert "imported before" in interpreter.describe()
+
+
+def test_interpreter_warns_of_triton_3_6_with_numpy_2_4(monkeypatch):
+    import numpy
+    import triton
+
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    monkeypatch.setattr(numpy, "__version__", "2.4.1")
+    assert "run-time trip count" in interpreter.version_trap()
+    monkeypatch.setattr(triton, "__version__", "3.8.0")
+    assert interpreter.version_trap() is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is the CPU path")
+def test_cli_sets_the_interpreter_before_any_kernel_is_imported_without_a_gpu():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = ("import os, verifybench.harness.cli; from verifybench.harness.components import mla_verify; "
+            "print(os.environ.get('TRITON_INTERPRET'), mla_verify.INTERPRET)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert r.stdout.split() == ["1", "True"], r.stderr[-2000:]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is the CPU path")
+def test_a_component_command_runs_its_triton_kernels_without_triton_interpret_exported(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-m", "verifybench.harness", "mla_verify", "--out", str(tmp_path)], cwd=REPO,
+                       env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "Triton kernels run in the interpreter (TRITON_INTERPRET=1, set by verifybench" in r.stdout
+    assert "cannot run here" not in r.stdout and "split_kv_us" in r.stdout
