@@ -133,3 +133,10 @@ def test_report_prints_short_names_and_the_json_keeps_the_full_one(tmp_path, cap
     assert LONG not in out and "at::native::{anonymous}::elementwise_kernel<...>" in out
     assert [len(line) < 100 for line in out.splitlines() if "elementwise_kernel" in line] == [True]
     assert json.loads(out_json.read_text())["other_kernels"][0]["name"] == LONG
+
+
+def test_against_reads_a_results_layers_from_its_preset_when_it_ran_them_all():
+    r = trace.decompose([SUITE_FORWARD], cycle_range="verify_forward")
+    h200 = DATA.parent.parent / "results" / "baselines" / "nvidia-h200-x1" / "verify.json"  # layers: None (all 61)
+    with pytest.raises(TraceError, match="the suite ran 61 layers, the trace about 3"):
+        trace.against_table(r, trace.load_against(h200), 4)

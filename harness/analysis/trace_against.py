@@ -58,11 +58,19 @@ def suite_parts(run: dict, where: str = "result") -> dict[int, dict[str, float]]
 
 
 def suite_layers(run: dict, n: int) -> int | None:
-    """The layers the result's forward ran at n (derived layers_run, else the case's layers), None if unsaid."""
+    """The layers the result's forward ran at n: derived layers_run, else the case's layers, else (None: all) its
+    preset's; None if the result says none of these."""
+    from verifybench.harness.model import presets
+
     for case in run["cases"]:
         params = case.get("params", {})
         if params.get("tokens") == n and params.get("variant") == "full":
             got = (case.get("derived") or {}).get("layers_run", params.get("layers"))
+            if got is None and isinstance(params.get("preset"), str):
+                try:
+                    got = presets.get(params["preset"], params.get("tp", 1)).layers
+                except (ValueError, KeyError, TypeError):  # a preset this checkout does not know
+                    return None
             if isinstance(got, int) and not isinstance(got, bool) and got > 0:
                 return got
     return None
