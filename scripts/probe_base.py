@@ -57,7 +57,7 @@ def module_main(cls, module, argv, needle="", **kw) -> Case:
     def fn():
         import importlib
         return importlib.import_module(f"verifybench.harness.multigpu.{module}").main([str(a) for a in argv])
-    return Case(cls, f"python -m ...dist.{module} " + " ".join(map(str, argv)), fn, needle=needle, cli=True, **kw)
+    return Case(cls, f"python -m ...multigpu.{module} " + " ".join(map(str, argv)), fn, needle=needle, cli=True, **kw)
 
 
 def _suite(path: Path, cases=None) -> Path:
