@@ -160,6 +160,7 @@ def main() -> int:
 
     build_parser()  # imports every command's module once, before the forks
     work = Path(tempfile.mkdtemp(prefix="vb-probe-work-"))
+    os.chdir(work)  # an input that writes into the working directory (--out '') writes here, not into the checkout
     cases = probe_cases.all_cases(work, torchrun=not args.no_torchrun)
     if args.only:
         keep = set(args.only.split(","))
