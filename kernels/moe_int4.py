@@ -56,13 +56,26 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     return ((packed.unsqueeze(-1) >> shifts) & 0xF).flatten(-2)
 
 
+def _check_scales(scales: torch.Tensor) -> None:
+    """Every group's scale (max|w| / 7, float64) within bf16's normal range, or 0 (an all-zero group): below it
+    the bf16 scale rounds to 0 or to a few bits and the group comes back zeroed; above it, inf."""
+    info = torch.finfo(torch.bfloat16)
+    bad = ((scales > 0) & (scales < info.tiny)) | (scales > info.max)
+    if bad.any():
+        at = tuple(bad.nonzero()[0].tolist())
+        raise ValueError(f"w: the int4 scale of group {at} (max|w| / {QMAX} = {scales[at].item():.3g}) is outside "
+                         f"bf16's normal range [{info.tiny:.3g}, {info.max:.3g}]; {int(bad.sum())} group(s) so: "
+                         "rescale the weights")
+
+
 def quantize_w4a16(w: torch.Tensor, group_size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int4 with a bf16 scale per `group_size` inputs: w [..., N, K] float -> (packed int32 [..., N, K/8],
     scales bf16 [..., N, K/group_size]), the compressed-tensors pack-quantized layout.
 
     scale = max|w| / 7 over the group (rounded to bf16 first, so dequantization reproduces q * scale exactly);
     q = round(w / scale) clamped to -8..7. Values already on a group's grid q * s (|q| <= 7, max |q| = 7, s a bf16
-    value) round-trip exactly. A NaN or inf weight (it would turn its whole group NaN) is a ValueError naming where.
+    value) round-trip exactly. A NaN or inf weight (it would turn its whole group NaN) is a ValueError naming where,
+    and so is a group whose scale falls outside bf16's normal range (it would round-trip as zeros or inf).
     """
     if not isinstance(w, torch.Tensor) or not w.is_floating_point():
         raise TypeError(f"w must be a floating-point tensor, got {getattr(w, 'dtype', type(w))}")
@@ -78,6 +91,7 @@ def quantize_w4a16(w: torch.Tensor, group_size: int = 32) -> tuple[torch.Tensor,
         raise ValueError(f"w has a non-finite weight ({w[tuple(at)].item()}) at {where} (index {tuple(at)}); "
                          "int4 groups need finite weights")
     groups = w.float().reshape(*w.shape[:-1], k // group_size, group_size)
+    _check_scales(w.reshape(*w.shape[:-1], k // group_size, group_size).abs().amax(-1).double() / QMAX)
     scales = (groups.abs().amax(-1) / QMAX).to(torch.bfloat16)
     s32 = scales.float().unsqueeze(-1)
     q = torch.where(s32 > 0, torch.round(groups / torch.where(s32 > 0, s32, 1.0)), 0.0).clamp(QMIN, QMAX)

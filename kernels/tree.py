@@ -26,12 +26,14 @@ from collections import Counter
 import torch
 
 from verifybench.kernels import tree_triton as _tt
-from verifybench.kernels.tree_triton import (FLAG_CYCLE, FLAG_ID_RANGE, FLAG_MISSING_PARENT,  # noqa: F401 (re-exported)
-                                 FLAG_NAN_SCORE, FLAG_UNSORTED, MASK_MODES)
+from verifybench.kernels.tree_triton import (FLAG_CYCLE, FLAG_DUPLICATE_INDEX,  # noqa: F401 (re-exported)
+                                             FLAG_ID_RANGE, FLAG_MISSING_PARENT, FLAG_NAN_SCORE, FLAG_UNSORTED,
+                                             MASK_MODES)
 
 BACKENDS = ("reference", "kernel")
 FLAG_NAMES = {"missing parent": FLAG_MISSING_PARENT, "cycle": FLAG_CYCLE, "id out of range": FLAG_ID_RANGE,
-              "NaN score": FLAG_NAN_SCORE, "duplicate or unsorted top_scores_index": FLAG_UNSORTED}
+              "NaN score": FLAG_NAN_SCORE, "duplicate or unsorted top_scores_index": FLAG_UNSORTED,
+              "duplicate retrieve_index": FLAG_DUPLICATE_INDEX}
 KERNEL_SCORE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # the kernel ranks scores as fp32 keys
 
 
@@ -109,6 +111,16 @@ def tree_mask_numel(mask_mode: str, batch: int, num_verify_tokens: int, seq_lens
     if mask_mode == "full":
         return d * seq_lens_sum + batch * d * d
     return batch * d * d if mask_mode == "qlen_only" else batch * d
+
+
+def _check_mask_bytes(mask_mode: str, batch: int, d: int, seq_lens_sum: int, dtype, device) -> None:
+    """Refuses, before allocating, a tree mask larger than the device's whole memory (a huge seq_lens)."""
+    need = tree_mask_numel(mask_mode, batch, d, seq_lens_sum) * torch.empty(0, dtype=dtype).element_size()
+    have = (torch.cuda.get_device_properties(device).total_memory if device.type == "cuda"
+            else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    if need > have:
+        raise ValueError(f"seq_lens: the {mask_mode} tree mask needs {need:,} bytes (num_verify_tokens={d} x "
+                         f"(seq_lens sum {seq_lens_sum:,} + B*D)); {device} has {have:,} bytes in all")
 
 
 def _check_draft(score_list, token_list, parents_list) -> tuple[int, int]:
@@ -220,6 +232,7 @@ def build_tree(verified_id, parent_list, top_scores_index, draft_tokens, seq_len
         if mask_mode == "full":
             raise ValueError("mask_mode 'full' inside CUDA graph capture needs seq_lens_sum (it sizes the mask)")
         seq_lens_sum = 0  # the qlen masks do not depend on it
+    _check_mask_bytes(mask_mode, batch, d, seq_lens_sum, mask_dtype, verified_id.device)
     own = flags is None and not _capturing(verified_id)  # no flags to report through: check them here (a sync)
     out_flags = torch.zeros(batch, dtype=torch.int32, device=verified_id.device) if own else flags
     out = _tt.build_tree(verified_id.contiguous(), parent_list.contiguous(), top_scores_index.contiguous(),
@@ -283,6 +296,7 @@ def _build_tree_reference(verified_id, parent_list, top_scores_index, draft_toke
     seq, tops, plist = seq_lens.tolist(), top_scores_index.tolist(), parent_list.tolist()
     if seq_lens_sum is not None and seq_lens_sum != sum(seq):
         raise ValueError(f"seq_lens_sum={seq_lens_sum} but seq_lens sums to {sum(seq)}")
+    _check_mask_bytes(mask_mode, batch, d, sum(max(x, 0) for x in seq), mask_dtype, dev)
     positions, next_token, next_sibling, masks = [], [], [], []
     for b in range(batch):
         if seq[b] < 0:
@@ -321,7 +335,8 @@ def verify_tree_greedy(candidates, retrieve_index, retrieve_next_token, retrieve
                        num_spec_steps: int, backend: str = "auto", flags: torch.Tensor | None = None):
     """-> (predicts [B*D] int32, accept_index [B, num_spec_steps] int32, accept_token_num [B] int32).
 
-    Up to num_spec_steps - 1 draft tokens are accepted per request (pass spec_steps + 1 for a whole path)."""
+    Up to num_spec_steps - 1 draft tokens are accepted per request (pass spec_steps + 1 for a whole path). Each
+    node's retrieve_index must be in its request's rows and distinct (reference: ValueError; kernel: flagged)."""
     if _tensor("candidates", candidates).dim() != 2 or candidates.shape[1] < 1:
         raise ValueError(f"candidates must be [B, D] with D >= 1, got shape {tuple(candidates.shape)}")
     batch, d = candidates.shape
@@ -374,6 +389,9 @@ def _check_lists(b: int, index: list[int], nxt: list[int], sib: list[int]) -> No
     for j, i in enumerate(index):
         if not b * d <= i < (b + 1) * d:
             raise ValueError(f"request {b}: retrieve_index[{j}] = {i} is outside its rows [{b * d}, {b * d + d})")
+    for i in (i for i, c in Counter(index).items() if c > 1):
+        raise ValueError(f"request {b}: retrieve_index holds {i} twice (duplicate retrieve_index): two nodes would "
+                         "share one predicts slot")
     for name, lst in (("retrieve_next_token", nxt), ("retrieve_next_sibling", sib)):
         for j, v in enumerate(lst):
             if not -1 <= v < d:
@@ -388,7 +406,8 @@ def _check_lists(b: int, index: list[int], nxt: list[int], sib: list[int]) -> No
 def assign_req_to_token(req_to_token, req_pool_indices, seq_lens, out_cache_loc, num_verify_tokens: int,
                         backend: str = "auto", flags: torch.Tensor | None = None):
     """req_to_token[req_pool_indices[b], seq_lens[b] + j] = out_cache_loc[b*D + j] for j < D; returns the table.
-    A request whose slots fall outside the table is not written (reference: ValueError; kernel: FLAG_ID_RANGE)."""
+    A request whose slots fall outside the table, or whose out_cache_loc the table's dtype cannot hold, is not
+    written (reference: ValueError; kernel: FLAG_ID_RANGE)."""
     d = _int("num_verify_tokens", num_verify_tokens, 1)
     if _tensor("req_to_token", req_to_token).dim() != 2 or not req_to_token.is_contiguous():
         got = f"{tuple(req_to_token.shape)}{'' if req_to_token.is_contiguous() else ' (not contiguous)'}"
@@ -410,6 +429,11 @@ def assign_req_to_token(req_to_token, req_pool_indices, seq_lens, out_cache_loc,
         if not (0 <= pools[b] < rows and 0 <= seq[b] and seq[b] + d <= max_len):
             raise ValueError(f"request {b}: slots [{seq[b]}, {seq[b] + d}) of row {pools[b]} are outside the "
                              f"[{rows}, {max_len}] table (id out of range)")
+    top = torch.iinfo(req_to_token.dtype).max
+    for b, row in enumerate(out_cache_loc.reshape(batch, d).tolist()):
+        for x in (x for x in row if not 0 <= x <= top):
+            raise ValueError(f"request {b}: out_cache_loc slot {x} does not fit the {req_to_token.dtype} table "
+                             f"[0, {top}] (id out of range): it would be stored truncated")
     slots = out_cache_loc.reshape(batch, d).to(req_to_token.dtype)
     for b in range(batch):
         req_to_token[pools[b], seq[b]:seq[b] + d] = slots[b]

@@ -15,9 +15,11 @@ FLAG_MISSING_PARENT = 2  # a node's parent candidate is not among the drafted no
 FLAG_CYCLE = 4  # a parent chain that does not reach the root within spec_steps, or a node reached twice
 FLAG_NAN_SCORE = 8  # NaN among a request's draft scores
 FLAG_UNSORTED = 16  # a top_scores_index row not strictly ascending (a duplicate or unsorted candidate)
+FLAG_DUPLICATE_INDEX = 32  # two nodes of a request with one retrieve_index (their predicts would overwrite)
 # kernels may read only constexpr globals
 _RANGE, _MISSING = tl.constexpr(FLAG_ID_RANGE), tl.constexpr(FLAG_MISSING_PARENT)
 _CYCLE, _NAN, _UNSORTED = tl.constexpr(FLAG_CYCLE), tl.constexpr(FLAG_NAN_SCORE), tl.constexpr(FLAG_UNSORTED)
+_DUPLICATE = tl.constexpr(FLAG_DUPLICATE_INDEX)
 MASK_MODES = {"full": 0, "qlen_only": 1, "qlen_only_bitpacking": 2}
 FILL_BLOCK = 4096  # bytes of the all-True context prefix one program writes per iteration
 FILL_PROGRAMS = 512  # about four per SM on a 132-SM H200
@@ -183,8 +185,10 @@ def _verify_kernel(candidates, retrieve_index, next_token, next_sibling, target_
     # how a cycle shows, so a walk over a tree that passes this visits each node at most once.
     refs = tl.sum(((nt[:, None] == j[None, :]) & inb[:, None]).to(tl.int32)
                   + ((ns[:, None] == j[None, :]) & inb[:, None]).to(tl.int32), axis=0)
+    same = tl.sum(((ri[:, None] == ri[None, :]) & inb[:, None]).to(tl.int32), axis=0)
     code = tl.max((inb & ~ok).to(tl.int32), axis=0) * _RANGE \
-        | tl.max((((refs > 1) | ((j == 0) & (refs > 0))) & inb).to(tl.int32), axis=0) * _CYCLE
+        | tl.max((((refs > 1) | ((j == 0) & (refs > 0))) & inb).to(tl.int32), axis=0) * _CYCLE \
+        | tl.max(((same > 1) & inb).to(tl.int32), axis=0) * _DUPLICATE
     done = (code != 0) | (S <= 1)
     last = tl.where(code != 0, row, tl.load(retrieve_index + row).to(tl.int64))
     cur = tl.where(code != 0, -1, tl.load(next_token + row).to(tl.int64))
@@ -216,14 +220,16 @@ def _verify_kernel(candidates, retrieve_index, next_token, next_sibling, target_
 
 
 @triton.jit
-def _assign_kernel(req_to_token, req_pool_indices, seq_lens, out_cache_loc, flags, rows, max_len,
+def _assign_kernel(req_to_token, req_pool_indices, seq_lens, out_cache_loc, flags, rows, max_len, slot_max,
                    D: tl.constexpr, BLOCK_D: tl.constexpr, HAS_FLAGS: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     pool = tl.load(req_pool_indices + b).to(tl.int64)
     seq = tl.load(seq_lens + b).to(tl.int64)
-    ok = (pool >= 0) & (pool < rows) & (seq >= 0) & (seq + D <= max_len)
     j = tl.arange(0, BLOCK_D)
     slot = tl.load(out_cache_loc + b * D + j, mask=j < D, other=0)
+    # a slot the table's dtype cannot hold would be stored truncated: another request's KV
+    wide = tl.max(((slot.to(tl.int64) < 0) | (slot.to(tl.int64) > slot_max)).to(tl.int32), axis=0)
+    ok = (pool >= 0) & (pool < rows) & (seq >= 0) & (seq + D <= max_len) & (wide == 0)
     tl.store(req_to_token + pool * max_len + seq + j, slot.to(req_to_token.dtype.element_ty), mask=(j < D) & ok)
     if HAS_FLAGS:
         tl.store(flags + b, tl.load(flags + b) | tl.where(ok, 0, _RANGE))
@@ -313,7 +319,8 @@ def verify_tree_greedy(candidates, retrieve_index, next_token, next_sibling, tar
 def assign_req_to_token(req_to_token, req_pool_indices, seq_lens, out_cache_loc, d, flags=None):
     f, has = _flags_arg(flags, req_pool_indices)
     _assign_kernel[(req_pool_indices.shape[0],)](req_to_token, req_pool_indices, seq_lens, out_cache_loc, f,
-                                                  req_to_token.shape[0], req_to_token.shape[1], D=d,
+                                                  req_to_token.shape[0], req_to_token.shape[1],
+                                                  torch.iinfo(req_to_token.dtype).max, D=d,
                                                   BLOCK_D=triton.next_power_of_2(d), HAS_FLAGS=has, num_warps=1)
     return req_to_token
 

@@ -28,8 +28,8 @@ import time  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import probe_cases  # noqa: E402  (scripts/probe_cases.py: the inputs)
-from probe_cases import Result  # noqa: E402
+import probe_cases  # noqa: E402  (scripts/probe_cases.py: the inputs, by class)
+from probe_base import Case, Result  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 OUTCOMES = ("clear", "right", "traceback", "hang", "silent", "unclear", "refused-valid")
@@ -99,7 +99,7 @@ def _lines(text: str) -> list[str]:
     return [ln for ln in text.splitlines() if ln.strip() and "forced NCCL_NVLS_ENABLE" not in ln]
 
 
-def classify(case: probe_cases.Case, res: Result) -> tuple[str, str]:
+def classify(case: Case, res: Result) -> tuple[str, str]:
     """(outcome, one-line detail)."""
     if res.kind == "timeout":
         return "hang", f"still running after {res.wall_s:.0f} s"
@@ -160,6 +160,7 @@ def main() -> int:
 
     build_parser()  # imports every command's module once, before the forks
     work = Path(tempfile.mkdtemp(prefix="vb-probe-work-"))
+    os.chdir(work)  # an input that writes into the working directory (--out '') writes here, not into the checkout
     cases = probe_cases.all_cases(work, torchrun=not args.no_torchrun)
     if args.only:
         keep = set(args.only.split(","))

@@ -395,6 +395,18 @@ def test_quantize_and_dequantize_reject_wrong_types_and_shapes():
         moe.dequantize_w4a16(packed, scales.float())
 
 
+@pytest.mark.parametrize("magnitude, dtype", [(1e-40, torch.float32), (1e-39, torch.float32),
+                                              (1e40, torch.float64)], ids=["zeroed", "subnormal", "above-max"])
+def test_quantize_refuses_a_group_whose_scale_is_outside_bf16s_range(magnitude, dtype):
+    w = torch.randn(4, 64, dtype=dtype)
+    w[2, 32:] = magnitude * torch.linspace(-1, 1, 32, dtype=dtype)  # row 2's second group only
+    with pytest.raises(ValueError, match=r"scale of group \(2, 1\) .* outside bf16's normal range .*; 1 group"):
+        moe.quantize_w4a16(w)
+    w[2, 32:] = 0.0  # an all-zero group is exact
+    packed, scales = moe.quantize_w4a16(w)
+    assert moe.dequantize_w4a16(packed, scales)[2, 32:].abs().max().item() == 0.0
+
+
 # ---------------------------------------------------------------------------------------------------- routing, bytes
 
 def test_uniform_routing_picks_distinct_in_range_experts_with_normalised_weights():

@@ -279,3 +279,40 @@ def test_kv_tree_on_cpu_checks_its_kernels_in_the_interpreter_and_withholds_eta_
     fill = next(rows for title, rows in tables.items() if title.startswith("full tree mask"))
     assert fill and all(r["eta"] == WITHHELD for r in fill)
     assert next(rows for title, rows in tables.items() if title.startswith("targets")) == []
+
+
+@pytest.mark.parametrize("backend", ["reference", "kernel"])
+def test_build_tree_refuses_a_huge_seq_lens_with_the_bytes_before_allocating(backend, monkeypatch):
+    inp = random_tree(2, 2, 3, 6, 50, device=DEV)
+    inp["seq_lens"] = _t([2**40, 2**40])
+    allocated = []
+    real = tree._tt.build_tree
+    monkeypatch.setattr(tree._tt, "build_tree", lambda *a, **k: allocated.append(1) or real(*a, **k))
+    with pytest.raises(ValueError, match=r"seq_lens: the full tree mask needs 13,194,139,533,384 bytes"):
+        tree.build_tree(**inp, mask_mode="full", backend=backend)
+    assert not allocated
+    positions = tree.build_tree(**inp, mask_mode="qlen_only", backend=backend)[1]  # no prefix columns: it fits
+    assert positions.min().item() == 2**40
+
+
+def test_a_duplicated_retrieve_index_raises_in_reference_and_is_flagged_by_kernel():
+    args = _verify_batch()
+    args[1] = args[1].clone()
+    args[1][1, 2] = args[1][1, 1]
+    with pytest.raises(ValueError, match="request 1: retrieve_index holds 6 twice"):
+        tree.verify_tree_greedy(*args, backend="reference")
+    flags = torch.zeros(3, dtype=torch.int32, device=DEV)
+    num = tree.verify_tree_greedy(*args, backend="kernel", flags=flags)[2]
+    assert flags.tolist() == [0, tree.FLAG_DUPLICATE_INDEX, 0] and num.tolist()[1] == -1
+
+
+@pytest.mark.parametrize("slot", [2**33 + 5, -1])
+def test_assign_req_to_token_refuses_a_slot_its_table_cannot_hold(slot):
+    table = torch.zeros(4, 20, dtype=torch.int32, device=DEV)
+    pools, seq, loc = _t([2, 0]), _t([3, 5]), torch.arange(1, 9, **T)
+    loc[5] = slot
+    with pytest.raises(ValueError, match=f"request 1: out_cache_loc slot {slot} does not fit the torch.int32"):
+        tree.assign_req_to_token(table.clone(), pools, seq, loc, 4, backend="reference")
+    flags = torch.zeros(2, dtype=torch.int32, device=DEV)
+    got = tree.assign_req_to_token(table.clone(), pools, seq, loc, 4, backend="kernel", flags=flags)
+    assert flags.tolist() == [0, tree.FLAG_ID_RANGE] and not got[0].any() and got[2, 3:7].tolist() == [1, 2, 3, 4]

@@ -18,16 +18,17 @@ from collections import defaultdict
 from pathlib import Path
 
 from verifybench.harness.analysis.numbers import out_path, positive_int
+from verifybench.harness.analysis.trace_against import against_table, load_against
 from verifybench.harness.analysis.trace_cycles import Cycle, find_cycles
 from verifybench.harness.analysis.trace_read import GpuOp, Trace, TraceError, read_ranks
-from verifybench.harness.analysis.trace_rules import SUITE_MAP, Classifier, RulesError, check_rules, load_rules
+from verifybench.harness.analysis.trace_rules import ACCOUNTS, Classifier, RulesError, check_rules, load_rules
 
 SCHEMA, SCHEMA_VERSION = "verifybench.trace", 1
 EXIT_OK, EXIT_BAD_INPUT = 0, 2
-ACCOUNTS = ("gpu_idle", "overlap", "total")
 # host calls that wait for the GPU: the cycle's device-to-host syncs
 SYNC_CALL = re.compile(r"Synchronize|^cudaMemcpy(2D)?$|^cuMemcpy(DtoH|HtoD)?(_v2)?$")
 OTHER_SHOWN = 10
+SHORT_NAME_CHARS = 72  # an unmatched kernel's name in the report; --json keeps the full name
 
 
 def _union_us(ops: list[GpuOp]) -> float:
@@ -76,9 +77,19 @@ def _other_list(others: list[dict], cycles: int) -> list[dict]:
     return sorted(rows, key=lambda r: -r["total_us"])
 
 
+def _calls(ops: list[GpuOp], classify: Classifier) -> dict[str, float]:
+    calls: dict[str, float] = defaultdict(float)
+    for op in ops:
+        calls[classify(op.name) if op.cat == "kernel" else "memcpy"] += 1
+    return calls
+
+
 def _part(op_sets: list[list[GpuOp]], classify: Classifier, keys: list[str]) -> dict:
     parts = [cycle_parts(ops, classify) for ops in op_sets]
-    return {**_stats([p for p, _ in parts], keys), "other_kernels": _other_list([o for _, o in parts], len(parts))}
+    comps = [k for k in keys if k not in ACCOUNTS]
+    calls = _stats([_calls(ops, classify) for ops in op_sets], comps)["per_cycle_us"]
+    return {**_stats([p for p, _ in parts], keys), "per_cycle_calls": calls,
+            "other_kernels": _other_list([o for _, o in parts], len(parts))}
 
 
 def _host(trace: Trace, cycles: list[Cycle]) -> dict[str, float] | None:
@@ -116,7 +127,9 @@ def _max_over_ranks(parts: list[dict]) -> dict:
         for row in p["other_kernels"]:
             if row["name"] not in others or row["per_cycle_us"] > others[row["name"]]["per_cycle_us"]:
                 others[row["name"]] = row
+    calls = parts[0]["per_cycle_calls"].keys()
     return {"per_cycle_us": {k: max(p["per_cycle_us"][k] for p in parts) for k in keys},
+            "per_cycle_calls": {k: max(p["per_cycle_calls"][k] for p in parts) for k in calls},
             "per_cycle_min_us": {k: min(p["per_cycle_min_us"][k] for p in parts) for k in keys},
             "per_cycle_max_us": {k: max(p["per_cycle_max_us"][k] for p in parts) for k in keys},
             "other_kernels": sorted(others.values(), key=lambda r: -r["per_cycle_us"])}
@@ -146,6 +159,7 @@ def decompose(paths: list[str | Path], rules=None, cycle_range: str | None = Non
     return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION,
             "files": [p["file"] for p in per_rank], "ranks": [p["rank"] for p in per_rank],
             "rank_source": rank_source, "rules": [list(r) for r in classify.user_rules],
+            "cycle_range": cycle_range, "verify_range": verify_range,
             "cycles": min(counts), "found_by": found_by, **_max_over_ranks(per_rank),
             "period_us": max(periods) if periods else None,
             "host_us": {k: max(h[k] for h in hosts) for k in hosts[0]} if hosts else None,
@@ -158,6 +172,42 @@ def decompose(paths: list[str | Path], rules=None, cycle_range: str | None = Non
 
 def _fmt(x) -> str:
     return "-" if x is None else f"{x:.1f}"
+
+
+def _unmangle(name: str) -> str | None:
+    """The qualified name of an Itanium-mangled symbol (_Z, nested or not), "<...>" for its template arguments,
+    its parameter types left out; None if it does not read as one."""
+    rest, parts = name[2:], []
+    if rest.startswith("N"):
+        rest = rest[1:].lstrip("rVK")
+    while rest[:1].isdigit():
+        digits = len(rest) - len(rest.lstrip("0123456789"))
+        size = int(rest[:digits])
+        parts.append(rest[digits:digits + size])
+        rest = rest[digits + size:]
+    return "::".join(parts) + ("<...>" if rest.startswith("I") else "") if parts and all(parts) else None
+
+
+def short_name(name: str) -> str:
+    """A kernel's name as a reader scans it: the qualified base name, template arguments as <...>, no return
+    type or parameter list, at most SHORT_NAME_CHARS characters."""
+    if name.startswith("_Z"):
+        name = _unmangle(name) or name
+    out, depth = [], 0
+    for ch in name.replace("(anonymous namespace)", "{anonymous}"):
+        if ch == "(" and depth == 0 and out:
+            break
+        if ch == "<":
+            depth += 1
+            if depth == 1:
+                out.append("<...>")
+        elif ch == ">":
+            depth = max(depth - 1, 0)
+        elif depth == 0:
+            out.append(ch)
+    text = "".join(out).strip()
+    text = re.sub(r"^(void|static|__global__)\s+", "", text)
+    return text if len(text) <= SHORT_NAME_CHARS else text[:SHORT_NAME_CHARS - 3] + "..."
 
 
 def decomposition_table(result: dict, part: str | None = None) -> str:
@@ -201,8 +251,9 @@ def format_report(result: dict) -> str:
         lines += ["", f"verify part ({result['verify']['cycles']} cycles):", decomposition_table(result, "verify")]
     other = result["other_kernels"][:OTHER_SHOWN]
     if other:
-        lines += ["", "kernels no rule matched (\"other\"; add a --rules entry), us per cycle:"]
-        lines += [f"  {r['per_cycle_us']:10.1f}  {r['name']}" for r in other]
+        lines += ["", "kernels no rule matched (\"other\"; add a --rules entry), us per cycle (full names in "
+                  "--json):"]
+        lines += [f"  {r['per_cycle_us']:10.1f}  {short_name(r['name'])}" for r in other]
         if len(result["other_kernels"]) > OTHER_SHOWN:
             lines.append(f"  ... {len(result['other_kernels']) - OTHER_SHOWN} more in --json")
     return "\n".join(lines)
@@ -222,60 +273,6 @@ def against_file(given) -> Path:
     if note:
         print(note)
     return path
-
-
-def load_against(path: str | Path) -> dict:
-    """A suite verify result (schema verifybench.result, component verify), or TraceError."""
-    from verifybench.harness.engine.results import ResultsError, load_run
-
-    try:
-        return load_run(Path(path), {"verify": ()}, "--against")
-    except ResultsError as e:
-        raise TraceError(str(e)) from None
-
-
-def suite_parts(run: dict, where: str = "result") -> dict[int, dict[str, float]]:
-    """n -> {"full": us, "<component>": isolated us} from a verify result's passing cases."""
-    out: dict[int, dict[str, float]] = defaultdict(dict)
-    for case in run["cases"]:
-        params, summary = case.get("params", {}), case.get("summary") or {}
-        variant, n = params.get("variant"), params.get("tokens")
-        if not case["check"]["ok"] or not isinstance(n, int) or not isinstance(variant, str):
-            continue
-        key = "full" if variant == "full" else variant[5:] if variant.startswith("only-") else None
-        if key is None or not isinstance(summary.get("median_us"), (int, float)):
-            continue
-        if key in out[n]:
-            raise TraceError(f"{where}: two cases for variant {variant!r} at n={n}; pass a result of one run")
-        out[n][key] = float(summary["median_us"])
-    if not out:
-        raise TraceError(f"{where}: no passing 'full' or 'only-<component>' verify cases")
-    return dict(out)
-
-
-def against_table(result: dict, run: dict, tokens: int | None, where: str = "result") -> tuple[list[list], str]:
-    """Rows of (part, engine us per cycle, suite isolated us at n, engine / suite) and a line saying which n and
-    which part of the engine's cycle were used."""
-    parts = suite_parts(run, where)
-    if tokens is not None and tokens not in parts:
-        raise TraceError(f"{where}: no cases at n={tokens} (--tokens); it has n = {', '.join(map(str, sorted(parts)))}")
-    n = tokens if tokens is not None else max(parts)
-    note = f"suite at n = {n}" + (" (--tokens)" if tokens is not None else
-                                  ": the largest n in the result; pass --tokens N for the engine's tokens per verify")
-    part = result["verify"] or result
-    note += "; engine: " + ("the verify part of each cycle" if result["verify"] else
-                            "the whole cycle (draft steps included: name the verify range with --verify-range)")
-    eng, suite = part["per_cycle_us"], parts[n]
-    rows = []
-    for label, suite_comps, trace_comps in SUITE_MAP:
-        have = [c for c in suite_comps if c in suite]
-        s = sum(suite[c] for c in have) if have else None
-        e = sum(eng.get(c, 0.0) for c in trace_comps)
-        label += f"  [{'+'.join(suite_comps)} | {'+'.join(trace_comps)}]"
-        rows.append([label, e, s, e / s if s else None])
-    f = suite.get("full")
-    rows.append(["forward  [full | total]", eng["total"], f, eng["total"] / f if f else None])
-    return rows, note
 
 
 # ---- outputs ----
@@ -341,6 +338,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "isolated time for it")
     p.add_argument("--tokens", metavar="N", type=positive_int, help="tokens per verify in the engine: the suite's "
                    "n to compare with (default: the largest n in RESULT)")
+    p.add_argument("--layers", metavar="N", type=positive_int, help="layers in the engine's forward, when they "
+                   "differ from RESULT's: the suite is scaled per layer to N (default: refused when the trace's "
+                   "allreduce kernels say another number)")
     p.add_argument("--json", metavar="OUT", type=out_path, help="write the decomposition as JSON (a new file: never "
                    "over a trace or an existing file)")
     p.add_argument("--chart", metavar="PNG", type=out_path, help="write a stacked bar chart, one bar per rank (a new "
@@ -353,6 +353,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.tokens is not None and not args.against:
             raise TraceError("--tokens N picks the suite's n for --against RESULT; give --against too")
+        if args.layers is not None and not args.against:
+            raise TraceError("--layers N scales the suite of --against RESULT; give --against too")
         inputs = [*args.traces, *(args.against or ()), *([args.rules] if args.rules else [])]
         for option, path in (("--json", args.json), ("--chart", args.chart)):
             if path is not None:
@@ -360,11 +362,13 @@ def run(args: argparse.Namespace) -> int:
         against = against_file(args.against) if args.against else None
         suite = load_against(against) if against else None
         result = decompose(args.traces, args.rules, args.cycle_range, args.verify_range)
+        # the comparison may refuse (layers): before anything is printed, so a refusal is its one line
+        beside = against_table(result, suite, args.tokens, str(against), args.layers) if suite else None
         print(format_report(result))
-        if suite is not None:
+        if beside is not None:
             from tabulate import tabulate
 
-            rows, note = against_table(result, suite, args.tokens, str(against))
+            rows, note = beside
             print(f"\nbeside the suite ({against}; {note}):")
             print(tabulate([[r[0], _fmt(r[1]), _fmt(r[2]), "-" if r[3] is None else f"{r[3]:.2f}"] for r in rows],
                            headers=["part  [suite | trace components]", "engine us", "suite us", "engine/suite"],

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
 import zlib
 from bisect import bisect_left
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -19,6 +21,9 @@ RANK_PATTERNS = (r"-TP-(\d+)", r"rank[_-]?(\d+)", r"profiler_out_(\d+)")
 # the categories of older Kineto releases, read as today's
 OLD_CATS = {"Kernel": "kernel", "Memcpy": "gpu_memcpy", "Memset": "gpu_memset", "Runtime": "cuda_runtime",
             "Driver": "cuda_driver", "Operator": "cpu_op"}
+KEPT_CATS = (*GPU_CATS, *LAUNCH_CATS, "cpu_op", "user_annotation", "gpu_user_annotation")
+# above this many microseconds a float64 no longer holds a nanosecond: the timestamps are rebased, exactly, first
+EXACT_TS_US = 2.0 ** 53 / 1e3
 
 
 class TraceError(ValueError):
@@ -79,7 +84,7 @@ class Trace:
         return self.calls[bisect_left(self._call_starts, t0_us): bisect_left(self._call_starts, t1_us)]
 
 
-def _load_json(path: Path):
+def _load_json(path: Path, parse_float=float):
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -94,7 +99,7 @@ def _load_json(path: Path):
     if not raw.strip():
         raise TraceError(f"{path}: empty file")
     try:
-        return json.loads(raw)
+        return json.loads(raw, parse_float=parse_float)
     except UnicodeDecodeError:
         raise TraceError(f"{path}: not JSON text (binary content)") from None
     except json.JSONDecodeError as e:
@@ -102,7 +107,55 @@ def _load_json(path: Path):
 
 
 def _number(x) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+    return float(x) if isinstance(x, (int, float, Decimal)) and not isinstance(x, bool) else None
+
+
+def _kept(events: list) -> list[tuple[int, dict, str]]:
+    """(index, event, category) of the complete events the decomposition reads."""
+    out = []
+    for i, e in enumerate(events):
+        if isinstance(e, dict) and e.get("ph") == "X":
+            cat = OLD_CATS.get(e.get("cat"), e.get("cat"))
+            if cat in KEPT_CATS:
+                out.append((i, e, cat))
+    return out
+
+
+def _events(path: Path) -> tuple[object, list]:
+    """The trace's JSON and its event list, timestamps rebased to the earliest one when they are too large for a
+    float64 to keep nanoseconds (parsed as exact decimals, then shifted, then converted)."""
+    data = _load_json(path)
+    events = data if isinstance(data, list) else data.get("traceEvents") if isinstance(data, dict) else None
+    if not isinstance(events, list):
+        raise TraceError(f"{path}: no traceEvents list: not a PyTorch profiler Chrome trace")
+    big = [e["ts"] for _, e, _ in _kept(events) if isinstance(e.get("ts"), (int, float))
+           and not isinstance(e["ts"], bool) and math.isfinite(e["ts"]) and abs(e["ts"]) > EXACT_TS_US]
+    if not big:
+        return data, events
+    data = _load_json(path, parse_float=Decimal)
+    events = data if isinstance(data, list) else data["traceEvents"]
+    stamps = [e["ts"] for _, e, _ in _kept(events) if _exact(e.get("ts"))]
+    base = min(stamps)
+    for _, e, _ in _kept(events):
+        if _exact(e.get("ts")):
+            e["ts"] = float(e["ts"] - base)
+    return data, events
+
+
+def _exact(x) -> bool:
+    return (isinstance(x, int) and not isinstance(x, bool)) or (isinstance(x, Decimal) and x.is_finite())
+
+
+def _duration_fault(e: dict) -> str | None:
+    """Why an event's duration cannot be used, or None: it must be there, finite and not negative."""
+    if "dur" not in e:
+        return "no duration"
+    dur = _number(e["dur"])
+    if dur is None:
+        return f"duration {e['dur']!r}"
+    if not math.isfinite(dur) or dur < 0:
+        return f"duration {dur}"
+    return None
 
 
 def _int(x) -> int | None:
@@ -118,25 +171,29 @@ def _int(x) -> int | None:
 def read_trace(path: Path | str) -> Trace:
     """One PyTorch profiler Chrome trace; TraceError for anything that is not one, or has no GPU activity."""
     path = Path(path)
-    data = _load_json(path)
-    events = data if isinstance(data, list) else data.get("traceEvents") if isinstance(data, dict) else None
-    if not isinstance(events, list):
-        raise TraceError(f"{path}: no traceEvents list: not a PyTorch profiler Chrome trace")
+    data, events = _events(path)
     gpu, calls, ranges, gpu_ranges, ops = [], [], [], [], []
-    devices = set()
-    for i, e in enumerate(events):
-        if not isinstance(e, dict) or e.get("ph") != "X":
-            continue
-        cat, name = OLD_CATS.get(e.get("cat"), e.get("cat")), e.get("name")
-        if cat not in (*GPU_CATS, *LAUNCH_CATS, "cpu_op", "user_annotation", "gpu_user_annotation"):
-            continue
-        ts, dur = _number(e.get("ts")), _number(e.get("dur", 0))
-        if ts is None or dur is None or not isinstance(name, str):
+    devices, seen, bad, twice = set(), set(), [], []
+    for i, e, cat in _kept(events):
+        name = e.get("name")
+        ts = _number(e.get("ts"))
+        if ts is None or not isinstance(name, str):
             raise TraceError(f"{path}: event {i} ({cat}) has no numeric ts/dur or no name")
+        fault = "timestamp " + str(ts) if not math.isfinite(ts) else _duration_fault(e)
+        if fault:
+            bad.append(f"event {i} ({cat} {name[:40]!r}): {fault}")
+            continue
+        dur = _number(e["dur"])
         args = e.get("args") if isinstance(e.get("args"), dict) else {}
         corr, ext = _int(args.get("correlation")), _int(args.get("External id"))
         if cat in GPU_CATS:
-            devices.add(args.get("device", e.get("pid")))
+            device = args.get("device", e.get("pid"))
+            key = (name, cat, ts, dur, str(device), str(args.get("stream", e.get("tid"))), corr)
+            if key in seen:
+                twice.append(i)
+                continue
+            seen.add(key)
+            devices.add(device)
             gpu.append(GpuOp(name, cat, ts, ts + dur, args.get("stream", e.get("tid")), corr, ext))
             continue
         host = HostOp(name, ts, ts + dur, e.get("pid"), e.get("tid"), corr)
@@ -149,6 +206,13 @@ def read_trace(path: Path | str) -> Trace:
             ranges.append(host)
         else:
             gpu_ranges.append(host)
+    # one rule for a damaged trace: refuse it whole (a part dropped would make every figure of its cycle wrong)
+    if bad:
+        raise TraceError(f"{path}: {len(bad)} event(s) with a missing, negative or non-finite time, e.g. {bad[0]}; "
+                         "a damaged trace: record it again")
+    if twice:
+        raise TraceError(f"{path}: {len(twice)} GPU event(s) present twice (same name, start, duration and "
+                         f"stream; first: event {twice[0]}): a trace merged with itself? pass the profiler's file")
     if not gpu:
         raise TraceError(f"{path}: no GPU events (kernel / gpu_memcpy / gpu_memset): record it with the CUDA "
                          "activity on (torch.profiler activities CPU and CUDA; the engines' 'GPU')")

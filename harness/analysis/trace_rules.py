@@ -13,6 +13,8 @@ from pathlib import Path
 
 # display order; user rules may add names of their own, shown after these
 COMPONENTS = ("allreduce", "attention", "projections", "moe", "router", "misc", "tree_sampling", "memcpy", "other")
+# the decomposition's own accounts, beside the components: a rule naming one would hide its kernels' time
+ACCOUNTS = ("gpu_idle", "overlap", "total")
 COMPONENT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.+-]*$")
 
 DEFAULT_RULES: tuple[tuple[str, str], ...] = (
@@ -92,6 +94,9 @@ def check_rules(data, where: str = "rules") -> list[tuple[str, str]]:
             raise RulesError(f"{where}: rule {i}: bad regex {pattern!r}: {e}") from None
         if not COMPONENT_NAME.match(component):
             raise RulesError(f"{where}: rule {i}: component {component!r} is not a name (letters, digits, _ . + -)")
+        if component in ACCOUNTS:
+            raise RulesError(f"{where}: rule {i}: component {component!r} is reserved (the report's "
+                             f"{', '.join(ACCOUNTS)} rows); name it otherwise")
         rules.append((pattern, component))
     return rules
 
