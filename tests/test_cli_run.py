@@ -1,29 +1,20 @@
 """`verifybench run` end to end on the CPU smoke profile: every component, the report and its arithmetic."""
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+import early_jobs
 from verifybench.harness.analysis.fit import linear_fit
 from verifybench.harness.components import verify as bench_verify
 
-REPO = Path(__file__).resolve().parent.parent
-
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("run")
-    env = dict(os.environ, VERIFYBENCH_MAX_TIME_S="0.05")
-    # the tiny preset named explicitly: on a GPU machine too this stays a quick end-to-end run
-    cmd = [sys.executable, "-m", "verifybench.harness", "run", "--preset", "tiny", "--tp", "1", "--context", "64",
-           "--out", str(out)]
-    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert ("CPU smoke profile" in r.stdout) == (not torch.cuda.is_available())
+def run_dir():
+    """The output folder of `verifybench run` on the tiny preset, started at collection (tests/early_jobs.py)."""
+    rc, stdout, stderr, out = early_jobs.run_result()
+    assert rc == 0, stdout[-3000:] + stderr[-3000:]
+    assert ("CPU smoke profile" in stdout) == (not torch.cuda.is_available())
     return out
 
 

@@ -1,0 +1,79 @@
+"""Slow subprocess fixtures started when the session is collected, so that they run beside the single-process tests
+on the other core instead of as an island of their own; the fixture that needs one waits for it (conftest.py)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+# the end-to-end tiny run of tests/test_cli_run.py (the tiny preset named: on a GPU machine too a quick run)
+RUN_ARGS = ["run", "--preset", "tiny", "--tp", "1", "--context", "64"]
+RUN_ENV = {"VERIFYBENCH_MAX_TIME_S": "0.05"}
+RUN_TIMEOUT_S = 900
+
+_started: dict[str, tuple[subprocess.Popen, Path]] = {}
+_done: list[Path] = []  # folders removed at the session's end
+
+
+def start_run(base: Path | None = None) -> tuple[subprocess.Popen, Path]:
+    """Start `verifybench run` on the tiny preset into `base`/out (default base: a fresh temporary folder), its
+    output in files beside it (a pipe nobody reads would stop it once full); returns at once."""
+    base = base or Path(tempfile.mkdtemp(prefix="verifybench-run-"))
+    cmd = [sys.executable, "-m", "verifybench.harness", *RUN_ARGS, "--out", str(base / "out")]
+    with open(base / "stdout.txt", "w") as stdout, open(base / "stderr.txt", "w") as stderr:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, **RUN_ENV), stdout=stdout, stderr=stderr,
+                                text=True)
+    return proc, base
+
+
+def start(name: str) -> None:
+    if name == "run" and name not in _started:
+        _started[name] = start_run()
+
+
+def running() -> list[str]:
+    return [name for name, (proc, _) in _started.items() if proc.poll() is None]
+
+
+def finish(proc: subprocess.Popen, base: Path) -> tuple[int, str, str, Path]:
+    """Wait for a started job: (rc, stdout, stderr, its output folder); killed past RUN_TIMEOUT_S."""
+    try:
+        proc.wait(timeout=RUN_TIMEOUT_S)
+        note = ""
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        note = f"\n(killed after {RUN_TIMEOUT_S} s)"
+    return (proc.returncode, (base / "stdout.txt").read_text(), (base / "stderr.txt").read_text() + note,
+            base / "out")
+
+
+def run_result() -> tuple[int, str, str, Path]:
+    """The tiny run, waited for: the one started at collection, or one started here (a test file run alone)."""
+    proc, base = _started.pop("run", None) or start_run()
+    _done.append(base)
+    return finish(proc, base)
+
+
+def wait_all() -> None:
+    """Let every started job end before a test whose bounds are timed (the rank-fault runs)."""
+    for name in running():
+        _started[name][0].wait(timeout=RUN_TIMEOUT_S)
+
+
+def stop_all() -> None:
+    """At the session's end (an interrupted or -x run too): no job left behind, no folder left in /tmp."""
+    for proc, base in _started.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        _done.append(base)
+    _started.clear()
+    for base in _done:
+        shutil.rmtree(base, ignore_errors=True)
+    _done.clear()
