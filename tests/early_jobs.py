@@ -1,5 +1,5 @@
-"""Slow subprocess fixtures started when the session is collected, so that they run beside the single-process tests
-on the other core instead of as an island of their own; the fixture that needs one waits for it (conftest.py)."""
+"""Slow subprocess work spread over the CPU's cores: fixtures started when the session is collected, to run beside
+the single-process tests (the fixture that needs one waits for it; conftest.py), and serial compiles split."""
 from __future__ import annotations
 
 import os
@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -77,3 +78,15 @@ def stop_all() -> None:
     for base in _done:
         shutil.rmtree(base, ignore_errors=True)
     _done.clear()
+
+
+def in_halves(fn, items: list) -> list:
+    """fn(items) as fn(first half) and fn(second half) at once, results in order: for the compiles for each
+    architecture, which under the interpreter hand their whole list to one serial subprocess, so that both cores
+    of a CPU box work. Without the interpreter they compile in this process: one call, as before."""
+    if os.environ.get("TRITON_INTERPRET") != "1" or len(items) < 2 or (os.cpu_count() or 1) < 2:
+        return fn(items)
+    half = len(items) // 2
+    with ThreadPoolExecutor(2) as pool:
+        first, second = pool.map(fn, (items[:half], items[half:]))
+    return [*first, *second]
