@@ -15,6 +15,7 @@ from verifybench.harness.engine.pytest_plugin import pytest_terminal_summary  # 
 QUIET_FILES = ("test_rank_faults.py",)
 
 
+@pytest.hookimpl(trylast=True)  # after -k and -m deselected: a run nobody reads is not started
 def pytest_collection_modifyitems(config, items):
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs CUDA")
@@ -23,10 +24,11 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
     # the tiny run (one process, about a minute of CPU) goes beside the tests of one process before its readers
     readers = [item for item in items if "run_dir" in getattr(item, "fixturenames", ())]
-    if readers and not config.option.collectonly:
+    if readers:
         late = {id(item) for item in readers}
         items[:] = [item for item in items if id(item) not in late] + readers
-        early_jobs.start("run")
+        if not config.option.collectonly:
+            early_jobs.start("run")
 
 
 @pytest.fixture(autouse=True)

@@ -19,6 +19,7 @@ RUN_TIMEOUT_S = 900
 
 _started: dict[str, tuple[subprocess.Popen, Path]] = {}
 _done: list[Path] = []  # folders removed at the session's end
+started_at_collection: set[str] = set()
 
 
 def start_run(base: Path | None = None) -> tuple[subprocess.Popen, Path]:
@@ -35,6 +36,7 @@ def start_run(base: Path | None = None) -> tuple[subprocess.Popen, Path]:
 def start(name: str) -> None:
     if name == "run" and name not in _started:
         _started[name] = start_run()
+        started_at_collection.add(name)
 
 
 def running() -> list[str]:
