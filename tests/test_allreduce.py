@@ -20,8 +20,9 @@ from verifybench.harness.engine import results
 from verifybench.harness.engine.results import load_run
 from verifybench.harness.model.build import allreduce_stand_in_us
 from torchrun_jobs import BOUND_S, TORCHRUN, assert_no_orphans
-from torchrun_jobs import run_job
+from torchrun_jobs import run_job, run_jobs_at_once
 
+DROP_ENV = ("VERIFYBENCH_ALLREDUCE_US", "VERIFYBENCH_ALLREDUCE_FROM")  # the defaults these tests assert
 TORCHRUN_8 = [a for a in TORCHRUN if not a.startswith("--nproc-per-node")] + ["--nproc-per-node=8"]
 
 FAST = ["--backend", "gloo", "--preset", "tiny", "--tokens", "1,2", "--warmup", "2", "--samples", "5",
@@ -63,9 +64,20 @@ def test_gloo_eight_rank_run_prints_table_and_saves_checked_json(quick_sweep):
         assert c["calls_per_sample"] == (1 if c["params"]["mode"] == "isolated" else 3)
 
 
-def test_rank_exiting_early_ends_job_nonzero_within_bound_naming_it(tmp_path):
-    rc, out, wall_s, tag = _run(TORCHRUN + ["-m", "verifybench.harness.multigpu.allreduce", *FAST, "--out", str(tmp_path),
-                                            "--fault", "exit-early:1@1"])
+FAULTS = ("exit-early:1@1", "hang:0@1", "hang:1@1")
+
+
+@pytest.fixture(scope="module")
+def fault_runs(tmp_path_factory) -> dict:
+    """fault -> (rc, output, wall seconds, tag) of a 2-rank job with that fault, the jobs run at once."""
+    cmds = [TORCHRUN + ["-m", "verifybench.harness.multigpu.allreduce", *FAST, "--out",
+                        str(tmp_path_factory.mktemp("fault")), "--fault", fault]
+            + (["--hang-timeout", "4"] if fault.startswith("hang") else []) for fault in FAULTS]
+    return dict(zip(FAULTS, run_jobs_at_once(cmds, 120, drop_env=DROP_ENV)))
+
+
+def test_rank_exiting_early_ends_job_nonzero_within_bound_naming_it(fault_runs):
+    rc, out, wall_s, tag = fault_runs["exit-early:1@1"]
     assert rc != 0
     assert wall_s < BOUND_S
     assert re.search(r"Root Cause.*?rank\s*:\s*1 \(local_rank: 1\)", out, re.S), out[-3000:]
@@ -73,9 +85,8 @@ def test_rank_exiting_early_ends_job_nonzero_within_bound_naming_it(tmp_path):
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_rank_hanging_ends_job_nonzero_within_bound_naming_it(tmp_path, rank):
-    rc, out, wall_s, tag = _run(TORCHRUN + ["-m", "verifybench.harness.multigpu.allreduce", *FAST, "--out", str(tmp_path),
-                                            "--fault", f"hang:{rank}@1", "--hang-timeout", "4"])
+def test_rank_hanging_ends_job_nonzero_within_bound_naming_it(fault_runs, rank):
+    rc, out, wall_s, tag = fault_runs[f"hang:{rank}@1"]
     assert rc != 0
     assert wall_s < BOUND_S
     assert f"rank {rank} stopped making progress" in out, out[-3000:]
@@ -375,7 +386,7 @@ def test_verifybench_allreduce_from_sets_the_one_gpu_stand_in_and_names_its_sour
 
 
 def _run(cmd: list[str], timeout_s: float = 120):
-    return run_job(cmd, timeout_s, drop_env=("VERIFYBENCH_ALLREDUCE_US", "VERIFYBENCH_ALLREDUCE_FROM"))
+    return run_job(cmd, timeout_s, drop_env=DROP_ENV)
 
 
 def test_each_kind_of_result_the_torchrun_room_writes_has_its_own_file_prefix(monkeypatch):

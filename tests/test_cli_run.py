@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import early_jobs
 from verifybench.harness.analysis.fit import linear_fit
 from verifybench.harness.components import verify as bench_verify
 
@@ -15,18 +16,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("run")
-    # without TRITON_INTERPRET, as a user runs it: the command line switches the interpreter on by itself
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["VERIFYBENCH_MAX_TIME_S"] = "0.05"
-    # the tiny preset named explicitly: on a GPU machine too this stays a quick end-to-end run
-    cmd = [sys.executable, "-m", "verifybench.harness", "run", "--preset", "tiny", "--tp", "1", "--context", "64",
-           "--out", str(out)]
-    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert ("CPU smoke profile" in r.stdout) == (not torch.cuda.is_available())
-    (out / "stdout.txt").write_text(r.stdout)
+def run_dir():
+    """The output folder of `verifybench run` on the tiny preset, started at collection (tests/early_jobs.py)."""
+    rc, stdout, stderr, out = early_jobs.run_result()
+    assert rc == 0, stdout[-3000:] + stderr[-3000:]
+    assert ("CPU smoke profile" in stdout) == (not torch.cuda.is_available())
+    (out / "stdout.txt").write_text(stdout)
     return out
 
 
@@ -245,13 +240,13 @@ def test_run_exits_1_and_names_the_failed_check_in_the_summary(tmp_path, monkeyp
     from verifybench.harness.cli import main
 
     monkeypatch.delenv("VERIFYBENCH_MAX_TIME_S", raising=False)
-    monkeypatch.setattr(run, "run_component", lambda name, scope, out: {
+    monkeypatch.setattr(run, "run_component", lambda name, scope, out: ({
         "component": name, "fingerprint": {"gpu_model": "Some GPU", "git": {"commit": "x", "dirty": False},
                                            "versions": {"torch": "t"}, "driver": "d"},
         "created_utc": "2026-12-02T00:00:00+00:00",
         "cases": [{"name": "copy/x", "params": {}, "check": {"ok": False, "detail": "dst != src"}, "derived": {}},
                   {"name": "copy/y", "params": {}, "check": {"ok": False, "detail": "skipped: no P2P"},
-                   "derived": {}, "skipped": "no P2P"}]})
+                   "derived": {}, "skipped": "no P2P"}]}, tmp_path / f"{name}-x.json"))
     assert main(["run", "--components", "baseline", "--out", str(tmp_path)]) == 1
     summary = capsys.readouterr().out.split("== summary", 1)[1]
     assert "cases: 1 checked, 0 passed, 1 failed, 1 skipped" in summary

@@ -111,11 +111,11 @@ def test_verify_runs_fewer_layers_and_says_it_in_derived_and_tables(free):
 def test_skinny_gemm_rotates_over_fewer_copies_when_short(free):
     shape = skinny_gemm.shapes("tiny", 1)[0]
     per_copy = shape.N * shape.K * 4
-    free(_fits_exactly(2 * per_copy))
+    free(_fits_exactly(per_copy))
     quick = {"max_time_s": 0.05, "warmup_s": 0.0, "min_samples": 3}
     case = skinny_gemm.make_case(shape, 1, "torch", "cpu", quick, "tiny", 1).run()
-    want = cold_rotation_sets(per_copy, "cpu", skinny_gemm.MAX_COPIES)
-    assert case.check_ok and case.derived["rotation"] == 2 and f"2 of {want} copies" in case.derived["memory_note"]
+    want = cold_rotation_sets(per_copy, "cpu", skinny_gemm.max_copies("cpu"))
+    assert case.check_ok and case.derived["rotation"] == 1 and f"1 of {want} copies" in case.derived["memory_note"]
     skinny_gemm.release()
     free(0)
     skipped = skinny_gemm.make_case(shape, 1, "torch", "cpu", quick, "tiny", 1).run()
@@ -128,7 +128,7 @@ def test_mla_decode_rotates_over_fewer_caches_when_short(free):
     free(_fits_exactly(per_cache))
     quick = {"max_time_s": 0.05, "warmup_s": 0.0, "min_samples": 3}
     case = mla_decode.make_case(a, 1, 64, "torch", "cpu", quick, "tiny", 1).run()
-    want = cold_rotation_sets(per_cache, "cpu", mla_decode.MAX_COPIES)
+    want = cold_rotation_sets(per_cache, "cpu", mla_decode.max_copies("cpu"))
     assert case.check_ok and case.derived["rotation"] == 1 and f"1 of {want} copies" in case.derived["memory_note"]
 
 

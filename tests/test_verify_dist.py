@@ -13,11 +13,13 @@ import torch
 from verifybench.harness.model.forward import allocated_bytes
 from verifybench.harness.multigpu import verify as vd, verify_output as vd_output, verify_setup as setup
 from verifybench.harness.engine.results import WITHHELD, load_run
-from torchrun_jobs import BOUND_S, TORCHRUN, assert_no_orphans, run_job
+from torchrun_jobs import BOUND_S, TORCHRUN, assert_no_orphans, run_job, run_jobs_at_once
 
 VERIFY_DIST = TORCHRUN + ["-m", "verifybench.harness.multigpu.verify"]
 VERIFY_DIST_8 = [a for a in TORCHRUN if not a.startswith("--nproc-per-node")] + ["--nproc-per-node=8", "-m",
                                                                                  "verifybench.harness.multigpu.verify"]
+# the defaults these tests assert
+DROP_ENV = ("VERIFYBENCH_ALLREDUCE_US", "VERIFYBENCH_ALLREDUCE_FROM", "VERIFYBENCH_VERIFY_OPS")
 FAST = ["--allreduce", "gloo", "--preset", "tiny", "--tp", "1", "--context", "64", "--warmup", "2", "--samples", "3"]
 
 
@@ -50,9 +52,19 @@ def test_eight_rank_gloo_run_checks_times_both_variants_and_saves(tmp_path):
     assert_no_orphans(tag)
 
 
-def test_without_the_allreduce_the_cross_rank_check_fails_and_no_time_is_reported(tmp_path):
-    rc, out, _, tag = _run(VERIFY_DIST + [*FAST, "--tokens", "1", "--no-allreduce", "--out", str(tmp_path),
-                                       "--name", "r.json"])
+@pytest.fixture(scope="module")
+def two_rank_runs(tmp_path_factory) -> dict:
+    """The two 2-rank jobs, run at once: "no-allreduce" (the debug run; its output folder too) and "exit-early"."""
+    out = tmp_path_factory.mktemp("no-allreduce")
+    no_allreduce = VERIFY_DIST + [*FAST, "--tokens", "1", "--no-allreduce", "--out", str(out), "--name", "r.json"]
+    exit_early = VERIFY_DIST + [*FAST, "--tokens", "1,2", "--out", str(tmp_path_factory.mktemp("exit-early")),
+                                "--fault", "exit-early:1@1", "--hang-timeout", "6"]
+    results = run_jobs_at_once([no_allreduce, exit_early], 150, drop_env=DROP_ENV)
+    return {"no-allreduce": (*results[0], out), "exit-early": results[1]}
+
+
+def test_without_the_allreduce_the_cross_rank_check_fails_and_no_time_is_reported(two_rank_runs):
+    rc, out, _, tag, tmp_path = two_rank_runs["no-allreduce"]
     assert rc != 0
     assert "FAILED checks" in out and "residual stream differs across ranks" in out, out[-3000:]
     run = load_run(tmp_path / "r.json")
@@ -62,9 +74,8 @@ def test_without_the_allreduce_the_cross_rank_check_fails_and_no_time_is_reporte
     assert_no_orphans(tag)
 
 
-def test_rank_exiting_early_ends_job_nonzero_within_bound_naming_it(tmp_path):
-    rc, out, wall_s, tag = _run(VERIFY_DIST + [*FAST, "--tokens", "1,2", "--out", str(tmp_path),
-                                            "--fault", "exit-early:1@1", "--hang-timeout", "6"])
+def test_rank_exiting_early_ends_job_nonzero_within_bound_naming_it(two_rank_runs):
+    rc, out, wall_s, tag = two_rank_runs["exit-early"]
     assert rc != 0 and wall_s < BOUND_S
     assert re.search(r"Root Cause.*?rank\s*:\s*1 \(local_rank: 1\)", out, re.S), out[-3000:]
     assert_no_orphans(tag)
@@ -200,6 +211,4 @@ def test_bad_arguments_are_refused_before_any_rendezvous(argv, message, capsys):
 
 
 def _run(cmd: list[str], timeout_s: float = 150):
-    # the defaults these tests assert
-    return run_job(cmd, timeout_s, drop_env=("VERIFYBENCH_ALLREDUCE_US", "VERIFYBENCH_ALLREDUCE_FROM",
-                                             "VERIFYBENCH_VERIFY_OPS"))
+    return run_job(cmd, timeout_s, drop_env=DROP_ENV)

@@ -34,6 +34,15 @@ def run_job(cmd: list[str], timeout_s: float, drop_env: tuple[str, ...] = ()) ->
     return proc.returncode, out, time.monotonic() - t0, tag
 
 
+def run_jobs_at_once(cmds: list[list[str]], timeout_s: float, drop_env: tuple[str, ...] = ()) -> list[tuple]:
+    """run_job of each command, all started together (a fault job mostly waits: for its timeout, for the
+    launcher's teardown), results in order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(cmds)) as pool:
+        return list(pool.map(lambda cmd: run_job(cmd, timeout_s, drop_env), cmds))
+
+
 def alive(tag: str) -> list[str]:
     """Live (non-zombie) processes whose command line carries `tag`."""
     found = []

@@ -21,7 +21,7 @@ import triton
 from verifybench.harness.engine import ceiling, interpreter, memory
 from verifybench.harness.model import presets
 from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers, withhold_on_cpu
-from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
+from verifybench.harness.engine.runner import CPU_COPIES, CPU_SMOKE_MEASURE, CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
 from verifybench.kernels import mla_decode as md
 from verifybench.kernels import mla_decode_select as mds
@@ -72,13 +72,17 @@ def programs(cfg: dict, a: Attn, n: int, length: int) -> int:
 
 # ---------------------------------------------------------------------------------------------------- inputs
 
+def max_copies(device: str) -> int:
+    return MAX_COPIES if device == "cuda" else CPU_COPIES
+
+
 @lru_cache(maxsize=2)  # the tuner holds both contexts' rotations (~0.4 GB on an H200)
 def cache_copies(rows: int, d: int, device: str, dtype: torch.dtype, count: int | None = None) -> tuple:
     """The rotation's caches (one per layer a forward would read; `count`, default the cold-rotation rule's),
     random."""
     gen = torch.Generator(device=device)
     gen.manual_seed(1234)
-    count = count or cold_rotation_sets(rows * d * dtype.itemsize, device, MAX_COPIES)
+    count = count or cold_rotation_sets(rows * d * dtype.itemsize, device, max_copies(device))
     return tuple(torch.randn(rows, d, device=device, generator=gen).to(dtype) for _ in range(count))
 
 
@@ -92,7 +96,8 @@ def planned_caches(rows: int, d: int, device: str, dtype: torch.dtype) -> tuple[
     if _HELD.get("key") != key:
         cache_copies.cache_clear()
         per_set = rows * d * dtype.itemsize
-        _HELD.update(key=key, plan=memory.plan(lambda c: c * per_set, cold_rotation_sets(per_set, device, MAX_COPIES),
+        wanted = cold_rotation_sets(per_set, device, max_copies(device))
+        _HELD.update(key=key, plan=memory.plan(lambda c: c * per_set, wanted,
                                                1, f"the {rows}-row KV-cache copies", "copies", device))
     plan = _HELD["plan"]
     if plan.units == 0:
@@ -176,7 +181,7 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
     if not cuda_available():
         if preset != "tiny":
             raise ValueError(f"preset {preset!r} needs a GPU (a 37 MB cache per layer at 32k); use 'tiny' on CPU")
-        quick = {"max_time_s": 0.2, "warmup_s": 0.0, "min_samples": 3}
+        quick = CPU_SMOKE_MEASURE
         out = [make_case(a, n, c, "torch", "cpu", quick, preset, tp) for c in CPU_CONTEXTS for n in tokens or CPU_NS]
         if INTERPRET:
             out += [make_case(a, n, c, "triton", "cpu", interpreter.MEASURE_KW, preset, tp) for c in CPU_CONTEXTS

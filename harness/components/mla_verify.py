@@ -24,7 +24,7 @@ import triton
 
 from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers, withhold_on_cpu, write_new
-from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
+from verifybench.harness.engine.runner import CPU_COPIES, CPU_SMOKE_MEASURE, CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
 from verifybench.harness.model import presets
 from verifybench.kernels import mla_verify as mv
@@ -43,7 +43,6 @@ TREE = (5, 4, 8)  # (spec_steps, topk, D): a branching tree beside the chains
 TREE_VOCAB = 1000  # build_tree's token ids only; the mask does not depend on them
 SPARE_ROWS = mv.MAX_TREE  # caches hold context + this many rows, so every D of one context shares them
 MAX_COPIES = 256  # a 1k-context cache is 1.25 MB: about 200 of them make 4x an H200's L2
-CPU_COPIES = 2  # the interpreter takes ~0.2-0.5 s a call: the smoke run checks the rotation, not its size
 TOL = 1e-2  # bf16 output against the fp32 reference
 # a split_kv config for the tiny shapes: 2 splits of 16-key tiles, so the tree keys share the last split and the
 # combine runs; the default's 256 splits would cost the interpreter seconds per call
@@ -195,7 +194,7 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
             raise ValueError(f"--context {context}: without a GPU mla_verify runs contexts up to {CPU_MAX_CONTEXT} "
                              "(the Triton interpreter walks the keys one by one)")
         contexts, device = (context,), "cpu"
-        kw = {"max_time_s": 0.2, "warmup_s": 0.0, "warmup_calls": 1, "min_samples": 3, "calls_per_sample": CPU_COPIES}
+        kw = CPU_SMOKE_MEASURE
     return [make_case(preset, tp, c, n, shape, v, device, kw) for c in contexts for n, shape in shapes for v in VARIANTS]
 
 

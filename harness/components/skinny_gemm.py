@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from verifybench.harness.engine import ceiling, interpreter, memory
 from verifybench.harness.model import presets
 from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers, withhold_on_cpu
-from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
+from verifybench.harness.engine.runner import CPU_COPIES, CPU_SMOKE_MEASURE, CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
 from verifybench.kernels import skinny_gemm as sg
 from verifybench.kernels import skinny_gemm_kernels as sgk
@@ -66,13 +66,17 @@ def shapes(preset: str = "kimi-k2.5", tp: int = 8) -> list[Shape]:
 
 # ---------------------------------------------------------------------------------------------------- inputs
 
+def max_copies(device: str) -> int:
+    return MAX_COPIES if device == "cuda" else CPU_COPIES
+
+
 @lru_cache(maxsize=1)
 def weight_copies(N: int, K: int, device: str, dtype: torch.dtype, count: int | None = None) -> tuple:
     """The rotation's weight copies (`count`, default the cold-rotation rule's), random with unit-variance outputs;
     one shape held at a time."""
     gen = torch.Generator(device=device)
     gen.manual_seed(1234)
-    count = count or cold_rotation_sets(N * K * dtype.itemsize, device, MAX_COPIES)
+    count = count or cold_rotation_sets(N * K * dtype.itemsize, device, max_copies(device))
     return tuple((torch.randn(N, K, device=device, generator=gen) / K**0.5).to(dtype) for _ in range(count))
 
 
@@ -86,7 +90,8 @@ def planned_copies(shape: Shape, device: str, dtype: torch.dtype) -> tuple[tuple
     if _HELD.get("key") != key:
         weight_copies.cache_clear()
         per_set = shape.N * shape.K * dtype.itemsize
-        _HELD.update(key=key, plan=memory.plan(lambda c: c * per_set, cold_rotation_sets(per_set, device, MAX_COPIES),
+        wanted = cold_rotation_sets(per_set, device, max_copies(device))
+        _HELD.update(key=key, plan=memory.plan(lambda c: c * per_set, wanted,
                                                1, f"the {shape.name} weight copies", "copies", device))
     plan = _HELD["plan"]
     if plan.units == 0:
@@ -157,7 +162,7 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
     if not cuda_available():
         if preset != "tiny":
             raise ValueError(f"preset {preset!r} needs a GPU (293 MB lm_head per rank); use preset 'tiny' on CPU")
-        quick = {"max_time_s": 0.2, "warmup_s": 0.0, "min_samples": 3}
+        quick = CPU_SMOKE_MEASURE
         out = [make_case(s, n, "torch", "cpu", quick, preset, tp) for s in shapes(preset, tp) for n in tokens or CPU_NS]
         if sg._INTERPRET:
             out += [make_case(s, n, "triton", "cpu", interpreter.MEASURE_KW, preset, tp) for s in shapes(preset, tp)[:2]

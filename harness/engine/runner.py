@@ -15,6 +15,12 @@ from verifybench.harness.engine.results import Case
 from verifybench.harness.engine.timing import Measurement, measure
 
 Check = Callable[[], tuple[bool, str]]
+# The CPU smoke profile's cases: the Triton interpreter takes ~0.2-0.5 s a call and has no compile to warm up, so
+# a case rotates over CPU_COPIES input sets and a sample is one pass over them (its figures are withheld as CPU
+# numbers: the run checks every path and the rotation, not its size).
+CPU_COPIES = 2
+CPU_SMOKE_MEASURE = {"max_time_s": 0.2, "warmup_s": 0.0, "warmup_calls": 1, "min_samples": 3,
+                     "calls_per_sample": CPU_COPIES}
 
 
 class CaseSkipped(Exception):
