@@ -68,6 +68,7 @@ cpu_part() {
   local run=verifybench-results/$machine verify
   verify=$(ls "$run"/verify-*.json | tail -n 1)
   check 0 "mla_verify" 300 "verifybench mla_verify --tokens 3,6"
+  check 0 "verify" 300 "verifybench verify"
   check 0 "cycle" 600 "verifybench cycle --configs \"2,1,3;5,4,8\" --attention extend,split_kv"
   check 0 "cycle" 600 "verifybench cycle --configs \"2,1,3\" --contexts 1024,4096"
   local cpu_label="CPU numbers"; [ "$gpu" = 1 ] && cpu_label="[0-9]"
@@ -86,6 +87,7 @@ cpu_part() {
   check 0 "cycle" 120 "verifybench trace $TRACE --json cycle.json --chart cycle.png"
   check 0 "rtx|RTX" 60 "verifybench project $H200/verify.json --target rtx-pro-6000-pcie-tp8"
   check 0 "break" 60 "verifybench breakeven --accept-len 2.5"
+  check 0 "copy" 300 "verifybench baseline"
   check 0 "CPU machine|GPU" 60 "verifybench env"
   check 0 "\\{" 60 "verifybench env --json"
   check 0 "NCCL_" 120 "python3 -m verifybench.harness.multigpu.allreduce --nccl-sweep --nproc-per-node=2 --list"
