@@ -75,8 +75,16 @@ def resolve_scope(args) -> dict:
     if getattr(args, "allreduce_from", None):
         from verifybench.harness.model import build
 
+        before = os.environ.get("VERIFYBENCH_ALLREDUCE_FROM")
         os.environ["VERIFYBENCH_ALLREDUCE_FROM"] = args.allreduce_from
-        build.allreduce_stand_in_us()  # the file read and checked now, before anything is measured
+        try:
+            build.allreduce_stand_in_us()  # the file read and checked now, before anything is measured
+        except Exception:  # a refused file must not stay in force for what this process runs next
+            if before is None:
+                os.environ.pop("VERIFYBENCH_ALLREDUCE_FROM", None)
+            else:
+                os.environ["VERIFYBENCH_ALLREDUCE_FROM"] = before
+            raise
     return {"preset": preset, "tp": tp, "context": context, "out": out, "tokens": args.tokens,
             "cpu": not gpu, "options": component_options(args)}
 

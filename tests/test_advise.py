@@ -10,6 +10,7 @@ from verifybench.harness.analysis import advise
 from verifybench.harness.cli import main as cli_main
 from verifybench.harness.components import cycle as bench_cycle
 from verifybench.harness.engine import env, results
+from verifybench.harness.engine import result_files
 
 ROOT = Path(__file__).resolve().parent.parent / "results/baselines"
 H200, H200X2 = ROOT / "nvidia-h200-x1", ROOT / "nvidia-h200-x2"
@@ -176,13 +177,13 @@ def test_nccl_from_refuses_a_result_that_is_not_a_sweep_naming_it(capsys):
 
 
 def test_result_kind_is_the_name_before_the_stamp_or_the_baselines_stem(tmp_path):
-    assert results.kind_of(Path("verify-20261202T101010Z.json")) == "verify"
-    assert results.kind_of(Path("allreduce_sweep.json.gz")) == "allreduce_sweep"
+    assert result_files.kind_of(Path("verify-20261202T101010Z.json")) == "verify"
+    assert result_files.kind_of(Path("allreduce_sweep.json.gz")) == "allreduce_sweep"
     for stamp in ("20261201T000000Z", "20261202T000000Z"):
         (tmp_path / f"cycle-{stamp}.json").write_text("{}")
     (tmp_path / "cycle_contexts-20261203T000000Z.png").write_text("")
-    assert results.latest_of_kind(tmp_path, "cycle").name == "cycle-20261202T000000Z.json"
-    assert results.latest_of_kind(tmp_path, "verify") is None
+    assert result_files.latest_of_kind(tmp_path, "cycle").name == "cycle-20261202T000000Z.json"
+    assert result_files.latest_of_kind(tmp_path, "verify") is None
 
 
 def test_report_opening_is_the_answer_and_levers_within_one_screen():

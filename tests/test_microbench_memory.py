@@ -18,6 +18,7 @@ from verifybench.harness.engine import capture, memory
 from verifybench.harness.engine.pytest_plugin import HISTOGRAM_MOST, histogram_group
 
 REPO = Path(__file__).resolve().parent.parent
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where the benchmarks' tensors live
 
 
 def _child_pytest(folder: Path, *args, env_extra=None):
@@ -37,32 +38,33 @@ def _bench_folder(tmp_path: Path, body: str) -> Path:
 
 
 def test_a_bench_module_that_leaves_tensors_alive_fails_at_its_end(tmp_path):
-    folder = _bench_folder(tmp_path, "import torch\nKEPT = []\n\ndef test_keeps():\n"
-                                     "    KEPT.append(torch.ones(64 << 20, dtype=torch.uint8))\n")
+    folder = _bench_folder(tmp_path, f"import torch\nKEPT = []\n\ndef test_keeps():\n"
+                                     f"    KEPT.append(torch.ones(64 << 20, dtype=torch.uint8, device='{DEVICE}'))\n")
     r = _child_pytest(folder)
     assert r.returncode == 1, r.stdout[-2000:]
     assert "left" in r.stdout and "memory alive" in r.stdout
 
 
 def test_a_bench_module_that_frees_what_it_built_passes(tmp_path):
-    folder = _bench_folder(tmp_path, "import torch\n\ndef test_frees():\n"
-                                     "    x = torch.ones(64 << 20, dtype=torch.uint8)\n    assert x.sum() > 0\n")
+    folder = _bench_folder(tmp_path, f"import torch\n\ndef test_frees():\n"
+                                     f"    x = torch.ones(64 << 20, dtype=torch.uint8, device='{DEVICE}')\n"
+                                     "    assert x.sum() > 0\n")
     r = _child_pytest(folder)
     assert r.returncode == 0, r.stdout[-2000:]
 
 
 def test_spent_cases_free_the_weight_stack_their_setups_shared():
     specs = [s for s in graph_replay.cases("tiny", 1, 64, (1, 2)) if s.name.startswith("graph/model/")]
-    before = memory.live_bytes("cpu")
+    before = memory.live_bytes(DEVICE)
     fn, check, derive = specs[0].setup()
     assert check()[0]
     del fn, check, derive
-    built = memory.live_bytes("cpu") - before
+    built = memory.live_bytes(DEVICE) - before
     assert built > 0  # the shared stack lives in the specs' closures
     for s in specs:
         s.spend()
     graph_replay.release()
-    assert memory.live_bytes("cpu") - before < max(built // 10, 1)
+    assert memory.live_bytes(DEVICE) - before < max(built // 10, 1)
     with pytest.raises(RuntimeError, match="spent"):
         specs[0].setup()
 

@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 
 from verifybench.harness.engine import results
+from verifybench.harness.engine import result_files
 from verifybench.harness.engine.results import Case, ResultsError
 from verifybench.harness.engine.timing import Measurement
 
@@ -54,7 +55,7 @@ def test_two_runs_saving_in_the_same_second_keep_both_results(tmp_path):
     run = _run()
     first, second = results.save_run(run, tmp_path), results.save_run(_run((5.0, 6.0, 7.0)), tmp_path)
     assert first != second and second.name == first.name.replace(".json", "-2.json")
-    assert results.kind_of(second) == "demo" and results.latest_of_kind(tmp_path, "demo") == second
+    assert result_files.kind_of(second) == "demo" and result_files.latest_of_kind(tmp_path, "demo") == second
     assert [results.load_run(p)["cases"][0]["summary"]["median_us"] for p in (first, second)] == [11.0, 6.0]
 
 
@@ -236,40 +237,40 @@ def _stamped(folder, name, component="demo"):
 
 
 def test_file_names_say_the_kind_before_the_utc_stamp_or_as_a_curated_stem():
-    assert results.kind_of(Path("verify-20261202T101010Z.json")) == "verify"
-    assert results.kind_of(Path("allreduce_ranks-20261202T101010Z-3.json.gz")) == "allreduce_ranks"
-    assert results.kind_of(Path("results/baselines/nvidia-h200-x1/verify.json")) == "verify"
-    assert results.kind_of(Path("run-tiny-tp1-20261202T101010Z.md")) is None
+    assert result_files.kind_of(Path("verify-20261202T101010Z.json")) == "verify"
+    assert result_files.kind_of(Path("allreduce_ranks-20261202T101010Z-3.json.gz")) == "allreduce_ranks"
+    assert result_files.kind_of(Path("results/baselines/nvidia-h200-x1/verify.json")) == "verify"
+    assert result_files.kind_of(Path("run-tiny-tp1-20261202T101010Z.md")) is None
 
 
 def test_latest_of_kind_orders_by_stamp_then_number_never_by_listing(tmp_path):
     for name in ("verify-20261202T111010Z.json", "verify-20261202T101010Z-2.json", "verify.json",
                  "verify-20261202T111010Z-2.json", "cycle-20261203T000000Z.json", "verify_dist-20261204T0000Z.json"):
         _stamped(tmp_path, name)
-    assert results.latest_of_kind(tmp_path, "verify").name == "verify-20261202T111010Z-2.json"
-    assert results.latest_of_kind(tmp_path, "cycle").name == "cycle-20261203T000000Z.json"
-    assert results.latest_of_kind(tmp_path, "moe_int4") is None
+    assert result_files.latest_of_kind(tmp_path, "verify").name == "verify-20261202T111010Z-2.json"
+    assert result_files.latest_of_kind(tmp_path, "cycle").name == "cycle-20261203T000000Z.json"
+    assert result_files.latest_of_kind(tmp_path, "moe_int4") is None
 
 
 def test_pick_input_takes_a_folders_latest_of_the_first_kind_it_holds(tmp_path):
     _stamped(tmp_path, "verify-20261202T111010Z.json")
     _stamped(tmp_path, "cycle-20261201T000000Z.json")
-    path, note = results.pick_input(tmp_path, ("cycle", "verify"), "RESULT")
+    path, note = result_files.pick_input(tmp_path, ("cycle", "verify"), "RESULT")
     assert path.name == "cycle-20261201T000000Z.json" and "the latest cycle result" in note
     with pytest.raises(ResultsError, match=r"no moe_int4 result in this folder \(it holds: cycle, verify\)"):
-        results.pick_input(tmp_path, ("moe_int4",), "RESULT")
+        result_files.pick_input(tmp_path, ("moe_int4",), "RESULT")
 
 
 def test_pick_input_of_several_files_takes_the_latest_or_refuses_naming_why(tmp_path):
     a, b = _stamped(tmp_path, "verify-20261202T111010Z.json"), _stamped(tmp_path, "verify-20261202T101010Z.json")
-    assert results.pick_input([a, b], ("verify",), "NEW") == (a, f"NEW: {a} (the latest of the 2 files given)")
+    assert result_files.pick_input([a, b], ("verify",), "NEW") == (a, f"NEW: {a} (the latest of the 2 files given)")
     c = _stamped(tmp_path, "cycle-20261203T000000Z.json")
     with pytest.raises(ResultsError, match="files of different kinds"):
-        results.pick_input([a, c], ("verify",), "NEW")
+        result_files.pick_input([a, c], ("verify",), "NEW")
     with pytest.raises(ResultsError, match="carry no UTC time"):
-        results.pick_input([_stamped(tmp_path, "x.json"), _stamped(tmp_path, "x.json.gz")], (), "NEW")
+        result_files.pick_input([_stamped(tmp_path, "x.json"), _stamped(tmp_path, "x.json.gz")], (), "NEW")
     with pytest.raises(ResultsError, match="2 cycle files; this needs a verify result"):
-        results.pick_input([c, _stamped(tmp_path, "cycle-20261204T000000Z.json")], ("verify",), "NEW")
+        result_files.pick_input([c, _stamped(tmp_path, "cycle-20261204T000000Z.json")], ("verify",), "NEW")
 
 
 def test_a_field_a_command_reads_is_checked_when_the_file_is_read(tmp_path):

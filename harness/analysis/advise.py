@@ -21,6 +21,7 @@ from verifybench.harness.analysis.engine_settings import setting
 from verifybench.harness.analysis.fit import linear_fit
 from verifybench.harness.analysis.numbers import positive_int
 from verifybench.harness.engine import env, results
+from verifybench.harness.engine import result_files
 
 KINDS = ("verify", "cycle", "mla_verify", "allreduce_sweep", "verify_dist", "defaults_vs_tuned", "graph_replay")
 ENGINE_CONFIG = (2, 1, 3)  # the deployment's shape: 2 draft steps, topk 1, 3 draft tokens
@@ -32,10 +33,10 @@ def resolve(paths: list[Path]) -> dict[str, Path]:
     found: dict[str, Path] = {}
     for p in paths:
         if p.is_dir():
-            for kind in sorted({k for f in p.glob("*.json*") if f.is_file() and (k := results.kind_of(f))}):
-                found[kind] = results.latest_of_kind(p, kind)
+            for kind in sorted({k for f in p.glob("*.json*") if f.is_file() and (k := result_files.kind_of(f))}):
+                found[kind] = result_files.latest_of_kind(p, kind)
         elif p.exists():
-            found[results.kind_of(p)] = p
+            found[result_files.kind_of(p)] = p
         else:
             raise ValueError(f"{p}: no such file or folder (give a results folder or result files)")
     return found

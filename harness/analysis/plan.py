@@ -41,6 +41,7 @@ from tabulate import tabulate
 from verifybench.harness.analysis.breakeven import ASSUMED_DRAFT_STEP_MS, ASSUMED_OTHER_MS, ASSUMED_REEXTEND_MS
 from verifybench.harness.analysis.numbers import finite_float, out_path
 from verifybench.harness.engine import results
+from verifybench.harness.engine import result_files
 from verifybench.harness.engine.results import COUNT, FINITE_TABLE, POSITIVE, TEXT, Need
 
 DEFAULT_CONFIGS = "2,1,3;3,1,4;5,1,6;5,4,8"
@@ -147,7 +148,7 @@ NEEDS = {
 def load_result(given) -> tuple[dict, Path, str]:
     """(run, its file, a note when a folder or a glob chose it): the latest cycle result, else verify result, of a
     folder; every field plan reads checked; a CPU smoke run refused."""
-    path, note = results.pick_input(given, tuple(NEEDS), "RESULT")
+    path, note = result_files.pick_input(given, tuple(NEEDS), "RESULT")
     return results.load_run(path, NEEDS, "plan", gpu_only=True), path, note
 
 
@@ -213,8 +214,8 @@ def clipped_other(run: dict, attention: str = "all") -> list[str]:
 
 
 def newest_cycle(directory: Path) -> Path | None:
-    """The newest cycle result in a results folder (results.latest_of_kind: by the UTC time in the names)."""
-    return results.latest_of_kind(directory, "cycle")
+    """The newest cycle result in a results folder (result_files.latest_of_kind: by the UTC time in the names)."""
+    return result_files.latest_of_kind(directory, "cycle")
 
 
 def verify_points(run: dict) -> tuple[dict[int, float], float]:

@@ -22,6 +22,7 @@ from tabulate import tabulate
 from verifybench.harness.analysis.decompose import Gpu, project
 from verifybench.harness.analysis.numbers import finite_float
 from verifybench.harness.engine import results
+from verifybench.harness.engine import result_files
 from verifybench.harness.engine.fingerprint import gpu_model
 from verifybench.harness.engine.results import BYTES_TABLE, COUNT, COUNT_OR_NULL, NONNEGATIVE, POSITIVE, TEXT, Need
 from verifybench.harness.model import presets
@@ -104,7 +105,7 @@ def _span(r: tuple[float, float]) -> str:
 def run(args) -> int:
     copy, ar, source = target_ranges(args)
     name = args.name or args.target or "target GPU"
-    path, note = results.pick_input(args.result, ("verify",), "RESULT")
+    path, note = result_files.pick_input(args.result, ("verify",), "RESULT")
     if note:
         print(note)
     run_ = results.load_run(path, NEEDS, "project", gpu_only=True)

@@ -264,7 +264,8 @@ def format_report(result: dict) -> str:
 def against_file(given) -> Path:
     """The verify result --against names: a file, a results folder's latest verify result, or the latest of several
     files (a glob), said when chosen; TraceError otherwise."""
-    from verifybench.harness.engine.results import ResultsError, pick_input
+    from verifybench.harness.engine.result_files import pick_input
+    from verifybench.harness.engine.results import ResultsError
 
     try:
         path, note = pick_input(given, ("verify",), "--against")

@@ -21,6 +21,7 @@ from tabulate import tabulate
 
 from verifybench.harness.engine import fingerprint as fpmod
 from verifybench.harness.engine import results
+from verifybench.harness.engine import result_files
 from verifybench.harness.engine.modes import HOST_TIMED_MODES, host_timed
 from verifybench.harness.engine.stats import Summary, summarize
 
@@ -310,18 +311,18 @@ def inputs(args) -> tuple[Path, Path, list[str]]:
     kind = getattr(args, "kind", None)
     if kind is None:
         files = [g for g in (base, new) if not (len(g) == 1 and g[0].is_dir())]
-        named = {results.kind_of(p) for g in files for p in g} - {None}
+        named = {result_files.kind_of(p) for g in files for p in g} - {None}
         if len(files) < 2 and len(named) == 1:
             kind = named.pop()
         elif not files:
-            shared = sorted(set(results.kinds_in(base[0])) & set(results.kinds_in(new[0])))
+            shared = sorted(set(result_files.kinds_in(base[0])) & set(result_files.kinds_in(new[0])))
             raise results.ResultsError(f"BASE {base[0]} and NEW {new[0]} are both folders: name the kind with "
                                        f"--kind (both hold: {', '.join(shared) or 'no kind in common'})")
     if kind is None and any(len(g) == 1 and g[0].is_dir() for g in (base, new)):
         raise results.ResultsError("the other side's file name says no kind of result to take from the folder; "
                                    "name it with --kind (e.g. --kind verify)")
     kinds = (kind,) if kind else ()
-    (b, nb), (n, nn) = results.pick_input(base, kinds, "BASE"), results.pick_input(new, kinds, "NEW")
+    (b, nb), (n, nn) = result_files.pick_input(base, kinds, "BASE"), result_files.pick_input(new, kinds, "NEW")
     return b, n, [note for note in (nb, nn) if note]
 
 
