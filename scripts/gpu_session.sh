@@ -77,10 +77,14 @@ for s in ${STEPS:-install env}; do
             done ;;
     advise) step advise 60 verifybench advise "$WORK/run"
             step advise-tau 60 verifybench advise "$WORK/run" --accept-len 3:2.4,6:3.1 ;;
-    acceptance) step acceptance "${ACCEPT_LIMIT:-480}" scripts/acceptance.sh --gpu ;;
+    acceptance) step acceptance "${ACCEPT_LIMIT:-480}" env TMPDIR="$WORK" scripts/acceptance.sh --gpu  # its scratch folder is bundled
+                for r in "$WORK"/verifybench-acceptance.*/verifybench-results/*/run-*.md; do
+                  [ -f "$r" ] && { echo "=== $r: the first 40 lines"; head -n 40 "$r"; }
+                done ;;
     savecache) tar -czf "$OUT/triton-cache.tar.gz" -C "$cache" . && ls -la "$OUT/triton-cache.tar.gz" ;;
     *) echo "unknown step $s" ;;
   esac
 done
 printf '%s\n' "${summary[@]}" | tee "$WORK/summary.txt"
-tar -czf "$OUT/bundle.tgz" -C "$WORK" . && ls -la "$OUT/bundle.tgz"
+# a recorded trace is too big to come back
+tar -czf "$OUT/bundle.tgz" --exclude=OUT.json.gz -C "$WORK" . && ls -la "$OUT/bundle.tgz"
