@@ -53,6 +53,17 @@ def test_a_bench_module_that_frees_what_it_built_passes(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:]
 
 
+def test_a_case_that_cannot_run_here_is_a_skip_with_its_reason_not_a_failure(tmp_path):
+    folder = _bench_folder(tmp_path, "from verifybench.harness.engine.runner import CaseSkipped, CaseSpec\n\n"
+                                     "def _setup():\n    raise CaseSkipped('too slow in the interpreter')\n\n"
+                                     "def test_case(device_benchmark):\n"
+                                     "    device_benchmark(CaseSpec(name='probe/x', params={}, mode='hot', setup=_setup))\n")
+    for args in (("--benchmark-only",), ("--benchmark-disable",)):
+        r = _child_pytest(folder, "-rs", *args)
+        assert r.returncode == 0, r.stdout[-2000:]
+        assert "1 skipped" in r.stdout and "too slow in the interpreter" in r.stdout, r.stdout[-2000:]
+
+
 def test_spent_cases_free_the_weight_stack_their_setups_shared():
     specs = [s for s in graph_replay.cases("tiny", 1, 64, (1, 2)) if s.name.startswith("graph/model/")]
     before = memory.live_bytes(DEVICE)

@@ -12,7 +12,7 @@ import torch
 
 from verifybench.harness.engine import fingerprint, hostpin, hostprobe, memory, timing
 from verifybench.harness.engine.results import METHOD_VERSION, Case
-from verifybench.harness.engine.runner import CaseSpec
+from verifybench.harness.engine.runner import CaseSkipped, CaseSpec
 from verifybench.kernels import config_tables
 
 CPU_NOTE = ("NOTE: no GPU here: these figures are CPU numbers (torch CPU code and the Triton interpreter, timed "
@@ -101,7 +101,7 @@ def _feed(benchmark, case: Case) -> None:
 def device_benchmark(benchmark, request):
     """Returns run(spec: CaseSpec) -> Case: checks the case, times it with the engine, feeds pytest-benchmark.
 
-    A failing check fails the test and records no time. With --benchmark-disable the case is only checked. The
+    A failing check fails the test and records no time; a case that cannot run here is skipped with its reason. With --benchmark-disable the case is only checked. The
     benchmark's group is a prefix of the case name shared by at most HISTOGRAM_MOST of the module's cases.
     """
 
@@ -109,12 +109,17 @@ def device_benchmark(benchmark, request):
         names = [s.name for s in getattr(request.module, "CASES", ())] or [spec.name]
         benchmark.group = benchmark.group or histogram_group(spec.name, names)
         if benchmark.disabled:
-            fn, check, _ = spec.setup()
+            try:
+                fn, check, _ = spec.setup()
+            except CaseSkipped as why:
+                pytest.skip(f"{spec.name}: {why}")
             ok, detail = check()
             if not ok:
                 pytest.fail(f"{spec.name}: check failed: {detail}")
             return Case(name=spec.name, params=spec.params, check_ok=True, check_detail=detail)
         case = spec.run(**measure_overrides)
+        if case.skipped:  # a case that cannot run here (e.g. a Triton kernel too slow for the CPU interpreter)
+            pytest.skip(f"{spec.name}: {case.skipped}")
         if not case.check_ok:
             benchmark.has_error = True
             pytest.fail(f"{spec.name}: check failed, not timed: {case.check_detail}")
