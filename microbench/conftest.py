@@ -11,7 +11,7 @@ from verifybench.harness.engine import memory
 from verifybench.harness.engine.pytest_plugin import (device_benchmark, pytest_benchmark_update_machine_info,  # noqa: F401
                                                       pytest_configure, pytest_sessionstart, pytest_terminal_summary)
 
-LEAK_TOLERANCE_BYTES = 8 << 20  # allocator rounding, cuBLAS workspaces and the L2 flush buffer, not a layer's weights
+LEAK_TOLERANCE_BYTES = 8 << 20  # allocator rounding and the L2 flush buffer, not a layer's weights
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -92,6 +92,7 @@ def compare_cases(work: Path) -> list[Case]:
                          ([good, good, "--alpha", "nan"], "--alpha"), ([good, good, "--alpha", "0"], "--alpha"),
                          ([good, good, "--alpha", "1"], "--alpha"), ([good], "new")):
         out.append(cli("compare", ["compare", *argv], needle))
-    other = _edited(_suite(d / "h100.json"), lambda x: x["fingerprint"].update(gpus=[{"name": "H100"}]))
+    other = _edited(_suite(d / "h100.json"), lambda x: x["fingerprint"].update(gpus=[{"name": "NVIDIA H100"}],
+                                                                              gpu_model="NVIDIA H100"))
     out.append(cli("compare", ["compare", good, other], "different GPU models"))
     return out

@@ -64,6 +64,14 @@ def test_a_case_that_cannot_run_here_is_a_skip_with_its_reason_not_a_failure(tmp
         assert "1 skipped" in r.stdout and "too slow in the interpreter" in r.stdout, r.stdout[-2000:]
 
 
+def test_cublas_workspaces_are_released_before_the_gpu_bytes_are_counted(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: calls.append("clear"), raising=False)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: calls.append("count") or 123)
+    assert memory.live_bytes("cuda") == 123
+    assert calls == ["clear", "count"]
+
+
 def test_spent_cases_free_the_weight_stack_their_setups_shared():
     specs = [s for s in graph_replay.cases("tiny", 1, 64, (1, 2)) if s.name.startswith("graph/model/")]
     before = memory.live_bytes(DEVICE)
