@@ -88,7 +88,7 @@ def test_spent_cases_free_the_weight_stack_their_setups_shared():
         specs[0].setup()
 
 
-def test_graph_capture_collects_first_and_holds_the_collector_off_inside(monkeypatch):
+def test_graph_capture_holds_the_collector_off_inside_and_restores_it(monkeypatch):
     seen = {}
 
     @contextmanager
@@ -96,13 +96,14 @@ def test_graph_capture_collects_first_and_holds_the_collector_off_inside(monkeyp
         seen["gc_enabled_inside"] = gc.isenabled()
         yield
 
-    collected = []
-    monkeypatch.setattr(capture.gc, "collect", lambda *a: collected.append(1) or 0)
     monkeypatch.setattr(torch.cuda, "graph", fake_graph)
     assert gc.isenabled()
     with capture.graph_capture(object()):
         pass
-    assert collected and seen["gc_enabled_inside"] is False and gc.isenabled()
+    assert seen["gc_enabled_inside"] is False and gc.isenabled()
+    with pytest.raises(ValueError), capture.graph_capture(object()):  # a failed capture restores it too
+        raise ValueError
+    assert gc.isenabled()
 
 
 def test_histogram_groups_hold_at_most_50_of_the_h200_run_benchmarks():
