@@ -1,4 +1,4 @@
-"""Probes of issue 28's classes that cut across commands: data lost (a write onto an input, two runs in one second),
+"""Probes of the bad-input classes that cut across commands: data lost (a write onto an input, two runs in one second),
 tracebacks (corrupt or doctored results given to plan and project, Ctrl-C, bad faults), silent or misleading answers
 (plan, breakeven, compare, trace on damaged traces, the tree and MoE inputs) and the README's flows.
 

@@ -52,7 +52,8 @@ def test_a_bench_module_that_frees_what_it_built_passes_and_a_case_that_cannot_r
                                      "from verifybench.harness.engine.runner import CaseSkipped, CaseSpec\n\n"
                                      "def _setup():\n    raise CaseSkipped('too slow in the interpreter')\n\n"
                                      "def test_cannot_run_here(device_benchmark):\n"
-                                     "    device_benchmark(CaseSpec(name='probe/x', params={}, mode='hot', setup=_setup))\n")
+                                     "    spec = CaseSpec(name='probe/x', params={}, mode='hot', setup=_setup)\n"
+                                     "    device_benchmark(spec)\n")
     r = _child_pytest(folder, "-rs")
     assert r.returncode == 0, r.stdout[-2000:]
     assert "1 passed, 1 skipped" in r.stdout and "too slow in the interpreter" in r.stdout, r.stdout[-2000:]

@@ -96,8 +96,8 @@ def live_bytes(device: str) -> int:
 
     gc.collect()
     if device == "cuda":
-        # cuBLAS holds a workspace per handle and stream in the allocator (32 MiB each on an H200; a bench module
-        # that captures graphs on several streams left 0.96 GiB of them): not tensors, and freed only when asked
+        # cuBLAS keeps a workspace per handle and stream in the allocator (32 MiB each on an H200, one per capture
+        # stream): not tensors, and freed only when asked
         torch._C._cuda_clearCublasWorkspaces()
         return torch.cuda.memory_allocated()
     seen: dict[int, int] = {}

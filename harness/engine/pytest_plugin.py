@@ -101,8 +101,9 @@ def _feed(benchmark, case: Case) -> None:
 def device_benchmark(benchmark, request):
     """Returns run(spec: CaseSpec) -> Case: checks the case, times it with the engine, feeds pytest-benchmark.
 
-    A failing check fails the test and records no time; a case that cannot run here is skipped with its reason. With --benchmark-disable the case is only checked. The
-    benchmark's group is a prefix of the case name shared by at most HISTOGRAM_MOST of the module's cases.
+    A failing check fails the test and records no time; a case that cannot run here is skipped with its reason.
+    With --benchmark-disable the case is only checked. The benchmark's group is a prefix of the case name shared by
+    at most HISTOGRAM_MOST of the module's cases.
     """
 
     def run(spec: CaseSpec, **measure_overrides) -> Case:
