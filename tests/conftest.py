@@ -11,9 +11,6 @@ if not torch.cuda.is_available():
 import early_jobs  # noqa: E402
 from verifybench.harness.engine.pytest_plugin import pytest_terminal_summary  # noqa: E402,F401 (the defaults notice)
 
-# tests whose bounds are timed: they wait until the early jobs have ended, so no extra load moves them
-QUIET_FILES = ("test_rank_faults.py",)
-
 
 @pytest.hookimpl(trylast=True)  # after -k and -m deselected: a run nobody reads is not started
 def pytest_collection_modifyitems(config, items):
@@ -22,18 +19,19 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
-    # the tiny run (one process, about a minute of CPU) goes beside the tests of one process before its readers
-    readers = [item for item in items if "run_dir" in getattr(item, "fixturenames", ())]
-    if readers:
-        late = {id(item) for item in readers}
-        items[:] = [item for item in items if id(item) not in late] + readers
-        if not config.option.collectonly:
-            early_jobs.start("run")
+    items.sort(key=early_jobs.place)  # stable: the order within each group is kept
+    if config.option.collectonly:
+        return
+    if any("run_dir" in getattr(item, "fixturenames", ()) for item in items):
+        early_jobs.start("run")
+    for item in items:
+        for name, fn in early_jobs.early_fixtures(item).items():
+            early_jobs.submit(name, fn)
 
 
 @pytest.fixture(autouse=True)
 def _quiet_host(request):
-    if request.node.path.name in QUIET_FILES:
+    if early_jobs.timed(request.node):
         early_jobs.wait_all()
 
 

@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+import early_jobs
 from verifybench.harness.multigpu import sweep
 from verifybench.harness.multigpu.allreduce import main as allreduce_main, parse_bytes, parse_int_list, plan_sizes
 from verifybench.harness.collectives.allreduce_results import build_cases, busbw_factor, stand_in_from_result, table_rows
@@ -29,14 +30,21 @@ FAST = ["--backend", "gloo", "--preset", "tiny", "--tokens", "1,2", "--warmup", 
         "--isolated-samples", "6", "--calls-per-sample", "3"]
 
 
+def _quick_sweep_job():
+    out_dir = early_jobs.scratch("sweep")
+    return (*_run([sys.executable, "-m", "verifybench.harness.multigpu.allreduce", "--nccl-sweep", "--quick", *FAST,
+                   "--mode", "graph,eager,isolated", "--nproc-per-node", "8", "--out", str(out_dir)], timeout_s=240),
+            out_dir)
+
+
+EARLY_JOBS = {"quick_sweep": _quick_sweep_job}  # started at collection (tests/early_jobs.py)
+
+
 @pytest.fixture(scope="module")
-def quick_sweep(tmp_path_factory):
+def quick_sweep():
     """One quick sweep (two settings, each a fresh 8-rank gloo torchrun, every mode): the 8-rank allreduce job and
     the sweep driver are both checked on it, so CI starts the 8 ranks twice, not three times."""
-    out_dir = tmp_path_factory.mktemp("sweep")
-    rc, out, _, tag = _run([sys.executable, "-m", "verifybench.harness.multigpu.allreduce", "--nccl-sweep", "--quick",
-                            *FAST, "--mode", "graph,eager,isolated", "--nproc-per-node", "8",
-                            "--out", str(out_dir)], timeout_s=240)
+    rc, out, _, tag, out_dir = early_jobs.job_result(f"{__name__}::quick_sweep", _quick_sweep_job)
     assert rc == 0, out[-3000:]
     assert_no_orphans(tag)
     return out, next(out_dir.glob("allreduce_sweep-*.json"))
@@ -70,6 +78,7 @@ FAULTS = ("exit-early:1@1", "hang:0@1", "hang:1@1")
 @pytest.fixture(scope="module")
 def fault_runs(tmp_path_factory) -> dict:
     """fault -> (rc, output, wall seconds, tag) of a 2-rank job with that fault, the jobs run at once."""
+    early_jobs.wait_all()  # timed bounds: on a quiet host (tests/early_jobs.py)
     cmds = [TORCHRUN + ["-m", "verifybench.harness.multigpu.allreduce", *FAST, "--out",
                         str(tmp_path_factory.mktemp("fault")), "--fault", fault]
             + (["--hang-timeout", "4"] if fault.startswith("hang") else []) for fault in FAULTS]

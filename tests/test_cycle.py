@@ -55,9 +55,10 @@ def test_cycle_mode_times_whole_cycles_and_each_phase(fwd):
     assert m.mode == "cycle" and len(m.samples_us) >= 3
     assert set(m.phases) == set(PHASES)
     assert all(len(v["device_us"]) >= 3 and min(v["device_us"]) >= 0 for v in m.phases.values())
-    # a cycle's phases account for the cycle (CPU: host clock, so only loosely)
-    phase_sum = sum(sorted(v["device_us"])[len(v["device_us"]) // 2] for v in m.phases.values())
-    assert 0.5 < phase_sum / m.median_us < 2
+    # a cycle's phases account for the cycle (CPU: host clock, so only loosely, and by the fastest samples: the two
+    # passes are timed apart, and a loaded host moves their medians apart)
+    phase_sum = sum(min(v["device_us"]) for v in m.phases.values())
+    assert 0.5 < phase_sum / min(m.samples_us) < 2
 
 
 def test_cycle_mode_refuses_a_step_that_skips_a_phase():

@@ -1,6 +1,7 @@
-"""The suite's own scheduling (tests/early_jobs.py, conftest.py): the tiny run starts at collection and its readers
-run last, serial compiles split in order, fault jobs run at once."""
+"""The suite's own scheduling (tests/early_jobs.py, conftest.py): the tiny run and the files' EARLY_JOBS start at
+collection and their readers run late, serial compiles split in order, fault jobs run at once."""
 import os
+import subprocess
 import sys
 import time
 
@@ -8,10 +9,20 @@ import early_jobs
 from torchrun_jobs import run_jobs_at_once
 
 
-def test_the_tiny_run_starts_at_collection_and_its_readers_run_last(request):
-    reads = ["run_dir" in getattr(item, "fixturenames", ()) for item in request.session.items]
-    assert reads == sorted(reads)  # every reader after every other test
-    assert early_jobs.started_at_collection == ({"run"} if any(reads) else set())
+def test_the_early_jobs_start_at_collection_their_readers_run_late_and_the_timed_files_last(request):
+    items = request.session.items
+    place = [early_jobs.place(item) for item in items]
+    assert place == sorted(place)
+    assert all(place[i] == 2 for i, item in enumerate(items) if item.path.name == "test_rank_faults.py")
+    assert all(place[i] == 1 for i, item in enumerate(items) if "run_dir" in item.fixturenames)
+    jobs = {name for item in items for name in early_jobs.early_fixtures(item)}
+    run = {"run"} if any("run_dir" in getattr(item, "fixturenames", ()) for item in items) else set()
+    assert early_jobs.started_at_collection == run | jobs
+
+
+def test_a_job_not_queued_at_collection_runs_when_its_fixture_reads_it():
+    calls = []
+    assert early_jobs.job_result("probe::not-queued", lambda: calls.append(1) or 8) == 8 and calls == [1]
 
 
 def test_in_halves_returns_the_results_in_order_from_two_calls_at_once(monkeypatch):
@@ -39,3 +50,16 @@ def test_jobs_run_at_once_each_with_its_own_outcome():
     assert time.monotonic() - t0 < 3.8  # not one after the other
     (rc0, out0, _, tag0), (rc1, out1, _, tag1) = done
     assert rc0 == rc1 == 3 and tag0 != tag1 and tag0 in out0 and "'x'" in out1 and tag1 in out1
+
+
+def test_a_job_process_past_its_timeout_is_ended_with_its_children():
+    tree = [sys.executable, "-c", "import subprocess, sys, time; "
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); print('up', flush=True); "
+            "time.sleep(60)"]
+    t0 = time.monotonic()
+    proc = early_jobs.popen(tree, stdout=subprocess.PIPE, text=True)
+    out, killed = early_jobs.communicate(proc, 3)
+    assert killed and "up" in out and time.monotonic() - t0 < 10
+    time.sleep(0.2)
+    group = subprocess.run(["ps", "-o", "pid=,stat=", "-g", str(proc.pid)], capture_output=True, text=True).stdout
+    assert all(line.split()[1].startswith("Z") for line in group.splitlines()), group  # its child went too

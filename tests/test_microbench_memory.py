@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import early_jobs
 from verifybench.harness.components import graph_replay
 from verifybench.harness.engine import capture, memory
 from verifybench.harness.engine.pytest_plugin import HISTOGRAM_MOST, histogram_group
@@ -21,40 +22,63 @@ REPO = Path(__file__).resolve().parent.parent
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where the benchmarks' tensors live
 
 
-def _child_pytest(folder: Path, *args, env_extra=None):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
-    env.update(VERIFYBENCH_MAX_TIME_S="0.05", **(env_extra or {}))
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(folder), *args],
-                          cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+def _child_pytest(folder: Path, *args) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in early_jobs.ENVIRON.items() if not k.startswith("PYTEST_XDIST")}
+    env.update(VERIFYBENCH_MAX_TIME_S="0.05")
+    return early_jobs.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(folder), *args], 300,
+                          cwd=folder, env=env)
 
 
-def _bench_folder(tmp_path: Path, body: str) -> Path:
-    folder = tmp_path / "bench"
-    folder.mkdir()
+def _bench_folder(body: str) -> Path:
+    folder = early_jobs.scratch("bench")
     shutil.copy(REPO / "microbench" / "conftest.py", folder / "conftest.py")
     (folder / "bench_probe.py").write_text(body)
     (folder / "pytest.ini").write_text("[pytest]\npython_files = bench_*.py\n")
     return folder
 
 
-def test_a_bench_module_that_leaves_tensors_alive_fails_at_its_end(tmp_path):
-    folder = _bench_folder(tmp_path, f"import torch\nKEPT = []\n\ndef test_keeps():\n"
-                                     f"    KEPT.append(torch.ones(64 << 20, dtype=torch.uint8, device='{DEVICE}'))\n")
-    r = _child_pytest(folder)
+KEEPS = f"import torch\nKEPT = []\n\ndef test_keeps():\n" \
+        f"    KEPT.append(torch.ones(64 << 20, dtype=torch.uint8, device='{DEVICE}'))\n"
+FREES = (f"import torch\n\ndef test_frees():\n"
+         f"    x = torch.ones(64 << 20, dtype=torch.uint8, device='{DEVICE}')\n"
+         "    assert x.sum() > 0\n\n"
+         "from verifybench.harness.engine.runner import CaseSkipped, CaseSpec\n\n"
+         "def _setup():\n    raise CaseSkipped('too slow in the interpreter')\n\n"
+         "def test_cannot_run_here(device_benchmark):\n"
+         "    spec = CaseSpec(name='probe/x', params={}, mode='hot', setup=_setup)\n"
+         "    device_benchmark(spec)\n")
+
+
+def _no_pygal_run() -> subprocess.CompletedProcess:
+    shim = early_jobs.scratch("shim")
+    (shim / "pygal.py").write_text("raise ImportError('no pygal here')\n")
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(shim), early_jobs.ENVIRON.get("PYTHONPATH")) if p)}
+    return early_jobs.run([sys.executable, "-m", "pytest", "--benchmark-only", "-q", "-p", "no:cacheprovider",
+                           "microbench/bench_baseline.py", f"--benchmark-histogram={shim / 'h'}"], 300,
+                          cwd=REPO, env={**early_jobs.ENVIRON, **env})
+
+
+def _child_runs() -> dict:
+    return {"keeps": _child_pytest(_bench_folder(KEEPS)), "frees": _child_pytest(_bench_folder(FREES), "-rs"),
+            "no-pygal": _no_pygal_run()}
+
+
+EARLY_JOBS = {"child_runs": _child_runs}  # started at collection (tests/early_jobs.py)
+
+
+@pytest.fixture(scope="module")
+def child_runs() -> dict:
+    return early_jobs.job_result(f"{__name__}::child_runs", _child_runs)
+
+
+def test_a_bench_module_that_leaves_tensors_alive_fails_at_its_end(child_runs):
+    r = child_runs["keeps"]
     assert r.returncode == 1, r.stdout[-2000:]
     assert "left" in r.stdout and "memory alive" in r.stdout
 
 
-def test_a_bench_module_that_frees_what_it_built_passes_and_a_case_that_cannot_run_here_is_a_skip(tmp_path):
-    folder = _bench_folder(tmp_path, f"import torch\n\ndef test_frees():\n"
-                                     f"    x = torch.ones(64 << 20, dtype=torch.uint8, device='{DEVICE}')\n"
-                                     "    assert x.sum() > 0\n\n"
-                                     "from verifybench.harness.engine.runner import CaseSkipped, CaseSpec\n\n"
-                                     "def _setup():\n    raise CaseSkipped('too slow in the interpreter')\n\n"
-                                     "def test_cannot_run_here(device_benchmark):\n"
-                                     "    spec = CaseSpec(name='probe/x', params={}, mode='hot', setup=_setup)\n"
-                                     "    device_benchmark(spec)\n")
-    r = _child_pytest(folder, "-rs")
+def test_a_bench_module_that_frees_what_it_built_passes_and_a_case_that_cannot_run_here_is_a_skip(child_runs):
+    r = child_runs["frees"]
     assert r.returncode == 0, r.stdout[-2000:]
     assert "1 passed, 1 skipped" in r.stdout and "too slow in the interpreter" in r.stdout, r.stdout[-2000:]
 
@@ -117,14 +141,8 @@ def test_histogram_groups_hold_at_most_50_of_the_h200_run_benchmarks():
     assert len(groups) < len(names) // 2  # groups, not one chart per benchmark
 
 
-def test_histogram_without_pygal_is_refused_before_anything_runs(tmp_path):
-    shim = tmp_path / "shim"
-    shim.mkdir()
-    (shim / "pygal.py").write_text("raise ImportError('no pygal here')\n")
-    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(shim), os.environ.get("PYTHONPATH")) if p)}
-    r = subprocess.run([sys.executable, "-m", "pytest", "--benchmark-only", "-q", "-p", "no:cacheprovider",
-                        "microbench/bench_baseline.py", f"--benchmark-histogram={tmp_path / 'h'}"],
-                       cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+def test_histogram_without_pygal_is_refused_before_anything_runs(child_runs):
+    r = child_runs["no-pygal"]
     out = r.stdout + r.stderr
     assert r.returncode == 4, out[-2000:]  # pytest's usage error
     assert "needs pygal" in out and "Traceback" not in out and "passed" not in out

@@ -4,6 +4,8 @@ CPU, fp16: bf16 arithmetic is wrong in the interpreter), every error path, routi
 import importlib
 import json
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +22,7 @@ from verifybench.kernels import moe_int4_select as ms  # noqa: E402
 
 E, H, I, TOPK = 8, 64, 32, 2
 # few, large blocks: the interpreter's cost is per program
+REPO = Path(__file__).resolve().parent.parent
 SMALL_CFG = {"gate_up": {"BLOCK_N": 16, "num_warps": 1}, "down": {"BLOCK_N": 32, "ROW_ITERS": 2}}
 
 
@@ -586,14 +589,36 @@ def test_tune_that_measures_nothing_writes_no_table(mt, tmp_path, monkeypatch):
     assert not out.exists() and lines[-1].startswith("nothing tuned: the 4.0 min cap was reached")
 
 
-def test_tune_dry_run_on_cpu_writes_a_table_select_config_can_use(mt, tmp_path):
+# The CPU dry run of the tuner (interpreted kernels: half a minute of CPU), in a process of its own started at
+# collection; it prints its progress lines, then the table it returned.
+_TUNE_DRY_RUN = ("import json, sys\nfrom verifybench.harness.tune import moe_int4 as bench\n"
+                 "table = bench.tune('tiny', 1, (1,), out=sys.argv[1], jobs=0, log=print)\nprint(json.dumps(table))\n")
+
+
+def _tune_dry_run_job():
+    if torch.cuda.is_available():
+        return None
+    out = early_jobs.scratch("moe-tune") / "table.json"
+    out.write_text(json.dumps({"Other GPU": {"by_n": {}}}))  # tuned before: kept
+    env = {**early_jobs.ENVIRON, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    return early_jobs.run([sys.executable, "-c", _TUNE_DRY_RUN, str(out)], 600, cwd=REPO, env=env), out
+
+
+EARLY_JOBS = {"tune_dry_run": _tune_dry_run_job}  # started at collection (tests/early_jobs.py)
+
+
+@pytest.fixture(scope="module")
+def tune_dry_run():
+    return early_jobs.job_result(f"{__name__}::tune_dry_run", _tune_dry_run_job)
+
+
+def test_tune_dry_run_on_cpu_writes_a_table_select_config_can_use(mt, tune_dry_run):
     if torch.cuda.is_available():
         pytest.skip("the dry run is the CPU path")
-    bench = importlib.import_module("verifybench.harness.tune.moe_int4")
-    lines = []
-    out = tmp_path / "table.json"
-    out.write_text(json.dumps({"Other GPU": {"by_n": {}}}))  # tuned before: kept
-    table = bench.tune("tiny", 1, (1,), out=str(out), jobs=0, log=lines.append)
+    r, out = tune_dry_run
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    *lines, returned = r.stdout.splitlines()
+    table = json.loads(returned)
     assert json.loads(out.read_text()) == table and set(table) == {"Other GPU", "cpu"}
     entry = table["cpu"]["by_n"]["1"]
     assert entry["dequant"] == "denormal" and set(entry["by_space_us"]) == {"split-denormal"}
@@ -601,6 +626,7 @@ def test_tune_dry_run_on_cpu_writes_a_table_select_config_can_use(mt, tmp_path):
     assert any(line.startswith("[  1/") for line in lines)  # progress lines
     assert any("does not fit preset tiny" in line for line in lines)  # the invalid smoke candidate is left out
     assert lines[-1].startswith(f"wrote {out}")
+    bench = importlib.import_module("verifybench.harness.tune.moe_int4")
     # the chosen config runs and matches the reference at the tiny shapes
     p = bench.preset_shape("tiny", 1)
     from verifybench.harness.components import moe_int4 as component

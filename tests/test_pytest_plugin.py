@@ -3,6 +3,7 @@
 Runs pytest-benchmark in a subprocess, once with the installed release and once with every other supported
 release that .ci/install placed under .ci/pytest-benchmark-<version>/ (PYTHONPATH first, so it wins).
 """
+import importlib.util
 import json
 import os
 import subprocess
@@ -11,31 +12,60 @@ from pathlib import Path
 
 import pytest
 
+import early_jobs
 from verifybench.harness.cli import main as cli_main
 
 REPO = Path(__file__).resolve().parent.parent
 ALT_RELEASES = sorted((REPO / ".ci").glob("pytest-benchmark-*"))
 
 
-def _pytest(tmp_path, *args, pythonpath=None):
+RELEASES = ["installed", *[p.name for p in ALT_RELEASES]]
+HAS_PYGAL = importlib.util.find_spec("pygal") is not None
+
+
+def _pytest(tmp_path, *args, pythonpath=None) -> subprocess.CompletedProcess:
     # not an xdist worker's variables: pytest-benchmark refuses to time inside one (the parent may run under -n)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env = {k: v for k, v in early_jobs.ENVIRON.items() if not k.startswith("PYTEST_XDIST")}
     env["VERIFYBENCH_MAX_TIME_S"] = "0.3"
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(pythonpath), env.get("PYTHONPATH")) if p)
     cmd = [sys.executable, "-m", "pytest", "--benchmark-only", "-q", "-p", "no:cacheprovider",
            "microbench/bench_baseline.py", "-k", "sync and add",
            f"--benchmark-storage=file://{tmp_path / 'storage'}", *args]
-    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    return early_jobs.run(cmd, 600, cwd=REPO, env=env)
+
+
+def _ok(r: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return r
 
 
-@pytest.fixture(scope="module", params=["installed", *[p.name for p in ALT_RELEASES]])
-def saved(request, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("pb")
-    alt = REPO / ".ci" / request.param if request.param != "installed" else None
-    r = _pytest(tmp, f"--benchmark-json={tmp / 'out.json'}", "--benchmark-save=first", pythonpath=alt)
+def _child_runs() -> dict:
+    """Per release: the run that saves, then a compare run and (with pygal) a histogram run against its save."""
+    runs = {}
+    for release in RELEASES:
+        tmp = early_jobs.scratch("pb")
+        alt = REPO / ".ci" / release if release != "installed" else None
+        saved = _pytest(tmp, f"--benchmark-json={tmp / 'out.json'}", "--benchmark-save=first", pythonpath=alt)
+        compare = _pytest(tmp, "--benchmark-compare=0001", pythonpath=alt) if saved.returncode == 0 else saved
+        histogram = (_pytest(tmp, "--benchmark-compare=0001", f"--benchmark-histogram={tmp / 'hist'}", pythonpath=alt)
+                     if HAS_PYGAL and saved.returncode == 0 else saved)
+        runs[release] = tmp, alt, saved, compare, histogram
+    return runs
+
+
+EARLY_JOBS = {"child_runs": _child_runs}  # started at collection (tests/early_jobs.py)
+
+
+@pytest.fixture(scope="module")
+def child_runs() -> dict:
+    return early_jobs.job_result(f"{__name__}::child_runs", _child_runs)
+
+
+@pytest.fixture(scope="module", params=RELEASES)
+def saved(request, child_runs):
+    tmp, alt, r, _, _ = child_runs[request.param]
+    _ok(r)
     return tmp, json.loads((tmp / "out.json").read_text()), alt, r
 
 
@@ -56,16 +86,18 @@ def test_fingerprint_is_in_machine_info(saved):
     assert fp["gpu_model"] and "env" in fp and "versions" in fp
 
 
-def test_save_and_compare_work_on_device_samples(saved):
-    tmp, _, alt, _ = saved
-    r = _pytest(tmp, "--benchmark-compare=0001", pythonpath=alt)
+@pytest.mark.parametrize("release", RELEASES)
+def test_save_and_compare_work_on_device_samples(child_runs, release):
+    _, _, _, compare, _ = child_runs[release]
+    r = _ok(compare)
     assert "0001_first" in r.stdout + r.stderr
 
 
-def test_histogram_works_on_device_samples(saved):
-    pytest.importorskip("pygal", reason="pytest-benchmark's histogram needs pygal (.ci/run installs it when it can)")
-    tmp, _, alt, _ = saved
-    r = _pytest(tmp, "--benchmark-compare=0001", f"--benchmark-histogram={tmp / 'hist'}", pythonpath=alt)
+@pytest.mark.skipif(not HAS_PYGAL, reason="pytest-benchmark's histogram needs pygal (.ci/run installs it when it can)")
+@pytest.mark.parametrize("release", RELEASES)
+def test_histogram_works_on_device_samples(child_runs, release):
+    tmp, _, _, _, histogram = child_runs[release]
+    r = _ok(histogram)
     assert "0001_first" in r.stdout + r.stderr
     assert list(tmp.glob("hist*.svg"))
 

@@ -10,6 +10,7 @@ import re
 import pytest
 import torch
 
+import early_jobs
 from verifybench.harness.model.forward import allocated_bytes
 from verifybench.harness.multigpu import verify as vd, verify_output as vd_output, verify_setup as setup
 from verifybench.harness.engine.results import WITHHELD, load_run
@@ -23,8 +24,21 @@ DROP_ENV = ("VERIFYBENCH_ALLREDUCE_US", "VERIFYBENCH_ALLREDUCE_FROM", "VERIFYBEN
 FAST = ["--allreduce", "gloo", "--preset", "tiny", "--tp", "1", "--context", "64", "--warmup", "2", "--samples", "3"]
 
 
-def test_eight_rank_gloo_run_checks_times_both_variants_and_saves(tmp_path):
-    rc, out, _, tag = _run(VERIFY_DIST_8 + [*FAST, "--tokens", "1,2", "--out", str(tmp_path), "--name", "r.json"])
+def _eight_rank_job():
+    out_dir = early_jobs.scratch("verify-dist")
+    return (*_run(VERIFY_DIST_8 + [*FAST, "--tokens", "1,2", "--out", str(out_dir), "--name", "r.json"]), out_dir)
+
+
+EARLY_JOBS = {"eight_rank_run": _eight_rank_job}  # started at collection (tests/early_jobs.py)
+
+
+@pytest.fixture(scope="module")
+def eight_rank_run():
+    return early_jobs.job_result(f"{__name__}::eight_rank_run", _eight_rank_job)
+
+
+def test_eight_rank_gloo_run_checks_times_both_variants_and_saves(eight_rank_run):
+    rc, out, _, tag, tmp_path = eight_rank_run
     assert rc == 0, out[-3000:]
     assert re.search(r"n\s+size\(B\)\s+backend\s+full\(us\)\s+no-AR\(us\)\s+AR marginal\(us\)\s+per AR\(us\)", out), \
         out[-3000:]
@@ -55,6 +69,7 @@ def test_eight_rank_gloo_run_checks_times_both_variants_and_saves(tmp_path):
 @pytest.fixture(scope="module")
 def two_rank_runs(tmp_path_factory) -> dict:
     """The two 2-rank jobs, run at once: "no-allreduce" (the debug run; its output folder too) and "exit-early"."""
+    early_jobs.wait_all()  # timed bounds: on a quiet host (tests/early_jobs.py)
     out = tmp_path_factory.mktemp("no-allreduce")
     no_allreduce = VERIFY_DIST + [*FAST, "--tokens", "1", "--no-allreduce", "--out", str(out), "--name", "r.json"]
     exit_early = VERIFY_DIST + [*FAST, "--tokens", "1,2", "--out", str(tmp_path_factory.mktemp("exit-early")),

@@ -3,7 +3,6 @@ group past a timeout, and checked for processes left behind (the allreduce and v
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -11,6 +10,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+
+import early_jobs
 
 REPO = Path(__file__).resolve().parent.parent
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
@@ -20,16 +21,13 @@ BOUND_S = 60  # the issues' bound: a dead or hung rank ends the job within this
 def run_job(cmd: list[str], timeout_s: float, drop_env: tuple[str, ...] = ()) -> tuple[int, str, float, str]:
     """Run `cmd` (+ a unique --run-tag) in its own session; returns rc, output, wall seconds, tag."""
     tag = f"job-{uuid.uuid4().hex[:10]}"
-    env = {k: v for k, v in os.environ.items() if k not in drop_env}
+    env = {k: v for k, v in early_jobs.ENVIRON.items() if k not in drop_env}
     env.update(OMP_NUM_THREADS="1")
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd + ["--run-tag", tag], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
+    proc = early_jobs.popen(cmd + ["--run-tag", tag], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    out, killed = early_jobs.communicate(proc, timeout_s)
+    if killed:
         pytest.fail(f"did not end within {timeout_s} s:\n{out[-3000:]}")
     return proc.returncode, out, time.monotonic() - t0, tag
 

@@ -49,7 +49,7 @@ def _time_config(preset: str, tp: int, n: int, config: dict, max_time_s: float, 
                  log=print) -> tuple[float, dict | None]:
     """(median us, derived metrics) of one config (graph mode, cold rotation) after its check against the fp32
     reference on fresh inputs; (inf, None) when it is invalid for the shapes, fails to build, or fails the check.
-    On CPU (interpreter dry run) one input set, eager, two samples."""
+    On CPU (the interpreter's dry run: its path, not its times) one input set, eager, one sample."""
     try:
         spec = make_case(preset, tp, "triton", n, "uniform", device, "graph", {}, config=config)
         fns, check, derive = spec.setup()
@@ -59,7 +59,7 @@ def _time_config(preset: str, tp: int, n: int, config: dict, max_time_s: float, 
         if device == "cuda":
             m = measure(fns, mode="graph", device=device, max_time_s=max_time_s, warmup_s=0.02)
         else:
-            m = measure(fns[:1], mode="hot", device=device, warmup_calls=1, calls_per_sample=1, samples=2)
+            m = measure(fns[:1], mode="hot", device=device, warmup_calls=1, calls_per_sample=1, samples=1)
     except Exception as e:  # a config the shapes, the compiler or the GPU refuse is skipped, not fatal
         log(f"    skipped {short_config(config)} at n={n}: {type(e).__name__}: {str(e)[:300]}")
         return math.inf, None
