@@ -7,7 +7,7 @@
 #   run` 108 s, the two torchrun jobs 22 and 38 s, each other command 5-25 s, most of it importing torch).
 # Needs the work of other branches to pass: `verifybench advise` and `cycle --contexts` (advise), results folders
 #   for compare / plan / trace --against (io-options).
-# --gpu runs what only a GPU can measure, on the H200, in one device command (about 7 minutes): the main job, compare
+# --gpu runs what only a GPU can measure, on the H200, in one device command (about 4.5 minutes): the main job, compare
 #   against the committed H200 baseline, advise, plan, project, record and trace on its results. With ACCEPT_LONG=1
 #   (a device command of its own) also: pytest --benchmark-only microbench/ (on CPU it would time the smoke profile
 #   for minutes and prove nothing the run does not), tune, defaults_vs_tuned.py, record --what cycle, cycle
@@ -100,12 +100,12 @@ cpu_part() {
   check 0 "saved" 300 "torchrun --nproc-per-node=2 -m verifybench.harness.multigpu.verify"
 }
 
-gpu_part() {  # what only a GPU measures, sized for one 10-minute device command on an H200 (about 7 minutes)
+gpu_part() {  # what only a GPU measures, sized for one 10-minute device command on an H200 (about 4.5 minutes)
   echo "== GPU part"
   check 0 "^report: " 600 "verifybench run"
   local gpu_run; gpu_run=verifybench-results/$(ls verifybench-results | head -n 1)
   check 0 "SAME" 120 "verifybench compare $H200/verify.json $gpu_run/"
-  check 0 "lever" 120 "verifybench advise"
+  check 0 "Levers" 120 "verifybench advise"
   check 0 "tok/s" 120 "verifybench advise $gpu_run --accept-len 3:2.4,6:3.1"
   check 0 "tok" 60 "verifybench plan $gpu_run --accept-rates 0.8,0.7,0.6,0.5,0.4"
   check 0 "rtx|RTX" 60 "verifybench project $gpu_run --target rtx-pro-6000-pcie-tp8"
