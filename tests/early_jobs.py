@@ -140,11 +140,19 @@ def run(cmd: list[str], timeout_s: float, **kwargs) -> subprocess.CompletedProce
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+def _kill_group(proc: subprocess.Popen, grace_s: float = 10) -> None:
+    """End the process group `proc` leads: SIGINT first, as Ctrl-C would, so that a driver ends the jobs it started
+    in sessions of their own (the NCCL sweep's torchruns); SIGKILL what is left after `grace_s`."""
+    for sig in (signal.SIGINT, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        try:
+            proc.wait(timeout=grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def finish(proc: subprocess.Popen, base: Path) -> tuple[int, str, str, Path]:

@@ -63,3 +63,18 @@ def test_a_job_process_past_its_timeout_is_ended_with_its_children():
     time.sleep(0.2)
     group = subprocess.run(["ps", "-o", "pid=,stat=", "-g", str(proc.pid)], capture_output=True, text=True).stdout
     assert all(line.split()[1].startswith("Z") for line in group.splitlines()), group  # its child went too
+
+
+def test_a_driver_past_its_timeout_ends_the_job_it_started_in_a_session_of_its_own():
+    """As the NCCL sweep runs each torchrun: the driver is asked to stop (SIGINT) before it is killed, so that it
+    ends its job, which its own group's kill would not reach."""
+    driver = [sys.executable, "-c", "import subprocess, sys, time\n"
+              "job = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True)\n"
+              "print(job.pid, flush=True)\ntry:\n    time.sleep(60)\nfinally:\n    job.kill()\n"]
+    t0 = time.monotonic()
+    proc = early_jobs.popen(driver, stdout=subprocess.PIPE, text=True)
+    out, killed = early_jobs.communicate(proc, 3)
+    assert killed and time.monotonic() - t0 < 15  # not the job's own minute: its end closed the output too
+    stat = f"/proc/{int(out.split()[0])}/stat"
+    time.sleep(0.2)
+    assert not os.path.exists(stat) or open(stat).read().rsplit(")", 1)[1].split()[0] == "Z"
