@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
-import signal
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -113,30 +113,26 @@ def popen(cmd: list[str], **kwargs) -> subprocess.Popen:
     return proc
 
 
-def communicate(proc: subprocess.Popen, timeout_s: float) -> tuple[str, bool]:
-    """(its output, whether it was killed past `timeout_s`) of a process started by popen, its group ended."""
+def communicate(proc: subprocess.Popen, timeout_s: float) -> tuple[str, str | None, bool]:
+    """(its stdout, its stderr, whether it was killed past `timeout_s`) of a process started by popen; past the
+    timeout its whole group is ended."""
     try:
-        out, _ = proc.communicate(timeout=timeout_s)
+        out, err = proc.communicate(timeout=timeout_s)
         killed = False
     except subprocess.TimeoutExpired:
         _kill_group(proc)
-        out, _ = proc.communicate()
+        out, err = proc.communicate()
         killed = True
     _live.discard(proc)
-    return out, killed
+    return out, err, killed
 
 
 def run(cmd: list[str], timeout_s: float, **kwargs) -> subprocess.CompletedProcess:
     """subprocess.run(cmd, capture_output=True, text=True) through popen; a timeout fails the caller's test."""
     proc = popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        proc.communicate()
-        raise
-    finally:
-        _live.discard(proc)
+    out, err, killed = communicate(proc, timeout_s)
+    if killed:
+        raise subprocess.TimeoutExpired(cmd, timeout_s, out, err)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 

@@ -52,14 +52,21 @@ def test_jobs_run_at_once_each_with_its_own_outcome():
     assert rc0 == rc1 == 3 and tag0 != tag1 and tag0 in out0 and "'x'" in out1 and tag1 in out1
 
 
+def _past_a_3_s_timeout(cmd: list[str]) -> tuple[subprocess.Popen, str, bool, float]:
+    """(the process, its output, whether it was killed, wall seconds) of `cmd` run through early_jobs with a 3 s
+    timeout."""
+    t0 = time.monotonic()
+    proc = early_jobs.popen(cmd, stdout=subprocess.PIPE, text=True)
+    out, _, killed = early_jobs.communicate(proc, 3)
+    return proc, out, killed, time.monotonic() - t0
+
+
 def test_a_job_process_past_its_timeout_is_ended_with_its_children():
     tree = [sys.executable, "-c", "import subprocess, sys, time; "
             "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); print('up', flush=True); "
             "time.sleep(60)"]
-    t0 = time.monotonic()
-    proc = early_jobs.popen(tree, stdout=subprocess.PIPE, text=True)
-    out, killed = early_jobs.communicate(proc, 3)
-    assert killed and "up" in out and time.monotonic() - t0 < 10
+    proc, out, killed, wall_s = _past_a_3_s_timeout(tree)
+    assert killed and "up" in out and wall_s < 10
     time.sleep(0.2)
     group = subprocess.run(["ps", "-o", "pid=,stat=", "-g", str(proc.pid)], capture_output=True, text=True).stdout
     assert all(line.split()[1].startswith("Z") for line in group.splitlines()), group  # its child went too
@@ -71,10 +78,8 @@ def test_a_driver_past_its_timeout_ends_the_job_it_started_in_a_session_of_its_o
     driver = [sys.executable, "-c", "import subprocess, sys, time\n"
               "job = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True)\n"
               "print(job.pid, flush=True)\ntry:\n    time.sleep(60)\nfinally:\n    job.kill()\n"]
-    t0 = time.monotonic()
-    proc = early_jobs.popen(driver, stdout=subprocess.PIPE, text=True)
-    out, killed = early_jobs.communicate(proc, 3)
-    assert killed and time.monotonic() - t0 < 15  # not the job's own minute: its end closed the output too
+    _, out, killed, wall_s = _past_a_3_s_timeout(driver)
+    assert killed and wall_s < 15  # not the job's own minute: its end closed the output too
     stat = f"/proc/{int(out.split()[0])}/stat"
     time.sleep(0.2)
     assert not os.path.exists(stat) or open(stat).read().rsplit(")", 1)[1].split()[0] == "Z"

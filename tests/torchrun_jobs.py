@@ -26,7 +26,7 @@ def run_job(cmd: list[str], timeout_s: float, drop_env: tuple[str, ...] = ()) ->
     t0 = time.monotonic()
     proc = early_jobs.popen(cmd + ["--run-tag", tag], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-    out, killed = early_jobs.communicate(proc, timeout_s)
+    out, _, killed = early_jobs.communicate(proc, timeout_s)
     if killed:
         pytest.fail(f"did not end within {timeout_s} s:\n{out[-3000:]}")
     return proc.returncode, out, time.monotonic() - t0, tag
