@@ -27,12 +27,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         for name, fn in early_jobs.early_fixtures(item).items():
             early_jobs.submit(name, fn)
-
-
-@pytest.fixture(autouse=True)
-def _quiet_host(request):
-    if early_jobs.timed(request.node):
-        early_jobs.wait_all()
+        for name, fn in early_jobs.early_fixtures(item, "TIMED_JOBS").items():
+            early_jobs.register_timed(name, fn)
 
 
 def pytest_sessionfinish(session):

@@ -3,7 +3,9 @@ the single-process tests (the fixture that needs one waits for it; conftest.py),
 
 Two kinds start at collection: the tiny end-to-end run (a process of its own), and the jobs a test file names in
 EARLY_JOBS (fixture name -> a function of no arguments that runs its subprocesses and returns what the fixture
-checks), run one after another on one thread, so that at most one of them loads the CPU beside the tests."""
+checks), run one after another on one thread, so that at most one of them loads the CPU beside the tests. The jobs a
+file names in TIMED_JOBS (the same form) have timed bounds: their tests run last, once every other job has ended, so
+that only they load the host: one after another on a small host, at once on one with cores to spare."""
 from __future__ import annotations
 
 import os
@@ -22,12 +24,6 @@ RUN_ARGS = ["run", "--preset", "tiny", "--tp", "1", "--context", "64"]
 RUN_ENV = {"VERIFYBENCH_MAX_TIME_S": "0.05"}
 RUN_TIMEOUT_S = 900
 
-# Tests whose bounds are timed (a dead or hung rank ends its job within so many seconds) run last, after every early
-# job has ended, so that no extra load moves them: these files, and the tests that use these fixtures (module-scoped,
-# so set up before conftest's per-test wait: each calls wait_all itself).
-TIMED_FILES = ("test_rank_faults.py",)
-TIMED_FIXTURES = ("fault_runs", "two_rank_runs")
-
 # The environment as the session began: a job runs on its thread while tests change os.environ (monkeypatch), so it
 # builds its processes' environment from this.
 ENVIRON = dict(os.environ)
@@ -37,6 +33,9 @@ _done: list[Path] = []  # folders removed at the session's end
 started_at_collection: set[str] = set()
 _lane: ThreadPoolExecutor | None = None  # the EARLY_JOBS, one at a time
 _jobs: dict[str, Future] = {}
+_timed_fns: dict[str, object] = {}  # the TIMED_JOBS of the session's tests, module::fixture -> function
+_timed_lane: ThreadPoolExecutor | None = None
+_timed: dict[str, Future] = {}
 _live: set[subprocess.Popen] = set()  # the jobs' processes (each in its own session), ended with the session
 _stopping = False
 
@@ -59,15 +58,15 @@ def start(name: str) -> None:
         started_at_collection.add(name)
 
 
-def early_fixtures(item) -> dict:
-    """module::fixture -> job function, of the EARLY_JOBS fixtures the test `item` uses."""
+def early_fixtures(item, registry: str = "EARLY_JOBS") -> dict:
+    """module::fixture -> job function, of the EARLY_JOBS (or TIMED_JOBS) fixtures the test `item` uses."""
     module = getattr(item, "module", None)
-    named = getattr(module, "EARLY_JOBS", {})
+    named = getattr(module, registry, {})
     return {f"{module.__name__}::{f}": named[f] for f in getattr(item, "fixturenames", ()) if f in named}
 
 
 def timed(item) -> bool:
-    return item.path.name in TIMED_FILES or any(f in TIMED_FIXTURES for f in getattr(item, "fixturenames", ()))
+    return bool(early_fixtures(item, "TIMED_JOBS"))
 
 
 def place(item) -> int:
@@ -94,6 +93,26 @@ def submit(name: str, fn) -> None:
 def job_result(name: str, fn):
     """What `fn` returns: from the job queued at collection, waited for, or run here (a test run alone, -k)."""
     job = _jobs.get(name)
+    return job.result() if job is not None else fn()
+
+
+def register_timed(name: str, fn) -> None:
+    """Note the TIMED_JOBS function `fn` (module::fixture) of a collected test; timed_result starts it."""
+    _timed_fns.setdefault(name, fn)
+
+
+def timed_result(name: str, fn):
+    """What `fn` returns, on a quiet host: the first read waits for every other job, then queues all the noted
+    timed jobs; a job not noted at collection (a test run alone) runs here."""
+    global _timed_lane
+    if _timed_lane is None and name in _timed_fns:
+        wait_all()
+        # at once where cores are spare; one after another on a small host, where their ranks' start-up would
+        # starve the others' timed loops
+        width = min(len(_timed_fns), max(1, (os.cpu_count() or 1) // 4))
+        _timed_lane = ThreadPoolExecutor(width, thread_name_prefix="timed-job")
+        _timed.update({n: _timed_lane.submit(f) for n, f in _timed_fns.items()})
+    job = _timed.get(name)
     return job.result() if job is not None else fn()
 
 
@@ -172,7 +191,7 @@ def run_result() -> tuple[int, str, str, Path]:
 
 
 def wait_all() -> None:
-    """Let every started job end before a test whose bounds are timed (the rank-fault runs)."""
+    """Let every started early job end before the timed jobs start."""
     for name in running():
         _started[name][0].wait(timeout=RUN_TIMEOUT_S)
     for job in list(_jobs.values()):
@@ -181,14 +200,17 @@ def wait_all() -> None:
 
 def stop_all() -> None:
     """At the session's end (an interrupted or -x run too): no job left behind, no folder left in /tmp."""
-    global _stopping, _lane
+    global _stopping, _lane, _timed_lane
     _stopping = True
     for proc in list(_live):
         _kill_group(proc)
-    if _lane is not None:
-        _lane.shutdown(wait=True, cancel_futures=True)  # the job in hand ends with its killed processes
-        _lane = None
+    for lane in (_lane, _timed_lane):
+        if lane is not None:
+            lane.shutdown(wait=True, cancel_futures=True)  # the jobs in hand end with their killed processes
+    _lane = _timed_lane = None
     _jobs.clear()
+    _timed.clear()
+    _timed_fns.clear()
     _stopping = False
     for proc, base in _started.values():
         if proc.poll() is None:
@@ -201,13 +223,14 @@ def stop_all() -> None:
     _done.clear()
 
 
-def in_halves(fn, items: list) -> list:
-    """fn(items) as fn(first half) and fn(second half) at once, results in order: for the compiles for each
-    architecture, which under the interpreter hand their whole list to one serial subprocess, so that both cores
-    of a CPU box work. Without the interpreter they compile in this process: one call, as before."""
-    if os.environ.get("TRITON_INTERPRET") != "1" or len(items) < 2 or (os.cpu_count() or 1) < 2:
+def in_parts(fn, items: list, max_parts: int = 8) -> list:
+    """fn(items) as fn(part) for parts of `items` at once, one per core up to `max_parts`, results in order: for the
+    serial compiles for each architecture. Under the interpreter fn hands its part to a subprocess; otherwise it
+    compiles in this process, on threads (Triton's compiler passes release the GIL)."""
+    parts = min(len(items), os.cpu_count() or 1, max_parts)
+    if parts < 2:
         return fn(items)
-    half = len(items) // 2
-    with ThreadPoolExecutor(2) as pool:
-        first, second = pool.map(fn, (items[:half], items[half:]))
-    return [*first, *second]
+    cuts = [len(items) * k // parts for k in range(parts + 1)]
+    with ThreadPoolExecutor(parts) as pool:
+        done = pool.map(fn, [items[a:b] for a, b in zip(cuts, cuts[1:])])
+    return [out for part in done for out in part]

@@ -75,14 +75,20 @@ def test_gloo_eight_rank_run_prints_table_and_saves_checked_json(quick_sweep):
 FAULTS = ("exit-early:1@1", "hang:0@1", "hang:1@1")
 
 
-@pytest.fixture(scope="module")
-def fault_runs(tmp_path_factory) -> dict:
-    """fault -> (rc, output, wall seconds, tag) of a 2-rank job with that fault, the jobs run at once."""
-    early_jobs.wait_all()  # timed bounds: on a quiet host (tests/early_jobs.py)
+def _fault_jobs() -> dict:
     cmds = [TORCHRUN + ["-m", "verifybench.harness.multigpu.allreduce", *FAST, "--out",
-                        str(tmp_path_factory.mktemp("fault")), "--fault", fault]
+                        str(early_jobs.scratch("fault")), "--fault", fault]
             + (["--hang-timeout", "4"] if fault.startswith("hang") else []) for fault in FAULTS]
     return dict(zip(FAULTS, run_jobs_at_once(cmds, 120, drop_env=DROP_ENV)))
+
+
+TIMED_JOBS = {"fault_runs": _fault_jobs}  # timed bounds: last, with the other timed jobs (tests/early_jobs.py)
+
+
+@pytest.fixture(scope="module")
+def fault_runs() -> dict:
+    """fault -> (rc, output, wall seconds, tag) of a 2-rank job with that fault, the jobs run at once."""
+    return early_jobs.timed_result(f"{__name__}::fault_runs", _fault_jobs)
 
 
 def test_rank_exiting_early_ends_job_nonzero_within_bound_naming_it(fault_runs):

@@ -146,7 +146,7 @@ def test_mla_verify_selection_defaults_and_engine_tiles_fit_every_architecture()
     # tuner, which must skip what does not fit
     cases = [(v, None, cc) for v in mv.VARIANTS for cc in CCS]
     cases += [("extend", mv.ENGINE_EXTEND_CONFIGS[cc], cc) for cc in CCS]
-    for (variant, cfg, cc), shared in zip(cases, early_jobs.in_halves(mv.shared_memory_bytes, cases)):
+    for (variant, cfg, cc), shared in zip(cases, early_jobs.in_parts(mv.shared_memory_bytes, cases)):
         assert shared and max(shared.values()) <= LIMITS[cc], (variant, cfg, cc, shared)
 
 

@@ -13,7 +13,7 @@ def test_the_early_jobs_start_at_collection_their_readers_run_late_and_the_timed
     items = request.session.items
     place = [early_jobs.place(item) for item in items]
     assert place == sorted(place)
-    assert all(place[i] == 2 for i, item in enumerate(items) if item.path.name == "test_rank_faults.py")
+    assert all((at == 2) == bool(early_jobs.early_fixtures(item, "TIMED_JOBS")) for item, at in zip(items, place))
     assert all(place[i] == 1 for i, item in enumerate(items) if "run_dir" in item.fixturenames)
     jobs = {name for item in items for name in early_jobs.early_fixtures(item)}
     run = {"run"} if any("run_dir" in getattr(item, "fixturenames", ()) for item in items) else set()
@@ -25,8 +25,7 @@ def test_a_job_not_queued_at_collection_runs_when_its_fixture_reads_it():
     assert early_jobs.job_result("probe::not-queued", lambda: calls.append(1) or 8) == 8 and calls == [1]
 
 
-def test_in_halves_returns_the_results_in_order_from_two_calls_at_once(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+def test_in_parts_returns_the_results_in_order_from_calls_at_once(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     calls = []
 
@@ -36,11 +35,15 @@ def test_in_halves_returns_the_results_in_order_from_two_calls_at_once(monkeypat
         return [2 * i for i in items]
 
     t0 = time.monotonic()
-    assert early_jobs.in_halves(double, [1, 2, 3, 4, 5]) == [2, 4, 6, 8, 10]
+    assert early_jobs.in_parts(double, [1, 2, 3, 4, 5]) == [2, 4, 6, 8, 10]
     assert time.monotonic() - t0 < 0.9 and sorted(calls) == [[1, 2], [3, 4, 5]]
-    monkeypatch.delenv("TRITON_INTERPRET")  # compiles in this process: one call, no threads
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
     calls.clear()
-    assert early_jobs.in_halves(double, [1, 2]) == [2, 4] and calls == [[1, 2]]
+    assert early_jobs.in_parts(double, list(range(20)), max_parts=4) == [2 * i for i in range(20)]
+    assert sorted(map(len, calls)) == [5, 5, 5, 5]
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)  # one core: one call, no threads
+    calls.clear()
+    assert early_jobs.in_parts(double, [1, 2]) == [2, 4] and calls == [[1, 2]]
 
 
 def test_jobs_run_at_once_each_with_its_own_outcome():

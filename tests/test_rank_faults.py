@@ -18,6 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import early_jobs
 from verifybench.harness.multigpu import allreduce, guard, report, verify, watchdog
 from verifybench.harness.multigpu.ranks import RankInfo
 from torchrun_jobs import REPO, alive, assert_no_orphans, rank_processes, rank_step, start_job
@@ -34,10 +35,10 @@ JOB = ["-m", "verifybench.harness.multigpu.allreduce", "--backend", "gloo", "--p
 IN_LOOP = ": eager"  # the label Watchdog.mark gets the timed loop (harness/multigpu/allreduce.py)
 
 
-def _fault_in_loop(tmp_path, sig: signal.Signals) -> tuple[int, str, float]:
+def _fault_in_loop(out_dir, sig: signal.Signals) -> tuple[int, str, float]:
     """Start the job, wait until rank FAULTY is in the timed loop, send `sig` to it; (rc, output, seconds from the
     signal to the launcher's exit). The stopped process, if still there at the end, is killed by its pid."""
-    proc, tag = start_job(TORCHRUN + JOB + ["--out", str(tmp_path), "--name", "r.json"])
+    proc, tag = start_job(TORCHRUN + JOB + ["--out", str(out_dir), "--name", "r.json"])
     victim = None
     try:
         deadline = time.monotonic() + START_S
@@ -70,28 +71,49 @@ def _fault_in_loop(tmp_path, sig: signal.Signals) -> tuple[int, str, float]:
         assert_no_orphans(tag)
 
 
-def _check_outcome(rc: int, out: str, after_s: float, tmp_path) -> None:
+def _fault_job(sig: signal.Signals) -> tuple:
+    out_dir = early_jobs.scratch("rank-fault")
+    return (*_fault_in_loop(out_dir, sig), out_dir)
+
+
+# timed bounds: last, with the other timed jobs (tests/early_jobs.py)
+TIMED_JOBS = {"killed_run": lambda: _fault_job(signal.SIGKILL), "frozen_run": lambda: _fault_job(signal.SIGSTOP)}
+
+
+@pytest.fixture(scope="module")
+def killed_run() -> tuple:
+    """(rc, output, seconds from the signal to the launcher's exit, output folder) of the job whose rank was killed."""
+    return early_jobs.timed_result(f"{__name__}::killed_run", TIMED_JOBS["killed_run"])
+
+
+@pytest.fixture(scope="module")
+def frozen_run() -> tuple:
+    """The same, of the job whose rank was stopped (SIGSTOP)."""
+    return early_jobs.timed_result(f"{__name__}::frozen_run", TIMED_JOBS["frozen_run"])
+
+
+def _check_outcome(rc: int, out: str, after_s: float, out_dir) -> None:
     assert rc != 0, out[-3000:]
     assert after_s < HANG_TIMEOUT_S + MARGIN_S, (after_s, out[-3000:])
     root = re.search(r"Root Cause \(first observed failure\):\s*\[0\]:.*?rank\s*:\s*(\d+) \(local_rank", out, re.S)
     assert root and int(root.group(1)) == FAULTY, out[-3000:]
     # no healthy rank blames itself ("rank 0: failed: ...") or another healthy rank
     assert not re.search(rf"rank (?!{FAULTY}\b)\d+: failed|root cause: rank (?!{FAULTY}\b)\d+", out), out[-3000:]
-    for path in tmp_path.iterdir():  # rank 0 saves after each backend: nothing may claim to be complete
+    for path in out_dir.iterdir():  # rank 0 saves after each backend: nothing may claim to be complete
         assert not path.name.endswith(".tmp"), path
         assert not json.loads(path.read_text())["extra"]["complete"], path
 
 
-def test_a_rank_killed_mid_collective_is_the_root_cause_and_the_job_ends_at_once(tmp_path):
-    rc, out, after_s, = _fault_in_loop(tmp_path, signal.SIGKILL)
-    _check_outcome(rc, out, after_s, tmp_path)
+def test_a_rank_killed_mid_collective_is_the_root_cause_and_the_job_ends_at_once(killed_run):
+    rc, out, after_s, out_dir = killed_run
+    _check_outcome(rc, out, after_s, out_dir)
     assert "Signal 9 (SIGKILL)" in out
     assert after_s < MARGIN_S, after_s  # a death needs no timeout: the launcher sees the exit
 
 
-def test_a_frozen_rank_is_named_and_ended_within_the_hang_timeout(tmp_path):
-    rc, out, after_s = _fault_in_loop(tmp_path, signal.SIGSTOP)
-    _check_outcome(rc, out, after_s, tmp_path)
+def test_a_frozen_rank_is_named_and_ended_within_the_hang_timeout(frozen_run):
+    rc, out, after_s, out_dir = frozen_run
+    _check_outcome(rc, out, after_s, out_dir)
     assert f"root cause: rank {FAULTY} stopped responding" in out, out[-3000:]
     assert "killed its process" in out  # so the launcher saw it end, instead of waiting out SIGTERM on it
 

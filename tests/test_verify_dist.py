@@ -66,16 +66,22 @@ def test_eight_rank_gloo_run_checks_times_both_variants_and_saves(eight_rank_run
     assert_no_orphans(tag)
 
 
-@pytest.fixture(scope="module")
-def two_rank_runs(tmp_path_factory) -> dict:
-    """The two 2-rank jobs, run at once: "no-allreduce" (the debug run; its output folder too) and "exit-early"."""
-    early_jobs.wait_all()  # timed bounds: on a quiet host (tests/early_jobs.py)
-    out = tmp_path_factory.mktemp("no-allreduce")
+def _two_rank_jobs() -> dict:
+    out = early_jobs.scratch("no-allreduce")
     no_allreduce = VERIFY_DIST + [*FAST, "--tokens", "1", "--no-allreduce", "--out", str(out), "--name", "r.json"]
-    exit_early = VERIFY_DIST + [*FAST, "--tokens", "1,2", "--out", str(tmp_path_factory.mktemp("exit-early")),
+    exit_early = VERIFY_DIST + [*FAST, "--tokens", "1,2", "--out", str(early_jobs.scratch("exit-early")),
                                 "--fault", "exit-early:1@1", "--hang-timeout", "6"]
     results = run_jobs_at_once([no_allreduce, exit_early], 150, drop_env=DROP_ENV)
     return {"no-allreduce": (*results[0], out), "exit-early": results[1]}
+
+
+TIMED_JOBS = {"two_rank_runs": _two_rank_jobs}  # timed bounds: last, with the other timed jobs (tests/early_jobs.py)
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs() -> dict:
+    """The two 2-rank jobs, run at once: "no-allreduce" (the debug run; its output folder too) and "exit-early"."""
+    return early_jobs.timed_result(f"{__name__}::two_rank_runs", _two_rank_jobs)
 
 
 def test_without_the_allreduce_the_cross_rank_check_fails_and_no_time_is_reported(two_rank_runs):

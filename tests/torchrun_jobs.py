@@ -67,10 +67,10 @@ def assert_no_orphans(tag: str, grace_s: float = 5.0) -> None:
 def start_job(cmd: list[str], drop_env: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
     """Like run_job, but returns at once: (the launcher process, its tag); the caller waits and reads."""
     tag = f"job-{uuid.uuid4().hex[:10]}"
-    env = {k: v for k, v in os.environ.items() if k not in drop_env}
+    env = {k: v for k, v in early_jobs.ENVIRON.items() if k not in drop_env}
     env.update(OMP_NUM_THREADS="1")
-    proc = subprocess.Popen(cmd + ["--run-tag", tag], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = early_jobs.popen(cmd + ["--run-tag", tag], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     return proc, tag
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from scipy import stats
 
 from verifybench.harness.engine.stats import CONFIDENCE
 
@@ -31,6 +30,8 @@ def linear_fit(x, y) -> LinearFit:
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if x.size < 3 or np.unique(x).size < 2:
         raise ValueError("a line with a confidence interval needs >= 3 points at >= 2 distinct x")
+    from scipy import stats  # ~0.8 s to import: only a fit needs it
+
     r = stats.linregress(x, y)
     t = stats.t.ppf(0.5 + CONFIDENCE / 2, x.size - 2)
     return LinearFit(a=float(r.intercept), b=float(r.slope), a_halfwidth=float(t * r.intercept_stderr),

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
 from tabulate import tabulate
 
 from verifybench.harness.engine import fingerprint as fpmod
@@ -205,6 +204,8 @@ def verdict(base: CaseData, new: CaseData, min_effect: float = 0.03, alpha: floa
     change = new.median_us / base.median_us - 1
     if (base.samples_us is not None and new.samples_us is not None
             and min(len(base.samples_us), len(new.samples_us)) >= MIN_SAMPLES_FOR_TEST):
+        from scipy import stats  # ~0.8 s to import: only a comparison with samples needs it
+
         p = stats.mannwhitneyu(base.samples_us, new.samples_us, alternative="two-sided").pvalue
         significant, how = p < alpha, f"U p={p:.2g}"
     else:

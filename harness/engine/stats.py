@@ -8,7 +8,6 @@ import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from scipy import stats
 
 CONFIDENCE = 0.95
 
@@ -48,6 +47,8 @@ def median_ci(samples_us, confidence: float = CONFIDENCE) -> tuple[float, float]
     x = np.asarray(samples_us, dtype=float)
     if x.size < 2:
         return -math.inf, math.inf
+    from scipy import stats  # ~0.8 s to import: ranks and short commands that never ask start without it
+
     ci = stats.quantile_test(x, q=float(np.median(x)), p=0.5).confidence_interval(confidence)
     return float(ci.low), float(ci.high)
 
