@@ -1,12 +1,17 @@
 """Tests run on CPU-only machines: Triton kernels then run in the interpreter (set before triton is imported).
 Slow subprocess fixtures start at collection (tests/early_jobs.py) and the tests that read them run last."""
 import os
+import signal
 
 import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# A shell starts a background job (`cmd &` in a script) with SIGINT ignored, and every child inherits that: the tests
+# that stop a child with SIGINT, as Ctrl-C would, need the children to get it at its default
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import early_jobs  # noqa: E402
 from verifybench.harness.engine.pytest_plugin import pytest_terminal_summary  # noqa: E402,F401 (the defaults notice)
