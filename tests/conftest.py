@@ -30,9 +30,9 @@ def pytest_collection_modifyitems(config, items):
     if any("run_dir" in getattr(item, "fixturenames", ()) for item in items):
         early_jobs.start("run")
     for item in items:
-        for name, fn in early_jobs.early_fixtures(item).items():
+        for name, fn in early_jobs.job_fixtures(item).items():
             early_jobs.submit(name, fn)
-        for name, fn in early_jobs.early_fixtures(item, "TIMED_JOBS").items():
+        for name, fn in early_jobs.job_fixtures(item, "TIMED_JOBS").items():
             early_jobs.register_timed(name, fn)
 
 

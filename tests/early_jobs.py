@@ -58,7 +58,7 @@ def start(name: str) -> None:
         started_at_collection.add(name)
 
 
-def early_fixtures(item, registry: str = "EARLY_JOBS") -> dict:
+def job_fixtures(item, registry: str = "EARLY_JOBS") -> dict:
     """module::fixture -> job function, of the EARLY_JOBS (or TIMED_JOBS) fixtures the test `item` uses."""
     module = getattr(item, "module", None)
     named = getattr(module, registry, {})
@@ -66,7 +66,7 @@ def early_fixtures(item, registry: str = "EARLY_JOBS") -> dict:
 
 
 def timed(item) -> bool:
-    return bool(early_fixtures(item, "TIMED_JOBS"))
+    return bool(job_fixtures(item, "TIMED_JOBS"))
 
 
 def place(item) -> int:
@@ -74,7 +74,7 @@ def place(item) -> int:
     (their jobs load the second core while the single-process tests run); 2 the timed tests, on a quiet host."""
     if timed(item):
         return 2
-    return int("run_dir" in getattr(item, "fixturenames", ()) or bool(early_fixtures(item)))
+    return int("run_dir" in getattr(item, "fixturenames", ()) or bool(job_fixtures(item)))
 
 
 def running() -> list[str]:

@@ -13,9 +13,9 @@ def test_the_early_jobs_start_at_collection_their_readers_run_late_and_the_timed
     items = request.session.items
     place = [early_jobs.place(item) for item in items]
     assert place == sorted(place)
-    assert all((at == 2) == bool(early_jobs.early_fixtures(item, "TIMED_JOBS")) for item, at in zip(items, place))
+    assert all((at == 2) == bool(early_jobs.job_fixtures(item, "TIMED_JOBS")) for item, at in zip(items, place))
     assert all(place[i] == 1 for i, item in enumerate(items) if "run_dir" in item.fixturenames)
-    jobs = {name for item in items for name in early_jobs.early_fixtures(item)}
+    jobs = {name for item in items for name in early_jobs.job_fixtures(item)}
     run = {"run"} if any("run_dir" in getattr(item, "fixturenames", ()) for item in items) else set()
     assert early_jobs.started_at_collection == run | jobs
 

@@ -20,12 +20,8 @@ BOUND_S = 60  # the issues' bound: a dead or hung rank ends the job within this
 
 def run_job(cmd: list[str], timeout_s: float, drop_env: tuple[str, ...] = ()) -> tuple[int, str, float, str]:
     """Run `cmd` (+ a unique --run-tag) in its own session; returns rc, output, wall seconds, tag."""
-    tag = f"job-{uuid.uuid4().hex[:10]}"
-    env = {k: v for k, v in early_jobs.ENVIRON.items() if k not in drop_env}
-    env.update(OMP_NUM_THREADS="1")
     t0 = time.monotonic()
-    proc = early_jobs.popen(cmd + ["--run-tag", tag], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc, tag = start_job(cmd, drop_env)
     out, _, killed = early_jobs.communicate(proc, timeout_s)
     if killed:
         pytest.fail(f"did not end within {timeout_s} s:\n{out[-3000:]}")
