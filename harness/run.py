@@ -18,7 +18,6 @@ from verifybench.harness.engine import fingerprint, hostpin, hostprobe, interpre
 from verifybench.harness.engine.timing import cuda_available
 from verifybench.kernels import config_tables
 
-CPU_SMOKE_MAX_TIME_S = 0.2  # per case: the smoke run checks the plumbing, its numbers are CPU numbers
 MAX_CONTEXT = 1 << 20  # tokens; K2.5's window is 262144
 
 
@@ -251,10 +250,8 @@ def check_environment(gpu: bool) -> None:
 
 
 def prepare(scope: dict) -> Path:
-    """Check the environment, pin the host, cap the memory, set the CPU smoke profile's sampling cap and one torch
-    thread, check the output folder: all before measuring."""
-    if scope["cpu"]:
-        os.environ.setdefault(timing.MAX_TIME_ENV, str(CPU_SMOKE_MAX_TIME_S))
+    """Check the environment, pin the host, cap the memory, set one torch thread for the CPU smoke profile, check
+    the output folder: all before measuring (the profile's sampling rule: runner.cpu_measure_kw)."""
     check_environment(not scope["cpu"])
     out = results.check_writable(scope["out"] or results.default_dir(fingerprint.collect()))
     hostpin.pin()

@@ -112,7 +112,7 @@ def test_skinny_gemm_rotates_over_fewer_copies_when_short(free):
     shape = skinny_gemm.shapes("tiny", 1)[0]
     per_copy = shape.N * shape.K * 4
     free(_fits_exactly(per_copy))
-    quick = {"max_time_s": 0.05, "warmup_s": 0.0, "min_samples": 3}
+    quick = {"max_time_s": 0.05}  # run_case adds the CPU rule
     case = skinny_gemm.make_case(shape, 1, "torch", "cpu", quick, "tiny", 1).run()
     want = cold_rotation_sets(per_copy, "cpu", skinny_gemm.max_copies("cpu"))
     assert case.check_ok and case.derived["rotation"] == 1 and f"1 of {want} copies" in case.derived["memory_note"]
@@ -126,7 +126,7 @@ def test_mla_decode_rotates_over_fewer_caches_when_short(free):
     a = mla_decode.attn_shape("tiny", 1)
     per_cache = (64 + mla_decode.MAX_N) * a.d * 4
     free(_fits_exactly(per_cache))
-    quick = {"max_time_s": 0.05, "warmup_s": 0.0, "min_samples": 3}
+    quick = {"max_time_s": 0.05}  # run_case adds the CPU rule
     case = mla_decode.make_case(a, 1, 64, "torch", "cpu", quick, "tiny", 1).run()
     want = cold_rotation_sets(per_cache, "cpu", mla_decode.max_copies("cpu"))
     assert case.check_ok and case.derived["rotation"] == 1 and f"1 of {want} copies" in case.derived["memory_note"]
@@ -136,7 +136,7 @@ def test_moe_uses_fewer_layer_sets_when_short(free):
     p = presets.get("tiny", 1)
     int4_set = p.experts * moe_int4.moe.expert_bytes_int4(p.hidden, p.expert_intermediate, p.expert_group_size)
     free(_fits_exactly(2 * 2 * int4_set))  # two sets, each counted with the kernel's repacked copy
-    quick = {"max_time_s": 0.05, "warmup_s": 0.0, "min_samples": 3}
+    quick = {"max_time_s": 0.05}  # run_case adds the CPU rule
     case = moe_int4.make_case("tiny", 1, "reference", 1, "uniform", "cpu", "hot", quick).run()
     assert case.check_ok, case.check_detail
     assert case.derived["layer_sets"] == 2 and "2 of 4 layer sets" in case.derived["memory_note"]

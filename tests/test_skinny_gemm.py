@@ -12,7 +12,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels module is first imported (conftest too)
 
 from verifybench.harness.engine.results import WITHHELD  # noqa: E402
-from verifybench.harness.engine.runner import CPU_COPIES, CPU_SMOKE_MEASURE, rel_error  # noqa: E402
+from verifybench.harness.engine.runner import CPU_COPIES, rel_error  # noqa: E402
 from verifybench.kernels import pdl  # noqa: E402
 from verifybench.kernels import skinny_gemm as sg  # noqa: E402
 from verifybench.kernels import skinny_gemm_kernels as sgk  # noqa: E402
@@ -337,7 +337,7 @@ def test_bench_cpu_case_runs_and_tables_pair_the_impls(monkeypatch):
     monkeypatch.setenv("VERIFYBENCH_MAX_TIME_S", "0.1")  # the copy ceiling's time cap
 
     shape = bench.shapes("tiny", 1)[0]
-    quick = {**CPU_SMOKE_MEASURE, "max_time_s": 0.05}  # the smoke profile's rule, at a shorter cap
+    quick = {"calls_per_sample": CPU_COPIES, "max_time_s": 0.05}  # as the CPU cases, at a shorter cap
     records = [bench.make_case(shape, 2, impl, "cpu", quick, "tiny", 1).run().as_dict() for impl in bench.IMPLS]
     assert all(r["check"]["ok"] for r in records)
     # the interpreter is slow: a CPU case rotates over a few copies, not the cold rule's 64

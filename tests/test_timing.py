@@ -214,3 +214,46 @@ def test_process_state_is_recorded_with_every_measurement():
     m = measure(lambda: None, mode="hot", device="cpu", warmup_calls=1, samples=2, calls_per_sample=1)
     assert set(m.process_state) == {"cupy_imported", "process_group"}
     assert m.as_dict()["process_state"] == m.process_state
+
+
+def test_a_cpu_case_is_checked_then_sampled_by_the_cpu_rule(monkeypatch, fake_timed_samples):
+    from verifybench.harness.engine import runner
+
+    monkeypatch.setattr(timing, "cuda_available", lambda: False)  # no device given, no CUDA: a CPU case
+    monkeypatch.delenv("VERIFYBENCH_MAX_TIME_S", raising=False)
+    events = []
+
+    def case(**kw):
+        return runner.run_case("x", {}, lambda: events.append("call"), mode="hot",
+                               check=lambda: (events.append("check") or True, "ok"), **kw).measurement
+
+    rng = np.random.default_rng(4)
+    noisy = lambda: float(rng.lognormal(4, 2))  # noqa: E731 (never settles: the cap ends the sampling)
+    fake_timed_samples(noisy, sample_s=0.01)
+    m = case(max_time_s=5.0)  # a GPU-sized cap: the CPU cap wins
+    assert events == ["check", "call"]  # checked first, then one warm-up call (sampling is faked)
+    assert (m.warmup_calls, m.calls_per_sample, m.stop_reason) == (1, 1, "time_cap")
+    assert m.wall_s == pytest.approx(runner.CPU_MAX_TIME_S, abs=0.011)
+    monkeypatch.setenv("VERIFYBENCH_MAX_TIME_S", "0.05")
+    assert case(calls_per_sample=2).wall_s == pytest.approx(0.05, abs=0.011)  # the environment's cap
+    assert case(calls_per_sample=2).calls_per_sample == 2  # a component's K (a rotation) is kept
+    fake_timed_samples(noisy, sample_s=1.0)  # a sample slower than the cap: the minimum, no more
+    assert case().summary.n == runner.CPU_MIN_SAMPLES
+
+
+def test_a_fixed_count_case_keeps_its_counts_and_a_failed_check_is_not_timed(monkeypatch):
+    from verifybench.harness.engine import runner
+
+    monkeypatch.setattr(timing, "cuda_available", lambda: False)
+    calls = []
+    m = runner.run_case("x", {}, lambda: calls.append(1), mode="hot", check=lambda: (True, "ok"), device="cpu",
+                        samples=5, calls_per_sample=3, warmup_calls=4).measurement
+    assert (m.warmup_calls, m.summary.n, m.calls_per_sample, m.stop_reason) == (4, 5, 3, "fixed_samples")
+    assert len(calls) == 4 + 5 * 3
+    calls.clear()
+    case = runner.run_case("x", {}, lambda: calls.append(1), mode="hot", check=lambda: (False, "wrong"))
+    assert not case.check_ok and case.measurement is None and calls == []
+    seen = {}
+    monkeypatch.setattr(runner, "measure", lambda fn, **kw: seen.update(kw))
+    runner.run_case("x", {}, lambda: None, mode="graph", check=lambda: (True, "ok"), device="cuda", max_time_s=0.5)
+    assert seen == {"mode": "graph", "device": "cuda", "max_time_s": 0.5}  # a GPU case: measure()'s own rule

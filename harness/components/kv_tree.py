@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from verifybench.harness.engine import ceiling, interpreter
+from verifybench.harness.engine import ceiling
 from verifybench.harness.engine.results import cpu_numbers, mode_label, withhold_on_cpu
 from verifybench.harness.model import presets
 from verifybench.harness.engine.runner import CaseSpec
@@ -74,9 +74,7 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
                                                     variant or (f"V{vocab}" if step == "argmax" else "")) if x)
                         out.append(CaseSpec(name=name, params=params, mode="graph" if graph else "hot",
                                             setup=lambda p=params: _SETUPS[p["step"]](p),
-                                            measure_kw={"device": device, **(KERNEL_KW if graph else
-                                                        interpreter.MEASURE_KW if backend == "kernel"
-                                                        else REFERENCE_KW)}))
+                                            measure_kw={"device": device, **(KERNEL_KW if graph else REFERENCE_KW)}))
     return out
 
 

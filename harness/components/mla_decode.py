@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 import triton
 
-from verifybench.harness.engine import ceiling, interpreter, memory
+from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.model import presets
 from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers, withhold_on_cpu
-from verifybench.harness.engine.runner import CPU_COPIES, CPU_SMOKE_MEASURE, CaseSkipped, CaseSpec, rel_error
+from verifybench.harness.engine.runner import CPU_COPIES, CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
 from verifybench.kernels import mla_decode as md
 from verifybench.kernels import mla_decode_select as mds
@@ -181,11 +181,11 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
     if not cuda_available():
         if preset != "tiny":
             raise ValueError(f"preset {preset!r} needs a GPU (a 37 MB cache per layer at 32k); use 'tiny' on CPU")
-        quick = CPU_SMOKE_MEASURE
-        out = [make_case(a, n, c, "torch", "cpu", quick, preset, tp) for c in CPU_CONTEXTS for n in tokens or CPU_NS]
+        rotation = {"calls_per_sample": CPU_COPIES}  # a sample is one pass over the caches
+        out = [make_case(a, n, c, "torch", "cpu", rotation, preset, tp) for c in CPU_CONTEXTS
+               for n in tokens or CPU_NS]
         if INTERPRET:
-            out += [make_case(a, n, c, "triton", "cpu", interpreter.MEASURE_KW, preset, tp) for c in CPU_CONTEXTS
-                    for n in (1, 4)]
+            out += [make_case(a, n, c, "triton", "cpu", {}, preset, tp) for c in CPU_CONTEXTS for n in (1, 4)]
         return out
     return [make_case(a, n, c, impl, "cuda", {"max_time_s": 0.5}, preset, tp)
             for c in sorted({context, *GPU_CONTEXTS}) for n in tokens or GPU_NS for impl in IMPLS]

@@ -24,7 +24,7 @@ import triton
 
 from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers, withhold_on_cpu, write_new
-from verifybench.harness.engine.runner import CPU_COPIES, CPU_SMOKE_MEASURE, CaseSkipped, CaseSpec, rel_error
+from verifybench.harness.engine.runner import CPU_COPIES, CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
 from verifybench.harness.model import presets
 from verifybench.kernels import mla_verify as mv
@@ -193,8 +193,7 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
         if context > CPU_MAX_CONTEXT:
             raise ValueError(f"--context {context}: without a GPU mla_verify runs contexts up to {CPU_MAX_CONTEXT} "
                              "(the Triton interpreter walks the keys one by one)")
-        contexts, device = (context,), "cpu"
-        kw = CPU_SMOKE_MEASURE
+        contexts, device, kw = (context,), "cpu", {"calls_per_sample": CPU_COPIES}
     return [make_case(preset, tp, c, n, shape, v, device, kw) for c in contexts for n, shape in shapes for v in VARIANTS]
 
 

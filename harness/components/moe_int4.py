@@ -223,8 +223,7 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
     if not cuda_available():
         if preset != "tiny":
             raise ValueError(f"preset {preset!r} needs a GPU (1.19 GB per K2.5 layer); use preset 'tiny' on CPU")
-        quick = {"max_time_s": 0.2, "warmup_s": 0.0, "min_samples": 3}
-        return [make_case(preset, tp, impl, n, "uniform", "cpu", mode, quick)
+        return [make_case(preset, tp, impl, n, "uniform", "cpu", mode, {})
                 for impl, mode in (("reference", "cold"), ("torch-dense", "graph")) for n in tokens or CPU_NS] + [
             _skipped_triton_case(preset, tp, min(tokens or CPU_NS))]
     routings = ["uniform", "skewed"] + (["trace"] if os.environ.get(TRACE_ENV) else [])

@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from verifybench.harness.engine import ceiling, interpreter, memory
+from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.model import presets
 from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers, withhold_on_cpu
-from verifybench.harness.engine.runner import CPU_COPIES, CPU_SMOKE_MEASURE, CaseSkipped, CaseSpec, rel_error
+from verifybench.harness.engine.runner import CPU_COPIES, CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
 from verifybench.kernels import skinny_gemm as sg
 from verifybench.kernels import skinny_gemm_kernels as sgk
@@ -162,11 +162,11 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
     if not cuda_available():
         if preset != "tiny":
             raise ValueError(f"preset {preset!r} needs a GPU (293 MB lm_head per rank); use preset 'tiny' on CPU")
-        quick = CPU_SMOKE_MEASURE
-        out = [make_case(s, n, "torch", "cpu", quick, preset, tp) for s in shapes(preset, tp) for n in tokens or CPU_NS]
+        rotation = {"calls_per_sample": CPU_COPIES}  # a sample is one pass over the copies
+        out = [make_case(s, n, "torch", "cpu", rotation, preset, tp) for s in shapes(preset, tp)
+               for n in tokens or CPU_NS]
         if sg._INTERPRET:
-            out += [make_case(s, n, "triton", "cpu", interpreter.MEASURE_KW, preset, tp) for s in shapes(preset, tp)[:2]
-                    for n in (1, 4)]
+            out += [make_case(s, n, "triton", "cpu", {}, preset, tp) for s in shapes(preset, tp)[:2] for n in (1, 4)]
         return out
     return [make_case(s, n, impl, "cuda", {"max_time_s": 0.5}, preset, tp)
             for s in shapes(preset, tp) for n in tokens or GPU_NS for impl in IMPLS]

@@ -11,9 +11,6 @@ import sys
 
 ENV = "TRITON_INTERPRET"
 KERNELS_PACKAGE = "verifybench.kernels"
-# measure() arguments for a kernel in the interpreter: a call takes 0.05-1 s, so one warm-up call and two one-call
-# samples; the case is there to check the kernel against its reference, its time is a CPU number anyway
-MEASURE_KW = {"max_time_s": 0.2, "warmup_s": 0.0, "warmup_calls": 1, "min_samples": 2, "calls_per_sample": 1}
 _STATE: dict[str, str] = {}  # "how": who set the interpreter (set_here, user, off, too_late, gpu)
 
 

@@ -6,21 +6,24 @@ a failing check yields a Case with no time.
 from __future__ import annotations
 
 import gc
+import os
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
+from verifybench.harness.engine import timing
 from verifybench.harness.engine.results import Case
 from verifybench.harness.engine.timing import Measurement, measure
 
 Check = Callable[[], tuple[bool, str]]
-# The CPU smoke profile's cases: the Triton interpreter takes ~0.2-0.5 s a call and has no compile to warm up, so
-# a case rotates over CPU_COPIES input sets and a sample is one pass over them (its figures are withheld as CPU
-# numbers: the run checks every path and the rotation, not its size).
+# The CPU smoke profile: a CPU case's figures are withheld, the run checks every case and the plumbing, so it
+# samples briefly. A weight-streaming case rotates over CPU_COPIES input sets, not the cold rule's many (the Triton
+# interpreter takes ~0.05-1 s a call): it checks the rotation, not its size.
 CPU_COPIES = 2
-CPU_SMOKE_MEASURE = {"max_time_s": 0.2, "warmup_s": 0.0, "warmup_calls": 1, "min_samples": 3,
-                     "calls_per_sample": CPU_COPIES}
+CPU_MAX_TIME_S = 0.2  # per case, unless VERIFYBENCH_MAX_TIME_S says otherwise
+# two samples: the fewest measure() takes (a spread for the summary); a third would only add an interpreted call
+CPU_MIN_SAMPLES = 2
 
 
 class CaseSkipped(Exception):
@@ -86,10 +89,25 @@ def run_case(
     derive: Callable[[Measurement], dict] | None = None,
     **measure_kw,
 ) -> Case:
-    """Run `check` first; only a passing case is timed with `measure(fn, mode=mode, **measure_kw)`."""
+    """Run `check` first; only a passing case is timed with `measure(fn, mode=mode, **measure_kw)`, under the
+    CPU rule (cpu_measure_kw) when it is measured on the CPU."""
     ok, detail = check()
     if not ok:
         return Case(name=name, params=params, check_ok=False, check_detail=detail)
-    m = measure(fn, mode=mode, **measure_kw)
+    device = measure_kw.get("device") or ("cuda" if timing.cuda_available() else "cpu")
+    m = measure(fn, mode=mode, **(cpu_measure_kw(measure_kw) if device == "cpu" else measure_kw))
     return Case(name=name, params=params, check_ok=True, check_detail=detail, measurement=m,
                 derived=derive(m) if derive else {})
+
+
+def cpu_measure_kw(measure_kw: dict) -> dict:
+    """The CPU smoke profile's sampling rule over a case's measure() arguments: one warm-up call (the check already
+    ran the callable), CPU_MIN_SAMPLES, one call per sample unless the case gives K, and at most VERIFYBENCH_MAX_TIME_S
+    (else CPU_MAX_TIME_S) per case, or the case's own shorter cap. A fixed `samples` (collectives: every rank runs
+    the same count) is kept as given."""
+    if measure_kw.get("samples") is not None:
+        return measure_kw
+    cap_s = timing.max_time_from_env() if os.environ.get(timing.MAX_TIME_ENV) is not None else CPU_MAX_TIME_S
+    given_s = measure_kw.get("max_time_s")
+    return {"calls_per_sample": 1, **measure_kw, "warmup_calls": 1, "warmup_s": 0.0, "min_samples": CPU_MIN_SAMPLES,
+            "max_time_s": cap_s if given_s is None else min(cap_s, given_s)}
