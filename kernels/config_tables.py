@@ -6,6 +6,7 @@ import contextlib
 import functools
 import hashlib
 import glob
+import importlib
 import json
 import os
 import tempfile
@@ -196,6 +197,8 @@ def compiled_shared(fn, types: dict[str, str], consts: dict, options: dict, cc: 
     cached = _shared_cache() / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
     if cached.is_file():
         return json.loads(cached.read_text())["shared"]
+    if _CACHED_ONLY:
+        raise NotCached(key)
     source, target = ASTSource(fn, sig, consts, attrs), GPUTarget("cuda", cc, 32)
     try:
         shared = _shared_at_llir(source, target, options)
@@ -206,6 +209,54 @@ def compiled_shared(fn, types: dict[str, str], consts: dict, options: dict, cc: 
     except OSError:  # a read-only cache costs a compile next time, nothing else
         pass
     return shared
+
+
+class NotCached(LookupError):
+    """What compiled_shared raises inside cached_only() for a figure its disk cache lacks."""
+
+
+_CACHED_ONLY: list[bool] = []
+
+
+@contextlib.contextmanager
+def cached_only():
+    """compiled_shared inside the block answers from its disk cache or raises NotCached, compiling nothing: a caller
+    learns what needs compiling before it starts processes to compile it."""
+    _CACHED_ONLY.append(True)
+    try:
+        yield
+    finally:
+        _CACHED_ONLY.pop()
+
+
+def _call(call: list):
+    module, function, *args = call
+    return getattr(importlib.import_module(module), function)(*args)
+
+
+def compile_many(calls: list, opaque: list = ()) -> list:
+    """The results of `calls`, then of `opaque`, each [module, function, *args] run as module.function(*args) (JSON
+    in and out: for uninterpreted). `calls` compile through compiled_shared: the ones its disk cache answers run here,
+    the misses on worker processes. `opaque` compile by other means, whose cache cannot be asked without compiling
+    (Triton's own, filled along with ours): here when no call missed, else first on the workers (the slowest). So a
+    warm cache starts no worker, which where the start method is not fork imports torch and triton (seconds); the
+    price: opaque calls that miss beside calls that all hit (such a kernel edited alone) compile one after another."""
+    done, misses = {}, []
+    with cached_only():
+        for i, call in enumerate(calls):
+            try:
+                done[i] = _call(call)
+            except NotCached:
+                misses.append(i)
+    everything = [*calls, *opaque]
+    rest = [*range(len(calls), len(everything)), *misses] if misses else []
+    workers = min(os.cpu_count() or 1, len(rest) // 2)  # two compiles a worker at least, to repay its start
+    if workers > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(workers) as pool:
+            done.update(zip(rest, pool.map(_call, [everything[i] for i in rest])))
+    return [done[i] if i in done else _call(call) for i, call in enumerate(everything)]
 
 
 def _shared_cache() -> Path:

@@ -121,28 +121,19 @@ def compiled_shared_bytes(config: dict, cc: int, shape: MoeShape = K25_TP8) -> i
     """Shared memory per block, bytes, of the larger of the two kernels that `config` (completed from
     DEFAULT_CONFIG) launches at `shape` with bf16 activations, compiled for sm_<cc> without a GPU (compare with
     SMEM_LIMIT_BYTES[cc]). "pdl" compiles in for sm_90+ only (check_config refuses it below). A few seconds per
-    kernel the first time; repeats come from a cache per kernel and from Triton's."""
-    return compiled_shared_bytes_many([(config, cc)], shape)[0]
-
-
-def compiled_shared_bytes_many(cases: list[tuple[dict, int]], shape: MoeShape = K25_TP8) -> list[int]:
-    """compiled_shared_bytes of each (config, cc). Under the interpreter (whose kernels, and triton's own jit
-    helpers, cannot be compiled) one subprocess without it compiles them all."""
+    kernel the first time; repeats come from a cache per kernel and from Triton's. Under the interpreter (whose
+    kernels, and triton's own jit helpers, cannot be compiled) a subprocess without it compiles."""
     if not isinstance(kernels._gate_up_split_kernel, JITFunction):
-        return config_tables.uninterpreted(__name__, "_shared_bytes_json", [[c, int(cc)] for c, cc in cases],
-                                           dataclasses.asdict(shape))
-    out = []
-    for config, cc in cases:
-        cfg = {**DEFAULT_CONFIG, **config}
-        check_config(cfg, shape, torch.device("cpu"))
-        pdl = bool(cfg.get("pdl")) and cc >= 90
-        out.append(max(_kernel_shared(fn.__name__, tuple(sorted(consts.items())), tuple(sorted(opts.items())), int(cc))
-                       for fn, _, consts, opts in kernels.launches(cfg, shape, pdl, pdl)))
-    return out
+        return config_tables.uninterpreted(__name__, "_shared_bytes_json", config, int(cc), dataclasses.asdict(shape))
+    cfg = {**DEFAULT_CONFIG, **config}
+    check_config(cfg, shape, torch.device("cpu"))
+    pdl = bool(cfg.get("pdl")) and cc >= 90
+    return max(_kernel_shared(fn.__name__, tuple(sorted(consts.items())), tuple(sorted(opts.items())), int(cc))
+               for fn, _, consts, opts in kernels.launches(cfg, shape, pdl, pdl))
 
 
-def _shared_bytes_json(cases: list, shape: dict) -> list[int]:
-    return compiled_shared_bytes_many([(c, cc) for c, cc in cases], MoeShape(**shape))
+def _shared_bytes_json(config: dict, cc: int, shape: dict) -> int:
+    return compiled_shared_bytes(config, cc, MoeShape(**shape))
 
 
 # The run-time arguments as a bf16 launch passes them; "16:" marks the ints a launch specializes as multiples of 16

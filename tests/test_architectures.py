@@ -2,18 +2,19 @@
 sm_120 on CPU, and selection held to each architecture's shared memory per block: it never returns a config that
 does not fit, the defaults fit everywhere, and the no-compile bounds selection trusts are upper bounds of the real
 figure."""
-import json
+import concurrent.futures
 import os
-import subprocess
-import sys
+import threading
 
 import pytest
+import torch
 import triton
 
-import early_jobs
 from verifybench.kernels import config_tables
 from verifybench.kernels import mla_decode_select as mds
 from verifybench.kernels import mla_verify as mv
+from verifybench.kernels import moe_int4_kernels as mk
+from verifybench.kernels import moe_int4_select as ms
 from verifybench.kernels import skinny_gemm_select as sgs
 
 CCS = (80, 86, 89, 90, 100, 120)
@@ -22,41 +23,53 @@ LIMITS = config_tables.SMEM_LIMIT_BYTES
 pytestmark = pytest.mark.skipif("nvidia" not in triton.backends.backends,
                                 reason="this triton has no NVIDIA backend to compile for")
 
-# Runs in a Python without TRITON_INTERPRET (the interpreter's kernels cannot be compiled): one process per CPU
-# compiles every (config, architecture); kernels dedupe tiles, and their figures are cached on disk for reruns.
-_WORKER = r"""
-import json, os, sys
-from concurrent.futures import ProcessPoolExecutor
-from verifybench.kernels import mla_decode_select as mds, skinny_gemm_select as sgs
+VERIFY_CASES = [(v, None, cc) for v in mv.VARIANTS for cc in CCS]
+VERIFY_CASES += [("extend", mv.ENGINE_EXTEND_CONFIGS[cc], cc) for cc in CCS]
 
-def job(j):
-    kernel, c, cc, dtype = j
-    return (sgs if kernel != "mla_decode" else mds).compiled_shared_bytes(c, cc, dtype)
 
-ccs = json.loads(sys.argv[1])
-fp32 = sgs.default_config(1, 4096, 4096, dtype=__import__("torch").float32)
-jobs = [("skinny_gemm", c, cc, "bfloat16") for c in sgs.selectable_configs() for cc in ccs]
-jobs += [("skinny_fp32_default", fp32, cc, "float32") for cc in ccs]
-jobs += [("mla_decode", c, cc, "bfloat16") for c in mds.selectable_configs() for cc in ccs]
-with ProcessPoolExecutor(max_workers=os.cpu_count()) as pool:
-    shared = list(pool.map(job, jobs))
-out = {}
-for (kernel, c, cc, _), b in zip(jobs, shared):
-    out.setdefault(kernel, []).append([c, cc, b])
-print(json.dumps(out))
-"""
+def _largest_tiles(configs: list[dict], dequant: str) -> dict:
+    """The selectable MoE config of `dequant` with the largest gate_up tile (rows x words x warps, prefetch) and the
+    largest down tile (rows, then row iterations): the shared memory of these kernels is reduction scratch that
+    grows with the tile (no other parameter changes it), so this config bounds the others of its dequant."""
+    mine = [c for c in configs if c["dequant"] == dequant]
+    gate_up = max((c["gate_up"] for c in mine), key=lambda g: (g["BLOCK_N"] * g.get("BLOCK_W", 128) * g["num_warps"],
+                                                                 g.get("PREFETCH", 1)))
+    down = max((c["down"] for c in mine), key=lambda d: (d["BLOCK_N"], d.get("ROW_ITERS", 1)))
+    return next(c for c in mine if c["gate_up"] == gate_up and c["down"] == down)  # selectable itself
 
-def _uninterpreted(code: str):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    run = subprocess.run([sys.executable, "-c", code, json.dumps(CCS)], env=env, capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr[-4000:]
-    return json.loads(run.stdout.splitlines()[-1])
+
+def _moe_configs() -> list[dict]:
+    return [{**ms.DEFAULT_CONFIG, **c} for c in ms.selectable_configs()]
+
+
+def _moe_cases() -> list[tuple[dict, int]]:
+    """Per architecture the MoE default and, per dequant, the selectable config with the largest tiles; pdl configs
+    are selectable (and compiled with PDL) on sm_90+ only."""
+    cases = []
+    for cc in CCS:
+        here = [c for c in _moe_configs() if cc >= 90 or not c.get("pdl")]
+        cases += [(c, cc) for c in [ms.DEFAULT_CONFIG, *(_largest_tiles(here, d) for d in mk.DEQUANTS)]]
+    return cases
 
 
 @pytest.fixture(scope="module")
 def compiled() -> dict:
-    return _uninterpreted(_WORKER)
+    """kernel -> [[config, cc, figure]] of every (config, architecture), compiled in one Python without
+    TRITON_INTERPRET (the interpreter's kernels cannot be compiled): figures its disk cache holds are read there,
+    the rest compiled on a process per core (compile_many); kernels dedupe tiles."""
+    fp32 = sgs.default_config(1, 4096, 4096, dtype=torch.float32)
+    jobs = [("moe", ms, c, cc) for c, cc in _moe_cases()]  # the slower compiles first
+    jobs += [("mla_decode", mds, c, cc, "bfloat16") for c in mds.selectable_configs() for cc in CCS]
+    jobs += [("skinny_gemm", sgs, c, cc, "bfloat16") for c in sgs.selectable_configs() for cc in CCS]
+    jobs += [("skinny_fp32_default", sgs, fp32, cc, "float32") for cc in CCS]
+    calls = [[module.__name__, "compiled_shared_bytes", *args] for _, module, *args in jobs]
+    verify = [[mv.__name__, "shared_memory_bytes", [case]] for case in VERIFY_CASES]  # Triton's cache, not ours
+    shared = config_tables.uninterpreted(config_tables.__name__, "compile_many", calls, verify)
+    assert len(shared) == len(calls) + len(verify)
+    out = {"mla_verify": [figures for [figures] in shared[len(calls):]]}
+    for (kernel, _, c, cc, *_), b in zip(jobs, shared):
+        out.setdefault(kernel, []).append([c, cc, b])
+    return out
 
 
 def _tile(c: dict) -> tuple:
@@ -141,13 +154,62 @@ def test_the_shipped_mla_entry_too_large_for_sm120_is_replaced_by_the_default(co
     assert source.startswith("default (tuned entry needs ") and got["block_rows"] == mds.DEFAULT_CONFIG["block_rows"]
 
 
-def test_mla_verify_selection_defaults_and_engine_tiles_fit_every_architecture():
+def test_mla_verify_selection_defaults_and_engine_tiles_fit_every_architecture(compiled):
     # its selection is the default or the engine's tile for the architecture; the space's larger tiles are for a
     # tuner, which must skip what does not fit
-    cases = [(v, None, cc) for v in mv.VARIANTS for cc in CCS]
-    cases += [("extend", mv.ENGINE_EXTEND_CONFIGS[cc], cc) for cc in CCS]
-    for (variant, cfg, cc), shared in zip(cases, early_jobs.in_parts(mv.shared_memory_bytes, cases)):
+    for (variant, cfg, cc), shared in zip(VERIFY_CASES, compiled["mla_verify"]):
         assert shared and max(shared.values()) <= LIMITS[cc], (variant, cfg, cc, shared)
+        assert set(shared) == ({"_extend_kernel"} if variant == "extend" else {"_split_kernel", "_combine_kernel"})
+        if cfg is None and cc in (80, 90, 120):  # the defaults at K2.5 TP8 fit the users' card even where compiled
+            assert all(0 < b <= LIMITS[120] for b in shared.values()), (variant, cc, shared)
 
 
-# The MoE's configs: tests/test_moe_int4.py compiles the tiles that bound every selectable one, per architecture.
+def test_every_selectable_moe_config_fits_each_architecture(compiled):
+    """The MoE's default and, per dequant, the selectable config with the largest tiles (shipped entries and tuner
+    space alike) need no more shared memory per block than the architecture allows."""
+    configs = _moe_configs()
+    assert ms.DEFAULT_CONFIG in configs and any(c["dequant"] == "denormal" for c in configs)
+    for c, cc, shared in compiled["moe"]:
+        assert 0 <= shared <= LIMITS[cc], (cc, shared, c)
+
+
+class _Kernel:
+    """What compiled_shared reads of a kernel before it compiles."""
+    arg_names = ()
+
+    def __init__(self, name: str):
+        self.__name__ = self.cache_key = name
+
+
+def _stand_in(name: str) -> int:
+    return config_tables.compiled_shared(_Kernel(name), {}, {}, {}, 80)
+
+
+def _thread() -> str:
+    return threading.current_thread().name
+
+
+def test_compile_many_compiles_only_what_the_cache_lacks(tmp_path, monkeypatch):
+    # a stand-in compile that notes where it ran, and threads for workers: what is checked is which call runs where
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    compiled = []
+
+    def compile_(source, target, options):
+        compiled.append((source.name, _thread()))
+        return 16 * len(source.name)
+
+    monkeypatch.setattr(config_tables, "_shared_at_llir", compile_)
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", concurrent.futures.ThreadPoolExecutor)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    names = ["a" * i for i in range(1, 7)]
+    calls, where = [[__name__, "_stand_in", n] for n in names], [[__name__, "_thread"]]
+    here = _thread()
+
+    assert config_tables.compile_many(calls[:2], where) == [16, 32, here]  # 2 misses and 1 opaque: too few for 2
+    assert sorted(compiled) == [("a", here), ("aa", here)]
+    compiled.clear()
+    *figures, opaque = config_tables.compile_many(calls, where)  # 4 misses and 1 opaque: on the workers
+    assert figures == [16 * len(n) for n in names] and opaque != here
+    assert sorted(n for n, _ in compiled) == names[2:] and all(t != here for _, t in compiled)
+    compiled.clear()
+    assert config_tables.compile_many(calls, where) == [*figures, here] and not compiled  # all cached: no worker

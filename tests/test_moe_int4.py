@@ -15,7 +15,6 @@ if not torch.cuda.is_available():
 
 import early_jobs  # noqa: E402
 from verifybench.harness.engine.runner import rel_error  # noqa: E402
-from verifybench.kernels import config_tables  # noqa: E402
 from verifybench.kernels import moe_int4 as moe  # noqa: E402
 from verifybench.kernels import moe_int4_kernels as mk  # noqa: E402
 from verifybench.kernels import moe_int4_select as ms  # noqa: E402
@@ -190,37 +189,7 @@ def test_shipped_config_table_names_gpus_and_every_n(mt):
             mk.check_config(cfg, ms.K25_TP8, torch.device("cpu"))
 
 
-ARCHS = (80, 86, 89, 90, 100, 120)
-
-
-def _largest_tiles(configs: list[dict], dequant: str) -> dict:
-    """The selectable config of `dequant` with the largest gate_up tile (rows x words x warps, prefetch) and the
-    largest down tile (rows, then row iterations): the shared memory of these kernels is reduction scratch that
-    grows with the tile (no other parameter changes it), so this config bounds the others of its dequant."""
-    mine = [c for c in configs if c["dequant"] == dequant]
-    gate_up = max((c["gate_up"] for c in mine), key=lambda g: (g["BLOCK_N"] * g.get("BLOCK_W", 128) * g["num_warps"],
-                                                                 g.get("PREFETCH", 1)))
-    down = max((c["down"] for c in mine), key=lambda d: (d["BLOCK_N"], d.get("ROW_ITERS", 1)))
-    return next(c for c in mine if c["gate_up"] == gate_up and c["down"] == down)  # selectable itself
-
-
-def test_every_selectable_config_fits_each_architecture(mt):
-    """Compiled for each architecture without a GPU (under the interpreter in subprocesses): the default and, per
-    dequant, the selectable config with the largest tiles (shipped entries and tuner space alike) need no more
-    shared memory per block than the architecture allows. pdl configs are selectable (and compiled with PDL) on
-    sm_90+ only. Minutes the first time on a loaded 2-core machine; Triton's cache serves repeats."""
-    import triton
-
-    if "nvidia" not in triton.backends.backends:
-        pytest.skip("this triton has no NVIDIA backend to compile for")
-    configs = [{**ms.DEFAULT_CONFIG, **c} for c in ms.selectable_configs()]
-    assert ms.DEFAULT_CONFIG in configs and any(c["dequant"] == "denormal" for c in configs)
-    cases = []
-    for cc in ARCHS:
-        here = [c for c in configs if cc >= 90 or not c.get("pdl")]
-        cases += [(c, cc) for c in [ms.DEFAULT_CONFIG, *(_largest_tiles(here, d) for d in mk.DEQUANTS)]]
-    for (cfg, cc), shared in zip(cases, early_jobs.in_parts(ms.compiled_shared_bytes_many, cases)):
-        assert 0 <= shared <= config_tables.SMEM_LIMIT_BYTES[cc], (cc, shared, cfg)
+# Every selectable config's shared memory per architecture: tests/test_architectures.py, with the other kernels'.
 
 
 # ---------------------------------------------------------------------------------------------------- split kernel

@@ -51,10 +51,19 @@ def test_a_run_updating_its_own_file_replaces_it_whole(tmp_path):
     assert results.load_run(path)["cases"][0]["summary"]["median_us"] == 21.0
 
 
-def test_two_runs_saving_in_the_same_second_keep_both_results(tmp_path):
+def test_two_runs_saving_in_the_same_second_keep_both_results(tmp_path, monkeypatch):
+    # the clock make_run stamps with, pinned: on a loaded host two real saves can fall in different seconds
+    from datetime import datetime, timezone
+
+    class Pinned(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return datetime(2026, 12, 3, 17, 32, 47, 900_000, tzinfo=timezone.utc).astimezone(tz)
+
+    monkeypatch.setattr(results, "datetime", Pinned)
     run = _run()
     first, second = results.save_run(run, tmp_path), results.save_run(_run((5.0, 6.0, 7.0)), tmp_path)
-    assert first != second and second.name == first.name.replace(".json", "-2.json")
+    assert first.name == "demo-20261203T173247Z.json" and second.name == "demo-20261203T173247Z-2.json"
     assert result_files.kind_of(second) == "demo" and result_files.latest_of_kind(tmp_path, "demo") == second
     assert [results.load_run(p)["cases"][0]["summary"]["median_us"] for p in (first, second)] == [11.0, 6.0]
 
