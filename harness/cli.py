@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 
@@ -83,6 +84,12 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
         print("verifybench: interrupted; the files already saved are complete, nothing half-written is left",
               file=sys.stderr)
+        if argv is None:
+            # exit 130 as promised: CPython dies by SIGINT at exit instead, even once the KeyboardInterrupt is caught,
+            # when it passed through an exec() of a string (scipy.stats builds its distributions so)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_INTERRUPTED)
         return EXIT_INTERRUPTED
 
 
