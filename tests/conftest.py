@@ -34,6 +34,7 @@ def pytest_collection_modifyitems(config, items):
             early_jobs.submit(name, fn)
         for name, fn in early_jobs.job_fixtures(item, "TIMED_JOBS").items():
             early_jobs.register_timed(name, fn)
+    early_jobs.queue_timed()  # behind the early jobs
 
 
 def pytest_sessionfinish(session):

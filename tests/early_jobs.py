@@ -1,11 +1,14 @@
 """Slow subprocess work spread over the CPU's cores: fixtures started when the session is collected, to run beside
-the single-process tests (the fixture that needs one waits for it; conftest.py), and serial compiles split.
+the single-process tests (the fixture that needs one waits for it; conftest.py).
 
-Two kinds start at collection: the tiny end-to-end run (a process of its own), and the jobs a test file names in
-EARLY_JOBS (fixture name -> a function of no arguments that runs its subprocesses and returns what the fixture
-checks), run one after another on one thread, so that at most one of them loads the CPU beside the tests. The jobs a
-file names in TIMED_JOBS (the same form) have timed bounds: their tests run last, once every other job has ended, so
-that only they load the host: one after another on a small host, at once on one with cores to spare."""
+At collection the tiny end-to-end run starts (a process of its own), and the jobs a test file names in EARLY_JOBS
+(fixture name -> a function of no arguments that runs its subprocesses and returns what the fixture checks) are
+queued on one thread, one after another. The jobs a file names in TIMED_JOBS (the same form) have timed bounds:
+they follow once every early job and the tiny run have ended, so that no other job loads the host beside them (one
+after another on a small host, at once on one with cores to spare). Every job's processes run at a lower CPU
+priority (JOB_NICE) than the tests: the single-process tests are the session's longest path, and the jobs only have
+to end before their readers, which run after the other tests (the timed jobs' readers last).
+"""
 from __future__ import annotations
 
 import os
@@ -14,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,6 +27,8 @@ REPO = Path(__file__).resolve().parent.parent
 RUN_ARGS = ["run", "--preset", "tiny", "--tp", "1", "--context", "64"]
 RUN_ENV = {"VERIFYBENCH_MAX_TIME_S": "0.05"}
 RUN_TIMEOUT_S = 900
+JOB_NICE = 10  # the jobs' niceness: the tests take a core first, the jobs the rest
+LANES = ("early-job", "timed-job")  # the jobs' thread names: what they start runs at JOB_NICE
 
 # The environment as the session began: a job runs on its thread while tests change os.environ (monkeypatch), so it
 # builds its processes' environment from this.
@@ -34,6 +40,7 @@ started_at_collection: set[str] = set()
 _lane: ThreadPoolExecutor | None = None  # the EARLY_JOBS, one at a time
 _jobs: dict[str, Future] = {}
 _timed_fns: dict[str, object] = {}  # the TIMED_JOBS of the session's tests, module::fixture -> function
+_timed_start: Future | None = None  # on the early lane, behind every early job: starts the timed jobs
 _timed_lane: ThreadPoolExecutor | None = None
 _timed: dict[str, Future] = {}
 _live: set[subprocess.Popen] = set()  # the jobs' processes (each in its own session), ended with the session
@@ -49,7 +56,16 @@ def start_run(base: Path | None = None) -> tuple[subprocess.Popen, Path]:
         # without TRITON_INTERPRET, as a user runs it: the command line switches the interpreter on by itself
         env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, **RUN_ENV}
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=stdout, stderr=stderr, text=True)
+    _yield_cpu(proc.pid)
     return proc, base
+
+
+def _yield_cpu(pid: int) -> None:
+    """Lower the process's CPU priority to JOB_NICE (at once, before it starts children, which inherit it)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, max(JOB_NICE, os.getpriority(os.PRIO_PROCESS, pid)))
+    except OSError:  # gone already, or not ours to change: it runs at the tests' priority
+        pass
 
 
 def start(name: str) -> None:
@@ -71,21 +87,17 @@ def timed(item) -> bool:
 
 def place(item) -> int:
     """The test session's order, as a sort key: 0 the other tests; 1 the early jobs' readers, which find them done
-    (their jobs load the second core while the single-process tests run); 2 the timed tests, on a quiet host."""
+    (their jobs load the second core while the single-process tests run); 2 the timed jobs' readers."""
     if timed(item):
         return 2
     return int("run_dir" in getattr(item, "fixturenames", ()) or bool(job_fixtures(item)))
-
-
-def running() -> list[str]:
-    return [name for name, (proc, _) in _started.items() if proc.poll() is None]
 
 
 def submit(name: str, fn) -> None:
     """Queue the EARLY_JOBS function `fn` under `name` (module::fixture) on the jobs' thread."""
     global _lane
     if name not in _jobs:
-        _lane = _lane or ThreadPoolExecutor(1, thread_name_prefix="early-job")
+        _lane = _lane or ThreadPoolExecutor(1, thread_name_prefix=LANES[0])
         _jobs[name] = _lane.submit(fn)
         started_at_collection.add(name)
 
@@ -97,21 +109,35 @@ def job_result(name: str, fn):
 
 
 def register_timed(name: str, fn) -> None:
-    """Note the TIMED_JOBS function `fn` (module::fixture) of a collected test; timed_result starts it."""
+    """Note the TIMED_JOBS function `fn` (module::fixture) of a collected test; queue_timed starts them."""
     _timed_fns.setdefault(name, fn)
 
 
-def timed_result(name: str, fn):
-    """What `fn` returns, on a quiet host: the first read waits for every other job, then queues all the noted
-    timed jobs; a job not noted at collection (a test run alone) runs here."""
+def queue_timed() -> None:
+    """Queue the start of the noted timed jobs on the early lane, behind every early job queued so far."""
+    global _lane, _timed_start
+    if _timed_fns and _timed_start is None:
+        _lane = _lane or ThreadPoolExecutor(1, thread_name_prefix=LANES[0])
+        _timed_start = _lane.submit(_start_timed)
+
+
+def _start_timed() -> None:
     global _timed_lane
-    if _timed_lane is None and name in _timed_fns:
-        wait_all()
-        # at once where cores are spare; one after another on a small host, where their ranks' start-up would
-        # starve the others' timed loops
-        width = min(len(_timed_fns), max(1, (os.cpu_count() or 1) // 4))
-        _timed_lane = ThreadPoolExecutor(width, thread_name_prefix="timed-job")
-        _timed.update({n: _timed_lane.submit(f) for n, f in _timed_fns.items()})
+    run = _started.get("run")  # the tiny run, unless its reader has taken it: no other job beside them
+    if run is not None:
+        run[0].wait(timeout=RUN_TIMEOUT_S)
+    # at once where cores are spare; one after another on a small host, where their ranks' start-up would starve
+    # the others' timed loops
+    width = min(len(_timed_fns), max(1, (os.cpu_count() or 1) // 4))
+    _timed_lane = ThreadPoolExecutor(width, thread_name_prefix=LANES[1])
+    _timed.update({n: _timed_lane.submit(f) for n, f in _timed_fns.items()})
+
+
+def timed_result(name: str, fn):
+    """What `fn` returns: from the timed job started behind the early jobs, waited for; a job not noted at
+    collection (a test run alone) runs here."""
+    if _timed_start is not None:
+        _timed_start.result()
     job = _timed.get(name)
     return job.result() if job is not None else fn()
 
@@ -129,6 +155,8 @@ def popen(cmd: list[str], **kwargs) -> subprocess.Popen:
         raise RuntimeError("the test session is ending: no new job")
     proc = subprocess.Popen(cmd, start_new_session=True, **kwargs)
     _live.add(proc)
+    if threading.current_thread().name.startswith(LANES):
+        _yield_cpu(proc.pid)
     return proc
 
 
@@ -190,47 +218,27 @@ def run_result() -> tuple[int, str, str, Path]:
     return finish(proc, base)
 
 
-def wait_all() -> None:
-    """Let every started early job end before the timed jobs start."""
-    for name in running():
-        _started[name][0].wait(timeout=RUN_TIMEOUT_S)
-    for job in list(_jobs.values()):
-        job.exception()  # waits; a failed job fails its own fixture, not this
-
-
 def stop_all() -> None:
     """At the session's end (an interrupted or -x run too): no job left behind, no folder left in /tmp."""
-    global _stopping, _lane, _timed_lane
-    _stopping = True
+    global _stopping, _lane, _timed_lane, _timed_start
+    _stopping = True  # no new process from here
     for proc in list(_live):
         _kill_group(proc)
-    for lane in (_lane, _timed_lane):
-        if lane is not None:
-            lane.shutdown(wait=True, cancel_futures=True)  # the jobs in hand end with their killed processes
-    _lane = _timed_lane = None
-    _jobs.clear()
-    _timed.clear()
-    _timed_fns.clear()
-    _stopping = False
-    for proc, base in _started.values():
+    for proc, base in _started.values():  # before the lanes: a timed start may be waiting for the tiny run
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         _done.append(base)
+    if _lane is not None:  # the jobs in hand end with their killed processes
+        _lane.shutdown(wait=True, cancel_futures=True)
+    if _timed_lane is not None:  # read only now: a timed start in hand on the early lane may have opened it
+        _timed_lane.shutdown(wait=True, cancel_futures=True)
+    _lane = _timed_lane = _timed_start = None
+    _jobs.clear()
+    _timed.clear()
+    _timed_fns.clear()
     _started.clear()
+    _stopping = False
     for base in _done:
         shutil.rmtree(base, ignore_errors=True)
     _done.clear()
-
-
-def in_parts(fn, items: list, max_parts: int = 8) -> list:
-    """fn(items) as fn(part) for parts of `items` at once, one per core up to `max_parts`, results in order: for the
-    serial compiles for each architecture. Under the interpreter fn hands its part to a subprocess; otherwise it
-    compiles in this process, on threads (Triton's compiler passes release the GIL)."""
-    parts = min(len(items), os.cpu_count() or 1, max_parts)
-    if parts < 2:
-        return fn(items)
-    cuts = [len(items) * k // parts for k in range(parts + 1)]
-    with ThreadPoolExecutor(parts) as pool:
-        done = pool.map(fn, [items[a:b] for a, b in zip(cuts, cuts[1:])])
-    return [out for part in done for out in part]

@@ -1,6 +1,5 @@
 """`verifybench run` end to end on the CPU smoke profile: every component, the report and its arithmetic."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -121,9 +120,8 @@ def test_every_component_command_defaults_to_the_tiny_preset_without_a_gpu(monke
 def test_an_unwritable_out_is_refused_before_anything_is_measured(tmp_path, monkeypatch, capsys):
     from verifybench.harness import run
     from verifybench.harness.cli import main
-    from verifybench.harness.engine import results
 
-    monkeypatch.delenv("VERIFYBENCH_MAX_TIME_S", raising=False)  # the CPU profile sets it: undone after the test
+    monkeypatch.delenv("VERIFYBENCH_MAX_TIME_S", raising=False)
 
     def measured(*a, **k):
         raise AssertionError("measured before the output folder was checked")
@@ -161,29 +159,44 @@ def test_the_report_and_the_output_name_the_kernels_that_ran_on_defaults(tmp_pat
     assert "From `baseline-20261202T000000Z.json`." in report  # the report names the files it was made from
 
 
-def test_sigint_during_a_real_run_exits_130_in_one_line_and_leaves_only_complete_files(tmp_path):
+def _interrupted_run() -> tuple[int, str, Path]:
+    """A real run of two components, SIGINT once the first has saved (the second is measuring): (rc, stderr, out)."""
     import signal
     import time
 
-    env = dict(os.environ, VERIFYBENCH_MAX_TIME_S="0.05")
+    out = early_jobs.scratch("sigint")
     cmd = [sys.executable, "-m", "verifybench.harness", "run", "--preset", "tiny", "--tp", "1", "--context", "64",
-           "--components", "baseline,graph_replay", "--out", str(tmp_path)]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           "--components", "baseline,graph_replay", "--out", str(out)]
+    proc = early_jobs.popen(cmd, cwd=REPO, env={**early_jobs.ENVIRON, "VERIFYBENCH_MAX_TIME_S": "0.05"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
-    while not list(tmp_path.glob("baseline-*.json")) and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)  # the first component saved: the second is measuring
+    while not list(out.glob("baseline-*.json")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, (proc.returncode, err[-2000:])
+    _, err, _ = early_jobs.communicate(proc, 120)
+    return proc.returncode, err, out
+
+
+EARLY_JOBS = {"interrupted_run": _interrupted_run}  # started at collection (tests/early_jobs.py)
+
+
+@pytest.fixture(scope="module")
+def interrupted_run():
+    return early_jobs.job_result(f"{__name__}::interrupted_run", _interrupted_run)
+
+
+def test_sigint_during_a_real_run_exits_130_in_one_line_and_leaves_only_complete_files(interrupted_run):
+    rc, err, out = interrupted_run
+    assert rc == 130, (rc, err[-2000:])
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "interrupted" in lines[0] and "Traceback" not in err, err[-2000:]
     from verifybench.harness.engine import results
 
-    left = sorted(p.name for p in tmp_path.iterdir())
+    left = sorted(p.name for p in out.iterdir())
     assert all(name.endswith((".json", ".png")) for name in left), left  # no temp file, no half report
     for name in left:
         if name.endswith(".json"):
-            results.load_run(tmp_path / name)
+            results.load_run(out / name)
 
 
 def _summary(run_dir) -> str:

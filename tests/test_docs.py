@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+import early_jobs
+
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "results" / "baselines" / "INDEX.md"]
 
@@ -96,10 +98,28 @@ def _module_parser(module: str) -> argparse.ArgumentParser:
     return importlib.import_module(module).build_parser()
 
 
-@functools.cache
+# The commands whose `--help` the docs' commands are checked against (scripts whose parser lives inside main()):
+# read in a job started at collection (tests/early_jobs.py), since each is a process start of a few seconds
+HELP_COMMANDS = ((sys.executable, "-m", "pytest", "-p", "no:cacheprovider"),
+                 (sys.executable, "scripts/defaults_vs_tuned.py"))
+
+
+def _help_run(argv: tuple[str, ...]) -> subprocess.CompletedProcess:
+    return early_jobs.run([*argv, "--help"], 120, cwd=REPO, env=early_jobs.ENVIRON)
+
+
+EARLY_JOBS = {"help_runs": lambda: {argv: _help_run(argv) for argv in HELP_COMMANDS}}
+_HELP_RUNS: dict[tuple[str, ...], subprocess.CompletedProcess] = {}
+
+
+@pytest.fixture(scope="module")
+def help_runs():
+    _HELP_RUNS.update(early_jobs.job_result(f"{__name__}::help_runs", EARLY_JOBS["help_runs"]))
+
+
 def _help_options(argv: tuple[str, ...]) -> frozenset[str]:
-    """The option names a command's `--help` lists (for scripts whose parser lives inside main())."""
-    r = subprocess.run([*argv, "--help"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    """The option names a command's `--help` lists."""
+    r = _HELP_RUNS.get(argv) or _HELP_RUNS.setdefault(argv, _help_run(argv))
     assert r.returncode == 0, f"{' '.join(argv)} --help exited {r.returncode}: {r.stderr.strip()[-300:]}"
     return frozenset(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", r.stdout))
 
@@ -213,7 +233,7 @@ def _exists(path: str) -> bool:
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
-def test_every_command_a_doc_shows_parses(doc):
+def test_every_command_a_doc_shows_parses(doc, help_runs):
     wrong = [f"{doc.name}:{n}: `{c}`: {p}" for n, c in shown_commands(doc.read_text()) for p in problems_of(c)]
     assert not wrong, "\n".join(wrong)
 
@@ -267,7 +287,7 @@ def test_the_readme_shows_its_two_commands_first():
     "python3 scripts/defaults_vs_tuned.py OUT.json --no-such-option",
     "pytest --benchmark-only no_such_folder/",
 ])
-def test_the_docs_check_refuses_a_command_that_no_longer_parses(command):
+def test_the_docs_check_refuses_a_command_that_no_longer_parses(command, help_runs):
     assert problems_of(command), command
 
 
@@ -278,7 +298,7 @@ def test_the_docs_check_refuses_a_command_that_no_longer_parses(command):
     "python3 -m verifybench.harness.multigpu.allreduce --nccl-sweep --nproc-per-node=2 [--list]",
     "pytest --benchmark-only microbench/",
 ])
-def test_the_docs_check_accepts_a_command_that_parses(command):
+def test_the_docs_check_accepts_a_command_that_parses(command, help_runs):
     assert problems_of(command) == [], command
 
 

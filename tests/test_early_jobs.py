@@ -1,8 +1,10 @@
 """The suite's own scheduling (tests/early_jobs.py, conftest.py): the tiny run and the files' EARLY_JOBS start at
-collection and their readers run late, serial compiles split in order, fault jobs run at once."""
+collection and their readers run late, the timed jobs follow the early ones, jobs yield the CPU to the tests, fault
+jobs run at once."""
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import early_jobs
@@ -25,25 +27,36 @@ def test_a_job_not_queued_at_collection_runs_when_its_fixture_reads_it():
     assert early_jobs.job_result("probe::not-queued", lambda: calls.append(1) or 8) == 8 and calls == [1]
 
 
-def test_in_parts_returns_the_results_in_order_from_calls_at_once(monkeypatch):
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    calls = []
+def test_the_timed_jobs_follow_the_early_ones_and_every_job_runs_below_the_tests_priority(monkeypatch):
+    for name, fresh in (("_lane", None), ("_jobs", {}), ("_started", {}), ("_timed_fns", {}), ("_timed_start", None),
+                        ("_timed_lane", None), ("_timed", {}), ("started_at_collection", set())):
+        monkeypatch.setattr(early_jobs, name, fresh)  # a session of its own, beside the real one
+    niceness = [sys.executable, "-c", "import os; print(os.nice(0))"]
+    order, early_may_end = [], threading.Event()
 
-    def double(items):
-        calls.append(list(items))
-        time.sleep(0.5)
-        return [2 * i for i in items]
+    def early():
+        early_may_end.wait(10)
+        order.append("early")
+        return int(early_jobs.run(niceness, 30).stdout)
 
-    t0 = time.monotonic()
-    assert early_jobs.in_parts(double, [1, 2, 3, 4, 5]) == [2, 4, 6, 8, 10]
-    assert time.monotonic() - t0 < 0.9 and sorted(calls) == [[1, 2], [3, 4, 5]]
-    monkeypatch.setattr(os, "cpu_count", lambda: 16)
-    calls.clear()
-    assert early_jobs.in_parts(double, list(range(20)), max_parts=4) == [2 * i for i in range(20)]
-    assert sorted(map(len, calls)) == [5, 5, 5, 5]
-    monkeypatch.setattr(os, "cpu_count", lambda: 1)  # one core: one call, no threads
-    calls.clear()
-    assert early_jobs.in_parts(double, [1, 2]) == [2, 4] and calls == [[1, 2]]
+    early_jobs.submit("probe::early", early)
+    early_jobs.register_timed("probe::timed", lambda: order.append("timed") or int(early_jobs.run(niceness, 30).stdout))
+    early_jobs.queue_timed()
+    try:
+        time.sleep(0.3)
+        assert order == []  # not beside the early job
+        early_may_end.set()
+        deadline = time.monotonic() + 10
+        while len(order) < 2 and time.monotonic() < deadline:  # no reader has asked for it yet
+            time.sleep(0.02)
+        assert order == ["early", "timed"]
+        below = max(early_jobs.JOB_NICE, os.nice(0))
+        assert early_jobs.job_result("probe::early", None) == early_jobs.timed_result("probe::timed", None) == below
+    finally:
+        early_may_end.set()
+        for lane in (early_jobs._lane, early_jobs._timed_lane):
+            if lane is not None:
+                lane.shutdown(wait=True)
 
 
 def test_jobs_run_at_once_each_with_its_own_outcome():

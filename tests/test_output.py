@@ -1,13 +1,13 @@
 """What the console and the report print: tables within 120 characters in one number format per column, withheld
 columns named once, and the Triton interpreter switched on by the command line before any kernel is imported."""
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+import early_jobs
 from verifybench.harness.engine import interpreter, tables
 from verifybench.harness.engine.results import WITHHELD
 
@@ -75,20 +75,36 @@ def test_interpreter_warns_of_triton_3_6_with_numpy_2_4(monkeypatch):
     assert interpreter.version_trap() is None
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is the CPU path")
-def test_cli_sets_the_interpreter_before_any_kernel_is_imported_without_a_gpu():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+def _cli_runs() -> dict | None:
+    """Two command lines without TRITON_INTERPRET exported (the CPU path): an import of the CLI and a component, and a
+    component command end to end."""
+    if torch.cuda.is_available():
+        return None
+    env = {k: v for k, v in early_jobs.ENVIRON.items() if k != "TRITON_INTERPRET"}
     code = ("import os, verifybench.harness.cli; from verifybench.harness.components import mla_verify; "
             "print(os.environ.get('TRITON_INTERPRET'), mla_verify.INTERPRET)")
-    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    return {"import": early_jobs.run([sys.executable, "-c", code], 300, cwd=REPO, env=env),
+            "command": early_jobs.run([sys.executable, "-m", "verifybench.harness", "mla_verify", "--out",
+                                       str(early_jobs.scratch("mla-verify"))], 900, cwd=REPO, env=env)}
+
+
+EARLY_JOBS = {"cli_runs": _cli_runs}  # started at collection (tests/early_jobs.py)
+
+
+@pytest.fixture(scope="module")
+def cli_runs():
+    return early_jobs.job_result(f"{__name__}::cli_runs", _cli_runs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is the CPU path")
+def test_cli_sets_the_interpreter_before_any_kernel_is_imported_without_a_gpu(cli_runs):
+    r = cli_runs["import"]
     assert r.stdout.split() == ["1", "True"], r.stderr[-2000:]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is the CPU path")
-def test_a_component_command_runs_its_triton_kernels_without_triton_interpret_exported(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-m", "verifybench.harness", "mla_verify", "--out", str(tmp_path)], cwd=REPO,
-                       env=env, capture_output=True, text=True, timeout=900)
+def test_a_component_command_runs_its_triton_kernels_without_triton_interpret_exported(cli_runs):
+    r = cli_runs["command"]
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "Triton kernels run in the interpreter (TRITON_INTERPRET=1, set by verifybench" in r.stdout
     assert "cannot run here" not in r.stdout and "split_kv_us" in r.stdout

@@ -2,7 +2,6 @@
 group past a timeout, and checked for processes left behind (the allreduce and verify_dist failure-path tests)."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
