@@ -44,9 +44,18 @@ def test_a_column_empty_in_every_row_is_dropped_and_a_long_withheld_list_wraps()
     assert "no_pdl_us" not in text and max(len(line) for line in text.splitlines()) <= tables.MAX_WIDTH_CHARS
 
 
-def test_a_single_wide_row_becomes_field_value_lines():
-    text = tables.render([{"ops": "torch", "allreduce": "x" * 150}])
-    assert text.splitlines()[0].split() == ["field", "value"]
+@pytest.mark.parametrize("tablefmt", ["simple", "github"])
+def test_a_single_wide_row_becomes_field_value_lines_within_the_width(tablefmt):
+    said = ("device wait of 7.7 us per allreduce (reference figure (NCCL all_reduce_perf, graph mode, 2xH200 over "
+            "NVLink; PCIe boxes are slower: measure yours))")  # a GPU run's forward setup
+    text = tables.render([{"ops": "torch", "allreduce": said, "token": "x" * 150}], tablefmt)
+    lines = text.splitlines()
+    assert lines[0].replace("|", " ").split() == ["field", "value"] and max(map(len, lines)) <= tables.MAX_WIDTH_CHARS
+    at = lines[0].index("value")
+    cells = [(line[:at].strip("| "), line[at:].strip("| ")) for line in lines[2:]]
+    assert [c[0] for c in cells if c[0]] == ["ops", "allreduce", "token"]
+    values = [c[-1] for c in cells]
+    assert " ".join(values[1:-2]) == said and "".join(values[-2:]) == "x" * 150  # the value wrapped, all of it
 
 
 def test_the_interpreter_is_not_forced_over_the_users_setting(monkeypatch):

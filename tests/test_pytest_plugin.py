@@ -140,10 +140,11 @@ def test_pytest_and_cli_results_of_a_case_line_up_in_compare(saved, tmp_path, ca
     _, data, _, _ = saved
     names = {b["extra_info"]["case"] for b in data["benchmarks"]}
     from verifybench.harness.components import baseline
-    from verifybench.harness.engine import results
+    from verifybench.harness.engine import fingerprint, results
 
     specs = [s for s in baseline.cases("tiny", 1, 64) if s.name in names]
-    run = results.make_run("baseline", [s.run(max_time_s=0.3) for s in specs], {"gpu_model": "cpu", "env": {}})
+    # this machine's fingerprint, as the pytest run's: a GPU run is never compared with a CPU smoke run
+    run = results.make_run("baseline", [s.run(max_time_s=0.3) for s in specs], fingerprint.collect())
     suite = results.save_run(run, tmp_path)
     pb = tmp_path / "pb.json"
     pb.write_text(json.dumps(data))

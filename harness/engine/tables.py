@@ -66,6 +66,15 @@ def _width(keys, cells, numeric, cols, tablefmt) -> int:
     return max(len(line) for line in _render(keys, cells, numeric, cols, tablefmt).splitlines())
 
 
+def _field_value(keys: list[str], values: list[str], tablefmt: str, width: int) -> str:
+    """One row as field / value lines, a long value wrapped onto the lines below its field (a markdown cell holds no
+    line break)."""
+    room = max(20, width - max(map(len, [*keys, "field"])) - 7)  # 7: the widest format's borders, "| " " | " " |"
+    lines = [(key if i == 0 else "", part) for key, value in zip(keys, values)
+             for i, part in enumerate(textwrap.wrap(value, room, break_on_hyphens=False) or [""])]
+    return tabulate(lines, headers=["field", "value"], tablefmt=tablefmt, disable_numparse=True)
+
+
 def render(rows: list[dict], tablefmt: str = "simple", width: int = MAX_WIDTH_CHARS) -> str:
     """The table text: withheld columns named above it, then one table, or several parts (the leading label columns
     repeated) when one would be wider than `width`; a single row too wide becomes field / value lines."""
@@ -83,8 +92,7 @@ def render(rows: list[dict], tablefmt: str = "simple", width: int = MAX_WIDTH_CH
     if _width(keys, cells, numeric, list(range(len(keys))), tablefmt) <= width:
         return head + _render(keys, cells, numeric, list(range(len(keys))), tablefmt)
     if len(rows) == 1:
-        return head + tabulate(list(zip(keys, cells[0])), headers=["field", "value"], tablefmt=tablefmt,
-                               disable_numparse=True)
+        return head + _field_value(keys, cells[0], tablefmt, width)
     key_cols = _key_columns(keys, rows, numeric)
     parts, current = [], []
     for c in range(len(key_cols), len(keys)):
