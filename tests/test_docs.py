@@ -141,7 +141,9 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
 
 def _unknown_options(argv: list[str], known: set[str] | frozenset[str]) -> list[str]:
     names = [t.split("=", 1)[0] for t in argv if t.startswith("-") and t not in ("-", "--")]
-    return [n for n in names if n not in known and not re.fullmatch(r"-[A-Za-z]", n)]
+    # a known one-letter option may carry its value joined (pytest's -rfE)
+    joined = [n for n in names if not n.startswith("--") and n[:2] in known]
+    return [n for n in names if n not in known and n not in joined and not re.fullmatch(r"-[A-Za-z]", n)]
 
 
 def problems_of(command: str) -> list[str]:
