@@ -31,8 +31,10 @@ JOB_NICE = 10  # the jobs' niceness: the tests take a core first, the jobs the r
 LANES = ("early-job", "timed-job")  # the jobs' thread names: what they start runs at JOB_NICE
 
 # The environment as the session began: a job runs on its thread while tests change os.environ (monkeypatch), so it
-# builds its processes' environment from this.
-ENVIRON = dict(os.environ)
+# builds its processes' environment from this. Unpinned unless the caller pinned: a test session is no quiet host,
+# and every GPU job pinned itself to the one CPU VERIFYBENCH_PIN_CPU=auto picks, its compile threads with it, where
+# they queued behind each other (on a 16-core H200 the tiny run got a tenth of that CPU for five minutes).
+ENVIRON = {"VERIFYBENCH_PIN_CPU": "off", **os.environ}
 
 _started: dict[str, tuple[subprocess.Popen, Path]] = {}
 _done: list[Path] = []  # folders removed at the session's end
@@ -54,7 +56,7 @@ def start_run(base: Path | None = None) -> tuple[subprocess.Popen, Path]:
     cmd = [sys.executable, "-m", "verifybench.harness", *RUN_ARGS, "--out", str(base / "out")]
     with open(base / "stdout.txt", "w") as stdout, open(base / "stderr.txt", "w") as stderr:
         # without TRITON_INTERPRET, as a user runs it: the command line switches the interpreter on by itself
-        env = {**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}, **RUN_ENV}
+        env = {**{k: v for k, v in ENVIRON.items() if k != "TRITON_INTERPRET"}, **RUN_ENV}
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=stdout, stderr=stderr, text=True)
     _yield_cpu(proc.pid)
     return proc, base

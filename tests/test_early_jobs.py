@@ -99,3 +99,20 @@ def test_a_driver_past_its_timeout_ends_the_job_it_started_in_a_session_of_its_o
     stat = f"/proc/{int(out.split()[0])}/stat"
     time.sleep(0.2)
     assert not os.path.exists(stat) or open(stat).read().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_the_tiny_run_and_the_jobs_run_unpinned_unless_the_session_was_pinned(monkeypatch, tmp_path):
+    # pinned, each GPU job would take the same CPU (VERIFYBENCH_PIN_CPU=auto) and wait there behind the others
+    assert early_jobs.ENVIRON["VERIFYBENCH_PIN_CPU"] == os.environ.get("VERIFYBENCH_PIN_CPU", "off")
+    seen = {}
+
+    class Popen:
+        pid = -1  # no process: the lower priority has nobody to change
+
+        def __init__(self, cmd, env, **kwargs):
+            seen.update(env)
+
+    monkeypatch.setattr(subprocess, "Popen", Popen)
+    monkeypatch.setenv("VERIFYBENCH_PIN_CPU", "auto")  # a test's change after the session began does not leak in
+    early_jobs.start_run(tmp_path)
+    assert seen["VERIFYBENCH_PIN_CPU"] == early_jobs.ENVIRON["VERIFYBENCH_PIN_CPU"]
