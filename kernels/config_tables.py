@@ -234,13 +234,11 @@ def _call(call: list):
     return getattr(importlib.import_module(module), function)(*args)
 
 
-def compile_many(calls: list, opaque: list = ()) -> list:
-    """The results of `calls`, then of `opaque`, each [module, function, *args] run as module.function(*args) (JSON
-    in and out: for uninterpreted). `calls` compile through compiled_shared: the ones its disk cache answers run here,
-    the misses on worker processes. `opaque` compile by other means, whose cache cannot be asked without compiling
-    (Triton's own, filled along with ours): here when no call missed, else first on the workers (the slowest). So a
-    warm cache starts no worker, which where the start method is not fork imports torch and triton (seconds); the
-    price: opaque calls that miss beside calls that all hit (such a kernel edited alone) compile one after another."""
+def compile_many(calls: list) -> list:
+    """The results of `calls`, each [module, function, *args] run as module.function(*args) (JSON in and out: for
+    uninterpreted), which compile through compiled_shared: the ones its disk cache answers run here, the misses on
+    worker processes. So a warm cache starts no worker, which where the start method is not fork imports torch and
+    triton (seconds)."""
     done, misses = {}, []
     with cached_only():
         for i, call in enumerate(calls):
@@ -248,15 +246,13 @@ def compile_many(calls: list, opaque: list = ()) -> list:
                 done[i] = _call(call)
             except NotCached:
                 misses.append(i)
-    everything = [*calls, *opaque]
-    rest = [*range(len(calls), len(everything)), *misses] if misses else []
-    workers = min(os.cpu_count() or 1, len(rest) // 2)  # two compiles a worker at least, to repay its start
+    workers = min(os.cpu_count() or 1, len(misses) // 2)  # two compiles a worker at least, to repay its start
     if workers > 1:
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(workers) as pool:
-            done.update(zip(rest, pool.map(_call, [everything[i] for i in rest])))
-    return [done[i] if i in done else _call(call) for i, call in enumerate(everything)]
+            done.update(zip(misses, pool.map(_call, [calls[i] for i in misses])))
+    return [done[i] if i in done else _call(call) for i, call in enumerate(calls)]
 
 
 def _shared_cache() -> Path:

@@ -20,15 +20,12 @@ picks the variant; the kernels' files hold their grids and launches.
 from __future__ import annotations
 
 import functools
-import json
 import math
-import os
-import subprocess
-import sys
 
 import torch
 import triton
 
+from verifybench.kernels import config_tables
 from verifybench.kernels import mla_verify_extend as extend
 from verifybench.kernels import mla_verify_split_kv as split_kv
 from verifybench.kernels import pdl as _pdl
@@ -265,55 +262,31 @@ def shared_memory_bytes(cases, *, heads: int = 8, d: int = 4, kv_lora: int = 512
                         dtype: str = "bfloat16", mask_words: bool = False, num_splits: int = 32) -> list[dict]:
     """Per (variant, config or None, cc) in `cases`: {kernel name: shared memory per block, bytes} of the kernels the
     variant launches with that config (completed from DEFAULT_CONFIGS) at these shapes, compiled for sm_<cc> without
-    a GPU (compare with SMEM_LIMIT_BYTES[cc]). Pointers and 16-multiple ints get the divisibility hints a launch
-    gives. Under TRITON_INTERPRET (its kernels and tl.max cannot be compiled) one subprocess without it does the
-    work. About a second per kernel the first time; Triton's cache serves repeats."""
+    a GPU (compare with SMEM_LIMIT_BYTES[cc]), through config_tables.compiled_shared (its cache serves repeats).
+    Pointers and 16-multiple ints get the divisibility hints a launch gives."""
     from triton.runtime.jit import JITFunction
 
     cases = [(v, c, int(cc)) for v, c, cc in cases]
-    shape = dict(heads=heads, d=d, kv_lora=kv_lora, rope=rope, dtype=dtype, mask_words=mask_words,
-                 num_splits=num_splits)
-    if not isinstance(split_kv._split_kernel, JITFunction):
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-        code = ("import json, sys; from verifybench.kernels.mla_verify import shared_memory_bytes as f; "
-                "a = json.load(sys.stdin); print(json.dumps(f(a.pop('cases'), **a)))")
-        run = subprocess.run([sys.executable, "-c", code], input=json.dumps(dict(shape, cases=cases)), env=env,
-                             capture_output=True, text=True)
-        if run.returncode:
-            raise RuntimeError(f"compiling the MLA verify kernels failed:\n{run.stderr[-4000:]}")
-        return json.loads(run.stdout.splitlines()[-1])
-    return [_compile_shared(v, c, cc, **shape) for v, c, cc in cases]
+    shape = [heads, d, kv_lora, rope, dtype, mask_words, num_splits]
+    if not isinstance(split_kv._split_kernel, JITFunction):  # the interpreter's kernels cannot be compiled
+        return config_tables.uninterpreted(__name__, "_shared_of_cases", cases, *shape)
+    return _shared_of_cases(cases, *shape)
 
 
-def _compile_shared(variant, config, cc, heads, d, kv_lora, rope, dtype, mask_words, num_splits):
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    cfg = check_config(variant, config)
+def _shared_of_cases(cases, heads, d, kv_lora, rope, dtype, mask_words, num_splits) -> list[dict]:
     dk, t = kv_lora + rope, d  # one request: T = D
     ty = _TRITON_TYPES[getattr(torch, dtype)]
-    ints = dict(T=t, num_splits=num_splits, min_split_keys=cfg.get("min_split_keys", 128), stride_qh=t * dk,
-                stride_qt=dk, stride_c=dk, stride_oh=t * kv_lora, stride_ot=kv_lora)
-    ptrs = dict(q=ty, cache=ty, out=ty, starts="i32", lens="i32", mask="i32" if mask_words else "u8",
-                part_o="fp32", part_lse="fp32")
-    shared = {}
-    for fn, _, consts, opts in _launches(variant, cfg, heads, 1, d, dk, kv_lora, mask_words,
-                                         num_splits if variant == "split_kv" else 1):
-        consts = dict(consts, PDL=False)
-        sig, attrs = {}, {}
-        for i, name in enumerate(fn.arg_names):
-            if name in consts:
-                sig[name] = "constexpr"
-            elif name in ptrs:
-                sig[name] = "*" + ptrs[name]
-                attrs[(i,)] = [["tt.divisibility", 16]]
-            elif name in ints:
-                sig[name] = "i32"
-                if ints[name] % 16 == 0:
-                    attrs[(i,)] = [["tt.divisibility", 16]]
-            else:
-                sig[name] = "fp32"  # scale_log2
-        compiled = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", cc, 32), options=opts)
-        shared[fn.__name__] = compiled.metadata.shared
-    return shared
+    out = []
+    for variant, config, cc in cases:
+        cfg = check_config(variant, config)
+        ints = dict(T=t, num_splits=num_splits, min_split_keys=cfg.get("min_split_keys", 128), stride_qh=t * dk,
+                    stride_qt=dk, stride_c=dk, stride_oh=t * kv_lora, stride_ot=kv_lora)
+        types = dict(q=ty, cache=ty, out=ty, starts="i32", lens="i32", mask="i32" if mask_words else "u8",
+                     part_o="fp32", part_lse="fp32")
+        types = {k: f"*{v}" for k, v in types.items()}
+        types |= {k: "16:i32" if v % 16 == 0 else "i32" for k, v in ints.items()}
+        types["scale_log2"] = "fp32"
+        out.append({fn.__name__: config_tables.compiled_shared(fn, types, dict(consts, PDL=False), opts, cc)
+                    for fn, _, consts, opts in _launches(variant, cfg, heads, 1, d, dk, kv_lora, mask_words,
+                                                         num_splits if variant == "split_kv" else 1)})
+    return out

@@ -58,17 +58,18 @@ def compiled() -> dict:
     TRITON_INTERPRET (the interpreter's kernels cannot be compiled): figures its disk cache holds are read there,
     the rest compiled on a process per core (compile_many); kernels dedupe tiles."""
     fp32 = sgs.default_config(1, 4096, 4096, dtype=torch.float32)
-    jobs = [("moe", ms, c, cc) for c, cc in _moe_cases()]  # the slower compiles first
+    jobs = [("mla_verify", mv, [case]) for case in VERIFY_CASES]  # the slower compiles first
+    jobs += [("moe", ms, c, cc) for c, cc in _moe_cases()]
     jobs += [("mla_decode", mds, c, cc, "bfloat16") for c in mds.selectable_configs() for cc in CCS]
     jobs += [("skinny_gemm", sgs, c, cc, "bfloat16") for c in sgs.selectable_configs() for cc in CCS]
     jobs += [("skinny_fp32_default", sgs, fp32, cc, "float32") for cc in CCS]
-    calls = [[module.__name__, "compiled_shared_bytes", *args] for _, module, *args in jobs]
-    verify = [[mv.__name__, "shared_memory_bytes", [case]] for case in VERIFY_CASES]  # Triton's cache, not ours
-    shared = config_tables.uninterpreted(config_tables.__name__, "compile_many", calls, verify)
-    assert len(shared) == len(calls) + len(verify)
-    out = {"mla_verify": [figures for [figures] in shared[len(calls):]]}
-    for (kernel, _, c, cc, *_), b in zip(jobs, shared):
-        out.setdefault(kernel, []).append([c, cc, b])
+    calls = [[module.__name__, "shared_memory_bytes" if module is mv else "compiled_shared_bytes", *args]
+             for _, module, *args in jobs]
+    shared = config_tables.uninterpreted(config_tables.__name__, "compile_many", calls)
+    assert len(shared) == len(calls)
+    out = {}
+    for (kernel, _, *args), b in zip(jobs, shared):
+        out.setdefault(kernel, []).append(b[0] if kernel == "mla_verify" else [*args[:2], b])
     return out
 
 
@@ -202,14 +203,14 @@ def test_compile_many_compiles_only_what_the_cache_lacks(tmp_path, monkeypatch):
     monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", concurrent.futures.ThreadPoolExecutor)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     names = ["a" * i for i in range(1, 7)]
-    calls, where = [[__name__, "_stand_in", n] for n in names], [[__name__, "_thread"]]
+    calls = [[__name__, "_stand_in", n] for n in names]
     here = _thread()
 
-    assert config_tables.compile_many(calls[:2], where) == [16, 32, here]  # 2 misses and 1 opaque: too few for 2
+    assert config_tables.compile_many(calls[:2]) == [16, 32]  # 2 misses: too few for 2 workers
     assert sorted(compiled) == [("a", here), ("aa", here)]
     compiled.clear()
-    *figures, opaque = config_tables.compile_many(calls, where)  # 4 misses and 1 opaque: on the workers
-    assert figures == [16 * len(n) for n in names] and opaque != here
+    figures = config_tables.compile_many(calls)  # 4 misses: on the workers
+    assert figures == [16 * len(n) for n in names]
     assert sorted(n for n, _ in compiled) == names[2:] and all(t != here for _, t in compiled)
     compiled.clear()
-    assert config_tables.compile_many(calls, where) == [*figures, here] and not compiled  # all cached: no worker
+    assert config_tables.compile_many(calls) == figures and not compiled  # all cached: no worker
