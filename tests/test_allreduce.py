@@ -5,8 +5,13 @@ export lines), the measured stand-in figure read back from a result, and the pur
 """
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -221,6 +226,48 @@ def test_sweep_without_out_saves_under_the_default_folder_exports_only_what_it_m
     assert "TORCH_SYMM_MEM_DISABLE_MULTICAST" not in out.split("fastest at verify sizes")[1]
     assert "+40.0%" not in out and "0.6" not in out.split("settings ranked")[1]  # the gains: CPU timer noise
     assert out.count(results.WITHHELD) >= 2 and "CPU numbers" in out
+
+
+def test_sigterm_mid_sweep_ends_the_setting_as_ctrl_c_does_exit_130_in_one_line(tmp_path, monkeypatch, capsys):
+    """`timeout` and `kill` send SIGTERM: the driver ends the running setting's torchrun (its finally) instead of dying
+    past it, and leaves SIGTERM as it found it."""
+    def terminated_mid_setting(*args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)  # the handler raises here
+        raise AssertionError("SIGTERM did not interrupt the setting")
+
+    monkeypatch.setattr(sweep, "run_setting", terminated_mid_setting)
+    before = signal.getsignal(signal.SIGTERM)
+    t0 = time.monotonic()
+    assert allreduce_main(["--nccl-sweep", "--quick", "--out", str(tmp_path)]) == 130
+    assert time.monotonic() - t0 < 20 and signal.getsignal(signal.SIGTERM) == before
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("interrupted: the setting's torchrun is ended"), err
+    assert not list(tmp_path.glob("allreduce_sweep-*.json"))  # no summary of a sweep that did not finish
+
+
+def test_a_setting_job_ends_when_its_driver_is_killed_outright():
+    """SIGKILL runs no handler of the driver's: the job learns of it from the kernel (parent-death signal)."""
+    driver = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time; from verifybench.harness.multigpu import sweep; "
+         "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True, "
+         "preexec_fn=sweep._end_with_driver); print(p.pid, flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True)
+    job_pid = int(driver.stdout.readline())
+    driver.kill()
+    driver.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(job_pid):
+        time.sleep(0.05)
+    assert not _alive(job_pid), "the setting's job outlived its killed driver"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"  # a zombie has ended; only its exit status waits to be read
 
 
 def test_a_sweep_setting_that_cannot_be_read_is_refused_in_one_line(capsys):

@@ -297,7 +297,13 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
         from verifybench.harness.multigpu.sweep import run_sweep
 
-        return run_sweep(args)
+        try:
+            return run_sweep(args)
+        except KeyboardInterrupt:
+            print(flush=True)  # the progress line stops mid-way
+            print("interrupted: the setting's torchrun is ended; the summary is written only by a whole sweep, the "
+                  "finished settings' results stay in its folder", file=sys.stderr)
+            return 130
     announce_safe_env()
     try:
         check_arguments(args)

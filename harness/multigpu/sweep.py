@@ -8,6 +8,7 @@ process (NCCL_PARAM), so a second communicator in the same process would silentl
 """
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import re
@@ -54,6 +55,7 @@ PROTO_IDS = {0: "LL", 1: "LL128", 2: "Simple"}
 DEFAULT_BUDGET_S = 1800.0
 COMPONENT = "allreduce_sweep"  # the summary's kind, and the prefix of the sweep's folder
 GAIN_COLUMNS = ("x default", "gain vs default")  # derived from CPU timer noise under gloo: withheld there
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 
 
 def parse_setting(text: str) -> tuple[str, dict]:
@@ -166,6 +168,19 @@ def _kill_group(proc: subprocess.Popen) -> None:
             continue
 
 
+def _end_with_driver() -> None:
+    """In each setting's torchrun, before exec: SIGTERM when the driver dies, however it dies (SIGKILL included,
+    which no handler of the driver's sees), so that no torchrun and no rank outlive it. Linux only; elsewhere a no-op."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt  # SIGTERM (timeout, kill) ends the current setting's job as Ctrl-C does
+
+
 def run_setting(label: str, env_setting: dict, folder: Path, args, nproc: int, backends: str,
                 timeout_s: float) -> dict:
     """One fresh torchrun under `env_setting`; returns its status, log summary and results (if any)."""
@@ -183,7 +198,8 @@ def run_setting(label: str, env_setting: dict, folder: Path, args, nproc: int, b
            "--no-nccl-log"]
     t0 = time.monotonic()
     with open(folder / "output.log", "w") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_end_with_driver)
         try:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -339,6 +355,14 @@ def run_sweep(args) -> int:
         was = ", ".join(f"{k} {'unset' if v is None else repr(v)}" for k, v in forced.items())
         print(f"NOTE: every setting runs with {', '.join(f'{k}={SAFE_ENV[k]}' for k in forced)} (launched with {was}): "
               "multicast off; the export lines leave these out: they name only what the sweep measured", flush=True)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _sweep(settings, args, nproc, backends, budget_s, root, launched, cpu)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _sweep(settings, args, nproc: int, backends: str, budget_s: float, root: Path, launched: dict, cpu: bool) -> int:
     t0 = time.monotonic()
     outcomes: list[dict] = []
 
