@@ -60,6 +60,15 @@ check() {
 TRACE=tests/data/traces/suite-forward-k2.5-L3-TP-0.trace.json.gz
 H200=results/baselines/nvidia-h200-x1
 
+compare_with_baseline() {  # MACHINE RUN: SAME against this GPU's committed baseline; without one (a CPU, another
+  # GPU model), the README's compare against the H200 baseline is refused in one line as other hardware
+  if [ -f "results/baselines/$1/verify.json" ]; then
+    check 0 "SAME" 120 "verifybench compare results/baselines/$1/verify.json $2/"
+  else
+    check 2 "cannot be compared" 120 "verifybench compare $H200/verify.json $2/"
+  fi
+}
+
 cpu_part() {
   echo "== CPU part (without a GPU: the smoke profile; with one, the same commands on it)"
   check 0 "Exit codes" 60 "verifybench --help"
@@ -79,11 +88,7 @@ cpu_part() {
   # a file against its own folder: the folder's latest verify result is that file (one run's timings, so SAME)
   verify=$(ls "$run"/verify-*.json | tail -n 1)
   check 0 "SAME" 120 "verifybench compare $verify $run/"
-  if [ "$gpu" = 1 ]; then
-    check 0 "SAME" 120 "verifybench compare $H200/verify.json $run/"
-  else  # the README's compare: a CPU run is other hardware than the H200 baseline, refused in one line
-    check 2 "cannot be compared" 120 "verifybench compare $H200/verify.json $run/"
-  fi
+  compare_with_baseline "$machine" "$run"
   check 0 "allreduce" 120 "verifybench trace $TRACE --against $H200/ --layers 3"  # the trace holds 3 of 61 layers
   check 0 "cycle" 120 "verifybench trace $TRACE --json cycle.json --chart cycle.png"
   check 0 "rtx|RTX" 60 "verifybench project $H200/verify.json --target rtx-pro-6000-pcie-tp8"
@@ -103,8 +108,9 @@ cpu_part() {
 gpu_part() {  # what only a GPU measures, sized for one 10-minute device command on an H200 (about 4.5 minutes)
   echo "== GPU part"
   check 0 "^report: " 600 "verifybench run"
-  local gpu_run; gpu_run=verifybench-results/$(ls verifybench-results | head -n 1)
-  check 0 "SAME" 120 "verifybench compare $H200/verify.json $gpu_run/"
+  local machine; machine=$(ls verifybench-results | head -n 1)
+  local gpu_run=verifybench-results/$machine
+  compare_with_baseline "$machine" "$gpu_run"
   check 0 "Levers" 120 "verifybench advise"
   check 0 "tok/s" 120 "verifybench advise $gpu_run --accept-len 3:2.4,6:3.1"
   check 0 "tok" 60 "verifybench plan $gpu_run --accept-rates 0.8,0.7,0.6,0.5,0.4"
