@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -42,7 +41,17 @@ def _quick_sweep_job():
             out_dir)
 
 
-EARLY_JOBS = {"quick_sweep": _quick_sweep_job}  # started at collection (tests/early_jobs.py)
+def _killed_driver_job():
+    """A driver that starts a job as run_setting does (a sleeper that carries a tag), then dies by SIGKILL."""
+    tag = f"killed-driver-{os.getpid()}"
+    code = ("import os, signal, subprocess, sys; from verifybench.harness.multigpu import sweep; "
+            f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', '{tag}'], "
+            "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, "
+            "preexec_fn=sweep._end_with_driver); os.kill(os.getpid(), signal.SIGKILL)")  # our pipes not held open
+    return early_jobs.run([sys.executable, "-c", code], timeout_s=120).returncode, tag
+
+
+EARLY_JOBS = {"quick_sweep": _quick_sweep_job, "killed_driver": _killed_driver_job}  # started at collection
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +62,11 @@ def quick_sweep():
     assert rc == 0, out[-3000:]
     assert_no_orphans(tag)
     return out, next(out_dir.glob("allreduce_sweep-*.json"))
+
+
+@pytest.fixture(scope="module")
+def killed_driver():
+    return early_jobs.job_result(f"{__name__}::killed_driver", _killed_driver_job)
 
 
 def test_gloo_eight_rank_run_prints_table_and_saves_checked_json(quick_sweep):
@@ -246,28 +260,11 @@ def test_sigterm_mid_sweep_ends_the_setting_as_ctrl_c_does_exit_130_in_one_line(
     assert not list(tmp_path.glob("allreduce_sweep-*.json"))  # no summary of a sweep that did not finish
 
 
-def test_a_setting_job_ends_when_its_driver_is_killed_outright():
+def test_a_setting_job_ends_when_its_driver_is_killed_outright(killed_driver):
     """SIGKILL runs no handler of the driver's: the job learns of it from the kernel (parent-death signal)."""
-    driver = subprocess.Popen(
-        [sys.executable, "-c", "import subprocess, sys, time; from verifybench.harness.multigpu import sweep; "
-         "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True, "
-         "preexec_fn=sweep._end_with_driver); print(p.pid, flush=True); time.sleep(60)"],
-        stdout=subprocess.PIPE, text=True)
-    job_pid = int(driver.stdout.readline())
-    driver.kill()
-    driver.wait(timeout=10)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and _alive(job_pid):
-        time.sleep(0.05)
-    assert not _alive(job_pid), "the setting's job outlived its killed driver"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"  # a zombie has ended; only its exit status waits to be read
+    rc, tag = killed_driver
+    assert rc == -signal.SIGKILL
+    assert_no_orphans(tag, grace_s=10)
 
 
 def test_a_sweep_setting_that_cannot_be_read_is_refused_in_one_line(capsys):
