@@ -3,12 +3,11 @@
 # its output. usage: scripts/acceptance.sh [--cpu | --gpu]   (default: --gpu where a GPU is present, else --cpu)
 #
 # --cpu runs anywhere (without a GPU: the smoke profile, the torchrun jobs on gloo at tiny shapes); CI runs it after
-#   the README's test command. 24 commands in 5 minutes on the shared 2-core box, 9 under a load of 8 (`verifybench
-#   run` 108 s, the two torchrun jobs 22 and 38 s, each other command 5-25 s, most of it importing torch).
-# Needs the work of other branches to pass: `verifybench advise` and `cycle --contexts` (advise), results folders
-#   for compare / plan / trace --against (io-options).
-# --gpu runs what only a GPU can measure, on the H200, in one device command (about 4.5 minutes): the main job, compare
-#   against the committed H200 baseline, advise, plan, project, record and trace on its results. With ACCEPT_LONG=1
+#   the README's test command. 26 commands in about 2 minutes on the 2-core box, more under load (most of each
+#   command's few seconds is importing torch).
+# --gpu runs what only a GPU can measure, in one device command (about 4.5 minutes on an H200 or an H100): the main
+#   job, compare against this GPU's committed baseline (refused as other hardware where none is committed), advise,
+#   plan, project, record and trace on its results. With ACCEPT_LONG=1
 #   (a device command of its own) also: pytest --benchmark-only microbench/ (on CPU it would time the smoke profile
 #   for minutes and prove nothing the run does not), tune, defaults_vs_tuned.py, record --what cycle, cycle
 #   --contexts, a run on no tables, and on several GPUs the torchrun jobs and the NCCL sweep. --cpu checks that the
