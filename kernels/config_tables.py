@@ -172,13 +172,10 @@ def fit_source(needed: int, limit: int) -> str:
     return f"default (tuned entry needs {needed} B shared memory, GPU allows {limit} B)"
 
 
-def compiled_shared(fn, types: dict[str, str], consts: dict, options: dict, cc: int) -> int:
-    """Shared memory per block (bytes) of the Triton kernel `fn` compiled for sm_<cc> without a GPU: `types` gives
-    each argument that is not in `consts` its Triton type ('*bf16', 'i32', 'fp32'); pointers and ints typed with
-    a leading '16:' ('16:i32') get the divisibility hint a launch gives them. Triton fixes the figure when it
-    lowers to LLVM IR, so the stages after that (PTX, ptxas: most of the time) are skipped where this Triton's
-    stage list allows; otherwise it compiles in full."""
-    from triton.backends.compiler import GPUTarget
+def _source(fn, types: dict[str, str], consts: dict):
+    """(ASTSource, signature, attributes) of `fn` as a launch would compile it: `types` gives each argument not in
+    `consts` its Triton type ('*bf16', 'i32', 'fp32'); pointers and ints typed with a leading '16:' ('16:i32') get
+    the divisibility hint a launch gives them."""
     from triton.compiler import ASTSource
 
     sig, attrs = {}, {}
@@ -190,8 +187,17 @@ def compiled_shared(fn, types: dict[str, str], consts: dict, options: dict, cc: 
         if ty.startswith(("*", "16:")):
             attrs[(i,)] = [["tt.divisibility", 16]]
         sig[name] = ty.removeprefix("16:")
+    return ASTSource(fn, sig, consts, attrs), sig, attrs
+
+
+def compiled_shared(fn, types: dict[str, str], consts: dict, options: dict, cc: int) -> int:
+    """Shared memory per block (bytes) of the Triton kernel `fn` compiled for sm_<cc> without a GPU (`types`:
+    _source). Triton fixes the figure when it lowers to LLVM IR, so the stages after that (PTX, ptxas: most of the
+    time) are skipped where this Triton's stage list allows; otherwise it compiles in full."""
+    from triton.backends.compiler import GPUTarget
     import triton
 
+    source, sig, attrs = _source(fn, types, consts)
     key = json.dumps([fn.cache_key, sig, consts, sorted((k[0], v) for k, v in attrs.items()), cc, options,
                       triton.__version__], sort_keys=True, default=str)
     cached = _shared_cache() / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
@@ -199,7 +205,7 @@ def compiled_shared(fn, types: dict[str, str], consts: dict, options: dict, cc: 
         return json.loads(cached.read_text())["shared"]
     if _CACHED_ONLY:
         raise NotCached(key)
-    source, target = ASTSource(fn, sig, consts, attrs), GPUTarget("cuda", cc, 32)
+    target = GPUTarget("cuda", cc, 32)
     try:
         shared = _shared_at_llir(source, target, options)
     except Exception:  # another Triton's internals: the public path, slower
@@ -209,6 +215,33 @@ def compiled_shared(fn, types: dict[str, str], consts: dict, options: dict, cc: 
     except OSError:  # a read-only cache costs a compile next time, nothing else
         pass
     return shared
+
+
+def compiled_resources(fn, types: dict[str, str], consts: dict, options: dict, cc: int) -> dict[str, int]:
+    """{'registers', 'stack_bytes', 'shared_bytes'} per thread / block of `fn` compiled in full for sm_<cc> without a
+    GPU (`types`: _source), as ptxas allocated them: read from the cubin by the cuobjdump that Triton ships (raises
+    FileNotFoundError where this Triton has none). A kernel that ptxas starves of registers shows a large stack."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    compiled = triton.compile(_source(fn, types, consts)[0], target=GPUTarget("cuda", cc, 32), options=options)
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not cuobjdump.is_file():
+        raise FileNotFoundError(f"no cuobjdump in this Triton ({cuobjdump})")
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "kernel.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        usage = subprocess.run([str(cuobjdump), "-res-usage", str(cubin)], capture_output=True, text=True,
+                               check=True).stdout
+    field = {k: re.search(rf"\b{k}:(\d+)", usage) for k in ("REG", "STACK")}
+    if not all(field.values()):
+        raise RuntimeError(f"cuobjdump -res-usage gave no REG/STACK figures: {usage[-300:]!r}")
+    return {"registers": int(field["REG"][1]), "stack_bytes": int(field["STACK"][1]),
+            "shared_bytes": compiled.metadata.shared}
 
 
 class NotCached(LookupError):

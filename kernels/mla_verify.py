@@ -57,10 +57,12 @@ CONFIG_SPACE = {  # tile configs a tuner may choose from (split_kv's split count
                                                  (32, 32, 8, 1), (32, 64, 8, 1), (64, 32, 8, 1))],
 }  # over sm_120's limit (bf16, 576): split_kv 32x64 and 64x32 (114,688 B), extend 32x64 and 64x32 (106-111 KB)
 SPLIT_CHOICES = (None, 8, 16, 32, 64, 128)
-# SGLang's extend tiles for Lq = 576 per compute capability (its _get_block_sizes_for_extend_attention; one stage):
-# timing "extend" with the GPU's entry mirrors the engine. sm_90's 32 x 64 needs 106,496 bytes here: not on sm_120.
+# SGLang's extend tiles for Lq = 576 per compute capability, as ENGINE_EXTEND_SOURCE's launcher picks them (its
+# _get_block_sizes_for_extend_attention; one stage): timing "extend" with the GPU's entry mirrors the engine. sm_90's
+# 32 x 64 needs 106,496 bytes here: not on sm_120. tests/test_engines.py holds the table against the installed SGLang.
+ENGINE_EXTEND_SOURCE = "sglang 0.5.10.post1"
 ENGINE_EXTEND_CONFIGS = {cc: dict(zip(TILE_KEYS, t)) for cc, t in (
-    (80, (32, 64, 8, 1)), (86, (32, 32, 8, 1)), (89, (32, 32, 8, 1)), (90, (32, 64, 8, 1)), (100, (16, 64, 8, 1)),
+    (80, (32, 64, 8, 1)), (86, (32, 32, 8, 1)), (89, (32, 32, 8, 1)), (90, (32, 64, 8, 1)), (100, (32, 64, 8, 1)),
     (120, (32, 32, 8, 1)))}
 
 
@@ -274,19 +276,42 @@ def shared_memory_bytes(cases, *, heads: int = 8, d: int = 4, kv_lora: int = 512
 
 
 def _shared_of_cases(cases, heads, d, kv_lora, rope, dtype, mask_words, num_splits) -> list[dict]:
-    dk, t = kv_lora + rope, d  # one request: T = D
+    return [{fn.__name__: config_tables.compiled_shared(fn, types, consts, opts, cc)
+             for fn, types, consts, opts in _compiles(variant, config, heads, d, kv_lora, rope, dtype, mask_words,
+                                                      num_splits)} for variant, config, cc in cases]
+
+
+def _compiles(variant, config, heads, d, kv_lora, rope, dtype, mask_words, num_splits) -> list[tuple]:
+    """[(kernel, argument types, constexprs, options)] of one call of `variant` at these shapes (one request: T = D),
+    as a launch compiles them: pointers and 16-multiple ints with the divisibility hints a launch gives."""
+    dk, t = kv_lora + rope, d
     ty = _TRITON_TYPES[getattr(torch, dtype)]
-    out = []
-    for variant, config, cc in cases:
-        cfg = check_config(variant, config)
-        ints = dict(T=t, num_splits=num_splits, min_split_keys=cfg.get("min_split_keys", 128), stride_qh=t * dk,
-                    stride_qt=dk, stride_c=dk, stride_oh=t * kv_lora, stride_ot=kv_lora)
-        types = dict(q=ty, cache=ty, out=ty, starts="i32", lens="i32", mask="i32" if mask_words else "u8",
-                     part_o="fp32", part_lse="fp32")
-        types = {k: f"*{v}" for k, v in types.items()}
-        types |= {k: "16:i32" if v % 16 == 0 else "i32" for k, v in ints.items()}
-        types["scale_log2"] = "fp32"
-        out.append({fn.__name__: config_tables.compiled_shared(fn, types, dict(consts, PDL=False), opts, cc)
-                    for fn, _, consts, opts in _launches(variant, cfg, heads, 1, d, dk, kv_lora, mask_words,
-                                                         num_splits if variant == "split_kv" else 1)})
-    return out
+    cfg = check_config(variant, config)
+    ints = dict(T=t, num_splits=num_splits, min_split_keys=cfg.get("min_split_keys", 128), stride_qh=t * dk,
+                stride_qt=dk, stride_c=dk, stride_oh=t * kv_lora, stride_ot=kv_lora, tree_keys=d)
+    types = dict(q=ty, cache=ty, out=ty, starts="i32", lens="i32", mask="i32" if mask_words else "u8",
+                 part_o="fp32", part_lse="fp32")
+    types = {k: f"*{v}" for k, v in types.items()}
+    types |= {k: "16:i32" if v % 16 == 0 else "i32" for k, v in ints.items()}
+    types["scale_log2"] = "fp32"
+    return [(fn, types, dict(consts, PDL=False), opts)
+            for fn, _, consts, opts in _launches(variant, cfg, heads, 1, d, dk, kv_lora, mask_words,
+                                                 num_splits if variant == "split_kv" else 1)]
+
+
+def compiled_resources(variant: str, config: dict | None, cc: int, *, heads: int = 8, d: int = 3,
+                       kv_lora: int = 512, rope: int = 64, dtype: str = "bfloat16") -> dict[str, dict]:
+    """{kernel name: {'registers', 'stack_bytes', 'shared_bytes'}} of `variant` with `config` compiled in full for
+    sm_<cc> without a GPU (config_tables.compiled_resources): whether ptxas gave the kernel the registers its tiles
+    need, which decides its speed more than anything the timing of another GPU shows."""
+    from triton.runtime.jit import JITFunction
+
+    args = [variant, config, int(cc), heads, d, kv_lora, rope, dtype]
+    if not isinstance(extend._extend_kernel, JITFunction):  # the interpreter's kernels cannot be compiled
+        return config_tables.uninterpreted(__name__, "_resources", *args)
+    return _resources(*args)
+
+
+def _resources(variant, config, cc, heads, d, kv_lora, rope, dtype) -> dict[str, dict]:
+    return {fn.__name__: config_tables.compiled_resources(fn, types, consts, opts, cc)
+            for fn, types, consts, opts in _compiles(variant, config, heads, d, kv_lora, rope, dtype, False, 32)}

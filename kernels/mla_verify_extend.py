@@ -3,7 +3,10 @@ prefill kernel), written from its description; one head per program, a serial lo
 
 Grid (B, heads, cdiv(D, BLOCK_M)): a serial loop over the prefix, then one over the D tree keys with the mask; scores as
 a 512- plus a 64-wide dot; each key tile loaded twice, for the scores and as values (the engine's K and V buffers are
-views of one cache). Semantics, checks and the reference: mla_verify.py, which calls `launch` with checked inputs.
+views of one cache). Both loops run to bounds known only at run time, as the engine's do: with the tree loop's bound a
+compile-time D (one iteration, unrolled into the code after the prefix loop) ptxas gave the kernel 32-40 registers and
+4 KB of stack at 32 x 32 tiles, and it ran 5x slower than the engine's kernel on them (docs/FINDINGS.md, 2026-12-05).
+Semantics, checks and the reference: mla_verify.py, which calls `launch` with checked inputs.
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from verifybench.kernels import pdl as _pdl
 
 @triton.jit
 def _extend_kernel(q, cache, starts, lens, mask, out, stride_qh, stride_qt, stride_c, stride_oh, stride_ot,
-                   scale_log2, D: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr,
+                   scale_log2, tree_keys, D: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr, MASK_WORDS: tl.constexpr,
                    PDL: tl.constexpr):
     if PDL:
@@ -59,7 +62,7 @@ def _extend_kernel(q, cache, starts, lens, mask, out, stride_qh, stride_qt, stri
         m = m_new
     if MASK_WORDS:
         word = tl.load(mask + t, mask=row_ok, other=0).to(tl.int64)
-    for s0 in range(0, D, BLOCK_N):  # the tree keys, through the mask
+    for s0 in range(0, tree_keys, BLOCK_N):  # the tree keys (tree_keys = D, a run-time bound), masked
         key = s0 + tl.arange(0, BLOCK_N)
         key_ok = key < D
         rows_at = cache + (start + prefix + key) * stride_c
@@ -96,5 +99,5 @@ def launch(plan: list[tuple], q, cache, starts, prefix_lens, mask, out, scale_lo
     """Run `plan` (launches(...)) into out [heads, T, kv_lora]."""
     kernel, grid, consts, opts = plan[0]
     kernel[grid](q, cache, starts, prefix_lens, mask, out, q.stride(0), q.stride(1), cache.stride(0), out.stride(0),
-                 out.stride(1), scale_log2, PDL=pdl, **consts, **opts, **_pdl.launch_kwargs(pdl))
+                 out.stride(1), scale_log2, consts["D"], PDL=pdl, **consts, **opts, **_pdl.launch_kwargs(pdl))
     return out

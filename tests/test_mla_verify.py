@@ -311,6 +311,22 @@ def test_default_and_space_configs_are_valid_configs():
 
 # The default configs' shared memory at sm_80 ... sm_120: tests/test_architectures.py (one compile job for all kernels).
 
+# extend's engine tiles, one compile per distinct (tiles, ptxas): 32 x 32 as on sm_120 (and sm_86/89), 32 x 64 as on
+# sm_90 and, through the Blackwell ptxas, sm_100. Compiled without a GPU; the stack is what ptxas spilled to.
+EXTEND_TILE_COMPILES = [(120, mv.ENGINE_EXTEND_CONFIGS[120]), (90, mv.ENGINE_EXTEND_CONFIGS[90]),
+                        (100, mv.ENGINE_EXTEND_CONFIGS[100])]
+
+
+@pytest.mark.parametrize("cc,cfg", EXTEND_TILE_COMPILES, ids=[f"sm{cc}" for cc, _ in EXTEND_TILE_COMPILES])
+def test_extend_gets_the_registers_its_engine_tiles_need(cc, cfg):
+    """With its tree loop bounded by a compile-time D, extend got 32-128 registers and 2-5 KB of stack at these tiles
+    (SGLang's own kernel: 128-255 and under 1.5 KB) and ran 5x slower than the engine's kernel at 32 x 32 on an H100."""
+    try:
+        got = mv.compiled_resources("extend", cfg, cc)["_extend_kernel"]
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    assert got["stack_bytes"] <= 1024 and got["registers"] >= 128, got
+
 
 # ---------------------------------------------------------------------------------------------------- GPU
 

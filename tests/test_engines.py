@@ -1,0 +1,78 @@
+"""The engine adapters against the released engine where it is installed (CI: SGLang 0.5.10.post1 in .ci/engines, its
+Triton kernels in the interpreter): the engine's kernel is called as the engine calls it and checked against our
+plain-torch reference; our tile tables are held against the installed engine's launcher."""
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+CI_ENGINES = REPO / ".ci" / "engines"  # .ci/run fetches the released wheels there; nothing installs them for a user
+if CI_ENGINES.is_dir() and str(CI_ENGINES) not in sys.path:
+    sys.path.append(str(CI_ENGINES))
+    if importlib.util.find_spec("torchvision") is None:
+        sys.path.append(str(Path(__file__).parent / "engine_stubs"))  # see engine_stubs/torchvision/__init__.py
+
+from verifybench.harness import engines  # noqa: E402
+from verifybench.kernels import mla_verify as mv  # noqa: E402
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _sglang():
+    from verifybench.harness.engines import sglang
+
+    try:
+        sglang.extend_module()
+    except engines.EngineMissing as e:
+        pytest.skip(f"SGLang's kernels cannot be imported here: {e}")
+    return sglang
+
+
+def test_a_missing_engine_is_named_in_one_line_with_the_reason():
+    with pytest.raises(engines.EngineMissing) as e:
+        engines.import_kernel_module("vllm", "vllm.surely_not_a_module")
+    assert "\n" not in str(e.value) and "vllm" in str(e.value)
+
+
+def test_engine_extend_tables_match_the_installed_sglang_launcher():
+    sglang = _sglang()
+    assert engines.version("sglang") == mv.ENGINE_EXTEND_SOURCE.split()[1], \
+        "the tables mirror another SGLang than the one installed: check them against its launcher and rename"
+    for cc, cfg in mv.ENGINE_EXTEND_CONFIGS.items():
+        picked = sglang.extend_tiles(cc)
+        assert picked == {k: cfg[k] for k in picked}, f"sm_{cc}: SGLang picks {picked}, our table says {cfg}"
+
+
+@pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(), reason="the kernels need a GPU or the interpreter")
+@pytest.mark.parametrize("tree_shape", [None, (3, 2, 4)], ids=["chain", "tree"])
+@pytest.mark.parametrize("cc", [None, 120], ids=["own-tiles", "sm120-tiles"])
+def test_sglang_extend_called_for_target_verify_matches_the_reference(tree_shape, cc):
+    from verifybench.kernels import tree
+    from verifybench.kernels.tree_inputs import random_tree
+
+    sglang = _sglang()
+    device = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16  # bf16 arithmetic is wrong in the interpreter
+    gen = torch.Generator().manual_seed(5)
+    heads, kv_lora, rope, lens = 2, 32, 16, [37, 5]
+    d = 4
+    if tree_shape is None:
+        mask = torch.ones(d, d, dtype=torch.bool).tril().expand(len(lens), d, d).contiguous()
+    else:
+        steps, topk, d = tree_shape
+        inp = random_tree(len(lens), topk, steps, d, 100, seed=3, context=8, spread=0)
+        mask = tree.build_tree(**inp, mask_mode="qlen_only", backend="reference")[0].view(len(lens), d, d)
+    starts = [3, 3 + lens[0] + d + 2]
+    cache = torch.randn(starts[1] + lens[1] + d + 1, kv_lora + rope, generator=gen).to(dtype).to(device)
+    q = torch.randn(heads, len(lens) * d, kv_lora + rope, generator=gen).to(dtype).to(device)
+    starts_t = torch.tensor(starts, dtype=torch.int32, device=device)
+    lens_t = torch.tensor(lens, dtype=torch.int32, device=device)
+    mask = mask.contiguous().to(device)
+    ref = mv.mla_verify_reference(q.float(), cache.float(), starts_t, lens_t, mask, kv_lora, 0.125)
+    out = sglang.extend_verify(q, cache, starts_t, lens_t, mask, kv_lora, 0.125, cc=cc)()
+    assert out.shape == ref.shape
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
