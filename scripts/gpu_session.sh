@@ -81,6 +81,11 @@ for s in ${STEPS:-install env}; do
                 for r in "$WORK"/verifybench-acceptance.*/verifybench-results/*/run-*.md; do
                   [ -f "$r" ] && { echo "=== $r: the first 40 lines"; head -n 40 "$r"; }
                 done ;;
+    engines) # the engines' own kernels beside ours: wheels fetched by scripts/fetch_engine_wheels.sh, carried in .whl/
+      step engines-install 120 python3 -m pip install -q --no-index --no-deps --target "$WORK/engines" .whl/engines/*.whl
+      export PYTHONPATH="$WORK/engines${PYTHONPATH:+:$PYTHONPATH}"
+      step engines-tests 300 python3 -m pytest -q tests/test_engines.py tests/test_mla_verify.py -k "engine or registers"
+      step engines-mla_verify "${LIMIT:-400}" verifybench mla_verify --out "$WORK/run" ;;
     savecache) tar -czf "$OUT/triton-cache.tar.gz" -C "$cache" . && ls -la "$OUT/triton-cache.tar.gz" ;;
     *) echo "unknown step $s" ;;
   esac

@@ -1,13 +1,23 @@
 """Tests run on CPU-only machines: Triton kernels then run in the interpreter (set before triton is imported).
 Slow subprocess fixtures start at collection (tests/early_jobs.py) and the tests that read them run last."""
+import importlib.util
 import os
 import signal
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# The released engine packages .ci/run fetches (nothing installs them for a user): the engine adapters' tests and the
+# components' engine rows import them from there, whichever test files run
+CI_ENGINES = Path(__file__).resolve().parent.parent / ".ci" / "engines"
+if CI_ENGINES.is_dir() and str(CI_ENGINES) not in sys.path:
+    sys.path.append(str(CI_ENGINES))
+    if importlib.util.find_spec("torchvision") is None:
+        sys.path.append(str(Path(__file__).parent / "engine_stubs"))  # see engine_stubs/torchvision/__init__.py
 # A shell starts a background job (`cmd &` in a script) with SIGINT ignored, and every child inherits that: the tests
 # that stop a child with SIGINT, as Ctrl-C would, need the children to get it at its default
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:

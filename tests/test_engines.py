@@ -1,23 +1,14 @@
 """The engine adapters against the released engine where it is installed (CI: SGLang 0.5.10.post1 in .ci/engines, its
 Triton kernels in the interpreter): the engine's kernel is called as the engine calls it and checked against our
-plain-torch reference; our tile tables are held against the installed engine's launcher."""
-import importlib.util
+plain-torch reference; our tile tables are held against the installed engine's launcher. conftest.py puts .ci/engines
+on the path."""
 import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-CI_ENGINES = REPO / ".ci" / "engines"  # .ci/run fetches the released wheels there; nothing installs them for a user
-if CI_ENGINES.is_dir() and str(CI_ENGINES) not in sys.path:
-    sys.path.append(str(CI_ENGINES))
-    if importlib.util.find_spec("torchvision") is None:
-        sys.path.append(str(Path(__file__).parent / "engine_stubs"))  # see engine_stubs/torchvision/__init__.py
-
-from verifybench.harness import engines  # noqa: E402
-from verifybench.kernels import mla_verify as mv  # noqa: E402
+from verifybench.harness import engines
+from verifybench.kernels import mla_verify as mv
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 

@@ -19,13 +19,31 @@ cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke p
 
 
 @pytest.fixture(scope="module")
-def records():
-    """One chain case of each variant, run through CaseSpec.run() (check, then time)."""
+def all_records():
+    """One chain case of each variant, run through CaseSpec.run() (check, then time); the engine's row is skipped
+    where SGLang cannot be imported (CI fetches it into .ci/engines)."""
     specs = mla_verify.cases("tiny", 1, 64, None)
     try:
         yield [spec.run().as_dict() for spec in specs if spec.params["n"] == 3]
     finally:
         mla_verify.release()
+
+
+@pytest.fixture(scope="module")
+def records(all_records):
+    """Our two kernels' records."""
+    return [r for r in all_records if not r["params"]["variant"].startswith("sglang.")]
+
+
+def _sglang_importable() -> bool:
+    from verifybench.harness import engines
+    from verifybench.harness.engines import sglang
+
+    try:
+        sglang.extend_module()
+    except engines.EngineMissing:
+        return False
+    return True
 
 
 def test_component_is_registered_after_mla_decode_and_keeps_the_protocol():
@@ -37,7 +55,7 @@ def test_component_is_registered_after_mla_decode_and_keeps_the_protocol():
 def test_cpu_cases_are_both_variants_of_a_chain_at_the_tiny_shapes():
     specs = mla_verify.cases("tiny", 1, 64, None)
     assert [(s.params["variant"], s.params["n"], s.params["tree"], s.params["context"]) for s in specs] == [
-        ("extend", 3, "chain", 64), ("split_kv", 3, "chain", 64)]
+        ("extend", 3, "chain", 64), ("split_kv", 3, "chain", 64), ("sglang.extend", 3, "chain", 64)]
     assert {s.mode for s in specs} == {"graph"} and {s.params["dtype"] for s in specs} == {"float16"}
     assert specs[0].params["heads"] == 4 and specs[0].params["DK"] == 40 and specs[0].params["layers"] == 3
     assert all(mla_verify.runs_here(s) for s in specs)
@@ -54,7 +72,21 @@ def test_each_variant_checks_against_the_reference_then_is_timed(records):
         assert d["bytes_moved"] == ((64 + 3) * 40 + 4 * 3 * (2 * 32 + 8)) * 2
         assert d["rotation"] == mla_verify.CPU_COPIES and d["config"] and d["config_source"]
         assert d["pdl"] is False  # off in the interpreter
+        assert d["kernel"] == "ours"
     assert records[1]["derived"]["splits_launched"] == 2 and records[1]["derived"]["splits_used"] == 2
+
+
+@cpu_only
+def test_the_engines_extend_runs_beside_ours_checked_the_same_way_or_says_why_not(all_records):
+    [r] = [r for r in all_records if r["params"]["variant"] == "sglang.extend"]
+    if not _sglang_importable():
+        assert r.get("skipped", "").startswith("the engine's rows: sglang") and "\n" not in r["skipped"]
+        return
+    assert r["check"]["ok"], r["check"]["detail"]
+    assert r["derived"]["kernel"].startswith("sglang 0.5.10") and "launcher" in r["derived"]["config_source"]
+    [(title, [row])] = mla_verify.tables(all_records)
+    assert row["sglang.extend_us"] > 0 and row["extend/sglang.extend"] == WITHHELD
+    assert "sglang 0.5.10" in title
 
 
 @cpu_only
@@ -97,7 +129,8 @@ def test_cli_tokens_reach_the_cases_and_the_tree_joins_at_its_draft_count():
     assert sorted({s.params["n"] for s in specs}) == [2, 5] and {s.params["tree"] for s in specs} == {"chain"}
     specs = mla_verify.cases("tiny", 1, 64, (8,))
     assert [(s.params["tree"], s.params["variant"]) for s in specs] == [
-        ("chain", "extend"), ("chain", "split_kv"), ("5,4,8", "extend"), ("5,4,8", "split_kv")]
+        ("chain", "extend"), ("chain", "split_kv"), ("chain", "sglang.extend"), ("5,4,8", "extend"),
+        ("5,4,8", "split_kv"), ("5,4,8", "sglang.extend")]
 
 
 @cpu_only

@@ -5,7 +5,10 @@ One request (batch 1) of D tree tokens, the root included, over `context` prefix
 TP8: 8 heads, DK = 576 = 512 latent + 64 rope, bf16). The mask is a chain (topk 1: a token sees itself and every
 earlier tree token), the deployment's default; the default set adds one branching tree (spec_steps 5, topk 4, D 8).
 "extend" runs with the engine's tiles for this GPU's capability (ENGINE_EXTEND_CONFIGS) and without programmatic
-dependent launch, as the engine launches it; "split_kv" with its default config, as our forward launches it. Graph
+dependent launch, as the engine launches it; "split_kv" with its default config, as our forward launches it. Where
+SGLang is installed, its own extend kernel ("sglang.extend", harness/engines/sglang.py) runs beside ours with the same
+inputs, check and timing. On a GPU other than sm_120, "...@sm120" rows run ours and the engine's with the tiles SGLang
+picks for sm_120 (the users' RTX PRO 6000), compiled for this GPU. Graph
 mode, every call reading another cache (>= 4 caches totalling >= 4x L2), as a forward reads each layer's cache once;
 per_forward_us is the median times the preset's layers: what the engine's kernel choice costs per forward.
 CPU (preset tiny, under TRITON_INTERPRET=1): the given context (64 by default, at most 4096), fp16 (bf16 arithmetic
@@ -22,6 +25,7 @@ from pathlib import Path
 import torch
 import triton
 
+from verifybench.harness import engines
 from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers, withhold_on_cpu, write_new
 from verifybench.harness.engine.runner import CPU_COPIES, CaseSkipped, CaseSpec, rel_error
@@ -34,7 +38,8 @@ from verifybench.kernels.tree_inputs import random_tree
 
 NAME = "mla_verify"
 HELP = "MLA verify attention with the tree mask: engine-style serial extend vs split-KV, per context and per forward"
-VARIANTS = ("extend", "split_kv")
+VARIANTS = ("extend", "split_kv", "sglang.extend")  # ours, then the engine's own kernel
+SM120 = 120  # the users' GPU: "@sm120" variants run the tiles SGLang picks there
 GPU_CONTEXTS = (1024, 4096, 16384, 32768)
 GPU_NS = (3, 6)  # the deployment's draft-token counts D (root included)
 CPU_MAX_CONTEXT = 4096  # the interpreter walks the keys serially: a longer context takes minutes per case
@@ -89,19 +94,51 @@ def tree_mask(n: int, tree_shape: tuple[int, int, int] | None, context: int, dev
     return tree.build_tree(**inp, mask_mode="qlen_only", backend="reference")[0].contiguous().to(device)
 
 
+def _capability() -> int:
+    major, minor = torch.cuda.get_device_capability()
+    return 10 * major + minor
+
+
 def variant_config(variant: str, device: str) -> tuple[dict, str]:
-    """(config, where it comes from): the engine's extend tiles for this GPU's capability; split_kv's default."""
+    """(config, where it comes from) of our kernels: the engine's extend tiles for this GPU's capability (or, for
+    "extend@sm120", sm_120's); split_kv's default."""
     if variant == "split_kv":
         if device == "cpu":
             return mv.check_config(variant, CPU_SPLIT_CONFIG), "CPU config sized to the tiny shapes"
         return mv.check_config(variant), "DEFAULT_CONFIGS['split_kv']"
     if device == "cpu":
-        return mv.check_config(variant), "DEFAULT_CONFIGS['extend'] (no GPU)"
-    major, minor = torch.cuda.get_device_capability()
-    cc = 10 * major + minor
+        return mv.check_config("extend"), "DEFAULT_CONFIGS['extend'] (no GPU)"
+    cc = SM120 if variant.endswith("@sm120") else _capability()
     if cc in mv.ENGINE_EXTEND_CONFIGS:
-        return mv.check_config(variant, mv.ENGINE_EXTEND_CONFIGS[cc]), f"ENGINE_EXTEND_CONFIGS[{cc}] (SGLang's tiles)"
-    return mv.check_config(variant), f"DEFAULT_CONFIGS['extend'] (no engine entry for sm_{cc})"
+        return (mv.check_config("extend", mv.ENGINE_EXTEND_CONFIGS[cc]),
+                f"ENGINE_EXTEND_CONFIGS[{cc}] ({mv.ENGINE_EXTEND_SOURCE}'s tiles)")
+    return mv.check_config("extend"), f"DEFAULT_CONFIGS['extend'] (no engine entry for sm_{cc})"
+
+
+def variants(device: str) -> tuple[str, ...]:
+    """Ours and the engine's; on a GPU other than sm_120 also both extends with sm_120's tiles."""
+    if device == "cuda" and _capability() != SM120:
+        return (*VARIANTS, "extend@sm120", "sglang.extend@sm120")
+    return VARIANTS
+
+
+def _calls(variant, cfg, launch_pdl, starts, lens, mask, kv_lora, scale):
+    """call(q, cache) -> the variant's output [heads, T, kv_lora]: ours, or the engine's kernel with its inputs built
+    from ours at the first call for each cache (outside the timed region: setup and the check make them first)."""
+    if not variant.startswith("sglang."):
+        return lambda q, cache: mv.mla_verify(q, cache, starts, lens, mask, kv_lora, scale, "split_kv" if
+                                              variant == "split_kv" else "extend", cfg, pdl=launch_pdl)
+    from verifybench.harness.engines import sglang
+
+    cc = SM120 if variant.endswith("@sm120") else None
+    built: dict = {}
+
+    def call(q, cache):
+        key = (id(q), id(cache))
+        if key not in built:
+            built[key] = sglang.extend_verify(q, cache, starts, lens, mask, kv_lora, scale, cc=cc)
+        return built[key]()
+    return call
 
 
 def split_counts(cfg: dict, heads: int, n: int, context: int, device: str) -> tuple[int, int]:
@@ -133,18 +170,27 @@ def make_case(preset: str, tp: int, context: int, n: int, tree_shape, variant: s
     def setup():
         if device != "cuda" and not INTERPRET:
             raise CaseSkipped("the Triton kernels need a GPU, or TRITON_INTERPRET=1 set before import on CPU")
+        engine = variant.startswith("sglang.")
+        if engine:
+            try:
+                from verifybench.harness.engines import sglang
+
+                tiles = sglang.extend_tiles(SM120 if variant.endswith("@sm120") else None)
+            except engines.EngineMissing as e:
+                raise CaseSkipped(f"the engine's rows: {e}") from None
+            cfg, source = tiles, f"{engines.label('sglang')}'s launcher" + (" as on sm_120" * variant.endswith("@sm120"))
+        else:
+            cfg, source = variant_config(variant, device)
         caches, plan = planned_caches(context + SPARE_ROWS, dk, device, dtype)
-        cfg, source = variant_config(variant, device)
-        launch_pdl = False if variant == "extend" else None  # the engine launches extend without PDL
+        launch_pdl = False if variant != "split_kv" else None  # the engine launches extend without PDL
         starts = torch.zeros(1, dtype=torch.int32, device=device)
         lens = torch.full((1,), context, dtype=torch.int32, device=device)
         mask = tree_mask(n, tree_shape, context, device)
-
-        def call(q, cache):
-            return mv.mla_verify(q, cache, starts, lens, mask, kv_lora, scale, variant, cfg, pdl=launch_pdl)
-
+        call = _calls(variant, cfg, launch_pdl, starts, lens, mask, kv_lora, scale)
         qs = [torch.randn(heads, n, dk, device=device).to(dtype) for _ in caches]  # one q per layer
         fns = [lambda q=q, c=c: call(q, c) for q, c in zip(qs, caches)]
+        for fn in fns if engine else ():
+            fn()  # the engine's inputs built before the timed region
 
         def check() -> tuple[bool, str]:
             q = torch.randn(heads, n, dk, device=device).to(dtype)
@@ -162,6 +208,7 @@ def make_case(preset: str, tp: int, context: int, n: int, tree_shape, variant: s
                  "floor_us": moved / (copy_gbps * 1e3), "copy_gbps": copy_gbps,
                  "per_forward_us": m.median_us * p.layers, "config": cfg, "config_source": source,
                  "pdl": pdl.resolve(launch_pdl, torch.device(device)), "rotation": len(fns),
+                 "kernel": engines.label("sglang") if engine else "ours",
                  **({"memory_note": plan.note} if plan.reduced else {})}
             if variant == "split_kv":
                 d["splits_launched"], d["splits_used"] = split_counts(cfg, heads, n, context, device)
@@ -194,13 +241,19 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
             raise ValueError(f"--context {context}: without a GPU mla_verify runs contexts up to {CPU_MAX_CONTEXT} "
                              "(the Triton interpreter walks the keys one by one)")
         contexts, device, kw = (context,), "cpu", {"calls_per_sample": CPU_COPIES}
-    return [make_case(preset, tp, c, n, shape, v, device, kw) for c in contexts for n, shape in shapes for v in VARIANTS]
+    return [make_case(preset, tp, c, n, shape, v, device, kw) for c in contexts for n, shape in shapes
+            for v in variants(device)]
 
 
 # ---------------------------------------------------------------------------------------------------- tables
 
+# ours / the engine's, per tile set: the stand-in is faithful where these stay within 0.9-1.1 (issue 41)
+FIDELITY = (("extend", "sglang.extend"), ("extend@sm120", "sglang.extend@sm120"))
+
+
 def side_by_side(records: list[dict]) -> list[dict]:
-    """Per (context, D, tree): each variant's median and eta, per layer and per forward, and their ratio."""
+    """Per (context, D, tree): each variant's median and eta, per layer and per forward; extend over split_kv, and our
+    extend over the engine's with the same tiles."""
     rows: dict[tuple, dict] = {}
     for r in records:
         if not (r["name"].startswith("mla_verify/") and r["check"]["ok"] and "summary" in r):
@@ -217,19 +270,29 @@ def side_by_side(records: list[dict]) -> list[dict]:
             row["extend/split_kv"] = row["extend_us"] / row["split_kv_us"]
             row["extend_minus_split_kv_per_forward_ms"] = (row["extend_per_forward_ms"]
                                                            - row["split_kv_per_forward_ms"])
+        for ours, theirs in FIDELITY:
+            if row.get(f"{ours}_us") and row.get(f"{theirs}_us"):
+                row[f"{ours}/{theirs}"] = row[f"{ours}_us"] / row[f"{theirs}_us"]
     return out
 
 
 def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
     rows = side_by_side(records)
     # CPU timer noise and an interpreter cannot support a GPU kernel's ratio or eta
-    rows = withhold_on_cpu(records, rows, lambda k: k.endswith("eta") or k in (
-        "extend/split_kv", "extend_minus_split_kv_per_forward_ms"))
+    rows = withhold_on_cpu(records, rows, lambda k: k.endswith("eta") or "/" in k or k.endswith("_minus_split_kv_"
+                                                                                                  "per_forward_ms"))
     layers = sorted({r["params"]["layers"] for r in records if r["name"].startswith("mla_verify/")})
     per_forward = f"x {', '.join(map(str, layers))} layers" if layers else "x layers"
     timing = "the kernels in the Triton interpreter, " + CPU_TIMING if cpu_numbers(records) else "graph mode"
+    kernels = sorted({r["derived"]["kernel"] for r in records if r["name"].startswith("mla_verify/")
+                      and r.get("derived", {}).get("kernel", "ours") != "ours"})
+    engine = f"; sglang.* = {', '.join(kernels)}'s own kernel" if kernels else ""
     return [(f"MLA verify attention, tree mask: engine-style extend vs split_kv ({timing}, caches rotated; "
-             f"per forward = per layer {per_forward})", rows)]
+             f"per forward = per layer {per_forward}{engine})", rows)]
+
+
+STYLES = {"extend": "-o", "split_kv": "--s", "sglang.extend": "-.x", "extend@sm120": "-D",
+          "sglang.extend@sm120": "-.+"}  # one line style per variant, one colour per mask
 
 
 def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
@@ -252,7 +315,7 @@ def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
     for (variant, label, n), points in sorted(lines.items()):
         xs, ys = zip(*sorted(points))
         color = f"C{masks.index((label != 'chain', n, label)) % 10}"  # one color per mask, one line style per variant
-        ax.plot(xs, ys, "-o" if variant == "extend" else "--s", color=color,
+        ax.plot(xs, ys, STYLES.get(variant, ":^"), color=color,
                 label=f"{variant}, {'chain' if label == 'chain' else 'tree ' + label} D={n}")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("context (prefix tokens in the KV cache)")
