@@ -136,13 +136,18 @@ def launch_table(launch: dict) -> str:
 def warning_line(w: dict, short_name) -> str:
     where = ("the verify forward" if w["part"] == "verify"
              else "the cycle (draft steps included; --verify-range narrows it to the verify)")
-    names = ", ".join(f"{short_name(k['name'])} x{k['calls_per_cycle']:g} ({k['per_cycle_us'] / 1e3:.3f} ms)"
-                      for k in w["kernels"][:WARN_NAMES_SHOWN])
-    if len(w["kernels"]) > WARN_NAMES_SHOWN:
-        names += f" and {len(w['kernels']) - WARN_NAMES_SHOWN} more kernels"
-    return (f"warning: {w['component']} kernels of {where} ran outside CUDA graphs: {w['calls_per_cycle']:g} eager "
-            f"launches taking {w['per_cycle_us'] / 1e3:.3f} ms of GPU time per cycle: {names}; a piecewise-graph "
-            "downgrade? run this part in full CUDA graphs")
+    shown = w["kernels"][:WARN_NAMES_SHOWN]
+    if len(w["kernels"]) == 1:
+        names = f"{short_name(shown[0]['name'])} x{shown[0]['calls_per_cycle']:g}"
+    else:
+        names = ", ".join(f"{short_name(k['name'])} x{k['calls_per_cycle']:g} {k['per_cycle_us'] / 1e3:.3f} ms"
+                          for k in shown)
+        if len(w["kernels"]) > WARN_NAMES_SHOWN:
+            names += f" and {len(w['kernels']) - WARN_NAMES_SHOWN} more kernels"
+    calls = w["calls_per_cycle"]
+    return (f"warning: {w['component']} of {where} ran outside CUDA graphs: {calls:g} eager "
+            f"launch{'' if calls == 1 else 'es'} per cycle taking {w['per_cycle_us'] / 1e3:.3f} ms of GPU time per "
+            f"cycle ({names}); a piecewise-graph downgrade? run it in full CUDA graphs")
 
 
 def launch_lines(result: dict, short_name) -> list[str]:
@@ -158,4 +163,8 @@ def launch_lines(result: dict, short_name) -> list[str]:
         lines.append(f"launch unknown for {unknown_us:.1f} us per cycle: those GPU ops carry no correlation id of a "
                      "CUDA call in the trace (record with CPU activity on to tell graph from eager)")
     lines += [warning_line(w, short_name) for w in result["eager_warnings"]]
+    if result["eager_warnings"] and result["found_by"].startswith("CUDA graph launches"):
+        # piecewise graphs repeat per layer, so the costliest repeated graph may be one layer's piece
+        lines.append("note: with piecewise graphs the cycles found by graph launches may be layers, not cycles; "
+                     "name the cycle's range with --cycle-range for per-cycle figures")
     return lines
