@@ -75,7 +75,7 @@ class Trace:
     def launch_of(self, op: GpuOp) -> HostOp | None:
         """The CPU call that launched `op`: by CUPTI correlation id (a graph's kernels carry the cudaGraphLaunch's),
         else the operator with its External id."""
-        call = self._launch.get(op.correlation) if op.correlation is not None else None
+        call = self.call_of(op)
         if call is None and op.external_id is not None:
             call = self._by_external.get(op.external_id)
         return call
