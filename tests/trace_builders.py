@@ -108,3 +108,36 @@ def suite_result(path: Path, layers: int | None = None, device: str | None = Non
            "fingerprint": {}, "extra": {}, "cases": cases}
     path.write_text(json.dumps(run))
     return path
+
+
+EXTEND = "_fwd_kernel"  # SGLang's / vLLM's Triton extend (verify) attention
+
+
+def verify_trace(cycles: int = 3, layers: int = 3, eager_attention: bool = True, ranges: bool = True) -> Builder:
+    """One cycle per 1000 us: a draft graph (decode attention 10 us, a GEMM 5), then the verify forward of `layers`
+    layers, each norm 3 + GEMM 10, Triton extend attention 20, GEMM 10 + allreduce 10 + gate 4 + Marlin 30; then
+    the eager tree verify 4. With `eager_attention` the forward is piecewise: a graph before and one after each
+    layer's attention, which Triton launches eagerly (cuLaunchKernelEx) between them; else one graph for it all.
+    With `ranges`: "scheduler_step" around the cycle, "verify_forward" around the forward."""
+    b = Builder()
+    for k in range(cycles):
+        c, g = 500.0 + 1000 * k, 5000.0 + 1000 * k
+        if ranges:
+            b.range("scheduler_step", c - 5, 60 + 100 * layers + 50)
+            b.range("verify_forward", c + 55, 5 + 100 * layers)
+        b.graph(c, [(DECODE, g, 10.0), (GEMM, g + 10, 5.0)])
+        full = []
+        for i in range(layers):
+            t, gt = c + 60 + 100 * i, g + 50 + 100 * i
+            pre = [(NORM, gt, 3.0), (GEMM, gt + 3, 10.0)]
+            post = [(GEMM, gt + 40, 10.0), (NCCL, gt + 50, 10.0), (GATE, gt + 60, 4.0), (MARLIN, gt + 64, 30.0)]
+            if eager_attention:
+                b.graph(t, pre)
+                b.gpu(EXTEND, gt + 15, 20.0, b.call("cuLaunchKernelEx", t + 10, cat="cuda_driver"))
+                b.graph(t + 20, post)
+            else:
+                full += [*pre, (EXTEND, gt + 15, 20.0), *post]
+        if full:
+            b.graph(c + 60, full)
+        b.eager(VERIFY, c + 60 + 100 * layers + 10, g + 50 + 100 * layers + 10, 4.0)
+    return b

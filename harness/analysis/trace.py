@@ -20,6 +20,7 @@ from pathlib import Path
 from verifybench.harness.analysis.numbers import out_path, positive_int
 from verifybench.harness.analysis.trace_against import against_table, load_against
 from verifybench.harness.analysis.trace_cycles import Cycle, find_cycles
+from verifybench.harness.analysis.trace_graphs import add_launch, add_rank_launch, launch_lines
 from verifybench.harness.analysis.trace_read import GpuOp, Trace, TraceError, read_ranks
 from verifybench.harness.analysis.trace_rules import ACCOUNTS, Classifier, RulesError, check_rules, load_rules
 
@@ -116,7 +117,7 @@ def _rank(rank: int, trace: Trace, classify: Classifier, cycle_range, verify_ran
     verify = [c.verify_ops for c in cycles if c.verify_ops]
     if verify:
         out["verify"] = {"cycles": len(verify), **_part(verify, classify, keys)}
-    return out
+    return add_rank_launch(out, trace, cycles, classify)
 
 
 def _max_over_ranks(parts: list[dict]) -> dict:
@@ -156,16 +157,16 @@ def decompose(paths: list[str | Path], rules=None, cycle_range: str | None = Non
     periods = [p["period_us"] for p in per_rank if p["period_us"] is not None]
     hosts = [p["host_us"] for p in per_rank if p["host_us"]]
     verify = [p["verify"] for p in per_rank if p["verify"]]
-    return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION,
-            "files": [p["file"] for p in per_rank], "ranks": [p["rank"] for p in per_rank],
-            "rank_source": rank_source, "rules": [list(r) for r in classify.user_rules],
-            "cycle_range": cycle_range, "verify_range": verify_range,
-            "cycles": min(counts), "found_by": found_by, **_max_over_ranks(per_rank),
-            "period_us": max(periods) if periods else None,
-            "host_us": {k: max(h[k] for h in hosts) for k in hosts[0]} if hosts else None,
-            "verify": ({"cycles": min(v["cycles"] for v in verify), **_max_over_ranks(verify)}
-                       if len(verify) == len(per_rank) else None),
-            "per_rank": per_rank}
+    return add_launch({"schema": SCHEMA, "schema_version": SCHEMA_VERSION,
+                       "files": [p["file"] for p in per_rank], "ranks": [p["rank"] for p in per_rank],
+                       "rank_source": rank_source, "rules": [list(r) for r in classify.user_rules],
+                       "cycle_range": cycle_range, "verify_range": verify_range,
+                       "cycles": min(counts), "found_by": found_by, **_max_over_ranks(per_rank),
+                       "period_us": max(periods) if periods else None,
+                       "host_us": {k: max(h[k] for h in hosts) for k in hosts[0]} if hosts else None,
+                       "verify": ({"cycles": min(v["cycles"] for v in verify), **_max_over_ranks(verify)}
+                                  if len(verify) == len(per_rank) else None),
+                       "per_rank": per_rank})
 
 
 # ---- the report ----
@@ -256,7 +257,7 @@ def format_report(result: dict) -> str:
         lines += [f"  {r['per_cycle_us']:10.1f}  {short_name(r['name'])}" for r in other]
         if len(result["other_kernels"]) > OTHER_SHOWN:
             lines.append(f"  ... {len(result['other_kernels']) - OTHER_SHOWN} more in --json")
-    return "\n".join(lines)
+    return "\n".join(lines + launch_lines(result, short_name))
 
 
 # ---- the suite side by side ----

@@ -41,6 +41,7 @@ class GpuOp:
     stream: object
     correlation: int | None
     external_id: int | None
+    graph_node: int | None = None  # CUPTI's graph node id, which newer Kineto writes on a graph's kernels
 
     @property
     def dur_us(self) -> float:
@@ -74,10 +75,14 @@ class Trace:
     def launch_of(self, op: GpuOp) -> HostOp | None:
         """The CPU call that launched `op`: by CUPTI correlation id (a graph's kernels carry the cudaGraphLaunch's),
         else the operator with its External id."""
-        call = self._launch.get(op.correlation) if op.correlation is not None else None
+        call = self.call_of(op)
         if call is None and op.external_id is not None:
             call = self._by_external.get(op.external_id)
         return call
+
+    def call_of(self, op: GpuOp) -> HostOp | None:
+        """The CUDA runtime / driver call with `op`'s correlation id (a graph's kernels: its cudaGraphLaunch)."""
+        return self._launch.get(op.correlation) if op.correlation is not None else None
 
     def calls_between(self, t0_us: float, t1_us: float) -> list[HostOp]:
         """The CUDA runtime / driver calls that start in [t0_us, t1_us)."""
@@ -194,7 +199,8 @@ def read_trace(path: Path | str) -> Trace:
                 continue
             seen.add(key)
             devices.add(device)
-            gpu.append(GpuOp(name, cat, ts, ts + dur, args.get("stream", e.get("tid")), corr, ext))
+            gpu.append(GpuOp(name, cat, ts, ts + dur, args.get("stream", e.get("tid")), corr, ext,
+                             _int(args.get("graph node id"))))
             continue
         host = HostOp(name, ts, ts + dur, e.get("pid"), e.get("tid"), corr)
         if cat in LAUNCH_CATS:
