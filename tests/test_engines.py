@@ -67,3 +67,27 @@ def test_sglang_extend_called_for_target_verify_matches_the_reference(tree_shape
     out = sglang.extend_verify(q, cache, starts_t, lens_t, mask, kv_lora, 0.125, cc=cc)()
     assert out.shape == ref.shape
     assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+@pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(), reason="the kernels need a GPU or the interpreter")
+@pytest.mark.parametrize("tokens_per_request", [1, 3])
+def test_sglang_mla_decode_matches_the_reference(tokens_per_request):
+    """SGLang's decode at the MLA head (576 = 512 + 64, its split-rope path), B = 2 requests of different lengths
+    in one cache: one split for the short request, several for the long one; g tokens per request as draft decode
+    lays them out."""
+    from verifybench.kernels.mla_decode import mla_decode_reference
+
+    sglang = _sglang()
+    device = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16  # bf16 arithmetic is wrong in the interpreter
+    gen = torch.Generator().manual_seed(7)
+    heads, kv_lora, dk, lens, starts, g = 2, 512, 576, [70, 9], [4, 80], tokens_per_request
+    cache = torch.randn(starts[1] + lens[1] + 3, dk, generator=gen).to(dtype).to(device)
+    q = torch.randn(heads, len(lens) * g, dk, generator=gen).to(dtype).to(device)
+    starts_t = torch.tensor(starts, dtype=torch.int32, device=device)
+    lens_t = torch.tensor(lens, dtype=torch.int32, device=device)
+    ref = torch.cat([mla_decode_reference(q[:, b * g:(b + 1) * g].float(), cache[s:].float(), n, kv_lora, 0.1)
+                     for b, (s, n) in enumerate(zip(starts, lens))], 1)
+    out = sglang.mla_decode(q, cache, starts_t, lens_t, kv_lora, 0.1)()
+    assert out.shape == ref.shape and out.dtype == dtype
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2

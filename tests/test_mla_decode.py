@@ -1,16 +1,27 @@
-"""MLA decode attention (kernels/mla_decode*.py): the reference against float64 and the forward's torch path, the
+"""Over 400 lines: the kernel, its config selection and its component (with the engine's row) share these helpers.
+
+MLA decode attention (kernels/mla_decode*.py): the reference against float64 and the forward's torch path, the
 Triton kernel against the fp32 reference (interpreter on CPU, fp16/fp32: bf16 arithmetic is wrong in the
 interpreter), every error path; on a GPU the Kimi-K2.5 shapes in bf16 and a CUDA-graph capture. Config selection
-from the tuned table (hit, length buckets, fallbacks, malformed tables) and the tune smoke path.
+from the tuned table (hit, length buckets, fallbacks, malformed tables) and the tune smoke path. The component's
+SGLang row against the released SGLang in .ci/engines where it can be imported.
 """
+import importlib.util
 import json
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels module is first imported (conftest too)
+CI_ENGINES = Path(__file__).resolve().parent.parent / ".ci" / "engines"  # the released SGLang, as test_engines.py
+if CI_ENGINES.is_dir() and str(CI_ENGINES) not in sys.path:
+    sys.path.append(str(CI_ENGINES))
+    if importlib.util.find_spec("torchvision") is None:
+        sys.path.append(str(Path(__file__).parent / "engine_stubs"))  # see engine_stubs/torchvision/__init__.py
 
 from verifybench.harness.engine.results import WITHHELD  # noqa: E402
 from verifybench.harness.engine.runner import CPU_COPIES, rel_error  # noqa: E402
@@ -361,12 +372,54 @@ def test_bench_cpu_cases_run_and_tables_pair_the_impls(monkeypatch):
     assert all(r["check"]["ok"] for r in records)
     # the interpreter is slow: a CPU case rotates over a few copies, not the cold rule's 64
     assert {r["derived"]["rotation"] for r in records} == {CPU_COPIES}
-    title = "MLA decode: Triton (tuned / default config) vs the torch path"
+    title = "MLA decode: Triton (tuned / default config) vs the torch path and SGLang's kernel"
     side = dict(bench.tables(records))[title]
     assert len(side) == 1 and side[0]["speedup"] == WITHHELD and side[0]["default_us"] > 0
     (gpu,) = dict(bench.tables([{**r, "device": "cuda"} for r in records]))[title]
     assert gpu["speedup"] == pytest.approx(gpu["torch_us"] / gpu["triton_us"])
     assert side[0]["config"].startswith("s")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke profile")
+def test_bench_sglang_row_runs_beside_ours_and_passes_its_check(monkeypatch):
+    from verifybench.harness import engines
+    from verifybench.harness.components import mla_decode as bench
+    from verifybench.harness.engines import sglang
+
+    try:
+        sglang.decode_module()
+    except engines.EngineMissing as e:
+        pytest.skip(f"SGLang's kernels cannot be imported here: {e}")
+    monkeypatch.setenv("VERIFYBENCH_MAX_TIME_S", "0.1")
+    a = bench.attn_shape("tiny", 1)
+    records = [bench.make_case(a, 2, 64, impl, "cpu", {"max_time_s": 0.05}, "tiny", 1).run().as_dict()
+               for impl in ("triton", "sglang.decode")]
+    ours, engine = records
+    assert engine["name"] == "mla/tiny-tp1/ctx64/sglang.decode/n2" and engine["check"]["ok"], engine["check"]
+    assert engine["params"]["engine"] == engines.label("sglang") and engine["derived"]["rotation"] == CPU_COPIES
+    assert engine["params"]["dtype"] == ours["params"]["dtype"] == "float16"
+    title = "MLA decode: Triton (tuned / default config) vs the torch path and SGLang's kernel"
+    (side,) = dict(bench.tables(records))[title]
+    assert side["sglang_us"] == engine["summary"]["median_us"] > 0 and side["triton/sglang"] == WITHHELD
+    (gpu,) = dict(bench.tables([{**r, "device": "cuda"} for r in records]))[title]
+    assert gpu["triton/sglang"] == pytest.approx(gpu["triton_us"] / gpu["sglang_us"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU listing")
+def test_bench_sglang_rows_are_listed_by_their_own_name_and_skipped_in_one_line_without_sglang(monkeypatch):
+    from verifybench.harness import engines
+    from verifybench.harness.components import mla_decode as bench
+    from verifybench.harness.engines import sglang
+
+    def missing():
+        raise engines.EngineMissing("sglang is not installed (pip show sglang: not found)")
+
+    monkeypatch.setattr(sglang, "decode_module", missing)
+    monkeypatch.setattr(bench, "INTERPRET", True)  # the CPU listing holds the interpreted kernels' rows
+    names = {c.name for c in bench.cases("tiny", 1, 64)}
+    assert {"mla/tiny-tp1/ctx256/triton/n1", "mla/tiny-tp1/ctx256/sglang.decode/n4"} <= names
+    rec = bench.make_case(bench.attn_shape("tiny", 1), 1, 64, "sglang.decode", "cpu", {}, "tiny", 1).run().as_dict()
+    assert rec["skipped"] == "sglang is not installed (pip show sglang: not found)" and "summary" not in rec
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke path")

@@ -4,6 +4,9 @@ n = 1..8 query tokens, D = 576 = 512 latent + 64 rope, over context + n keys, bf
 forward used before (q @ keys.T in bf16 -> float -> * scale -> softmax -> bf16 -> @ keys[:, :512]). Cold: every
 call reads another cache, >= 4 caches totalling >= 4x L2, inside the graph, as a forward reads each layer's cache
 once. Each kernel case records its config and config_source (tuned, default, or why a tuned entry was not used).
+Beside them, where SGLang can be imported, its own Triton decode kernel called as its backend calls it
+(harness/engines/sglang.py), on the same caches and queries, checked and timed the same way; skipped with the
+reason where it cannot.
 
 Run: pytest --benchmark-only microbench/bench_mla_decode.py; tune this GPU's table: verifybench tune
 """
@@ -18,7 +21,9 @@ from pathlib import Path
 import torch
 import triton
 
+from verifybench.harness import engines
 from verifybench.harness.engine import ceiling, memory
+from verifybench.harness.engines import sglang
 from verifybench.harness.model import presets
 from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers, withhold_on_cpu
 from verifybench.harness.engine.runner import CPU_COPIES, CaseSkipped, CaseSpec, rel_error
@@ -37,6 +42,7 @@ MAX_N = 8  # caches hold context + MAX_N rows, so every n of one context shares 
 MAX_COPIES = 64
 TOL = 1e-2  # bf16 output: a few ulp of bf16 over softmax-weighted fp32 sums
 IMPLS = ("triton", "triton-default", "torch")  # triton: select_config (tuned table); torch: verify_forward's path
+ENGINE_IMPLS = ("sglang.decode",)  # the engines' own kernels (harness/engines), rows of their own beside ours
 # triton.jit picks the interpreter at decoration time: CPU runs of the kernel need TRITON_INTERPRET=1 before import
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -117,6 +123,21 @@ def impl_fn(impl: str, a: Attn, length: int, cfg: dict | None):
     return lambda q, c: md.mla_decode(q, c, length, a.kv_lora, a.scale, config=cfg)
 
 
+def engine_fns(a: Attn, n: int, length: int, qs: list, caches: tuple) -> tuple:
+    """SGLang's decode over the rotation, one run() per layer sharing one forward's metadata (as its backend shares
+    it), and the call the check makes; CaseSkipped with the one-line reason where SGLang cannot be imported."""
+    try:
+        sglang.decode_module()
+    except engines.EngineMissing as e:
+        raise CaseSkipped(str(e)) from None
+    device = caches[0].device
+    starts = torch.zeros(1, dtype=torch.int32, device=device)  # our one request: n tokens over rows [0, length)
+    lens = torch.full((1,), length, dtype=torch.int32, device=device)
+    meta = sglang.decode_metadata(starts, lens, n, a.heads, a.kv_lora)
+    runs = [sglang.mla_decode(q, c, starts, lens, a.kv_lora, a.scale, meta) for q, c in zip(qs, caches)]
+    return runs, lambda q, c: sglang.mla_decode(q, c, starts, lens, a.kv_lora, a.scale, meta)()
+
+
 def _check(fn, a: Attn, n: int, length: int, cache: torch.Tensor) -> tuple[bool, str]:
     """Fresh random q against the fp32 reference."""
     q = torch.randn(a.heads, n, a.d, device=cache.device).to(cache.dtype)
@@ -140,18 +161,23 @@ def _config(impl: str, a: Attn, n: int, length: int, device: str, dtype: torch.d
 
 def make_case(a: Attn, n: int, context: int, impl: str, device: str, measure_kw: dict, preset: str, tp: int) -> CaseSpec:
     dtype = _dtype(impl, device)
+    engine = impl in ENGINE_IMPLS
     length = context + n  # the verify forward writes its n tokens' slots, then attends all of them
     params = {"preset": preset, "tp": tp, "heads": a.heads, "D": a.d, "kv_lora": a.kv_lora, "n": n,
               "context": context, "length": length, "impl": impl, "device": device,
-              "dtype": str(dtype).split(".")[1]}
+              "dtype": str(dtype).split(".")[1], **({"engine": engines.label("sglang")} if engine else {})}
     name = f"mla/{preset}-tp{tp}/ctx{context}/{impl}/n{n}"
 
     def setup():
         caches, plan = planned_caches(context + MAX_N, a.d, device, dtype)
-        cfg, source = _config(impl, a, n, length, device, dtype)
-        fn = impl_fn(impl, a, length, cfg)
         qs = [torch.randn(a.heads, n, a.d, device=device).to(dtype) for _ in caches]  # one q per layer
-        fns = [lambda q=q, c=c: fn(q, c) for q, c in zip(qs, caches)]
+        if engine:
+            cfg, source = None, None
+            fns, fn = engine_fns(a, n, length, qs, caches)
+        else:
+            cfg, source = _config(impl, a, n, length, device, dtype)
+            fn = impl_fn(impl, a, length, cfg)
+            fns = [lambda q=q, c=c: fn(q, c) for q, c in zip(qs, caches)]
 
         def derive(m) -> dict:
             moved = bytes_moved(a, n, length, dtype.itemsize)
@@ -164,6 +190,8 @@ def make_case(a: Attn, n: int, context: int, impl: str, device: str, measure_kw:
                 d["config"], d["config_source"] = cfg, source
                 d["splits_run"] = splits_run(cfg, length)
                 d["programs"] = programs(cfg, a, n, length)
+            if engine:
+                d["max_kv_splits"] = sglang.MAX_KV_SPLITS
             return d
 
         return fns, (lambda: _check(fn, a, n, length, caches[0])), derive
@@ -172,9 +200,9 @@ def make_case(a: Attn, n: int, context: int, impl: str, device: str, measure_kw:
 
 
 def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = None) -> list[CaseSpec]:
-    """GPU: n in GPU_NS at GPU_CONTEXTS, the kernel (tuned and default config) and the torch path, graph mode with
-    cache rotation. CPU (preset tiny): the torch path in fp32, plus the interpreted kernel when TRITON_INTERPRET=1
-    was set before import."""
+    """GPU: n in GPU_NS at GPU_CONTEXTS, the kernel (tuned and default config), the torch path and the engines'
+    kernels, graph mode with cache rotation. CPU (preset tiny): the torch path in fp32, plus the interpreted kernels
+    (ours and the engines') when TRITON_INTERPRET=1 was set before import."""
     a = attn_shape(preset, tp)
     if tokens and max(tokens) > MAX_N:
         raise ValueError(f"--tokens: the MLA decode caches hold n = 1..{MAX_N} query tokens, got {max(tokens)}")
@@ -185,10 +213,11 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
         out = [make_case(a, n, c, "torch", "cpu", rotation, preset, tp) for c in CPU_CONTEXTS
                for n in tokens or CPU_NS]
         if INTERPRET:
-            out += [make_case(a, n, c, "triton", "cpu", {}, preset, tp) for c in CPU_CONTEXTS for n in (1, 4)]
+            out += [make_case(a, n, c, impl, "cpu", {}, preset, tp) for impl in ("triton", *ENGINE_IMPLS)
+                    for c in CPU_CONTEXTS for n in (1, 4)]
         return out
     return [make_case(a, n, c, impl, "cuda", {"max_time_s": 0.5}, preset, tp)
-            for c in sorted({context, *GPU_CONTEXTS}) for n in tokens or GPU_NS for impl in IMPLS]
+            for c in sorted({context, *GPU_CONTEXTS}) for n in tokens or GPU_NS for impl in (*IMPLS, *ENGINE_IMPLS)]
 
 
 # ---------------------------------------------------------------------------------------------------- tables
@@ -201,7 +230,8 @@ def config_str(cfg: dict | None) -> str:
 
 
 def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
-    """Per case (us, GB/s, eta) and per (context, n) the tuned kernel beside the default config and the torch path."""
+    """Per case (us, GB/s, eta) and per (context, n) the tuned kernel beside the default config, the torch path and
+    SGLang's kernel (its median, and ours / its)."""
     ok, per_case = ceiling.streaming_case_rows(records, "mla/")
     by_key: dict[tuple, dict] = {}
     for r in ok:
@@ -214,17 +244,21 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
                         "config_source": d.get("config_source"), "programs": d.get("programs")})
         elif prm["impl"] == "triton-default":
             row["default_us"] = us
+        elif prm["impl"] == "sglang.decode":
+            row.update({"sglang_us": us, "engine": prm["engine"]})
         else:
             row.update({"torch_us": us, "torch_eta": d["eta"]})
     side = list(by_key.values())
     for row in side:
         if row.get("triton_us") and row.get("torch_us"):
             row["speedup"] = row["torch_us"] / row["triton_us"]
+        if row.get("triton_us") and row.get("sglang_us"):
+            row["triton/sglang"] = row["triton_us"] / row["sglang_us"]  # < 1: ours is the faster
     # a CPU copy ceiling says nothing about a GPU kernel's distance from its own, nor an interpreter of its speed
-    side = withhold_on_cpu(records, side, lambda k: k.endswith("eta") or k in ("floor_us", "speedup"))
+    side = withhold_on_cpu(records, side, lambda k: k.endswith("eta") or k in ("floor_us", "speedup", "triton/sglang"))
     return [("MLA decode per case (" + (CPU_TIMING if cpu_numbers(records) else "graph mode") + ", caches rotated)",
              per_case),
-            ("MLA decode: Triton (tuned / default config) vs the torch path", side)]
+            ("MLA decode: Triton (tuned / default config) vs the torch path and SGLang's kernel", side)]
 
 
 def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:

@@ -1,5 +1,6 @@
 """SGLang's own Triton kernels, called as its attention backend calls them: the extend (prefill) kernel that its
-Triton backend runs for target verify with MLA, with the tiles its launcher picks for a given compute capability.
+Triton backend runs for target verify with MLA, with the tiles its launcher picks for a given compute capability;
+the split-KV decode kernel that backend runs for decode with MLA.
 
 Imported from the installed `sglang` package (its Triton kernels ship in the pure-Python wheel); nothing is copied.
 """
@@ -87,6 +88,71 @@ def extend_verify(q, cache, starts, prefix_lens, mask, kv_lora: int, scale: floa
         with capability(module, cc):
             module.extend_attention_fwd(q_engine, k_extend, v_extend, out, k_buffer, v_buffer, qo_indptr, kv_indptr,
                                         kv_indices, custom_mask, True, mask_indptr, d, 1.0, 1.0, sm_scale=scale)
+        return out.transpose(0, 1)
+
+    return run
+
+
+DECODE_MODULE = "sglang.srt.layers.attention.triton_ops.decode_attention"
+# the backend's max_kv_splits: ServerArgs.triton_attention_num_kv_splits of 0.5.10.post1 (server_args.py; 16 on ROCm)
+MAX_KV_SPLITS = 8
+
+
+def decode_module():
+    return import_kernel_module("sglang", DECODE_MODULE)
+
+
+def decode_metadata(starts, lens, tokens_per_request: int, heads: int, kv_lora: int,
+                    max_kv_splits: int = MAX_KV_SPLITS) -> dict:
+    """What the Triton backend's init_forward_metadata builds once per decode forward and every layer shares: per query
+    row kv_indptr (int32) and kv_indices (int64, the cache rows it reads), the attn_logits [rows, heads, splits,
+    kv_lora] / attn_lse [rows, heads, splits] fp32 workspace, num_kv_splits [rows] int32.
+
+    Request b (starts/lens: [B] tensors) reads rows [start_b, start_b + len_b); its g = tokens_per_request query
+    tokens are g rows over the same indices, as the backend lays out the topk tokens of one sequence in draft decode.
+    num_kv_splits = max_kv_splits on every row: the backend's get_num_kv_splits fills that where the device reports
+    no SMs (the CPU) or SGLANG_TRITON_DECODE_ATTN_STATIC_KV_SPLITS is set, and its dynamic rule gives it too for one
+    sequence at our GPU shapes (>= 4k keys, <= 8 tokens, <= 16 heads: cdiv(SMs * log2(L / 64), tokens) >= 8 on any
+    GPU of >= 64 SMs). That rule lives in triton_backend.py, whose import needs transformers (absent in CI's
+    .ci/engines), so it is not called here."""
+    device = starts.device
+    row_starts = starts.repeat_interleave(tokens_per_request).tolist()
+    row_lens = lens.repeat_interleave(tokens_per_request).tolist()
+    rows = len(row_lens)
+    kv_indices = torch.cat([torch.arange(s, s + n, device=device) for s, n in zip(row_starts, row_lens)])
+    kv_indptr = torch.tensor([0, *torch.tensor(row_lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    return {"kv_indptr": kv_indptr, "kv_indices": kv_indices.to(torch.int64), "max_kv_splits": max_kv_splits,
+            "attn_logits": torch.empty(rows, heads, max_kv_splits, kv_lora, dtype=torch.float32, device=device),
+            "attn_lse": torch.empty(rows, heads, max_kv_splits, dtype=torch.float32, device=device),
+            "num_kv_splits": torch.full((rows,), max_kv_splits, dtype=torch.int32, device=device)}
+
+
+def mla_decode(q, cache, starts, lens, kv_lora: int, scale: float, metadata: dict | None = None):
+    """The call SGLang's Triton backend makes for decode with MLA (forward_decode -> decode_attention_fwd), its inputs
+    built from ours once, outside the timed call: returns run() -> out [heads, T, kv_lora] (a view of the engine's
+    [T, heads, kv_lora]).
+
+    Ours: q [heads, T, DK], T = B * g: request b's g tokens each attend all its rows [start_b, start_b + len_b) of
+    cache [rows, DK] (no causal mask, as kernels/mla_decode.py). The engine's: q [T, heads, DK]; k_buffer [rows, 1,
+    DK] and v_buffer its first kv_lora values (one view, as MLATokenToKVPool.get_value_buffer gives it); o [T,
+    heads, kv_lora]; the forward's metadata (decode_metadata; pass one to share it across layers, as the backend
+    does); sm_scale = scale, k_scale = v_scale = 1 (no quantized cache), logit_cap 0."""
+    module = decode_module()
+    heads, t, dk = q.shape
+    if t % starts.numel():
+        raise ValueError(f"q's {t} tokens are not a whole number per request for {starts.numel()} requests")
+    if metadata is None:
+        metadata = decode_metadata(starts, lens, t // starts.numel(), heads, kv_lora)
+    m = metadata
+    q_engine = q.transpose(0, 1).contiguous()
+    k_buffer = cache.view(-1, 1, dk)
+    v_buffer = k_buffer[..., :kv_lora]
+    out = torch.empty(t, heads, kv_lora, dtype=q.dtype, device=q.device)
+
+    def run():
+        module.decode_attention_fwd(q_engine, k_buffer, v_buffer, out, m["kv_indptr"], m["kv_indices"],
+                                    m["attn_logits"], m["attn_lse"], m["num_kv_splits"], m["max_kv_splits"],
+                                    scale, 1.0, 1.0, logit_cap=0.0)
         return out.transpose(0, 1)
 
     return run
