@@ -91,3 +91,36 @@ def test_sglang_mla_decode_matches_the_reference(tokens_per_request):
     out = sglang.mla_decode(q, cache, starts_t, lens_t, kv_lora, 0.1)()
     assert out.shape == ref.shape and out.dtype == dtype
     assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+def test_the_fingerprint_records_every_engine_package_found_without_importing_it():
+    import sys
+
+    from verifybench.harness.engine import fingerprint
+
+    imported = "sglang" in sys.modules
+    found = fingerprint.collect()["versions"]["engines"]
+    assert set(found) == {"sglang", "flashinfer", "sgl_kernel", "vllm"}
+    assert found["sglang"] == engines.version("sglang")
+    assert ("sglang" in sys.modules) == imported  # read from the package metadata, not by importing the engine
+
+
+@pytest.mark.gpu
+def test_flashinfer_mla_planned_as_sglang_plans_target_verify_matches_the_chain_reference():
+    from verifybench.harness.engines import flashinfer
+
+    try:
+        flashinfer.mla_module()
+    except engines.EngineMissing as e:
+        pytest.skip(str(e))
+    gen = torch.Generator().manual_seed(11)
+    heads, kv_lora, rope, d, lens, starts = 8, 512, 64, 4, [1000, 37], [0, 1100]
+    cache = torch.randn(starts[1] + lens[1] + d, kv_lora + rope, generator=gen).bfloat16().cuda()
+    q = torch.randn(heads, len(lens) * d, kv_lora + rope, generator=gen).bfloat16().cuda()
+    starts_t, lens_t = (torch.tensor(x, dtype=torch.int32, device="cuda") for x in (starts, lens))
+    chain = torch.ones(d, d, dtype=torch.bool).tril().expand(len(lens), d, d).contiguous().cuda()
+    ref = mv.mla_verify_reference(q.float(), cache.float(), starts_t, lens_t, chain, kv_lora, 192 ** -0.5)
+    run, plan = flashinfer.mla_verify(q, cache, starts_t, lens_t, kv_lora, 192 ** -0.5)
+    out = run()
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
+    assert flashinfer.plan_host_us(plan, calls=3) > 0

@@ -32,7 +32,7 @@ def all_records():
 @pytest.fixture(scope="module")
 def records(all_records):
     """Our two kernels' records."""
-    return [r for r in all_records if not r["params"]["variant"].startswith("sglang.")]
+    return [r for r in all_records if r["params"]["variant"] in ("extend", "split_kv")]
 
 
 def _sglang_importable() -> bool:
@@ -55,7 +55,8 @@ def test_component_is_registered_after_mla_decode_and_keeps_the_protocol():
 def test_cpu_cases_are_both_variants_of_a_chain_at_the_tiny_shapes():
     specs = mla_verify.cases("tiny", 1, 64, None)
     assert [(s.params["variant"], s.params["n"], s.params["tree"], s.params["context"]) for s in specs] == [
-        ("extend", 3, "chain", 64), ("split_kv", 3, "chain", 64), ("sglang.extend", 3, "chain", 64)]
+        ("extend", 3, "chain", 64), ("split_kv", 3, "chain", 64), ("sglang.extend", 3, "chain", 64),
+        ("flashinfer.mla", 3, "chain", 64)]
     assert {s.mode for s in specs} == {"graph"} and {s.params["dtype"] for s in specs} == {"float16"}
     assert specs[0].params["heads"] == 4 and specs[0].params["DK"] == 40 and specs[0].params["layers"] == 3
     assert all(mla_verify.runs_here(s) for s in specs)
@@ -87,6 +88,13 @@ def test_the_engines_extend_runs_beside_ours_checked_the_same_way_or_says_why_no
     [(title, [row])] = mla_verify.tables(all_records)
     assert row["sglang.extend_us"] > 0 and row["extend/sglang.extend"] == WITHHELD
     assert "sglang 0.5.10" in title
+
+
+@cpu_only
+def test_flashinfer_rows_say_in_one_line_why_they_cannot_run_on_cpu(all_records):
+    [r] = [r for r in all_records if r["params"]["variant"] == "flashinfer.mla"]
+    assert r["skipped"].startswith("the engine's rows: ") and "\n" not in r["skipped"]
+    assert "CUDA GPU" in r["skipped"] or "not installed" in r["skipped"]
 
 
 @cpu_only
@@ -129,8 +137,8 @@ def test_cli_tokens_reach_the_cases_and_the_tree_joins_at_its_draft_count():
     assert sorted({s.params["n"] for s in specs}) == [2, 5] and {s.params["tree"] for s in specs} == {"chain"}
     specs = mla_verify.cases("tiny", 1, 64, (8,))
     assert [(s.params["tree"], s.params["variant"]) for s in specs] == [
-        ("chain", "extend"), ("chain", "split_kv"), ("chain", "sglang.extend"), ("5,4,8", "extend"),
-        ("5,4,8", "split_kv"), ("5,4,8", "sglang.extend")]
+        ("chain", "extend"), ("chain", "split_kv"), ("chain", "sglang.extend"), ("chain", "flashinfer.mla"),
+        ("5,4,8", "extend"), ("5,4,8", "split_kv"), ("5,4,8", "sglang.extend"), ("5,4,8", "flashinfer.mla")]
 
 
 @cpu_only

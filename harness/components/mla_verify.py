@@ -8,7 +8,9 @@ earlier tree token), the deployment's default; the default set adds one branchin
 dependent launch, as the engine launches it; "split_kv" with its default config, as our forward launches it. Where
 SGLang is installed, its own extend kernel ("sglang.extend", harness/engines/sglang.py) runs beside ours with the same
 inputs, check and timing. On a GPU other than sm_120, "...@sm120" rows run ours and the engine's with the tiles SGLang
-picks for sm_120 (the users' RTX PRO 6000), compiled for this GPU. Graph
+picks for sm_120 (the users' RTX PRO 6000), compiled for this GPU. Where FlashInfer is installed, "flashinfer.mla" is
+the kernel of SGLang's --attention-backend flashinfer for target verify (chains only: it ignores the tree mask), its
+run() timed like ours and its plan(), which SGLang calls once per verify forward, timed on the host (plan_host_us). Graph
 mode, every call reading another cache (>= 4 caches totalling >= 4x L2), as a forward reads each layer's cache once;
 per_forward_us is the median times the preset's layers: what the engine's kernel choice costs per forward.
 CPU (preset tiny, under TRITON_INTERPRET=1): the given context (64 by default, at most 4096), fp16 (bf16 arithmetic
@@ -38,7 +40,7 @@ from verifybench.kernels.tree_inputs import random_tree
 
 NAME = "mla_verify"
 HELP = "MLA verify attention with the tree mask: engine-style serial extend vs split-KV, per context and per forward"
-VARIANTS = ("extend", "split_kv", "sglang.extend")  # ours, then the engine's own kernel
+VARIANTS = ("extend", "split_kv", "sglang.extend", "flashinfer.mla")  # ours, then the engines' own kernels
 SM120 = 120  # the users' GPU: "@sm120" variants run the tiles SGLang picks there
 GPU_CONTEXTS = (1024, 4096, 16384, 32768)
 GPU_NS = (3, 6)  # the deployment's draft-token counts D (root included)
@@ -125,6 +127,18 @@ def variants(device: str) -> tuple[str, ...]:
 def _calls(variant, cfg, launch_pdl, starts, lens, mask, kv_lora, scale):
     """call(q, cache) -> the variant's output [heads, T, kv_lora]: ours, or the engine's kernel with its inputs built
     from ours at the first call for each cache (outside the timed region: setup and the check make them first)."""
+    if variant == "flashinfer.mla":
+        from verifybench.harness.engines import flashinfer
+
+        built: dict = {}
+
+        def call(q, cache):
+            key = (id(q), id(cache))
+            if key not in built:
+                built[key] = flashinfer.mla_verify(q, cache, starts, lens, kv_lora, scale)
+            return built[key][0]()
+        call.plans = built
+        return call
     if not variant.startswith("sglang."):
         return lambda q, cache: mv.mla_verify(q, cache, starts, lens, mask, kv_lora, scale, "split_kv" if
                                               variant == "split_kv" else "extend", cfg, pdl=launch_pdl)
@@ -170,8 +184,21 @@ def make_case(preset: str, tp: int, context: int, n: int, tree_shape, variant: s
     def setup():
         if device != "cuda" and not INTERPRET:
             raise CaseSkipped("the Triton kernels need a GPU, or TRITON_INTERPRET=1 set before import on CPU")
-        engine = variant.startswith("sglang.")
-        if engine:
+        engine = variant.startswith(("sglang.", "flashinfer."))
+        if variant == "flashinfer.mla":
+            if tree_shape is not None:
+                raise CaseSkipped("the engine's rows: FlashInfer MLA ignores the tree mask (SGLang runs it for topk 1 "
+                                  "only); it is timed on chains")
+            try:
+                from verifybench.harness.engines import flashinfer
+
+                if device != "cuda":
+                    raise engines.EngineMissing("FlashInfer's MLA kernels need a CUDA GPU (they compile with nvcc)")
+                flashinfer.mla_module()
+            except engines.EngineMissing as e:
+                raise CaseSkipped(f"the engine's rows: {e}") from None
+            cfg, source = {"backend": "fa2"}, f"{engines.label('flashinfer')}, backend fa2, planned as SGLang does"
+        elif engine:
             try:
                 from verifybench.harness.engines import sglang
 
@@ -208,10 +235,15 @@ def make_case(preset: str, tp: int, context: int, n: int, tree_shape, variant: s
                  "floor_us": moved / (copy_gbps * 1e3), "copy_gbps": copy_gbps,
                  "per_forward_us": m.median_us * p.layers, "config": cfg, "config_source": source,
                  "pdl": pdl.resolve(launch_pdl, torch.device(device)), "rotation": len(fns),
-                 "kernel": engines.label("sglang") if engine else "ours",
+                 "kernel": engines.label(variant.split(".")[0]) if engine else "ours",
                  **({"memory_note": plan.note} if plan.reduced else {})}
             if variant == "split_kv":
                 d["splits_launched"], d["splits_used"] = split_counts(cfg, heads, n, context, device)
+            if variant == "flashinfer.mla":  # SGLang plans once per verify forward, on the host, before the replay
+                from verifybench.harness.engines import flashinfer
+
+                d["plan_host_us"] = flashinfer.plan_host_us(next(iter(call.plans.values()))[1])
+                d["per_forward_us"] += d["plan_host_us"]  # the lever's cost is the kernels plus the plan
             return d
 
         return fns, check, derive
@@ -264,6 +296,8 @@ def side_by_side(records: list[dict]) -> list[dict]:
         v = prm["variant"]
         row.update({f"{v}_us": r["summary"]["median_us"], f"{v}_eta": d["eta"],
                     f"{v}_per_forward_ms": d["per_forward_us"] / 1e3})
+        if "plan_host_us" in d:
+            row[f"{v}_plan_host_us"] = d["plan_host_us"]
     out = sorted(rows.values(), key=lambda row: (row["tree"] != "chain", row["n"], row["context"]))
     for row in out:
         if row.get("extend_us") and row.get("split_kv_us"):
@@ -286,13 +320,15 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
     timing = "the kernels in the Triton interpreter, " + CPU_TIMING if cpu_numbers(records) else "graph mode"
     kernels = sorted({r["derived"]["kernel"] for r in records if r["name"].startswith("mla_verify/")
                       and r.get("derived", {}).get("kernel", "ours") != "ours"})
-    engine = f"; sglang.* = {', '.join(kernels)}'s own kernel" if kernels else ""
+    engine = f"; {', '.join(kernels)}: the engines' own kernels" if kernels else ""
+    if any(k.endswith("_plan_host_us") for row in rows for k in row):
+        engine += "; flashinfer per forward = run x layers + one plan() on the host"
     return [(f"MLA verify attention, tree mask: engine-style extend vs split_kv ({timing}, caches rotated; "
              f"per forward = per layer {per_forward}{engine})", rows)]
 
 
 STYLES = {"extend": "-o", "split_kv": "--s", "sglang.extend": "-.x", "extend@sm120": "-D",
-          "sglang.extend@sm120": "-.+"}  # one line style per variant, one colour per mask
+          "sglang.extend@sm120": "-.+", "flashinfer.mla": ":v"}  # one line style per variant, one colour per mask
 
 
 def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:

@@ -78,7 +78,9 @@ def run(args) -> int:
         print(json.dumps(fp | ({"nccl_lost_settings": warnings} if warnings else {}), indent=1))
         return 0
     rows = [("gpu model", fp["gpu_model"]), ("machine", fp["slug"]), ("driver", fp["driver"]),
-            ("versions", ", ".join(f"{k} {v}" for k, v in fp["versions"].items() if v)),
+            ("versions", ", ".join(f"{k} {v}" for k, v in fp["versions"].items() if v and k != "engines")),
+            ("engines", ", ".join(f"{k} {v}" for k, v in fp["versions"].get("engines", {}).items() if v)
+             or "none installed (sglang, flashinfer, sgl-kernel, vllm)"),
             ("git", f"{fp['git']['commit']} dirty={fp['git']['dirty']}")]
     for g in fp["gpus"]:
         now = g.get("now") or {}

@@ -86,8 +86,28 @@ def _gpu_static(nv, h, index: int) -> dict:
     }
 
 
+# The inference engines whose kernels the suite times beside its own (harness/engines), by the name pip knows them
+ENGINE_DISTRIBUTIONS = {"sglang": "sglang", "flashinfer": "flashinfer-python", "sgl_kernel": "sgl-kernel",
+                        "vllm": "vllm"}
+
+
+def engine_versions() -> dict[str, str | None]:
+    """The installed version of each engine (None where absent), read without importing it (an engine's import pulls
+    in its serving stack: seconds)."""
+    import importlib.metadata
+
+    out = {}
+    for engine, dist in ENGINE_DISTRIBUTIONS.items():
+        try:
+            out[engine] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[engine] = None
+    return out
+
+
 def _versions() -> dict:
-    out = {"python": platform.python_version(), "torch": torch.__version__, "cuda_runtime": torch.version.cuda}
+    out = {"python": platform.python_version(), "torch": torch.__version__, "cuda_runtime": torch.version.cuda,
+           "engines": engine_versions()}
     for name in ("triton", "cupy", "numpy", "scipy", "pytest_benchmark"):
         try:
             out[name] = __import__(name).__version__

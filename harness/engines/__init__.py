@@ -9,11 +9,10 @@ rows as variants named "<engine>.<kernel>" and checks them against the same plai
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import importlib.util
 
-# distribution name per engine, as pip knows it (the fingerprint records the version of each one found)
-DISTRIBUTIONS = {"sglang": "sglang", "flashinfer": "flashinfer-python", "sgl_kernel": "sgl-kernel", "vllm": "vllm"}
+from verifybench.harness.engine.fingerprint import ENGINE_DISTRIBUTIONS as DISTRIBUTIONS
+from verifybench.harness.engine.fingerprint import engine_versions
 
 
 class EngineMissing(RuntimeError):
@@ -22,10 +21,7 @@ class EngineMissing(RuntimeError):
 
 def version(engine: str) -> str | None:
     """The installed version of `engine` (a DISTRIBUTIONS key), read without importing it; None if absent."""
-    try:
-        return importlib.metadata.version(DISTRIBUTIONS[engine])
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return engine_versions()[engine]
 
 
 def label(engine: str) -> str:
