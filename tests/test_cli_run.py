@@ -231,7 +231,11 @@ def test_cpu_run_checks_the_triton_kernels_through_the_interpreter_unasked(run_d
     assert ran("kv_tree", "backend", "kernel") and ran("skinny_gemm", "impl", "triton")
     assert ran("mla_decode", "impl", "triton")
     skips = [line for line in (run_dir / "stdout.txt").read_text().splitlines() if "cannot run here" in line]
-    assert all("moe/tiny-tp1/triton" in line for line in skips)  # moe's Triton case: the one named skip
+    # moe's Triton case, and the engines' rows where no engine is installed or it needs a GPU: each says why
+    ours = [item for line in skips for item in line.split("; ") if "/sglang." not in item and "/flashinfer." not in item]
+    assert all("moe/tiny-tp1/triton" in item for item in ours), ours
+    engine_rows = [item for line in skips for item in line.split("; ") if "/sglang." in item or "/flashinfer." in item]
+    assert all("(the engine's rows: " in item for item in engine_rows), engine_rows
 
 
 def test_report_names_the_result_file_of_every_section(run_dir):

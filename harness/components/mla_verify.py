@@ -292,7 +292,8 @@ def side_by_side(records: list[dict]) -> list[dict]:
             continue
         prm, d = r["params"], r["derived"]
         row = rows.setdefault((prm["preset"], prm["tp"], prm["context"], prm["n"], prm["tree"]), {
-            "context": prm["context"], "n": prm["n"], "tree": prm["tree"], "MB": d["bytes_moved"] / 1e6})
+            "context": prm["context"], "n": prm["n"], "tree": prm["tree"], "MB": d["bytes_moved"] / 1e6,
+            "floor_us": d["floor_us"]})  # the roofline: the bytes at this GPU's copy bandwidth
         v = prm["variant"]
         row.update({f"{v}_us": r["summary"]["median_us"], f"{v}_eta": d["eta"],
                     f"{v}_per_forward_ms": d["per_forward_us"] / 1e3})
@@ -313,8 +314,8 @@ def side_by_side(records: list[dict]) -> list[dict]:
 def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
     rows = side_by_side(records)
     # CPU timer noise and an interpreter cannot support a GPU kernel's ratio or eta
-    rows = withhold_on_cpu(records, rows, lambda k: k.endswith("eta") or "/" in k or k.endswith("_minus_split_kv_"
-                                                                                                  "per_forward_ms"))
+    rows = withhold_on_cpu(records, rows, lambda k: k.endswith("eta") or "/" in k or k == "floor_us"
+                           or k.endswith("_minus_split_kv_per_forward_ms"))
     layers = sorted({r["params"]["layers"] for r in records if r["name"].startswith("mla_verify/")})
     per_forward = f"x {', '.join(map(str, layers))} layers" if layers else "x layers"
     timing = "the kernels in the Triton interpreter, " + CPU_TIMING if cpu_numbers(records) else "graph mode"
