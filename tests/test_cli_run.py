@@ -299,3 +299,35 @@ def test_cycle_chart_has_an_x_label_and_its_legend_beside_the_bars(run_dir, tmp_
     ax = figs[0].axes[0]
     legend = ax.get_legend()
     assert ax.get_xlabel() and legend.get_bbox_to_anchor().x0 >= ax.get_window_extent().x1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU report's opening")
+def test_cpu_report_opens_with_what_was_verified_and_one_cpu_numbers_line(run_dir):
+    from markdown_it import MarkdownIt
+
+    report = next(run_dir.glob("run-*.md")).read_text()
+    opening = report.split("\n## ", 2)[1]  # the first section, up to the first component's
+    counts = next(line for line in _summary(run_dir).splitlines() if line.startswith("cases:"))
+    assert opening.startswith("What was verified") and f"- {counts}" in opening and "- components run: 10" in opening
+    assert "The answer" not in report and opening.count("CPU numbers") == 1 and "withheld" in opening
+    html = MarkdownIt().render(opening)
+    assert f"<li>{counts}</li>" in html or f"<li>{counts}\n<ul>" in html  # its own item (its skips under it)
+
+
+def test_gpu_report_opening_renders_each_answer_and_lever_line_on_its_own():
+    from markdown_it import MarkdownIt
+
+    from verifybench.harness import run
+    from verifybench.harness.analysis import advise
+    from verifybench.harness.engine import results
+
+    h200 = REPO / "results/baselines/nvidia-h200-x1"
+    runs = {k: results.load_run(h200 / f) for k, f in (("verify", "verify.json"), ("cycle", "cycle.json"))}
+    opening = run.report_opening(runs, {"cpu": False}, Path("out"))
+    plain = advise.report_lines(runs, Path("out"))
+    answer = plain[1:plain.index("")]  # the lines under "### The answer"
+    html = MarkdownIt().render("\n".join(opening))
+    section = html.split("<h3>The answer</h3>")[1].split("<h3>")[0]
+    assert len(answer) >= 3 and section.count("<li>") == len(answer) and "<p>" not in section
+    levers = html.split("<h3>Levers")[1]
+    assert levers.count("<li>") >= 2 * levers.count("<ol")  # each lever's detail lines are items under it
