@@ -331,3 +331,13 @@ def test_gpu_report_opening_renders_each_answer_and_lever_line_on_its_own():
     assert len(answer) >= 3 and section.count("<li>") == len(answer) and "<p>" not in section
     levers = html.split("<h3>Levers")[1]
     assert levers.count("<li>") >= 2 * levers.count("<ol")  # each lever's detail lines are items under it
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU report's withheld tables")
+def test_cpu_report_prints_no_table_with_nothing_to_say_and_skinny_gemm_as_one(run_dir):
+    report = next(run_dir.glob("run-*.md")).read_text()
+    assert "measured_in_s" not in report and "| slowest rank" not in report  # a fit's wall time; rank 0 of 1 rank
+    marginal = report.split("**marginal cost")[1].split("**bytes and eta")[0]
+    assert "every figure of this table" in marginal and "|" not in marginal  # the n column alone said nothing
+    skinny = report.split("## skinny_gemm")[1].split("\n## ")[0]
+    assert skinny.count("| shape") == 1 and skinny.count("| case") == 1

@@ -44,6 +44,12 @@ def test_a_column_empty_in_every_row_is_dropped_and_a_long_withheld_list_wraps()
     assert "no_pdl_us" not in text and max(len(line) for line in text.splitlines()) <= tables.MAX_WIDTH_CHARS
 
 
+def test_a_table_left_with_only_its_labels_prints_one_withheld_line_instead():
+    rows = [{"n": n, "attention": "torch", "moe_marginal_us": WITHHELD, "head_marginal_us": WITHHELD} for n in (1, 2)]
+    text = tables.render(rows, "github")
+    assert text == "withheld (CPU numbers): every figure of this table (moe_marginal_us, head_marginal_us)"
+
+
 @pytest.mark.parametrize("tablefmt", ["simple", "github"])
 def test_a_single_wide_row_becomes_field_value_lines_within_the_width(tablefmt):
     said = ("device wait of 7.7 us per allreduce (reference figure (NCCL all_reduce_perf, graph mode, 2xH200 over "
