@@ -329,6 +329,10 @@ def run_one(args) -> int:
     check_cases([args.command], scope)
     out_dir = prepare(scope)
     result = run_component(args.command, scope, out_dir)[0]
+    if args.command == "cycle" and scope["options"].get("contexts"):  # the chart its --help promises
+        from verifybench.harness.components import cycle
+
+        print(cycle.context_chart_line(result["cases"], out_dir, results.stamp(result)))
     config_tables.print_defaults_notice()
     print("\n== summary" + (f" (CPU smoke profile: CPU numbers) {interpreter.describe()}" if scope["cpu"] else ""))
     for line in summary_lines({args.command: result}, time.monotonic() - started, None):

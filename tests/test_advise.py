@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from verifybench.harness.analysis import advise
 from verifybench.harness.cli import main as cli_main
@@ -219,3 +220,29 @@ def test_cycle_contexts_chart_plots_cycle_ms_against_context_per_variant(tmp_pat
     pngs = bench_cycle.charts(records, tmp_path, "20261202T000000Z")
     assert [p.name for p in pngs] == ["cycle_phases-20261202T000000Z.png", "cycle_contexts-20261202T000000Z.png"]
     assert all(p.stat().st_size > 0 for p in pngs)
+
+
+def _at_two_contexts(device: str) -> list[dict]:
+    run = results.load_run(H200 / "cycle.json")
+    records = []
+    for ctx, scale in ((1024, 0.5), (4096, 1.0)):
+        for c in run["cases"]:
+            r = json.loads(json.dumps(c))
+            r["params"]["context"], r["device"] = ctx, device
+            r["derived"]["cycle_ms"] *= scale
+            records.append(r)
+    return records
+
+
+def test_cycle_contexts_command_writes_the_chart_its_help_promises(tmp_path):
+    line = bench_cycle.context_chart_line(_at_two_contexts("cuda"), tmp_path, "20261202T000000Z")
+    png = tmp_path / "cycle_contexts-20261202T000000Z.png"
+    assert line == f"chart: {png}" and png.stat().st_size > 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke profile's cycle")
+def test_cycle_contexts_on_cpu_writes_no_chart_and_says_why_in_one_line(tmp_path, capsys):
+    assert bench_cycle.context_chart_line(_at_two_contexts("cpu"), tmp_path, "x").startswith("no chart")
+    assert cli_main(["cycle", "--contexts", "32,64", "--configs", "2,1,3", "--out", str(tmp_path)]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if "chart of cycle ms against context" in line]
+    assert len(said) == 1 and said[0].startswith("no chart") and not list(tmp_path.glob("cycle_contexts-*.png"))
