@@ -186,6 +186,14 @@ def summary_lines(runs: dict[str, dict], wall_s: float, report: Path | None) -> 
     return lines
 
 
+def tokens_run(run: dict) -> str:
+    """" Ran at n = 1, 2, 3 tokens.": the token counts the run's cases ran at (a help text's range is a GPU's
+    default; the CPU runs fewer), or "" for a component without them."""
+    ns = {c["params"].get("tokens", c["params"].get("n")) for c in run["cases"] if not c.get("skipped")}
+    ns = sorted(n for n in ns if isinstance(n, int))
+    return f" Ran at n = {', '.join(map(str, ns))} tokens." if ns else ""
+
+
 def as_markdown_list(lines: list[str]) -> list[str]:
     """Plain lines as Markdown that renders one line per line: headings and blank lines kept, numbered items kept,
     an indented line a nested item, any other line an item of its own (a bare line would join its neighbours into
@@ -235,7 +243,7 @@ def write_report(runs: dict[str, dict], scope: dict, out_dir: Path, notices: lis
         lines += [f"## {name}: {module.HELP}", ""]
         source = saved.get(name) or run.get("saved_path")
         if source:
-            lines += [f"From `{Path(source).name}`.", ""]
+            lines += [f"From `{Path(source).name}`.{tokens_run(run)}", ""]
         # the verify break-even takes the draft and overhead the cycle measured in the same run
         measured = {"cycle": runs["cycle"], "cycle_name": saved["cycle"].name if "cycle" in saved else
                     f"cycle-{results.stamp(runs['cycle'])}.json"} if name == "verify" and "cycle" in runs else {}

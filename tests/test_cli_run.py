@@ -341,3 +341,11 @@ def test_cpu_report_prints_no_table_with_nothing_to_say_and_skinny_gemm_as_one(r
     assert "every figure of this table" in marginal and "|" not in marginal  # the n column alone said nothing
     skinny = report.split("## skinny_gemm")[1].split("\n## ")[0]
     assert skinny.count("| shape") == 1 and skinny.count("| case") == 1
+
+
+def test_report_says_the_token_counts_the_verify_forward_ran_not_a_default_range(run_dir):
+    records = json.loads(next(run_dir.glob("verify-*.json")).read_text())["cases"]
+    ns = sorted({r["params"]["tokens"] for r in records})
+    section = next(run_dir.glob("run-*.md")).read_text().split("\n## verify:")[1].split("\n## ")[0]
+    heading = section.splitlines()[0]
+    assert f". Ran at n = {', '.join(map(str, ns))} tokens." in section and ".." not in heading
