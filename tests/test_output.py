@@ -123,3 +123,15 @@ def test_a_component_command_runs_its_triton_kernels_without_triton_interpret_ex
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "Triton kernels run in the interpreter (TRITON_INTERPRET=1, set by verifybench" in r.stdout
     assert "cannot run here" not in r.stdout and "split_kv_us" in r.stdout
+
+
+def test_a_closed_stdout_ends_quietly_with_141_as_unix_tools_do(monkeypatch, capsys):
+    from verifybench.harness.cli import EXIT_STDOUT_CLOSED, main
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # `| head` that has left
+    with os.fdopen(write_end, "w", buffering=1) as closed:
+        monkeypatch.setattr(sys, "stdout", closed)
+        rc = main(["advise", str(REPO / "results/baselines/nvidia-h200-x1")])
+        monkeypatch.undo()
+    assert rc == EXIT_STDOUT_CLOSED == 141 and capsys.readouterr().err == ""
