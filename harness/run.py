@@ -305,7 +305,7 @@ def prepare(scope: dict) -> Path:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_scope_arguments(p)
     p.add_argument("--components", default=None,
-                   help=f"comma-separated subset (default all, in this order: {','.join(components.REGISTRY)})")
+                   help=f"comma-separated subset (default all, in this order: {', '.join(components.REGISTRY)})")
 
 
 def run(args) -> int:

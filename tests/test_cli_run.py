@@ -349,3 +349,14 @@ def test_report_says_the_token_counts_the_verify_forward_ran_not_a_default_range
     section = next(run_dir.glob("run-*.md")).read_text().split("\n## verify:")[1].split("\n## ")[0]
     heading = section.splitlines()[0]
     assert f". Ran at n = {', '.join(map(str, ns))} tokens." in section and ".." not in heading
+
+
+def test_run_help_wraps_the_component_list_between_names_never_inside_one(monkeypatch, capsys):
+    from verifybench.harness.cli import main
+    from verifybench.harness.components import REGISTRY
+
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["run", "--help"]) == 0
+    help_text = capsys.readouterr().out.split("--components COMPONENTS")[-1]  # the option, not the usage
+    words = {w.strip(",.()") for w in help_text.split()}
+    assert set(REGISTRY) <= words  # each name whole on one line
