@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _stdout_closed() -> int:
-    """stdout's reader left (`verifybench advise | head -5`): end quietly. stdout goes to /dev/null first, or
+    """stdout's reader left (a pipe into head that has read its lines): end quietly. stdout goes to /dev/null first, or
     Python's flush at exit would fail on the closed pipe again and print its own complaint."""
     try:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
