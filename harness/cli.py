@@ -3,7 +3,8 @@ each registered component (harness/components) is also a command of its own.
 
 Exit codes, everywhere: 0 done (no regression, every check passed), 1 a check failed or compare found a
 regression, 2 bad input (named in one line on stderr), 130 interrupted (Ctrl-C: one line; every file is written
-whole or not at all, so what is left is complete).
+whole or not at all, so what is left is complete), 141 stdout closed by its reader (`| head`: quietly, as a Unix
+tool killed by SIGPIPE).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ interpreter.enable_without_gpu()
 from verifybench.harness.analysis.numbers import EXIT_BAD_INPUT, Parser  # noqa: E402
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
+EXIT_STDOUT_CLOSED = 141  # 128 + SIGPIPE, as a shell reports `yes | head`'s yes
 
 # name -> (module with add_arguments/run, one-line help). Components are added from the registry.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -57,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Device-timed microbenchmarks that explain the speculative-decoding verify step of large "
         "tensor-parallel MoE models, on your GPUs. Timing modes: "
         + "; ".join(f"{k}: {v}" for k, v in MODE_HELP.items()),
-        epilog="Exit codes: 0 ok, 1 a check failed or a regression, 2 bad input, 130 interrupted.")
+        epilog="Exit codes: 0 ok, 1 a check failed or a regression, 2 bad input, 130 interrupted, 141 stdout "
+               "closed by its reader (quietly).")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
         module = importlib.import_module(module_name)
@@ -79,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv)
+    except BrokenPipeError:
+        return _stdout_closed()
     except KeyboardInterrupt:
         if argv is None:  # the process's own command line: a second Ctrl-C must not turn the exit into a traceback
             signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -91,6 +96,16 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.flush()
             os._exit(EXIT_INTERRUPTED)
         return EXIT_INTERRUPTED
+
+
+def _stdout_closed() -> int:
+    """stdout's reader left (a pipe into head that has read its lines): end quietly. stdout goes to /dev/null first, or
+    Python's flush at exit would fail on the closed pipe again and print its own complaint."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # a stdout with no file descriptor (a test's capture): nothing left to flush
+        pass
+    return EXIT_STDOUT_CLOSED
 
 
 def _main(argv: list[str] | None) -> int:
@@ -106,6 +121,8 @@ def _main(argv: list[str] | None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except OSError as e:  # an input that cannot be read, an output that cannot be written
+        if isinstance(e, BrokenPipeError):  # not bad input: the reader of stdout left (main ends quietly)
+            raise
         print(f"error: {e.filename or ''}{': ' if e.filename else ''}{e.strerror or e}", file=sys.stderr)
         return EXIT_BAD_INPUT
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import re
 import time
 from pathlib import Path
 
@@ -154,9 +155,9 @@ def failed_cases(run: dict) -> list[str]:
     return [c["name"] for c in run["cases"] if not c["check"]["ok"] and not c.get("skipped")]
 
 
-def summary_lines(runs: dict[str, dict], wall_s: float, report: Path | None) -> list[str]:
-    """The run's closing summary: components, cases checked / passed / failed / skipped (each skip reason once, with
-    its cases), wall time, the report and the result files."""
+def verified_lines(runs: dict[str, dict]) -> list[str]:
+    """What the run verified: components, cases checked / passed / failed / skipped (each skip reason once, with
+    its cases); a failure or a skip is indented under the counts."""
     cases = [c for run in runs.values() for c in run["cases"]]
     skipped = [c for c in cases if c.get("skipped")]
     failed = [c for c in cases if not c["check"]["ok"] and not c.get("skipped")]
@@ -171,13 +172,52 @@ def summary_lines(runs: dict[str, dict], wall_s: float, report: Path | None) -> 
     for reason, names in by_reason.items():
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         lines.append(f"  skipped {len(names)}: {reason} ({shown})")
-    lines.append(f"wall time: {wall_s:.0f} s")
+    return lines
+
+
+def summary_lines(runs: dict[str, dict], wall_s: float, report: Path | None) -> list[str]:
+    """The run's closing summary: what was verified, wall time, the report and the result files."""
+    lines = verified_lines(runs) + [f"wall time: {wall_s:.0f} s"]
     if report is not None:
         lines.append(f"report: {report}")
     files = [run["saved_path"] for run in runs.values() if run.get("saved_path")]
     if files:
         lines.append(f"results: {Path(files[0]).parent}/ ({', '.join(Path(f).name for f in files)})")
     return lines
+
+
+def tokens_run(run: dict) -> str:
+    """" Ran at n = 1, 2, 3 tokens.": the token counts the run's cases ran at (a help text's range is a GPU's
+    default; the CPU runs fewer), or "" for a component without them."""
+    ns = {c["params"].get("tokens", c["params"].get("n")) for c in run["cases"] if not c.get("skipped")}
+    ns = sorted(n for n in ns if isinstance(n, int))
+    return f" Ran at n = {', '.join(map(str, ns))} tokens." if ns else ""
+
+
+def as_markdown_list(lines: list[str]) -> list[str]:
+    """Plain lines as Markdown that renders one line per line: headings and blank lines kept, numbered items kept,
+    an indented line a nested item, any other line an item of its own (a bare line would join its neighbours into
+    one paragraph)."""
+    out = []
+    for line in lines:
+        if not line.strip() or line.startswith("#") or re.match(r"(- |\d+\. )", line):
+            out.append(line)
+        elif line.startswith(" "):
+            out.append(f"   - {line.strip()}")  # under a "1. " item: indented to its text
+        else:
+            out.append(f"- {line}")
+    return out
+
+
+def report_opening(runs: dict[str, dict], scope: dict, out_dir: Path) -> list[str]:
+    """A GPU report opens with the answer and the levers (advise's); a CPU report with what was verified, then one
+    line saying its timings are CPU numbers: an answer from them would be all withheld cells."""
+    if not scope["cpu"]:
+        return as_markdown_list(advise.report_lines(runs, out_dir))
+    return (["## What was verified (CPU smoke profile)", ""] + as_markdown_list(verified_lines(runs)) + [""]
+            + [f"**The timings below are CPU numbers, their figures withheld:** a figure derived from them (fits, "
+               f"ratios, eta, break-even, the answer and its levers) would say nothing of a GPU, so it is withheld, "
+               f"its column named above its table. {interpreter.describe()}", ""])
 
 
 def write_report(runs: dict[str, dict], scope: dict, out_dir: Path, notices: list[str] = (),
@@ -190,10 +230,7 @@ def write_report(runs: dict[str, dict], scope: dict, out_dir: Path, notices: lis
     fp, stamp = first["fingerprint"], results.stamp(first)
     lines = [f"# verifybench run: {scope['preset']} TP{scope['tp']}, context {scope['context']}, on {fp['gpu_model']}",
              ""]
-    lines += advise.report_lines(runs, out_dir)
-    if scope["cpu"]:
-        lines += [f"**{cpu_banner()}** Derived figures that CPU noise cannot support (fits, ratios, eta, break-even) "
-                  f"are withheld: their cells read \"{results.WITHHELD}\".", ""]
+    lines += report_opening(runs, scope, out_dir)
     lines += [f"**{line}**" for line in notices] + ([""] if notices else [])
     if memory.cap_bytes() is not None:
         lines += [f"Memory capped at {memory.gib(memory.cap_bytes())} ({memory.CAP_ENV}); a component short of "
@@ -206,7 +243,7 @@ def write_report(runs: dict[str, dict], scope: dict, out_dir: Path, notices: lis
         lines += [f"## {name}: {module.HELP}", ""]
         source = saved.get(name) or run.get("saved_path")
         if source:
-            lines += [f"From `{Path(source).name}`.", ""]
+            lines += [f"From `{Path(source).name}`.{tokens_run(run)}", ""]
         # the verify break-even takes the draft and overhead the cycle measured in the same run
         measured = {"cycle": runs["cycle"], "cycle_name": saved["cycle"].name if "cycle" in saved else
                     f"cycle-{results.stamp(runs['cycle'])}.json"} if name == "verify" and "cycle" in runs else {}
@@ -268,7 +305,7 @@ def prepare(scope: dict) -> Path:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_scope_arguments(p)
     p.add_argument("--components", default=None,
-                   help=f"comma-separated subset (default all, in this order: {','.join(components.REGISTRY)})")
+                   help=f"comma-separated subset (default all, in this order: {', '.join(components.REGISTRY)})")
 
 
 def run(args) -> int:
@@ -300,6 +337,10 @@ def run_one(args) -> int:
     check_cases([args.command], scope)
     out_dir = prepare(scope)
     result = run_component(args.command, scope, out_dir)[0]
+    if args.command == "cycle" and scope["options"].get("contexts"):  # the chart its --help promises
+        from verifybench.harness.components import cycle
+
+        print(cycle.context_chart_line(result["cases"], out_dir, results.stamp(result)))
     config_tables.print_defaults_notice()
     print("\n== summary" + (f" (CPU smoke profile: CPU numbers) {interpreter.describe()}" if scope["cpu"] else ""))
     for line in summary_lines({args.command: result}, time.monotonic() - started, None):

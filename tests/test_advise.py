@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from verifybench.harness.analysis import advise
 from verifybench.harness.cli import main as cli_main
@@ -49,7 +50,8 @@ def test_advise_allreduce_lever_is_the_sweep_winners_saving_per_call_times_calls
     per_call = at["default"] - at["NCCL_GRAPH_MIXING_SUPPORT=0"]
     saved = per_call * 122 / 1e3
     ext = _cycle_ms((2, 1, 3), "extend")
-    assert f"allreduce: NCCL NCCL_GRAPH_MIXING_SUPPORT=0 (sweep winner): {ext:.4g} -> {ext - saved:.4g} ms" in text
+    assert f"allreduce: NCCL_GRAPH_MIXING_SUPPORT=0 (the NCCL sweep's winner): {ext:.4g} -> {ext - saved:.4g} ms" in text
+    assert "NCCL NCCL" not in text  # the setting named once, not after a doubled word
     assert f"(saves {saved:.4g} ms)" in text and "NCCL_GRAPH_MIXING_SUPPORT=0" in text and "projected" in text
 
 
@@ -219,3 +221,56 @@ def test_cycle_contexts_chart_plots_cycle_ms_against_context_per_variant(tmp_pat
     pngs = bench_cycle.charts(records, tmp_path, "20261202T000000Z")
     assert [p.name for p in pngs] == ["cycle_phases-20261202T000000Z.png", "cycle_contexts-20261202T000000Z.png"]
     assert all(p.stat().st_size > 0 for p in pngs)
+
+
+def _at_two_contexts(device: str) -> list[dict]:
+    run = results.load_run(H200 / "cycle.json")
+    records = []
+    for ctx, scale in ((1024, 0.5), (4096, 1.0)):
+        for c in run["cases"]:
+            r = json.loads(json.dumps(c))
+            r["params"]["context"], r["device"] = ctx, device
+            r["derived"]["cycle_ms"] *= scale
+            records.append(r)
+    return records
+
+
+def test_cycle_contexts_command_writes_the_chart_its_help_promises(tmp_path):
+    line = bench_cycle.context_chart_line(_at_two_contexts("cuda"), tmp_path, "20261202T000000Z")
+    png = tmp_path / "cycle_contexts-20261202T000000Z.png"
+    assert line == f"chart: {png}" and png.stat().st_size > 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke profile's cycle")
+def test_cycle_contexts_on_cpu_writes_no_chart_and_says_why_in_one_line(tmp_path, capsys):
+    assert bench_cycle.context_chart_line(_at_two_contexts("cpu"), tmp_path, "x").startswith("no chart")
+    assert cli_main(["cycle", "--contexts", "32,64", "--configs", "2,1,3", "--out", str(tmp_path)]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if "chart of cycle ms against context" in line]
+    assert len(said) == 1 and said[0].startswith("no chart") and not list(tmp_path.glob("cycle_contexts-*.png"))
+
+
+def test_advise_at_a_context_the_cycle_lacks_says_so_and_prints_the_attention_it_projects_with(capsys):
+    text = _advise(capsys, "--context", "1024")
+    answer = text.split("## The answer\n")[1].split("\n\n")[0]
+    assert "cycle at context 1024: not measured (the cycle file ran at context 4096" in answer
+    run = results.load_run(H200 / "mla_verify.json")
+    (ext,) = [c["derived"]["per_forward_us"] for c in run["cases"] if c["check"]["ok"] and c["params"]["context"] ==
+              1024 and c["params"]["n"] == 3 and c["params"]["variant"] == "extend" and c["params"]["tree"] == "chain"]
+    assert f"extend {ext / 1e3:.4g} ms" in text and f"{ext / 1e3:.4g}" == "11.41"  # docs/deployment-example.md's B
+
+
+def test_advise_says_why_the_draft_shape_lever_is_absent(capsys):
+    text = _advise(capsys, "--accept-len", "3:2.4")
+    assert "- draft shape: (2, 1, 3) stays: the only shape given an accept length; the cycle also ran (3, 1, 4)" in text
+
+
+@pytest.mark.parametrize("command", ["advise", "plan"])
+def test_accept_rates_help_says_how_many_rates(command, capsys):
+    assert cli_main([command, "--help"]) == 0
+    assert "as many rates as the deepest shape reaches" in " ".join(capsys.readouterr().out.split())
+
+
+def test_advise_for_vllm_gives_vllms_cuda_graph_caveat_not_sglangs(capsys):
+    text = _advise(capsys, "--engine", "vllm")
+    graphs = text.split("CUDA graphs: eager -> graph")[1].split("\n", 3)[2]
+    assert graphs.startswith("   vllm:") and "SGLang" not in graphs and "capture sizes" in graphs

@@ -303,3 +303,64 @@ def test_cycle_chart_has_an_x_label_and_its_legend_beside_the_bars(run_dir, tmp_
     ax = figs[0].axes[0]
     legend = ax.get_legend()
     assert ax.get_xlabel() and legend.get_bbox_to_anchor().x0 >= ax.get_window_extent().x1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU report's opening")
+def test_cpu_report_opens_with_what_was_verified_and_one_cpu_numbers_line(run_dir):
+    from markdown_it import MarkdownIt
+
+    report = next(run_dir.glob("run-*.md")).read_text()
+    opening = report.split("\n## ", 2)[1]  # the first section, up to the first component's
+    counts = next(line for line in _summary(run_dir).splitlines() if line.startswith("cases:"))
+    assert opening.startswith("What was verified") and f"- {counts}" in opening and "- components run: 10" in opening
+    assert "The answer" not in report and opening.count("CPU numbers") == 1 and "withheld" in opening
+    html = MarkdownIt().render(opening)
+    assert f"<li>{counts}</li>" in html or f"<li>{counts}\n<ul>" in html  # its own item (its skips under it)
+
+
+def test_gpu_report_opening_renders_each_answer_and_lever_line_on_its_own():
+    from markdown_it import MarkdownIt
+
+    from verifybench.harness import run
+    from verifybench.harness.analysis import advise
+    from verifybench.harness.engine import results
+
+    h200 = REPO / "results/baselines/nvidia-h200-x1"
+    runs = {k: results.load_run(h200 / f) for k, f in (("verify", "verify.json"), ("cycle", "cycle.json"))}
+    opening = run.report_opening(runs, {"cpu": False}, Path("out"))
+    plain = advise.report_lines(runs, Path("out"))
+    answer = plain[1:plain.index("")]  # the lines under "### The answer"
+    html = MarkdownIt().render("\n".join(opening))
+    section = html.split("<h3>The answer</h3>")[1].split("<h3>")[0]
+    assert len(answer) >= 3 and section.count("<li>") == len(answer) and "<p>" not in section
+    levers = html.split("<h3>Levers")[1]
+    assert levers.count("<li>") >= 2 * levers.count("<ol")  # each lever's detail lines are items under it
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU report's withheld tables")
+def test_cpu_report_prints_no_table_with_nothing_to_say_and_skinny_gemm_as_one(run_dir):
+    report = next(run_dir.glob("run-*.md")).read_text()
+    assert "measured_in_s" not in report and "| slowest rank" not in report  # a fit's wall time; rank 0 of 1 rank
+    marginal = report.split("**marginal cost")[1].split("**bytes and eta")[0]
+    assert "every figure of this table" in marginal and "|" not in marginal  # the n column alone said nothing
+    skinny = report.split("## skinny_gemm")[1].split("\n## ")[0]
+    assert skinny.count("| shape") == 1 and skinny.count("| case") == 1
+
+
+def test_report_says_the_token_counts_the_verify_forward_ran_not_a_default_range(run_dir):
+    records = json.loads(next(run_dir.glob("verify-*.json")).read_text())["cases"]
+    ns = sorted({r["params"]["tokens"] for r in records})
+    section = next(run_dir.glob("run-*.md")).read_text().split("\n## verify:")[1].split("\n## ")[0]
+    heading = section.splitlines()[0]
+    assert f". Ran at n = {', '.join(map(str, ns))} tokens." in section and ".." not in heading
+
+
+def test_run_help_wraps_the_component_list_between_names_never_inside_one(monkeypatch, capsys):
+    from verifybench.harness.cli import main
+    from verifybench.harness.components import REGISTRY
+
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["run", "--help"]) == 0
+    help_text = capsys.readouterr().out.split("--components COMPONENTS")[-1]  # the option, not the usage
+    words = {w.strip(",.()") for w in help_text.split()}
+    assert set(REGISTRY) <= words  # each name whole on one line

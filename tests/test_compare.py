@@ -292,3 +292,16 @@ def test_a_cpu_smoke_run_against_a_gpu_run_is_refused_at_once(tmp_path, capsys):
     assert _cli(gpu, cpu, "--allow-different-hardware") == 2
     err = capsys.readouterr().err
     assert "is a CPU smoke run" in err and "measure different cases and cannot be compared" in err
+
+
+@pytest.mark.parametrize("missing_side", ["BASE", "NEW"])
+def test_a_missing_file_is_blamed_on_its_own_side_beside_a_folder(missing_side, tmp_path, capsys):
+    from pathlib import Path
+
+    from verifybench.harness.cli import main
+
+    folder = str(Path(__file__).resolve().parent.parent / "results/baselines/nvidia-h200-x1")
+    gone = str(tmp_path / "nothere.json")
+    argv = ["compare", gone, folder] if missing_side == "BASE" else ["compare", folder, gone]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"error: {missing_side} {gone}: no such file or folder\n"

@@ -53,6 +53,22 @@ def test_breakeven_cli_prints_tau_star(capsys):
     assert cli_main(["breakeven", "--accept-len", "-1"]) == 2
 
 
+def test_breakeven_labels_each_time_not_given_as_assumed_and_no_other(capsys):
+    assert cli_main(["breakeven", "--accept-len", "2.5", "--verify-ms", "14.36"]) == 0
+    out = capsys.readouterr().out
+    assumed = next(line for line in out.splitlines() if line.startswith("ASSUMED"))
+    assert "decode_ms 11.1, draft_ms 1, overhead_ms 0.4" in assumed and "verify_ms" not in assumed
+    assert cli_main(["breakeven", "--accept-len", "2.5", "--decode-ms", "11", "--verify-ms", "25", "--draft-ms", "1",
+                     "--overhead-ms", "0.4"]) == 0
+    assert "ASSUMED" not in capsys.readouterr().out
+
+
+def test_breakeven_help_names_where_its_assumed_constants_are():
+    from verifybench.harness.analysis import breakeven
+
+    assert "constants below" not in breakeven.__doc__ and "harness/analysis/breakeven.py" in breakeven.__doc__
+
+
 def test_projection_bounds_streaming_parts_and_replaces_the_allreduce():
     here, there = decompose.Gpu("H200", 4000, 7.7), decompose.Gpu("X", 8000, 4.0)
     # moe: 1000 us for 2 GB; at 4000 GB/s the ideal is 500 us, so high = 500 (overhead stays) + 250

@@ -361,3 +361,16 @@ def test_the_code_check_refuses_the_command_a_message_gets_wrong():
     assert commands_in_code(text) == ["verifybench run verify"]
     assert problems_of("verifybench run verify")
     assert commands_in_code("(verifybench verify / run)") == ["verifybench verify", "verifybench run"]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_every_markdown_file_a_doc_names_is_in_the_repository(doc):
+    tracked = {p.name for p in REPO.rglob("*.md") if ".venv" not in p.parts}
+    named = set(re.findall(r"(?<![\w*./-])([\w./-]*\w\.md)\b", doc.read_text()))
+    assert not {n for n in named if Path(n).name not in tracked}, "named but not in the repository"
+
+
+def test_the_readme_states_the_measured_test_time_with_its_machine_and_load():
+    text = " ".join((REPO / "README.md").read_text().split())
+    assert "2-core CPU box loaded by other work (load average 2 to 6)" in text and "7:03 cold" in text
+    assert "5:11 warm" in text and "6:35 on a fresh H100" in text and "2.5 minutes" not in text

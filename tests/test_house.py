@@ -2,6 +2,7 @@
 no module importing a pytest module, kernels/ importing nothing of harness/, the engine importing no component, and
 no module past MAX_MODULE_LINES without a reason."""
 import ast
+import re
 import subprocess
 import sys
 import zipfile
@@ -175,3 +176,14 @@ def test_the_wheel_installs_one_import_root_of_our_own(tmp_path):
     assert any(n.startswith("verifybench/harness/engine/timing.py") for n in names)
     assert any(n.startswith("verifybench/kernels/") and n.endswith("_configs.json") for n in names)
     assert not any(n.startswith(("harness/", "kernels/", "microbench/")) for n in names)
+
+
+def test_ci_install_says_each_step_before_it_runs():
+    """.ci/install was silent for about a minute (imports, pip): each check and each install is announced by a `say`
+    line on the line before it or on its own. Read, not run: running it would install into this environment."""
+    lines = [line.strip() for line in (REPO / ".ci" / "install").read_text().splitlines()
+             if line.strip() and not line.strip().startswith("#")]
+    steps = [i for i, line in enumerate(lines) if re.search(r"\bhas (torch|triton)\b|\bpip_install\b|^for spec", line)
+             and not line.startswith(("pip_install()", "||", "has \"$module\""))]
+    unsaid = [lines[i] for i in steps if "say " not in lines[i] and not lines[i - 1].startswith("say ")]
+    assert len(steps) >= 6 and not unsaid

@@ -163,3 +163,19 @@ def test_a_bad_token_count_is_a_value_error(tokens):
 def test_a_full_size_preset_on_cpu_is_a_value_error():
     with pytest.raises(ValueError, match="needs a GPU"):
         mla_verify.cases("kimi-k2.5", 8, 4096, None)
+
+
+def test_mla_verify_benchmark_without_a_case_here_skips_saying_why(monkeypatch):
+    import importlib.util
+    from pathlib import Path
+
+    from verifybench.harness.components import mla_verify as component
+
+    monkeypatch.setattr(component, "runs_here", lambda spec: False)  # a CPU without TRITON_INTERPRET=1
+    path = Path(__file__).resolve().parent.parent / "microbench" / "bench_mla_verify.py"
+    spec = importlib.util.spec_from_file_location("bench_mla_verify_here", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    (param,) = module.PARAMS  # not an empty set, which pytest reports as "got empty parameter set"
+    (mark,) = param.marks
+    assert mark.name == "skip" and "TRITON_INTERPRET=1" in mark.kwargs["reason"]

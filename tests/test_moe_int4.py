@@ -624,3 +624,18 @@ def test_prewarm_compiles_in_a_spawned_process(mt):
     lines = []
     assert bench._prewarm("tiny", 1, [(1, cfg)], 1, lines.append) is True  # pdl probe: no-op without CUDA
     assert lines and lines[0].startswith("prewarmed 1 (n, config) calls in 1 processes"), lines
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU cases' own params")
+def test_moe_side_by_side_title_names_the_dense_weights_and_device_that_ran():
+    from pathlib import Path
+
+    from verifybench.harness.engine import results
+
+    bench = importlib.import_module("verifybench.harness.components.moe_int4")
+    cpu = [{"name": s.name, "params": s.params, "mode": s.mode, "device": "cpu", "check": {"ok": True},
+            "summary": {"median_us": 10.0}, "derived": {"bytes_moved": 1e6, "gbps": 1.0, "eta": 0.1, "floor_us": 1.0}}
+           for s in bench.cases("tiny", 1, 64) if s.params["impl"] == "torch-dense"]
+    assert bench.tables(cpu)[1][0].endswith("dense = plain torch, float32 weights on CPU)")
+    h200 = Path(__file__).resolve().parent.parent / "results/baselines/nvidia-h200-x1/moe_int4.json"
+    assert bench.tables(results.load_run(h200)["cases"])[1][0].endswith("bfloat16 weights on GPU)")

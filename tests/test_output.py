@@ -44,6 +44,12 @@ def test_a_column_empty_in_every_row_is_dropped_and_a_long_withheld_list_wraps()
     assert "no_pdl_us" not in text and max(len(line) for line in text.splitlines()) <= tables.MAX_WIDTH_CHARS
 
 
+def test_a_table_left_with_only_its_labels_prints_one_withheld_line_instead():
+    rows = [{"n": n, "attention": "torch", "moe_marginal_us": WITHHELD, "head_marginal_us": WITHHELD} for n in (1, 2)]
+    text = tables.render(rows, "github")
+    assert text == "withheld (CPU numbers): every figure of this table (moe_marginal_us, head_marginal_us)"
+
+
 @pytest.mark.parametrize("tablefmt", ["simple", "github"])
 def test_a_single_wide_row_becomes_field_value_lines_within_the_width(tablefmt):
     said = ("device wait of 7.7 us per allreduce (reference figure (NCCL all_reduce_perf, graph mode, 2xH200 over "
@@ -117,3 +123,15 @@ def test_a_component_command_runs_its_triton_kernels_without_triton_interpret_ex
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "Triton kernels run in the interpreter (TRITON_INTERPRET=1, set by verifybench" in r.stdout
     assert "cannot run here" not in r.stdout and "split_kv_us" in r.stdout
+
+
+def test_a_closed_stdout_ends_quietly_with_141_as_unix_tools_do(monkeypatch, capsys):
+    from verifybench.harness.cli import EXIT_STDOUT_CLOSED, main
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # `| head` that has left
+    with os.fdopen(write_end, "w", buffering=1) as closed:
+        monkeypatch.setattr(sys, "stdout", closed)
+        rc = main(["advise", str(REPO / "results/baselines/nvidia-h200-x1")])
+        monkeypatch.undo()
+    assert rc == EXIT_STDOUT_CLOSED == 141 and capsys.readouterr().err == ""

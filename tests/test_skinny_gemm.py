@@ -342,11 +342,11 @@ def test_bench_cpu_case_runs_and_tables_pair_the_impls(monkeypatch):
     assert all(r["check"]["ok"] for r in records)
     # the interpreter is slow: a CPU case rotates over a few copies, not the cold rule's 64
     assert {r["derived"]["rotation"] for r in records} == {CPU_COPIES}
-    title = "Skinny GEMM: Triton vs F.linear (cuBLAS on GPU)"
+    title = next(t for t, _ in bench.tables(records) if t.startswith("Skinny GEMM: Triton vs F.linear"))
     side = dict(bench.tables(records))[title]
     assert len(side) == 1 and side[0]["config"].startswith("dot")
     assert side[0]["speedup"] == WITHHELD  # an interpreter's time against torch's says nothing of a GPU
-    (gpu,) = dict(bench.tables([{**r, "device": "cuda"} for r in records]))[title]
+    (gpu,) = bench.tables([{**r, "device": "cuda"} for r in records])[1][1]
     assert gpu["speedup"] == pytest.approx(gpu["torch_us"] / gpu["triton_us"])
 
 
@@ -495,3 +495,18 @@ def test_a_torch_entry_dispatches_to_f_linear():
     cfg = sgs.check_config({"kind": "torch"}, 3)
     assert cfg["kind"] == "torch"
     assert torch.equal(sg.linear(x, w, config={"kind": "torch"}), torch.nn.functional.linear(x, w))
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_skinny_gemm_side_by_side_table_prints_as_one_table_within_120_chars(device):
+    from pathlib import Path
+
+    from verifybench.harness.components import skinny_gemm as bench
+    from verifybench.harness.engine import results, tables
+
+    path = Path(__file__).resolve().parent.parent / "results/baselines/nvidia-h200-x1/skinny_gemm.json"
+    records = [{**r, "device": device} for r in results.load_run(path)["cases"]]
+    title, side = bench.tables(records)[1]
+    text = tables.render(side, "github")
+    assert text.count("| shape") == 1 and max(map(len, text.splitlines())) <= tables.MAX_WIDTH_CHARS
+    assert "| config" in text and "every config tuned" in title

@@ -115,7 +115,7 @@ def _lever(name, before, after, status, files, how, tau=None, decode=None, note=
 
 def levers(runs: dict, found: dict, taus, context: int | None, engine: str) -> list[dict]:
     """Every lever the results can cost, then the missing ones with the command that would measure them."""
-    out, missing = [], []
+    out, missing, said = [], [], []
     if "cycle" not in runs or not _ok(runs["cycle"]):
         return [{"lever": "all", "missing": "verifybench cycle (the cycle every lever is costed against)"}]
     cases, ctx = cycle_at(runs, context)
@@ -146,7 +146,8 @@ def levers(runs: dict, found: dict, taus, context: int | None, engine: str) -> l
         after = split["summary"]["median_us"] / 1e3 + spl_now - spl_then
         out.append(_lever("verify attention: extend -> split_kv", before, after, "projected",
                           [f_cycle, str(found["mla_verify"])], setting("attention", engine), tau, decode,
-                          f"context {want}: the cycle at {ctx} moved by mla_verify's per-forward attention ({how})"))
+                          f"context {want}: the cycle at {ctx} moved by mla_verify's per-forward attention ({how}): "
+                          f"extend {ext_now:.4g} ms, split_kv {spl_now:.4g} ms per forward at {want}"))
         base = before  # the other levers start from the cycle at the user's context
     else:
         missing.append(("verify attention", f"verifybench cycle --contexts {want}" if split is not None else
@@ -167,7 +168,7 @@ def levers(runs: dict, found: dict, taus, context: int | None, engine: str) -> l
             calls_from = "verify_dist"
         saved = per_call_us * calls / 1e3
         envtxt = " ".join(f"{k}={v}" for k, v in win_env.items()) or "NCCL defaults"
-        out.append(_lever(f"allreduce: NCCL {label} (sweep winner)", base, base - saved, "projected",
+        out.append(_lever(f"allreduce: {label} (the NCCL sweep's winner)", base, base - saved, "projected",
                           [f_cycle, str(found["allreduce_sweep"])] + ([str(found["verify_dist"])]
                                                                       if "verify_dist" in runs else []),
                           setting("allreduce", engine, env=envtxt), tau, decode,
@@ -194,6 +195,13 @@ def levers(runs: dict, found: dict, taus, context: int | None, engine: str) -> l
                         f"tau {taus(best):g} vs {tau:g}; after = its cycle per {tau:g} accepted tokens")
             lv["tok_s"], lv["tau_star"] = 1000 * taus(best) / t_best, t_best / decode  # its own cycle's
             out.append(lv)
+        else:  # no lever, and the reason said: a silent gap reads as "nothing to gain"
+            others = [k for k in sorted(shapes) if taus(k) is None]
+            said.append(("draft shape", f"{config} stays: " + (
+                f"the only shape given an accept length; the cycle also ran {', '.join(map(str, others))} (give "
+                "--accept-len D:tau for their D to rank them)" if ranked and len(ranked) == 1 else
+                "no shape of the cycle has an accept length given" if not ranked else
+                "it gives the most tok/s of the shapes ranked at this acceptance")))
     else:
         missing.append(("draft shape", "advise --accept-len D:tau,... (or --accept-rates) to rank the shapes"))
 
@@ -234,7 +242,8 @@ def levers(runs: dict, found: dict, taus, context: int | None, engine: str) -> l
     else:
         missing.append(("host gaps", "verifybench trace ENGINE_TRACE --json trace-summary.json (then pass it)"))
     out.sort(key=lambda r: -(r["saved_ms"] if r["saved_ms"] is not None else -1e9))
-    return out + [{"lever": name, "missing": cmd} for name, cmd in missing]
+    return out + [{"lever": name, "said": why} for name, why in said] + [{"lever": name, "missing": cmd}
+                                                                        for name, cmd in missing]
 
 
 # ---- the answer ----
@@ -266,6 +275,9 @@ def answer(runs: dict, found: dict, context: int | None) -> list[str]:
         lines.append("forward: no verify result (run `verifybench verify`)")
     if "cycle" in runs:
         cases, ctx = cycle_at(runs, context)
+        if context and context != ctx:  # the asked context, or say that the cycle lacks it
+            lines.append(f"cycle at context {context}: not measured (the cycle file ran at context {ctx}: the lines "
+                         "below are at that context; the levers project to yours where they say so)")
         for att in ("extend", "split_kv"):
             c = cases.get((ENGINE_CONFIG, att))
             if c is None:
@@ -307,6 +319,9 @@ def lines_for(runs: dict, found: dict, taus=None, context: int | None = None, en
         if "missing" in lv:
             out.append(f"- {lv['lever']}: not measured here; measure it with `{lv['missing']}`")
             continue
+        if "said" in lv:
+            out.append(f"- {lv['lever']}: {lv['said']}")
+            continue
         out.append(f"{i}. {lv['lever']}: {_fmt(lv['before_ms'], cpu)} -> {_fmt(lv['after_ms'], cpu)} ms per cycle "
                    f"(saves {_fmt(lv['saved_ms'], cpu)} ms); break-even tau* {_fmt(lv['tau_star'], cpu, '.3g')}"
                    + (f"; {_fmt(lv['tok_s'], cpu)} tok/s" if lv["tok_s"] is not None else "")
@@ -342,7 +357,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    f"run's folder under ./{results.DEFAULT_OUT}/")
     acc = p.add_mutually_exclusive_group()
     acc.add_argument("--accept-len", default=None, help="tau per D or steps,topk,D: '3:2.4,6:3.1' (>= 1); gives tok/s")
-    acc.add_argument("--accept-rates", default=None, help="per-depth acceptance p1,p2,... each in [0, 1]")
+    acc.add_argument("--accept-rates", default=None, help=plan.RATES_HELP)
     p.add_argument("--context", type=positive_int, default=None,
                    help="context length to advise at (default the cycle's); between measured contexts the "
                    "attention is interpolated from mla_verify, said so")

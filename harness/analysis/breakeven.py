@@ -4,7 +4,8 @@ T_decode, with tau the mean tokens accepted per verify, bonus token included.
 
 Defaults: the Kimi-K2.5 deployment on 8x RTX PRO 6000 Blackwell (PCIe, SGLang EAGLE-3, 3 draft tokens): decode 11.1
 ms, verify 25.6 ms, draft 1.0 ms, overhead 0.4 ms (re-extend 0.3 + tree build, sync, bookkeeping 0.1): a 27 ms cycle.
-The ASSUMED_* constants below are the one place every command takes these assumptions from.
+A time not given is that assumed figure, labelled ASSUMED in the output. The ASSUMED_* constants of
+harness/analysis/breakeven.py are the one place every command takes these assumptions from.
 """
 from __future__ import annotations
 
@@ -23,22 +24,31 @@ ASSUMED_REEXTEND_MS, ASSUMED_OTHER_MS = 0.3, 0.1  # re-extend; tree build, sync,
 ASSUMED_OVERHEAD_MS = ASSUMED_REEXTEND_MS + ASSUMED_OTHER_MS
 
 
+class Assumed(float):
+    """An option's default taken from ASSUMED_*: argparse keeps a default as given, so a value of this type is one
+    the user did not give, and the output labels it ASSUMED."""
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--accept-len", type=accept_len, required=True,
                    help=f"tau: mean tokens accepted per verify, bonus included, in 1..{MAX_DRAFT_TOKENS} (1: the "
                    "bonus token alone, every draft token rejected)")
-    p.add_argument("--decode-ms", type=finite_float(0, exclusive=True), default=ASSUMED_DECODE_MS,
+    p.add_argument("--decode-ms", type=finite_float(0, exclusive=True), default=Assumed(ASSUMED_DECODE_MS),
                    help="one plain decode step (ms)")
-    p.add_argument("--verify-ms", type=finite_float(0), default=ASSUMED_VERIFY_MS, help="one verify step (ms)")
-    p.add_argument("--draft-ms", type=finite_float(0), default=ASSUMED_DRAFT_MS, help="drafting the tokens (ms)")
-    p.add_argument("--overhead-ms", type=finite_float(0), default=ASSUMED_OVERHEAD_MS,
+    p.add_argument("--verify-ms", type=finite_float(0), default=Assumed(ASSUMED_VERIFY_MS), help="one verify step (ms)")
+    p.add_argument("--draft-ms", type=finite_float(0), default=Assumed(ASSUMED_DRAFT_MS), help="drafting the tokens (ms)")
+    p.add_argument("--overhead-ms", type=finite_float(0), default=Assumed(ASSUMED_OVERHEAD_MS),
                    help="draft re-extend, tree build, sampling, bookkeeping per cycle (ms)")
 
 
 def run(args) -> int:
     be = break_even(args.accept_len, args.decode_ms, args.verify_ms, args.draft_ms, args.overhead_ms)
-    print(tabulate([{"accept_len": args.accept_len, "decode_ms": args.decode_ms, "draft_ms": args.draft_ms,
-                     "verify_ms": args.verify_ms, "overhead_ms": args.overhead_ms, "cycle_ms": be.cycle_ms,
+    times = {k: getattr(args, k) for k in ("decode_ms", "draft_ms", "verify_ms", "overhead_ms")}
+    assumed = [k for k, v in times.items() if isinstance(v, Assumed)]
+    if assumed:
+        print(f"ASSUMED (not given; the figures of {DEPLOYMENT}): "
+              + ", ".join(f"{k} {float(times[k]):g}" for k in assumed))
+    print(tabulate([{"accept_len": args.accept_len, **{k: float(v) for k, v in times.items()}, "cycle_ms": be.cycle_ms,
                      "speedup": be.speedup, "break-even accept len": be.tau_star}], headers="keys", floatfmt=".4g"))
     print("speculation pays off" if be.speedup > 1 else "speculation does NOT pay off at this accept length")
     return 0

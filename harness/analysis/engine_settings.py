@@ -2,7 +2,8 @@
 docs/engine-settings.md says the same in prose; check both against the engine version deployed."""
 from __future__ import annotations
 
-# lever -> {"sglang": ..., "vllm": ..., "caveat": ...}; "{...}" fields are filled from the measurement
+# lever -> {"sglang": ..., "vllm": ..., "caveat": ... (one text, or one per engine)}; "{...}" fields are filled
+# from the measurement
 SETTINGS: dict[str, dict[str, str]] = {
     "attention": {
         "sglang": "no NVIDIA split-KV MLA verify in SGLang's Triton backend (its verify_splitkv / verify_mla paths "
@@ -33,7 +34,9 @@ SETTINGS: dict[str, dict[str, str]] = {
     "graphs": {
         "sglang": "keep CUDA graphs on (no --disable-cuda-graph); --cuda-graph-max-bs must cover the verify batch",
         "vllm": "no --enforce-eager; compilation_config cudagraph capture sizes cover B x D tokens",
-        "caveat": "SGLang captures TARGET_VERIFY at B x D tokens; eager work around the graph remains",
+        "caveat": {"sglang": "SGLang captures TARGET_VERIFY at B x D tokens; eager work around the graph remains",
+                   "vllm": "vLLM replays a graph only for a token count in its capture sizes; eager work around the "
+                           "graph remains"},
     },
     "host": {
         "sglang": "SGLANG_ENABLE_SPEC_V2=1 (the overlap scheduler is off for EAGLE without it)",
@@ -46,4 +49,5 @@ SETTINGS: dict[str, dict[str, str]] = {
 def setting(lever: str, engine: str, **fields) -> str:
     """The engine's setting for a lever, its fields filled, with the caveat."""
     row = SETTINGS[lever]
-    return f"{engine}: {row[engine].format(**fields)} (caveat: {row['caveat']})"
+    caveat = row["caveat"] if isinstance(row["caveat"], str) else row["caveat"][engine]  # one engine's own
+    return f"{engine}: {row[engine].format(**fields)} (caveat: {caveat})"

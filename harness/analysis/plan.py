@@ -115,6 +115,10 @@ def parse_keyed(text: str, name: str, low: float) -> dict:
     return out
 
 
+RATES_HELP = ("per-depth acceptance p1,p2,... each in [0, 1]: one rate for every depth, or as many rates as the "
+              "deepest shape reaches, min(steps, D-1) (e.g. 5 for (5,1,6))")
+
+
 def parse_rates(text: str) -> list[float]:
     return [_number(t.strip(), "--accept-rates", 0, 1) for t in text.split(",")]
 
@@ -308,7 +312,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--configs", default=None,
                    help=f"steps,topk,D;... (default: the cost source's configs, else {DEFAULT_CONFIGS})")
     acc = p.add_mutually_exclusive_group(required=True)
-    acc.add_argument("--accept-rates", default=None, help="per-depth acceptance p1,p2,... each in [0, 1]")
+    acc.add_argument("--accept-rates", default=None, help=RATES_HELP)
     acc.add_argument("--accept-len", default=None, help="tau per D or per steps,topk,D: '3:2.4,6:3.1' (>= 1)")
     p.add_argument("--attention", default="all",
                    help="cycle result: the attention variant to plan (extend, split_kv, or all; default all: every "

@@ -41,7 +41,8 @@ def add_arguments(p) -> None:
     p.add_argument("--attention", default=None, help="verify attention variants, comma-separated: extend (the "
                    "engine's serial prefill kernel), split_kv (ours) (default both on a GPU; CPU: the torch reference)")
     p.add_argument("--contexts", default=None, help="several contexts, comma-separated (e.g. 1024,4096,16384): the "
-                   "cycle's phases per context and a chart of cycle ms against context; replaces --context")
+                   "cycle's phases per context and a chart of cycle ms against context (cycle_contexts-<UTC time>.png "
+                   "in the results folder; on a GPU only, said so on CPU); replaces --context")
 
 
 def parse_contexts(text: str) -> list[int]:
@@ -279,12 +280,25 @@ def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
                                                                           else ""))
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over them
     out = [write_png(fig, Path(directory) / f"cycle_phases-{stamp}.png")]
-    if _several_contexts(rows):
-        out.append(_context_chart(rows, directory, stamp, cpu_numbers(records)))
+    if _several_contexts(rows) and not cpu_numbers(records):
+        out.append(_context_chart(rows, directory, stamp))
     return out
 
 
-def _context_chart(rows, directory: Path, stamp: str, cpu: bool) -> Path:
+def context_chart_line(records: list[dict], directory: Path, stamp: str) -> str:
+    """`cycle --contexts`'s chart of cycle ms against context, written, in one line saying where; on CPU none, said
+    why: its lines would compare extend and split_kv where the torch reference ran for both, a comparison the
+    tables do not make."""
+    rows = _ok(records)
+    if not _several_contexts(rows):
+        return "no chart of cycle ms against context: fewer than two contexts passed their checks"
+    if cpu_numbers(records):
+        return ("no chart of cycle ms against context on CPU: the torch reference ran for every attention variant, "
+                "so its lines would compare nothing; the tables give each context's cycle ms")
+    return f"chart: {_context_chart(rows, directory, stamp)}"
+
+
+def _context_chart(rows, directory: Path, stamp: str) -> Path:
     """Cycle ms against context, one line per (configuration, attention): extend against split_kv."""
     import matplotlib.pyplot as plt
 
@@ -303,7 +317,7 @@ def _context_chart(rows, directory: Path, stamp: str, cpu: bool) -> Path:
     ax.get_xaxis().set_major_formatter(plt.FuncFormatter(lambda v, _: f"{int(v)}"))
     ax.set_xlabel("context (tokens in the KV cache)")
     ax.set_ylabel("ms per cycle")
-    ax.set_title("EAGLE-3 cycle against context: extend vs split_kv" + (" (CPU numbers)" if cpu else ""))
+    ax.set_title("EAGLE-3 cycle against context: extend vs split_kv")
     ax.legend(fontsize=8)
     return write_png(fig, Path(directory) / f"cycle_contexts-{stamp}.png")
 

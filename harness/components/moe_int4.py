@@ -268,8 +268,16 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
     side = withhold_on_cpu(records, side, ("eta", "floor_us", "dense/int4", "of_ideal_3.56x", "ref/triton"))
     return [("INT4 MoE layer per case (" + (CPU_TIMING if cpu_numbers(records) else
                                              "cold: weights rotated through the graph") + ")", per_case),
-            ("INT4 MoE layer side by side (uniform routing unless named; dense = plain torch, bf16 weights on GPU)",
-             side)]
+            (f"INT4 MoE layer side by side (uniform routing unless named; dense = {_dense_ran(ok)})", side)]
+
+
+def _dense_ran(records: list[dict]) -> str:
+    """What the dense rows ran, from their own records: bf16 weights on a GPU, float32 on CPU."""
+    dense = next((r for r in records if r["params"]["impl"] == "torch-dense"), None)
+    if dense is None:
+        return "plain torch (no dense case ran)"
+    where = "GPU" if dense["params"]["device"] == "cuda" else "CPU"
+    return f"plain torch, {dense['params']['weights']} weights on {where}"
 
 
 def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:

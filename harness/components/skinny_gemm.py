@@ -178,26 +178,26 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
     """Per case (us, GB/s, eta) and per (shape, n) the Triton kernel beside F.linear."""
     ok, per_case = ceiling.streaming_case_rows(records, "skinny/")
     by_key: dict[tuple, dict] = {}
+    sources = {r["derived"].get("config_source") for r in ok if r["params"]["impl"] == "triton"}
     for r in ok:
         prm, d = r["params"], r["derived"]
         row = by_key.setdefault((prm["preset"], prm["tp"], prm["shape"], prm["n"]), {
-            "shape": prm["shape"], "N,K": f"{prm['N']},{prm['K']}", "n": prm["n"], "MB": d["bytes_moved"] / 1e6,
-            "floor_us": d["floor_us"]})
-        us = r["summary"]["median_us"]
-        if prm["impl"] == "triton":
-            row.update({"triton_us": us, "triton_eta": d["eta"], "config": config_str(d.get("config")),
-                        "config_source": d.get("config_source")})
-        else:
-            row.update({"torch_us": us, "torch_eta": d["eta"]})
+            "shape": prm["shape"], "N,K": f"{prm['N']},{prm['K']}", "n": prm["n"]})
+        row[f"{prm['impl']}_us"] = r["summary"]["median_us"]
+        if prm["impl"] == "triton":  # the source once in the title when every config has the same one
+            row["config"] = config_str(d.get("config")) + (f" ({d.get('config_source')})" if len(sources) > 1 else "")
     side = list(by_key.values())
     for row in side:
         if row.get("triton_us") and row.get("torch_us"):
             row["speedup"] = row["torch_us"] / row["triton_us"]
-    # a CPU copy ceiling says nothing about a GPU kernel's distance from its own, nor an interpreter of its speed
-    side = withhold_on_cpu(records, side, lambda k: k.endswith("eta") or k in ("floor_us", "speedup"))
+        row["config"] = row.pop("config", None)  # last: the widest column
+    # an interpreter's time says nothing of a GPU kernel's speed
+    side = withhold_on_cpu(records, side, ("speedup",))
+    # MB, eta and floor are per case in the first table: repeated here they made this one too wide to print whole
+    source = f"; every config {next(iter(sources))}" if len(sources) == 1 else ""
     return [("Skinny GEMM per case (" + (CPU_TIMING if cpu_numbers(records) else "graph mode") + ", weights rotated)",
              per_case),
-            ("Skinny GEMM: Triton vs F.linear (cuBLAS on GPU)", side)]
+            (f"Skinny GEMM: Triton vs F.linear (cuBLAS on GPU){source}; MB, eta and floor per case above", side)]
 
 
 def config_str(cfg: dict | None) -> str:

@@ -1,5 +1,5 @@
-"""Synthetic verify forward of one TP rank at n = 1..8 tokens, whole and per component (isolated: only that
-component; marginal: the forward without it), each captured as one CUDA graph per n.
+"""Synthetic verify forward of one TP rank at n = 1..8 tokens (CPU: 1..3; --tokens sets them), whole and per
+component (isolated: only that component; marginal: the forward without it), each captured as one CUDA graph per n.
 
 Run: verifybench verify (the decomposition report)   or   pytest --benchmark-only microbench/bench_verify.py
 """
@@ -23,7 +23,7 @@ from verifybench.harness.model.build import (CONTEXT, allreduce_stand_in_us, as_
 from verifybench.harness.model.forward import COMPONENTS, TORCH_OPS, VerifyForward, allocated_bytes
 
 NAME = "verify"
-HELP = "synthetic one-rank verify forward at 1..8 tokens and its decomposition"
+HELP = "synthetic one-rank verify forward per token count n and its decomposition"  # n: what ran, said beside it
 TOKENS = tuple(range(1, 9))
 TOKENS_CPU = (1, 2, 3)  # the CPU smoke run: the torch reference MoE is slow; three points still make a fit
 CASE_MAX_TIME_S = 0.6

@@ -309,6 +309,9 @@ def inputs(args) -> tuple[Path, Path, list[str]]:
     """(BASE file, NEW file, notes saying which file a folder or a glob gave): a folder gives its latest file of
     the kind --kind or the other side's file name says."""
     base, new = [args.base], list(args.new) if isinstance(args.new, (list, tuple)) else [args.new]
+    for label, given in (("BASE", base), ("NEW", new)):  # a missing file is named as its own side's, first
+        if len(given) == 1 and not Path(given[0]).exists():
+            raise results.ResultsError(f"{label} {given[0]}: no such file or folder")
     kind = getattr(args, "kind", None)
     if kind is None:
         files = [g for g in (base, new) if not (len(g) == 1 and g[0].is_dir())]

@@ -45,13 +45,16 @@ def _cells(rows: list[dict]) -> tuple[list[str], list[list[str]], list[bool]]:
     return keys, [list(r) for r in zip(*columns)], numeric
 
 
+def _is_label(c: int, key: str, rows: list[dict], numeric: list[bool]) -> bool:
+    """A label column: text, or a first column of integers such as n."""
+    return not numeric[c] or (c == 0 and all(isinstance(r.get(key), int) for r in rows))
+
+
 def _key_columns(keys: list[str], rows: list[dict], numeric: list[bool]) -> list[int]:
-    """The leading label columns (text, or a first column of integers such as n) that every part of a split table
-    repeats."""
+    """The leading label columns that every part of a split table repeats."""
     out = []
     for c, k in enumerate(keys[:MAX_KEY_COLUMNS]):
-        label = not numeric[c] or (c == 0 and all(isinstance(r.get(k), int) for r in rows))
-        if not label:
+        if not _is_label(c, k, rows, numeric):
             break
         out.append(c)
     return out[: len(keys) - 1]
@@ -87,8 +90,10 @@ def render(rows: list[dict], tablefmt: str = "simple", width: int = MAX_WIDTH_CH
     empty = {k for k in dict.fromkeys(k for row in rows for k in row) if all(row.get(k) is None for row in rows)}
     rows = [{k: v for k, v in row.items() if k not in withheld and k not in empty} for row in rows]
     keys, cells, numeric = _cells(rows)
-    if not keys:
-        return head.rstrip()
+    if withheld and all(_is_label(c, k, rows, numeric) for c, k in enumerate(keys)):
+        # only labels left (a marginal table's n): rows of labels say nothing; the one line says why
+        return "\n".join(textwrap.wrap(f"withheld ({WITHHELD.split(': ', 1)[-1]}): every figure of this table "
+                                        f"({', '.join(withheld)})", width, break_on_hyphens=False))
     if _width(keys, cells, numeric, list(range(len(keys))), tablefmt) <= width:
         return head + _render(keys, cells, numeric, list(range(len(keys))), tablefmt)
     if len(rows) == 1:
