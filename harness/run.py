@@ -13,12 +13,10 @@ import torch
 
 from verifybench.harness import components
 from verifybench.harness.analysis import advise
-from verifybench.harness.analysis.numbers import int_in, out_path, tokens_arg
+from verifybench.harness.analysis.numbers import MAX_CONTEXT, context_arg, int_in, out_path, tokens_arg
 from verifybench.harness.engine import fingerprint, hostpin, hostprobe, interpreter, memory, results, tables, timing
 from verifybench.harness.engine.timing import cuda_available
 from verifybench.kernels import config_tables
-
-MAX_CONTEXT = 1 << 20  # tokens; K2.5's window is 262144
 
 
 def cpu_banner() -> str:
@@ -40,16 +38,16 @@ def print_table(title: str, rows: list[dict]) -> None:
     print(f"\n{title}\n" + tables.render(rows))
 
 
-def add_scope_arguments(p: argparse.ArgumentParser) -> None:
+def add_scope_arguments(p: argparse.ArgumentParser, tokens: bool = True) -> None:
     p.add_argument("--preset", default=None, help="model preset: kimi-k2.5, deepseek-v3, tiny (default kimi-k2.5 "
                    "with a GPU; without one only tiny runs, the CPU smoke profile)")
     p.add_argument("--tp", type=int_in(1), default=None,
                    help="tensor-parallel degree: per-rank shapes (default 8; 1 on CPU)")
-    p.add_argument("--context", type=int_in(1, MAX_CONTEXT), default=None,
+    p.add_argument("--context", type=context_arg, default=None,
                    help=f"tokens already in the KV cache, 1..{MAX_CONTEXT} (default 4096; 64 on CPU)")
-    p.add_argument("--tokens", type=tokens_arg, default=None, help="token counts to verify, e.g. 1,2,4,8 or 1-8 "
-                   "(default: each "
-                   "component's own set)")
+    if tokens:  # a component whose shapes hold no token count takes no --tokens (argparse refuses it, exit 2)
+        p.add_argument("--tokens", type=tokens_arg, default=None, help="token counts to verify, e.g. 1,2,4,8 or 1-8 "
+                       "(default: each component's own set)")
     p.add_argument("--out", type=out_path, default=None,
                    help=f"results folder (default ./{results.DEFAULT_OUT}/<machine>/, outside the checkout's results/)")
     p.add_argument("--allreduce-from", metavar="RESULT[:BACKEND]", default=None,
@@ -84,7 +82,7 @@ def resolve_scope(args) -> dict:
             else:
                 os.environ["VERIFYBENCH_ALLREDUCE_FROM"] = before
             raise
-    return {"preset": preset, "tp": tp, "context": context, "out": out, "tokens": args.tokens,
+    return {"preset": preset, "tp": tp, "context": context, "out": out, "tokens": getattr(args, "tokens", None),
             "cpu": not gpu, "options": component_options(args)}
 
 

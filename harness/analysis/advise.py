@@ -36,10 +36,33 @@ def resolve(paths: list[Path]) -> dict[str, Path]:
             for kind in sorted({k for f in p.glob("*.json*") if f.is_file() and (k := result_files.kind_of(f))}):
                 found[kind] = result_files.latest_of_kind(p, kind)
         elif p.exists():
-            found[result_files.kind_of(p)] = p
+            found[file_kind(p)] = p
         else:
             raise ValueError(f"{p}: no such file or folder (give a results folder or result files)")
     return found
+
+
+def file_kind(p: Path) -> str:
+    """The kind of a file named on the command line, from what it holds (a run's component, a trace summary's
+    schema), so a name of the user's (or a pipe, <(cat cycle.json)) is read as what it is; a file no kind of
+    advise's is refused, naming what advise reads."""
+    data = results.read_json(p)
+    if data.get("schema") == "verifybench.trace":
+        kind = "trace"
+    elif isinstance(data.get("component"), str):
+        kind = data["component"]
+    elif "rows" in data and "gpu" in data:
+        kind = "defaults_vs_tuned"
+    else:
+        kind = result_files.kind_of(p)
+    if kind not in KINDS + ("trace",):
+        raise ValueError(f"{p}: a {kind!r} file; advise reads {', '.join(KINDS)} results and a trace summary "
+                         "(verifybench trace --json)")
+    _READ[str(p)] = data  # a pipe reads once
+    return kind
+
+
+_READ: dict[str, dict] = {}
 
 
 def default_folder() -> Path:
@@ -51,11 +74,37 @@ def default_folder() -> Path:
     return max(folders, key=lambda d: d.stat().st_mtime)
 
 
+def _read(path: Path) -> dict:
+    return _READ.pop(str(path), None) or results.read_json(path)
+
+
 def load(found: dict[str, Path]) -> dict[str, dict]:
+    """Each file checked for what advise reads (plan's fields of a cycle and a verify result, a comparison's rows),
+    so a short or mislabelled file is refused naming the file and field; one GPU model across them all."""
     out = {}
     for kind in KINDS:
         if kind in found and found[kind] is not None:
-            out[kind] = results.read_json(found[kind]) if kind == "defaults_vs_tuned" else results.load_run(found[kind])
+            data = _read(found[kind])
+            if kind == "defaults_vs_tuned":
+                rows = data.get("rows")
+                if not rows or not isinstance(rows, list) or not all(
+                        isinstance(r, dict) and all(isinstance(r.get(k), (int, float)) and not isinstance(
+                            r.get(k), bool) for k in ("n", "forward_default_us", "forward_tuned_us")) for r in rows):
+                    raise results.ResultsError(f"{found[kind]}: not a defaults_vs_tuned comparison (rows of n, "
+                                               "forward_default_us, forward_tuned_us)")
+                out[kind] = data
+                continue
+            run = results.validate_run(data, str(found[kind]))
+            if run["component"] != kind:
+                raise results.ResultsError(f"{found[kind]}: a {run['component']!r} result where a {kind} result is due")
+            out[kind] = results.check_needs(run, plan.NEEDS.get(kind, ()), str(found[kind]))
+    models = {}
+    for kind, run in out.items():
+        if isinstance(run.get("fingerprint"), dict):
+            models.setdefault(run["fingerprint"].get("gpu_model"), []).append(str(found[kind]))
+    if len(models) > 1:
+        raise ValueError("the results come from different GPU models (" + "; ".join(
+            f"{m}: {', '.join(fs)}" for m, fs in models.items()) + "): give one machine's results")
     return out
 
 
@@ -74,6 +123,8 @@ def cycle_at(runs: dict, context: int | None) -> tuple[dict, int]:
     """{(config, attention): case} of the cycle result at `context` if it ran there, else at its context nearest to
     it (the lever then moves the attention by mla_verify); returns the context used."""
     cases = _ok(runs["cycle"])
+    if not cases:
+        raise ValueError("the cycle result has no passing case (every check failed): nothing to cost")
     have = sorted({c["params"]["context"] for c in cases})
     ctx = min(have, key=lambda c: abs(c - context)) if context else have[len(have) // 2]
     return {(plan._config(c), c["params"]["attention"]): c for c in cases if c["params"]["context"] == ctx}, ctx
@@ -182,7 +233,10 @@ def levers(runs: dict, found: dict, taus, context: int | None, engine: str) -> l
 
     # draft shape: the best (steps, topk, D) at the given acceptance, same attention as the engine's
     shapes = {k[0]: c for k, c in cases.items() if k[1] == base_att}
-    if taus:
+    if taus and tau is None:
+        missing.append(("draft shape", f"advise --accept-len {config[2]}:TAU,... (an accept length for {config}, the "
+                        "shape every other is ranked against; the ones given match only other shapes)"))
+    elif taus:
         ranked = sorted(((1000 * taus(k) / (c["summary"]["median_us"] / 1e3), k) for k, c in shapes.items()
                          if taus(k) is not None), reverse=True)
         if ranked and ranked[0][1] != config:
@@ -225,14 +279,21 @@ def levers(runs: dict, found: dict, taus, context: int | None, engine: str) -> l
 
     # host gaps: GPU idle inside the cycle, from an engine trace's summary
     if "trace" in found:
-        per = results.read_json(found["trace"]).get("per_cycle_us", {})
-        if "gpu_idle" in per:
+        per = _read(found["trace"]).get("per_cycle_us")
+        if not isinstance(per, dict) or not isinstance(per.get("gpu_idle"), (int, float)):
+            missing.append(("host gaps", f"verifybench trace ENGINE_TRACE --json SUMMARY ({found['trace']} holds no "
+                            "per_cycle_us.gpu_idle)"))
+        else:
             idle = per["gpu_idle"] / 1e3
             out.append(_lever("host gaps: hide the GPU idle", base, base - idle, "projected", [str(found["trace"])],
                               setting("host", engine), tau, decode,
                               "the upper bound: every idle ms inside the traced cycle hidden"))
     else:
         missing.append(("host gaps", "verifybench trace ENGINE_TRACE --json trace-summary.json (then pass it)"))
+    if (config, base_att) != (ENGINE_CONFIG, "extend"):  # the file lacks the engine's cycle: name the one used
+        for lv in out:
+            lv["note"] = f"against the cycle at {config} {base_att} ({f_cycle} holds no {ENGINE_CONFIG} extend " \
+                         f"case); " + lv["note"]
     out.sort(key=lambda r: -(r["saved_ms"] if r["saved_ms"] is not None else -1e9))
     return out + [{"lever": name, "missing": cmd} for name, cmd in missing]
 
@@ -247,8 +308,12 @@ def answer(runs: dict, found: dict, context: int | None) -> list[str]:
         fit, full = forward_fit(runs) if "verify" in runs else (None, None)
     except ValueError as e:  # too few token counts for a line with a CI (a short CPU run)
         lines.append(f"forward ({found['verify']}): no line: {e}")
-    if fit is not None:
-        n1 = next(c for c in _ok(runs["verify"]) if c["params"]["variant"] == "full" and c["params"]["tokens"] == 1)
+    n1 = next((c for c in _ok(runs["verify"]) if c["params"]["variant"] == "full" and c["params"]["tokens"] == 1),
+              None) if fit is not None else None
+    if fit is not None and n1 is None:
+        lines.append(f"forward ({found['verify']}): T(n) = {fit.a:.3g} + {fit.b:.3g} ms*n; no passing n = 1 case "
+                     "to split the fixed part by")
+    elif fit is not None:
         only_ar = [c for c in _ok(runs["verify"]) if c["params"]["variant"] == "only-allreduce"
                    and c["params"]["tokens"] == 1]
         ar_ms = only_ar[0]["summary"]["median_us"] / 1e3 if only_ar else None
@@ -264,7 +329,9 @@ def answer(runs: dict, found: dict, context: int | None) -> list[str]:
                      "attention, small ops)")
     elif "verify" not in runs:
         lines.append("forward: no verify result (run `verifybench verify`)")
-    if "cycle" in runs:
+    if "cycle" in runs and not _ok(runs["cycle"]):
+        lines.append(f"cycle ({found['cycle']}): no passing case: every check failed, nothing to cost")
+    elif "cycle" in runs:
         cases, ctx = cycle_at(runs, context)
         for att in ("extend", "split_kv"):
             c = cases.get((ENGINE_CONFIG, att))
@@ -336,6 +403,18 @@ def _checked(taus):
     return tau_of
 
 
+def _match_shapes(given: dict, runs: dict) -> None:
+    """Every --accept-len key names a shape of the cycle result (D or steps,topk,D), as plan asks: a key matching
+    none would be dropped without a word."""
+    if "cycle" not in runs:
+        return
+    shapes = {plan._config(c) for c in _ok(runs["cycle"])}
+    unmatched = [k for k in given if not any(k == s or k == s[2] for s in shapes)]
+    if unmatched:
+        raise ValueError(f"--accept-len: {', '.join(map(str, unmatched))} matches no shape of the cycle result "
+                         f"(it holds {', '.join(map(str, sorted(shapes)))}): give D or steps,topk,D of those")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("results_in", nargs="*", type=Path, metavar="RESULTS",
                    help="a results folder (the latest file of each kind) or result files; default the latest "
@@ -358,10 +437,11 @@ def run(args) -> int:
         found["allreduce_sweep"] = args.nccl_from
     runs = load(found)
     taus = None
-    if args.accept_len:
+    if args.accept_len is not None:  # '' is refused by the parser, not read as "not given"
         given = plan.parse_keyed(args.accept_len, "--accept-len", 1)
         taus = lambda c: given.get(c, given.get(c[2]))  # noqa: E731
-    elif args.accept_rates:
+        _match_shapes(given, runs)
+    elif args.accept_rates is not None:
         rates = plan.parse_rates(args.accept_rates)
         taus = lambda c: plan.tau_from_rates(rates, c)  # noqa: E731
     if taus is not None:

@@ -39,7 +39,7 @@ import numpy as np
 from tabulate import tabulate
 
 from verifybench.harness.analysis.breakeven import ASSUMED_DRAFT_STEP_MS, ASSUMED_OTHER_MS, ASSUMED_REEXTEND_MS
-from verifybench.harness.analysis.numbers import finite_float, out_path
+from verifybench.harness.analysis.numbers import TOKEN_COUNT_MAX, finite_float, out_path, read_int
 from verifybench.harness.engine import results
 from verifybench.harness.engine import result_files
 from verifybench.harness.engine.results import COUNT, FINITE_TABLE, POSITIVE, TEXT, Need
@@ -61,16 +61,20 @@ class Cost:
 
 
 def parse_configs(text: str) -> list[tuple[int, int, int]]:
-    """"steps,topk,D;..." checked: steps >= 1, topk >= 1, D >= 2, and D - 1 <= topk + (steps-1)*topk^2 (the draft
-    tree's candidates)."""
+    """"steps,topk,D;..." checked before anything is sized by it: steps >= 1, topk >= 1, 2 <= D, each at most
+    TOKEN_COUNT_MAX (tokens per verify), and D - 1 <= topk + (steps-1)*topk^2 (the draft tree's candidates). The
+    one reader of --configs: plan, cycle and record."""
     out = []
-    for item in filter(None, (s.strip() for s in text.split(";"))):
+    for item in (s.strip() for s in text.split(";")):
         try:
-            steps, topk, d = (int(v) for v in item.split(","))
+            steps, topk, d = (read_int(v) for v in item.split(","))
         except ValueError:
-            raise ValueError(f"--configs: {item!r} is not steps,topk,D (three integers)") from None
+            raise ValueError(f"--configs: {item!r} is not steps,topk,D (three integers), in {text!r}") from None
         if steps < 1 or topk < 1 or d < 2:
             raise ValueError(f"--configs: {item!r} needs steps >= 1, topk >= 1, D >= 2")
+        if max(steps, topk, d) > TOKEN_COUNT_MAX:
+            raise ValueError(f"--configs: {item!r}: steps, topk and D are at most {TOKEN_COUNT_MAX} (tokens per "
+                             "verify)")
         if d - 1 > topk + (steps - 1) * topk**2:
             raise ValueError(f"--configs: {item!r}: D - 1 = {d - 1} draft nodes > the tree's "
                              f"{topk + (steps - 1) * topk**2} candidates (topk + (steps-1)*topk^2)")

@@ -24,7 +24,7 @@ from verifybench.harness.analysis.trace_read import GpuOp, Trace, TraceError, re
 from verifybench.harness.analysis.trace_rules import ACCOUNTS, Classifier, RulesError, check_rules, load_rules
 
 SCHEMA, SCHEMA_VERSION = "verifybench.trace", 1
-EXIT_OK, EXIT_BAD_INPUT = 0, 2
+from verifybench.harness.engine.exits import EXIT_BAD_INPUT, EXIT_OK  # noqa: E402
 # host calls that wait for the GPU: the cycle's device-to-host syncs
 SYNC_CALL = re.compile(r"Synchronize|^cudaMemcpy(2D)?$|^cuMemcpy(DtoH|HtoD)?(_v2)?$")
 OTHER_SHOWN = 10

@@ -24,7 +24,7 @@ from verifybench.harness.engine import result_files
 from verifybench.harness.engine.modes import HOST_TIMED_MODES, host_timed
 from verifybench.harness.engine.stats import Summary, summarize
 
-EXIT_OK, EXIT_SLOW, EXIT_BAD_INPUT = 0, 1, 2
+from verifybench.harness.engine.exits import EXIT_BAD_INPUT, EXIT_OK, EXIT_FAILED as EXIT_SLOW  # noqa: E402
 # fields that change between any two runs of the same machine: never a reason to distrust a comparison
 VOLATILE = ("created_utc", ".now.")
 MIN_SAMPLES_FOR_TEST = 5

@@ -142,7 +142,8 @@ def _gpu_count() -> int:
 
 def worker_argv(args, backends: str) -> list[str]:
     """The measurement options of this command line, for each setting's verifybench.harness.multigpu.allreduce run."""
-    out = ["--preset", args.preset, "--tp", str(args.tp), "--tokens", args.tokens, "--batches", args.batches,
+    out = ["--preset", args.preset, "--tp", str(args.tp), "--tokens", ",".join(map(str, args.tokens)),
+           "--batches", ",".join(map(str, args.batches)),
            "--backend", args.backend or backends, "--mode", args.mode or SWEEP_MODES,
            "--hang-timeout", str(args.hang_timeout)]
     for flag, value in (("--hidden", args.hidden), ("--sizes", args.sizes), ("--pow2", args.pow2),
