@@ -62,6 +62,8 @@ def resolve_scope(args) -> dict:
 
     gpu = cuda_available()
     preset, tp, context = presets.default_scope(gpu)
+    if args.preset is not None and args.preset not in presets.PRESETS:  # unknown first: "needs a GPU" would mislead
+        raise ValueError(f"--preset: unknown preset {args.preset!r}; choose one of {', '.join(presets.PRESETS)}")
     if not gpu and args.preset not in (None, "tiny"):
         raise ValueError(f"preset {args.preset!r} needs a GPU; without one the CPU smoke profile runs --preset tiny")
     preset = args.preset or preset
@@ -239,6 +241,7 @@ def check_environment(gpu: bool) -> None:
     build.allreduce_stand_in_us()
     build.ops_choice("cuda" if gpu else "cpu")
     pdl.enabled("cpu")  # reads and checks VERIFYBENCH_PDL
+    config_tables.hidden()  # reads and checks VERIFYBENCH_CONFIG_TABLES
     hostprobe.process_gate()
     memory.cap_bytes()
     _check_pin_cpu()

@@ -19,7 +19,7 @@ import numpy as np
 from verifybench.harness.analysis import plan
 from verifybench.harness.analysis.engine_settings import setting
 from verifybench.harness.analysis.fit import linear_fit
-from verifybench.harness.analysis.numbers import positive_int
+from verifybench.harness.analysis.numbers import TOKEN_COUNT_MAX, positive_int
 from verifybench.harness.engine import env, results
 from verifybench.harness.engine import result_files
 
@@ -438,7 +438,7 @@ def run(args) -> int:
     runs = load(found)
     taus = None
     if args.accept_len is not None:  # '' is refused by the parser, not read as "not given"
-        given = plan.parse_keyed(args.accept_len, "--accept-len", 1)
+        given = plan.parse_keyed(args.accept_len, "--accept-len", 1, TOKEN_COUNT_MAX)
         taus = lambda c: given.get(c, given.get(c[2]))  # noqa: E731
         _match_shapes(given, runs)
     elif args.accept_rates is not None:

@@ -15,6 +15,8 @@ from verifybench.harness.engine.exits import EXIT_BAD_INPUT
 TOKEN_COUNT_MAX = 64  # the largest token count any --tokens takes (tokens per verify), so the largest accept length
 BATCH_MAX = 4096  # requests per batch: past any serving batch, and a range up to it stays small
 MAX_CONTEXT = 1 << 20  # tokens in the KV cache; K2.5's window is 262144
+MAX_STEP_MS = 60_000.0  # a time per step given by hand: past a minute it is a unit slip (and sums of it stay finite)
+MAX_GBPS = 100_000.0  # a copy bandwidth given by hand: 100 TB/s, far past any GPU's memory
 
 
 def read_int(text: str) -> int:
