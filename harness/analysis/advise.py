@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from verifybench.harness.analysis import plan
+from verifybench.harness.analysis import inputs, plan
 from verifybench.harness.analysis.engine_settings import setting
 from verifybench.harness.analysis.fit import linear_fit
 from verifybench.harness.analysis.numbers import TOKEN_COUNT_MAX, positive_int
@@ -36,33 +36,10 @@ def resolve(paths: list[Path]) -> dict[str, Path]:
             for kind in sorted({k for f in p.glob("*.json*") if f.is_file() and (k := result_files.kind_of(f))}):
                 found[kind] = result_files.latest_of_kind(p, kind)
         elif p.exists():
-            found[file_kind(p)] = p
+            found[inputs.file_kind(p, KINDS)] = p
         else:
             raise ValueError(f"{p}: no such file or folder (give a results folder or result files)")
     return found
-
-
-def file_kind(p: Path) -> str:
-    """The kind of a file named on the command line, from what it holds (a run's component, a trace summary's
-    schema), so a name of the user's (or a pipe, <(cat cycle.json)) is read as what it is; a file no kind of
-    advise's is refused, naming what advise reads."""
-    data = results.read_json(p)
-    if data.get("schema") == "verifybench.trace":
-        kind = "trace"
-    elif isinstance(data.get("component"), str):
-        kind = data["component"]
-    elif "rows" in data and "gpu" in data:
-        kind = "defaults_vs_tuned"
-    else:
-        kind = result_files.kind_of(p)
-    if kind not in KINDS + ("trace",):
-        raise ValueError(f"{p}: a {kind!r} file; advise reads {', '.join(KINDS)} results and a trace summary "
-                         "(verifybench trace --json)")
-    _READ[str(p)] = data  # a pipe reads once
-    return kind
-
-
-_READ: dict[str, dict] = {}
 
 
 def default_folder() -> Path:
@@ -74,38 +51,8 @@ def default_folder() -> Path:
     return max(folders, key=lambda d: d.stat().st_mtime)
 
 
-def _read(path: Path) -> dict:
-    return _READ.pop(str(path), None) or results.read_json(path)
-
-
 def load(found: dict[str, Path]) -> dict[str, dict]:
-    """Each file checked for what advise reads (plan's fields of a cycle and a verify result, a comparison's rows),
-    so a short or mislabelled file is refused naming the file and field; one GPU model across them all."""
-    out = {}
-    for kind in KINDS:
-        if kind in found and found[kind] is not None:
-            data = _read(found[kind])
-            if kind == "defaults_vs_tuned":
-                rows = data.get("rows")
-                if not rows or not isinstance(rows, list) or not all(
-                        isinstance(r, dict) and all(isinstance(r.get(k), (int, float)) and not isinstance(
-                            r.get(k), bool) for k in ("n", "forward_default_us", "forward_tuned_us")) for r in rows):
-                    raise results.ResultsError(f"{found[kind]}: not a defaults_vs_tuned comparison (rows of n, "
-                                               "forward_default_us, forward_tuned_us)")
-                out[kind] = data
-                continue
-            run = results.validate_run(data, str(found[kind]))
-            if run["component"] != kind:
-                raise results.ResultsError(f"{found[kind]}: a {run['component']!r} result where a {kind} result is due")
-            out[kind] = results.check_needs(run, plan.NEEDS.get(kind, ()), str(found[kind]))
-    models = {}
-    for kind, run in out.items():
-        if isinstance(run.get("fingerprint"), dict):
-            models.setdefault(run["fingerprint"].get("gpu_model"), []).append(str(found[kind]))
-    if len(models) > 1:
-        raise ValueError("the results come from different GPU models (" + "; ".join(
-            f"{m}: {', '.join(fs)}" for m, fs in models.items()) + "): give one machine's results")
-    return out
+    return inputs.load(found, KINDS)  # each file checked for what advise reads (analysis/inputs.py)
 
 
 def is_cpu(runs: dict[str, dict]) -> bool:
@@ -279,7 +226,7 @@ def levers(runs: dict, found: dict, taus, context: int | None, engine: str) -> l
 
     # host gaps: GPU idle inside the cycle, from an engine trace's summary
     if "trace" in found:
-        per = _read(found["trace"]).get("per_cycle_us")
+        per = inputs.read(found["trace"]).get("per_cycle_us")
         if not isinstance(per, dict) or not isinstance(per.get("gpu_idle"), (int, float)):
             missing.append(("host gaps", f"verifybench trace ENGINE_TRACE --json SUMMARY ({found['trace']} holds no "
                             "per_cycle_us.gpu_idle)"))
@@ -403,18 +350,6 @@ def _checked(taus):
     return tau_of
 
 
-def _match_shapes(given: dict, runs: dict) -> None:
-    """Every --accept-len key names a shape of the cycle result (D or steps,topk,D), as plan asks: a key matching
-    none would be dropped without a word."""
-    if "cycle" not in runs:
-        return
-    shapes = {plan._config(c) for c in _ok(runs["cycle"])}
-    unmatched = [k for k in given if not any(k == s or k == s[2] for s in shapes)]
-    if unmatched:
-        raise ValueError(f"--accept-len: {', '.join(map(str, unmatched))} matches no shape of the cycle result "
-                         f"(it holds {', '.join(map(str, sorted(shapes)))}): give D or steps,topk,D of those")
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("results_in", nargs="*", type=Path, metavar="RESULTS",
                    help="a results folder (the latest file of each kind) or result files; default the latest "
@@ -440,7 +375,7 @@ def run(args) -> int:
     if args.accept_len is not None:  # '' is refused by the parser, not read as "not given"
         given = plan.parse_keyed(args.accept_len, "--accept-len", 1, TOKEN_COUNT_MAX)
         taus = lambda c: given.get(c, given.get(c[2]))  # noqa: E731
-        _match_shapes(given, runs)
+        inputs.match_shapes(given, runs)
     elif args.accept_rates is not None:
         rates = plan.parse_rates(args.accept_rates)
         taus = lambda c: plan.tau_from_rates(rates, c)  # noqa: E731

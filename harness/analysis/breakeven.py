@@ -29,8 +29,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "bonus token alone, every draft token rejected)")
     p.add_argument("--decode-ms", type=finite_float(0, MAX_STEP_MS, exclusive=True), default=ASSUMED_DECODE_MS,
                    help="one plain decode step (ms)")
-    p.add_argument("--verify-ms", type=finite_float(0, MAX_STEP_MS), default=ASSUMED_VERIFY_MS, help="one verify step (ms)")
-    p.add_argument("--draft-ms", type=finite_float(0, MAX_STEP_MS), default=ASSUMED_DRAFT_MS, help="drafting the tokens (ms)")
+    p.add_argument("--verify-ms", type=finite_float(0, MAX_STEP_MS), default=ASSUMED_VERIFY_MS,
+                   help="one verify step (ms)")
+    p.add_argument("--draft-ms", type=finite_float(0, MAX_STEP_MS), default=ASSUMED_DRAFT_MS,
+                   help="drafting the tokens (ms)")
     p.add_argument("--overhead-ms", type=finite_float(0, MAX_STEP_MS), default=ASSUMED_OVERHEAD_MS,
                    help="draft re-extend, tree build, sampling, bookkeeping per cycle (ms)")
 

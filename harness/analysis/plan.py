@@ -31,7 +31,6 @@ Results from a CPU smoke run are refused: conclusions from CPU numbers are withh
 from __future__ import annotations
 
 import argparse
-import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -40,7 +39,7 @@ from tabulate import tabulate
 
 from verifybench.harness.analysis.breakeven import ASSUMED_DRAFT_STEP_MS, ASSUMED_OTHER_MS, ASSUMED_REEXTEND_MS
 from verifybench.harness.analysis.numbers import (MAX_STEP_MS, TOKEN_COUNT_MAX, context_arg, finite_float, out_path,
-                                                  read_int)
+                                                  parse_configs, parse_keyed, parse_rates)  # noqa: F401  (plan.*)
 from verifybench.harness.engine import results
 from verifybench.harness.engine import result_files
 from verifybench.harness.engine.results import COUNT, FINITE_TABLE, POSITIVE, TEXT, Need
@@ -59,69 +58,6 @@ class Cost:
     overhead_ms: float  # re-extend + other
     cycle_ms: float
     verify_from: str
-
-
-def parse_configs(text: str) -> list[tuple[int, int, int]]:
-    """"steps,topk,D;..." checked before anything is sized by it: steps >= 1, topk >= 1, 2 <= D, each at most
-    TOKEN_COUNT_MAX (tokens per verify), and D - 1 <= topk + (steps-1)*topk^2 (the draft tree's candidates). The
-    one reader of --configs: plan, cycle and record."""
-    out = []
-    for item in (s.strip() for s in text.split(";")):
-        try:
-            steps, topk, d = (read_int(v) for v in item.split(","))
-        except ValueError:
-            raise ValueError(f"--configs: {item!r} is not steps,topk,D (three integers), in {text!r}") from None
-        if steps < 1 or topk < 1 or d < 2:
-            raise ValueError(f"--configs: {item!r} needs steps >= 1, topk >= 1, D >= 2")
-        if max(steps, topk, d) > TOKEN_COUNT_MAX:
-            raise ValueError(f"--configs: {item!r}: steps, topk and D are at most {TOKEN_COUNT_MAX} (tokens per "
-                             "verify)")
-        if d - 1 > topk + (steps - 1) * topk**2:
-            raise ValueError(f"--configs: {item!r}: D - 1 = {d - 1} draft nodes > the tree's "
-                             f"{topk + (steps - 1) * topk**2} candidates (topk + (steps-1)*topk^2)")
-        if (steps, topk, d) in out:
-            raise ValueError(f"--configs: {item!r} given twice")
-        out.append((steps, topk, d))
-    if not out:
-        raise ValueError("--configs: empty; give steps,topk,D;...")
-    return out
-
-
-def _number(text: str, name: str, low: float, high: float | None = None) -> float:
-    try:
-        return finite_float(low, high)(text)
-    except argparse.ArgumentTypeError as e:
-        raise ValueError(f"{name}: {e}") from None
-
-
-def parse_keyed(text: str, name: str, low: float, high: float | None = None) -> dict:
-    """"key:value,key:value" with key D (an int) or "steps,topk,D" (then items may be split by ';' too) -> {key:
-    value}; values finite and >= low."""
-    out, key_parts = {}, []
-    for token in (t.strip() for t in re.split(r"[;,]", text)):
-        if ":" not in token:
-            key_parts.append(token)
-            continue
-        head, value = token.split(":", 1)
-        key_parts.append(head)
-        try:
-            ints = tuple(int(k) for k in key_parts)
-        except ValueError:
-            raise ValueError(f"{name}: key {','.join(key_parts)!r} is not D or steps,topk,D") from None
-        if len(ints) not in (1, 3) or min(ints) < 1:
-            raise ValueError(f"{name}: key {','.join(key_parts)!r} is not D or steps,topk,D (positive integers)")
-        key = ints[0] if len(ints) == 1 else ints
-        if key in out:
-            raise ValueError(f"{name}: {key} given twice")
-        out[key] = _number(value, name, low, high)
-        key_parts = []
-    if key_parts or not out:
-        raise ValueError(f"{name}: {text!r} is not key:value,... (e.g. 3:25.6,6:28.7)")
-    return out
-
-
-def parse_rates(text: str) -> list[float]:
-    return [_number(t.strip(), "--accept-rates", 0, 1) for t in text.split(",")]
 
 
 def max_accept_len(config: tuple[int, int, int]) -> int:

@@ -37,12 +37,15 @@ PHASES_AGREE = 0.03
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--configs", type=nonempty("configurations"), default=None, help="(steps,topk,draft_tokens) triples separated by ';' (default "
+    p.add_argument("--configs", type=nonempty("configurations"), default=None,
+                   help="(steps,topk,draft_tokens) triples separated by ';' (default "
                    f"{GPU_CONFIGS} on a GPU, {CPU_CONFIGS} on CPU); draft tokens include the root, at most "
                    f"{FORWARD_MAX_TOKENS}")
-    p.add_argument("--attention", type=nonempty("attention variants"), default=None, help="verify attention variants, comma-separated: extend (the "
+    p.add_argument("--attention", type=nonempty("attention variants"), default=None,
+                   help="verify attention variants, comma-separated: extend (the "
                    "engine's serial prefill kernel), split_kv (ours) (default both on a GPU; CPU: the torch reference)")
-    p.add_argument("--contexts", type=contexts_arg, default=None, help="several contexts, comma-separated (e.g. 1024,4096,16384): the "
+    p.add_argument("--contexts", type=contexts_arg, default=None,
+                   help="several contexts, comma-separated (e.g. 1024,4096,16384): the "
                    "cycle's phases per context and a chart of cycle ms against context; replaces --context")
 
 
@@ -94,7 +97,8 @@ def cases(preset: str, tp: int, context: int = CONTEXT, tokens: tuple[int, ...] 
     too_many = [c.label for c in cfgs if c.draft_tokens > FORWARD_MAX_TOKENS]
     if too_many:
         raise ValueError(f"--configs: at most {FORWARD_MAX_TOKENS} draft tokens, got {', '.join(too_many)}")
-    variants = [v.strip() for v in attention.split(",")] if attention is not None else (list(ATTENTION) if gpu else ["split_kv"])
+    variants = ([v.strip() for v in attention.split(",")] if attention is not None
+                else list(ATTENTION) if gpu else ["split_kv"])
     bad = [v for v in variants if v not in ATTENTION]
     if bad or len(set(variants)) != len(variants):
         raise ValueError(f"--attention takes distinct names of {', '.join(ATTENTION)}, got {attention!r}")

@@ -1,3 +1,4 @@
+# Over 400 lines: the verify component's cases, checks, tables and charts read as one (issue 43 moves write_png out).
 """Synthetic verify forward of one TP rank at n = 1..8 tokens, whole and per component (isolated: only that
 component; marginal: the forward without it), each captured as one CUDA graph per n.
 
@@ -20,8 +21,7 @@ from verifybench.kernels import config_tables, pdl
 from verifybench.kernels.moe_int4 import reference_moe_w4a16
 from verifybench.harness.model.build import (CONTEXT, allreduce_stand_in_us, as_checkpoint, build_forward,
                                              release_forwards)
-from verifybench.harness.model.forward import (COMPONENTS, FORWARD_MAX_TOKENS, TORCH_OPS, VerifyForward,
-                                                allocated_bytes)
+from verifybench.harness.model.forward import COMPONENTS, FORWARD_MAX_TOKENS, TORCH_OPS, VerifyForward, allocated_bytes
 
 NAME = "verify"
 HELP = "synthetic one-rank verify forward at 1..8 tokens and its decomposition"

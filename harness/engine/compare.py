@@ -1,3 +1,4 @@
+# Over 400 lines: the verdict rules, the fingerprint diff and the command share one noise model.
 """Noise-aware comparison of two runs: per-case verdict SAME / FAST / SLOW / AMBG, and the fingerprint diff.
 
 Reads the suite's result files and pytest-benchmark JSON (with or without raw data). Per case: a Mann-Whitney U test

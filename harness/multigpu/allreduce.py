@@ -229,8 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default="kimi-k2.5", help="model preset whose hidden size sets the sizes")
     p.add_argument("--tp", type=positive_int, default=8, help="TP degree for the preset (the hidden size does not change)")
     p.add_argument("--hidden", type=positive_int, help="hidden size, overriding the preset's")
-    p.add_argument("--tokens", type=tokens_arg, default=tokens_arg("1-8"), help="token counts, e.g. 1-8 or 1,2,4 (default 1-8)")
-    p.add_argument("--batches", type=batches_arg, default=(1,), help="batch sizes multiplying the token counts (default 1)")
+    p.add_argument("--tokens", type=tokens_arg, default=tokens_arg("1-8"),
+                   help="token counts, e.g. 1-8 or 1,2,4 (default 1-8)")
+    p.add_argument("--batches", type=batches_arg, default=(1,),
+                   help="batch sizes multiplying the token counts, e.g. 1,4 (default 1)")
     p.add_argument("--sizes", help="extra sizes in bytes, comma-separated (K/M suffixes, multiples of 16)")
     p.add_argument("--pow2", metavar="MIN:MAX", help="add a power-of-two sweep, e.g. 1K:64M")
     p.add_argument("--backend", help="comma list of " + "; ".join(f"{k}: {v}" for k, v in BACKEND_HELP.items())
