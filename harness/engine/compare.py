@@ -131,7 +131,9 @@ def _from_suite(path: Path, data: dict) -> RunData:
                                     bool(c.get("throttled")), _probe(c.get("host_probe_us")),
                                     host_timed(c["mode"], c.get("device", "cuda")), c.get("process_state"))
     version = run.get("method_version")
-    return RunData(path, "suite", run["fingerprint"], cases, version if isinstance(version, int) else None)
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int)):  # "2" is not 2
+        raise results.ResultsError(f"{path}: method_version must be an integer, got {version!r}")
+    return RunData(path, "suite", run["fingerprint"], cases, version)
 
 
 def _from_pytest_benchmark(path: Path, data: dict) -> RunData:

@@ -170,7 +170,11 @@ def _run_backend(name, comm, plan, guard, agree, fault, counter) -> tuple[list[d
     if any(errors):
         return [], "; ".join(f"rank {r}: {e}" for r, e in enumerate(errors) if e)
     tiny = torch.zeros(1, device=comm.device)
-    barrier = lambda: dist.all_reduce(tiny)  # noqa: E731  device-side: later work on this stream waits for it
+
+    def barrier():  # device-side: later work on this stream waits for it; a returned collective is progress
+        dist.all_reduce(tiny)
+        guard.tick()
+
     records = []
     for size, origin in plan["sizes"]:
         maybe_fault(fault, comm.rank, next(counter))
@@ -189,12 +193,18 @@ def _run_backend(name, comm, plan, guard, agree, fault, counter) -> tuple[list[d
         failed = any(c["error"] or c["wrong_eager"] or c["wrong_graph"] for c in checks)
         for mode in plan["modes"]:
             guard.mark(f"{name} {size}B: {mode}")
-            rec["modes"][mode] = None if failed else _time_mode(op, comm, mode, plan, barrier, expected)
+            rec["modes"][mode] = None if failed else _time_mode(op, comm, mode, plan, barrier, expected, guard.tick)
         records.append(rec)
     return records, None
 
 
-def _time_mode(op, comm, mode, plan, barrier, expected) -> dict:
+def _time_mode(op, comm, mode, plan, barrier, expected, tick=lambda: None) -> dict:
+    """One mode's measurement; each call (a collective, or a replay of K) counts as progress for the watchdog, so
+    its hang timeout bounds one collective, not a whole case (a tick is one clock read: ~0.1 us of host time)."""
+    def run():
+        op.run()
+        tick()
+
     prepare_for_timing(op, comm)
     kw = {"mode": ENGINE_MODE[mode], "device": comm.device.type, "warmup_calls": plan["warmup_calls"],
           "samples": plan["isolated_samples"] if mode == "isolated" else plan["samples"]}
@@ -202,7 +212,7 @@ def _time_mode(op, comm, mode, plan, barrier, expected) -> dict:
         kw["calls_per_sample"] = plan["calls_per_sample"]
     if mode == "isolated":
         kw["barrier"] = barrier
-    m = measure(op.run, **kw)
+    m = measure(run, **kw)
     if comm.device.type == "cuda":
         torch.cuda.synchronize()
     wrong_after = None if op.in_place else count_wrong(op.out, expected)
