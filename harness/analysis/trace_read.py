@@ -213,8 +213,8 @@ def read_trace(path: Path | str) -> Trace:
             gpu_ranges.append(host)
     # one rule for a damaged trace: refuse it whole (a part dropped would make every figure of its cycle wrong)
     if bad:
-        raise TraceError(f"{path}: {len(bad)} event(s) with a missing, negative, non-finite or absurd time, e.g. {bad[0]}; "
-                         "a damaged trace: record it again")
+        raise TraceError(f"{path}: {len(bad)} event(s) with a missing, negative, non-finite or absurd time, e.g. "
+                         f"{bad[0]}; a damaged trace: record it again")
     if twice:
         raise TraceError(f"{path}: {len(twice)} GPU event(s) present twice (same name, start, duration and "
                          f"stream; first: event {twice[0]}): a trace merged with itself? pass the profiler's file")
