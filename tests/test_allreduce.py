@@ -314,7 +314,7 @@ def test_verify_sizes_are_hidden_times_tokens_times_two_bytes():
 
 @pytest.mark.parametrize("text", ["1_0", "1-", "-2", "4-2", "1,,2", "1,", "0", "a", "1-100000000", "1.5", "2,2", ""])
 def test_a_count_list_is_read_exactly_or_refused_naming_the_option(text):
-    with pytest.raises(ValueError, match=r"^--batches (takes|must be|lists)"):
+    with pytest.raises(ValueError, match=r"^--batches:? (takes|must be|lists|the range)"):
         batch_counts(text)
 
 

@@ -87,25 +87,25 @@ def accept_len(text: str) -> float:
     return value
 
 
-def count_list(text: str, name: str, high: int, ranges: bool = True) -> tuple[int, ...]:
+def count_list(text: str, name: str, high: int, ranges: bool = True, noun: str = "count") -> tuple[int, ...]:
     """'1,2,4,8' or '1-8' (or both: '1-3,8') -> (1, 2, 4, 8), in the order given: integers written as digits, in
     1..high, none twice, no empty item; ValueError naming `name` (argparse names it itself: "") otherwise."""
     lead = f"{name} " if name else ""
-    example = "1,2,4 or 1-8" if ranges else "1024,4096"
+    example = "1,2,4,8 or 1-8" if ranges else "1024,4096"
     out: list[int] = []
     for part in text.split(","):
         m = re.fullmatch(r"\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?", part)
         if not m or (m[2] and not ranges):
-            what = "an empty item" if not part.strip() else repr(part.strip())
-            raise ValueError(f"{lead}takes integers >= 1 separated by ',' like {example}; {what} in {text!r}")
+            raise ValueError(f"{lead}takes positive integers like {example}, got {text!r}"
+                             + (" (an empty item)" if not part.strip() else ""))
         lo, hi = int(m[1]), int(m[2] or m[1])
         if hi < lo:
-            raise ValueError(f"{lead}takes ranges LOW-HIGH with LOW <= HIGH; {part.strip()!r} in {text!r}")
+            raise ValueError(f"{name + ': ' if name else ''}the range {part.strip()!r} runs backwards, got {text!r}")
         if lo < 1 or hi > high:
             raise ValueError(f"{lead}must be in 1..{high}, got {text!r}")
         out += range(lo, hi + 1)
     if len(set(out)) != len(out):
-        raise ValueError(f"{lead}lists a value twice, got {text!r}")
+        raise ValueError(f"{lead}lists a {noun} twice, got {text!r}")
     return tuple(out)
 
 
@@ -121,7 +121,7 @@ def batch_counts(text: str, name: str = "--batches") -> tuple[int, ...]:
 
 def context_list(text: str, name: str = "--contexts") -> tuple[int, ...]:
     """Contexts (tokens in the KV cache), no ranges: '1024,4096'."""
-    return count_list(text, name, MAX_CONTEXT, ranges=False)
+    return count_list(text, name, MAX_CONTEXT, ranges=False, noun="context")
 
 
 def _arg(read, what: str):
