@@ -19,7 +19,7 @@ import numpy as np
 from verifybench.harness.analysis import inputs, plan
 from verifybench.harness.analysis.engine_settings import setting
 from verifybench.harness.analysis.fit import linear_fit
-from verifybench.harness.analysis.numbers import TOKEN_COUNT_MAX, positive_int
+from verifybench.harness.analysis.numbers import TOKEN_COUNT_MAX, context_arg
 from verifybench.harness.engine import env, results
 from verifybench.harness.engine import result_files
 
@@ -357,7 +357,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     acc = p.add_mutually_exclusive_group()
     acc.add_argument("--accept-len", default=None, help="tau per D or steps,topk,D: '3:2.4,6:3.1' (>= 1); gives tok/s")
     acc.add_argument("--accept-rates", default=None, help="per-depth acceptance p1,p2,... each in [0, 1]")
-    p.add_argument("--context", type=positive_int, default=None,
+    p.add_argument("--context", type=context_arg, default=None,
                    help="context length to advise at (default the cycle's); between measured contexts the "
                    "attention is interpolated from mla_verify, said so")
     p.add_argument("--engine", choices=("sglang", "vllm"), default="sglang", help="whose settings to print")

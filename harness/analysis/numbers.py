@@ -142,9 +142,10 @@ def tokens_upto(high: int, one: bool = False):
     """An argparse type: token counts in 1..high (a command whose buffers hold fewer than TOKEN_COUNT_MAX);
     `one`: exactly one count, returned as an int."""
     def parse(text: str):
-        counts = tokens_arg(text)
-        if max(counts) > high:
-            raise argparse.ArgumentTypeError(f"must be in 1..{high} (the forward's buffers), got {text!r}")
+        try:
+            counts = token_counts(text, high, name="")
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
         if one and len(counts) != 1:
             raise argparse.ArgumentTypeError(f"takes one token count, got {text!r}")
         return counts[0] if one else counts
@@ -163,6 +164,8 @@ def parse_configs(text: str) -> list[tuple[int, int, int]]:
     """"steps,topk,D;..." checked before anything is sized by it: steps >= 1, topk >= 1, 2 <= D, each at most
     TOKEN_COUNT_MAX (tokens per verify), and D - 1 <= topk + (steps-1)*topk^2 (the draft tree's candidates). The
     one reader of --configs: plan, cycle and record."""
+    if not text.strip():
+        raise ValueError("--configs: empty; give steps,topk,D;...")
     out = []
     for item in (s.strip() for s in text.split(";")):
         try:
@@ -180,8 +183,6 @@ def parse_configs(text: str) -> list[tuple[int, int, int]]:
         if (steps, topk, d) in out:
             raise ValueError(f"--configs: {item!r} given twice")
         out.append((steps, topk, d))
-    if not out:
-        raise ValueError("--configs: empty; give steps,topk,D;...")
     return out
 
 
