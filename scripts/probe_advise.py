@@ -205,7 +205,7 @@ def kernel_edge_cases() -> list[Case]:
 
 
 def _process(argv, delay_s: float | None = None, limit_bytes: int | None = None, cwd: Path | None = None):
-    """A runner: `verifybench ARGV` as a real process; SIGINT after delay_s, or writes capped at limit_bytes."""
+    """A runner: verifybench with `argv` as a real process; SIGINT after delay_s, or writes capped at limit_bytes."""
     def runner(timeout_s):
         def child():
             signal.signal(signal.SIGINT, signal.SIG_DFL)  # a background shell's children start with it ignored
