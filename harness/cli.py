@@ -111,7 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        return _main(argv)
+        code = _main(argv)
+        if argv is None:  # done: a Ctrl-C while the process exits would kill it by SIGINT, with no word and no 130
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        return code
     except KeyboardInterrupt:
         if argv is None:  # the process's own command line: a second Ctrl-C must not turn the exit into a traceback
             signal.signal(signal.SIGINT, signal.SIG_IGN)

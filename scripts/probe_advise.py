@@ -244,7 +244,8 @@ def process_cases(work: Path, torchrun: bool = True) -> list[Case]:
                         check=_one_line(130, "interrupted")))
     out.append(Case(cls, "Ctrl-C 2.5 s into verifybench advise", bad=False, cli=True,
                     runner=_process(["advise", H200], delay_s=2.5, cwd=work),
-                    check=lambda r: (r.value in (0, 130) and "Traceback" not in r.err, f"exit {r.value}")))
+                    check=lambda r: (r.value in (0, 130) and "Traceback" not in r.err,
+                                     f"exit {r.value}: {r.err.strip()[-200:]}")))
     out.append(Case(cls, "verifybench run under ulimit -f 20 (blocks)", cli=True,
                     runner=_process(["run", "--out", d / "full"], limit_bytes=20 * 512, cwd=work),
                     check=_one_line(2, "ulimit -f")))
