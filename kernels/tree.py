@@ -368,7 +368,7 @@ def verify_tree_greedy(candidates, retrieve_index, retrieve_next_token, retrieve
                                       target_predict.contiguous().view(-1), num_spec_steps, flags)
     cand, index = candidates.tolist(), retrieve_index.tolist()
     nxt, sib, target = retrieve_next_token.tolist(), retrieve_next_sibling.tolist(), target_predict.reshape(-1).tolist()
-    for x in (x for x in target + sum(cand, []) if not INT32.min <= x <= INT32.max):  # predicts are int32
+    for x in (x for x in target + [c for row in cand for c in row] if not INT32.min <= x <= INT32.max):  # predicts: int32
         raise ValueError(f"token id {x} is outside int32 (id out of range): predicts would hold it truncated")
     for b in range(batch):
         _check_lists(b, index[b], nxt[b], sib[b])
