@@ -16,13 +16,45 @@ import sys
 
 from verifybench.harness.engine import interpreter
 
+from verifybench.harness.engine.exits import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_STDOUT_CLOSED
+
+INTERRUPTED = "verifybench: interrupted; the files already saved are complete, nothing half-written is left"
+
+
+def _interrupted_exit() -> None:
+    print(INTERRUPTED, file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_INTERRUPTED)
+
+
+def _exit_on_sigint(signum, frame) -> None:
+    _interrupted_exit()
+
+
+def quiet_sigint(on: bool, before=None):
+    """While imports run and arguments are parsed, Ctrl-C exits at once (one line, 130): a KeyboardInterrupt raised
+    inside torch's, numpy's or triton's import leaves them half-initialised and ends in an unrelated traceback, and
+    nothing is written yet. Returns the handler it replaced; off restores `before`. Left alone where the handler is
+    not Python's default (an ignored SIGINT, a test runner's own)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    if on:
+        return signal.signal(signal.SIGINT, _exit_on_sigint) \
+            if signal.getsignal(signal.SIGINT) is signal.default_int_handler else None
+    if before is not None:
+        signal.signal(signal.SIGINT, before)
+    return None
+
+
 # Before any component (and so any kernel) is imported: without a GPU the Triton kernels run in the interpreter.
-interpreter.enable_without_gpu()
+_before = quiet_sigint(True)
+interpreter.enable_without_gpu()  # imports torch: most of a command's first second
+quiet_sigint(False, _before)
 
-from verifybench.harness.analysis.numbers import EXIT_BAD_INPUT, Parser  # noqa: E402
-
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
-EXIT_STDOUT_CLOSED = 141  # 128 + SIGPIPE, as a shell reports `yes | head`'s yes
+from verifybench.harness.analysis.numbers import Parser  # noqa: E402
 
 # name -> (module with add_arguments/run, one-line help). Components are added from the registry.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -72,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
         module = components.load(name)
         q = sub.add_parser(name, help=f"component: {module.HELP}", description=module.__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-        run.add_scope_arguments(q)
+        run.add_scope_arguments(q, tokens=getattr(module, "TAKES_TOKENS", True))
         if hasattr(module, "add_arguments"):  # the component's own options, passed to its cases
             module.add_arguments(q)
         q.set_defaults(func=run.run_one)
@@ -81,20 +113,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        return _main(argv)
+        code = _main(argv)
+        if argv is None:  # done: a Ctrl-C while the process exits would kill it by SIGINT, with no word and no 130
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        return code
     except BrokenPipeError:
         return _stdout_closed()
     except KeyboardInterrupt:
         if argv is None:  # the process's own command line: a second Ctrl-C must not turn the exit into a traceback
             signal.signal(signal.SIGINT, signal.SIG_IGN)
-        print("verifybench: interrupted; the files already saved are complete, nothing half-written is left",
-              file=sys.stderr)
         if argv is None:
             # exit 130 as promised: CPython dies by SIGINT at exit instead, even once the KeyboardInterrupt is caught,
             # when it passed through an exec() of a string (scipy.stats builds its distributions so)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(EXIT_INTERRUPTED)
+            _interrupted_exit()
+        print(INTERRUPTED, file=sys.stderr)
         return EXIT_INTERRUPTED
 
 
@@ -111,10 +143,13 @@ def _stdout_closed() -> int:
 def _main(argv: list[str] | None) -> int:
     from verifybench.harness.engine.results import ResultsError
 
+    before = quiet_sigint(True)  # build_parser imports every command's module
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help (0) or an argument argparse refused (2, its message already printed)
         return int(e.code or 0)
+    finally:
+        quiet_sigint(False, before)
     try:
         return args.func(args)
     except (ValueError, ResultsError) as e:

@@ -17,7 +17,9 @@ import json
 import tempfile
 from pathlib import Path
 
-from verifybench.harness.analysis.numbers import positive_int
+from verifybench.harness.analysis.numbers import MAX_CONTEXT, context_arg, positive_int, tokens_upto
+from verifybench.harness.model.build import CONTEXT
+from verifybench.harness.model.forward import FORWARD_MAX_TOKENS
 from verifybench.harness.engine import results
 from verifybench.harness.engine.timing import cuda_available, measure
 from verifybench.harness.engine.capture import graph_capture
@@ -88,7 +90,8 @@ def record_cycle(out: Path, preset: str, tp: int, context: int, config: str, att
 
     from verifybench.harness.components.cycle import make_cycle
     from verifybench.harness.model.build import allreduce_stand_in_us, build_forward, release_forwards
-    from verifybench.harness.model.cycle import PHASES, parse_configs
+    from verifybench.harness.components.cycle import parse_configs
+    from verifybench.harness.model.cycle import PHASES
 
     (cfg,) = parse_configs(config)
     ar_us = allreduce_stand_in_us()[0]
@@ -124,8 +127,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", type=Path, help="the trace to write (.json.gz)")
     p.add_argument("--preset", default="kimi-k2.5", help="model preset (default kimi-k2.5)")
     p.add_argument("--tp", type=positive_int, default=8, help="tensor-parallel degree (default 8)")
-    p.add_argument("--context", type=positive_int, default=4096, help="tokens in the KV cache (default 4096)")
-    p.add_argument("--tokens", type=positive_int, default=4, help="tokens verified per forward (default 4)")
+    p.add_argument("--context", type=context_arg, default=CONTEXT, help=f"tokens in the KV cache, 1..{MAX_CONTEXT} "
+                   f"(default {CONTEXT})")
+    p.add_argument("--tokens", type=tokens_upto(FORWARD_MAX_TOKENS, one=True), default=4,
+                   help=f"tokens verified per forward, one count in 1..{FORWARD_MAX_TOKENS} (default 4)")
     p.add_argument("--replays", type=positive_int, default=5, help="forward replays traced (default 5)")
     p.add_argument("--layers", type=positive_int, default=None, help="layers to build (default all)")
     p.add_argument("--what", choices=("forward", "cycle"), default="forward",
@@ -146,8 +151,6 @@ def run(args) -> int:
     if not str(args.out).endswith(".json.gz"):
         raise ValueError(f"the trace is written gzipped: give a name ending in .json.gz, got {args.out}")
     presets.get(args.preset, args.tp, args.layers)
-    if args.tokens > verify.MAX_TOKENS:
-        raise ValueError(f"--tokens: the forward runs n = 1..{verify.MAX_TOKENS}, got {args.tokens}")
     plan = verify.plan_layers(args.preset, args.tp, args.layers, args.context)  # engine/memory.py's rule
     if plan.units == 0:
         raise ValueError(plan.skip)
@@ -160,7 +163,7 @@ def run(args) -> int:
     if unknown:
         raise ValueError(f"--components: unknown {', '.join(unknown)}; choose from {', '.join(COMPONENTS)}")
     if args.what == "cycle":
-        from verifybench.harness.model.cycle import parse_configs
+        from verifybench.harness.components.cycle import parse_configs
 
         parse_configs(args.config)
     results.check_writable(args.out.parent)

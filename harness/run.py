@@ -14,12 +14,10 @@ import torch
 
 from verifybench.harness import components
 from verifybench.harness.analysis import advise
-from verifybench.harness.analysis.numbers import int_in, out_path, tokens_arg
+from verifybench.harness.analysis.numbers import MAX_CONTEXT, context_arg, int_in, out_path, tokens_arg
 from verifybench.harness.engine import fingerprint, hostpin, hostprobe, interpreter, memory, results, tables, timing
 from verifybench.harness.engine.timing import cuda_available
 from verifybench.kernels import config_tables
-
-MAX_CONTEXT = 1 << 20  # tokens; K2.5's window is 262144
 
 
 def cpu_banner() -> str:
@@ -41,16 +39,16 @@ def print_table(title: str, rows: list[dict]) -> None:
     print(f"\n{title}\n" + tables.render(rows))
 
 
-def add_scope_arguments(p: argparse.ArgumentParser) -> None:
+def add_scope_arguments(p: argparse.ArgumentParser, tokens: bool = True) -> None:
     p.add_argument("--preset", default=None, help="model preset: kimi-k2.5, deepseek-v3, tiny (default kimi-k2.5 "
                    "with a GPU; without one only tiny runs, the CPU smoke profile)")
     p.add_argument("--tp", type=int_in(1), default=None,
                    help="tensor-parallel degree: per-rank shapes (default 8; 1 on CPU)")
-    p.add_argument("--context", type=int_in(1, MAX_CONTEXT), default=None,
+    p.add_argument("--context", type=context_arg, default=None,
                    help=f"tokens already in the KV cache, 1..{MAX_CONTEXT} (default 4096; 64 on CPU)")
-    p.add_argument("--tokens", type=tokens_arg, default=None, help="token counts to verify, e.g. 1,2,4,8 or 1-8 "
-                   "(default: each "
-                   "component's own set)")
+    if tokens:  # a component whose shapes hold no token count takes no --tokens (argparse refuses it, exit 2)
+        p.add_argument("--tokens", type=tokens_arg, default=None, help="token counts to verify, e.g. 1,2,4,8 or 1-8 "
+                       "(default: each component's own set)")
     p.add_argument("--out", type=out_path, default=None,
                    help=f"results folder (default ./{results.DEFAULT_OUT}/<machine>/, outside the checkout's results/)")
     p.add_argument("--allreduce-from", metavar="RESULT[:BACKEND]", default=None,
@@ -65,6 +63,8 @@ def resolve_scope(args) -> dict:
 
     gpu = cuda_available()
     preset, tp, context = presets.default_scope(gpu)
+    if args.preset is not None and args.preset not in presets.PRESETS:  # unknown first: "needs a GPU" would mislead
+        raise ValueError(f"--preset: unknown preset {args.preset!r}; choose one of {', '.join(presets.PRESETS)}")
     if not gpu and args.preset not in (None, "tiny"):
         raise ValueError(f"preset {args.preset!r} needs a GPU; without one the CPU smoke profile runs --preset tiny")
     preset = args.preset or preset
@@ -85,7 +85,7 @@ def resolve_scope(args) -> dict:
             else:
                 os.environ["VERIFYBENCH_ALLREDUCE_FROM"] = before
             raise
-    return {"preset": preset, "tp": tp, "context": context, "out": out, "tokens": args.tokens,
+    return {"preset": preset, "tp": tp, "context": context, "out": out, "tokens": getattr(args, "tokens", None),
             "cpu": not gpu, "options": component_options(args)}
 
 
@@ -278,6 +278,7 @@ def check_environment(gpu: bool) -> None:
     build.allreduce_stand_in_us()
     build.ops_choice("cuda" if gpu else "cpu")
     pdl.enabled("cpu")  # reads and checks VERIFYBENCH_PDL
+    config_tables.hidden()  # reads and checks VERIFYBENCH_CONFIG_TABLES
     hostprobe.process_gate()
     memory.cap_bytes()
     _check_pin_cpu()

@@ -3,6 +3,7 @@ name; the shipped ones beside the kernels, the user's (`verifybench tune`) merge
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import hashlib
 import glob
@@ -65,6 +66,9 @@ def _remove_stale_temps(path: Path) -> None:
             tmp.unlink(missing_ok=True)
 
 
+FULL = (errno.EFBIG, errno.ENOSPC, errno.EDQUOT)  # a write the file system refused for its size
+
+
 def write_atomic(path: Path, write) -> Path:
     """`write(file)` into a temp file beside `path`, fsync, then rename: a reader never sees half a file, a failed
     write leaves no temp file behind (and one a killed writer left is removed by the next write of that name), and
@@ -80,8 +84,11 @@ def write_atomic(path: Path, write) -> Path:
             os.fsync(f.fileno())
         os.chmod(tmp, (0o666 & ~_umask()) | 0o640)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno in FULL and e.filename is None:  # a bare "File too large" names nothing
+            raise OSError(e.errno, f"{e.strerror}: a file size limit (ulimit -f), quota or full disk stopped this "
+                          "write; nothing of it was kept", str(path)) from None
         raise
     return path
 

@@ -1,3 +1,4 @@
+# Over 400 lines: one kernel family's public API with every check before a launch (issue 43 splits kernels/ by family).
 """EAGLE draft-tree construction and greedy verification (SGLang's semantics): organize the draft,
 build the tree (mask, positions, child/sibling lists), verify greedily, write the KV slots, full-vocabulary argmax.
 
@@ -34,6 +35,7 @@ BACKENDS = ("reference", "kernel")
 FLAG_NAMES = {"missing parent": FLAG_MISSING_PARENT, "cycle": FLAG_CYCLE, "id out of range": FLAG_ID_RANGE,
               "NaN score": FLAG_NAN_SCORE, "duplicate or unsorted top_scores_index": FLAG_UNSORTED,
               "duplicate retrieve_index": FLAG_DUPLICATE_INDEX}
+INT32 = torch.iinfo(torch.int32)
 KERNEL_SCORE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # the kernel ranks scores as fp32 keys
 
 
@@ -66,6 +68,8 @@ def _tensor(name: str, t, kind: str = "index", shape: tuple | None = None) -> to
         raise ValueError(f"{name} must be {want} tensor, got {t.dtype}")
     if shape is not None and tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+    if t.is_meta:  # no values to read: every entry point reads some (a check, the reference, the flags)
+        raise ValueError(f"{name} is on the meta device (shapes only, no data); give cpu or cuda tensors")
     return t
 
 
@@ -84,6 +88,19 @@ def _same_device(flags, batch: int, **named) -> None:
 
 def _capturing(like: torch.Tensor) -> bool:
     return like.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _own_flags(flags, like: torch.Tensor, batch: int) -> tuple[torch.Tensor | None, bool]:
+    """The flags to launch with: the caller's, else (outside capture) our own, read back after the launch (a sync)."""
+    own = flags is None and not _capturing(like)
+    return (torch.zeros(batch, dtype=torch.int32, device=like.device) if own else flags), own
+
+
+def _raise_flagged(out_flags: torch.Tensor, what: str, tail: str = "") -> None:
+    bad = out_flags.nonzero().flatten().tolist()
+    if bad:
+        names = [n for n, f in FLAG_NAMES.items() if int(out_flags[bad[0]]) & f]
+        raise ValueError(f"request {bad[0]}: {what} ({', '.join(names)}){tail}")
 
 
 def num_candidates(topk: int, spec_steps: int) -> int:
@@ -233,18 +250,13 @@ def build_tree(verified_id, parent_list, top_scores_index, draft_tokens, seq_len
             raise ValueError("mask_mode 'full' inside CUDA graph capture needs seq_lens_sum (it sizes the mask)")
         seq_lens_sum = 0  # the qlen masks do not depend on it
     _check_mask_bytes(mask_mode, batch, d, seq_lens_sum, mask_dtype, verified_id.device)
-    own = flags is None and not _capturing(verified_id)  # no flags to report through: check them here (a sync)
-    out_flags = torch.zeros(batch, dtype=torch.int32, device=verified_id.device) if own else flags
+    out_flags, own = _own_flags(flags, verified_id, batch)
     out = _tt.build_tree(verified_id.contiguous(), parent_list.contiguous(), top_scores_index.contiguous(),
                          draft_tokens.contiguous(), seq_lens.contiguous(), topk, spec_steps, d, mask_mode,
                          tree_mask_numel(mask_mode, batch, d, seq_lens_sum), mask_dtype, seq_lens_sum, out_flags)
     if own:
-        bad = out_flags.nonzero().flatten().tolist()
-        if bad:
-            bits = int(out_flags[bad[0]])
-            names = [n for n, f in FLAG_NAMES.items() if bits & f]
-            raise ValueError(f"request {bad[0]}: invalid tree input ({', '.join(names)}): check top_scores_index "
-                             "(strictly ascending, in range), parent_list and seq_lens")
+        _raise_flagged(out_flags, "invalid tree input", ": check top_scores_index (strictly ascending, in range), "
+                       "parent_list and seq_lens")
     return out
 
 
@@ -356,6 +368,8 @@ def verify_tree_greedy(candidates, retrieve_index, retrieve_next_token, retrieve
                                       target_predict.contiguous().view(-1), num_spec_steps, flags)
     cand, index = candidates.tolist(), retrieve_index.tolist()
     nxt, sib, target = retrieve_next_token.tolist(), retrieve_next_sibling.tolist(), target_predict.reshape(-1).tolist()
+    for x in (x for x in target + [c for row in cand for c in row] if not INT32.min <= x <= INT32.max):  # predicts: int32
+        raise ValueError(f"token id {x} is outside int32 (id out of range): predicts would hold it truncated")
     for b in range(batch):
         _check_lists(b, index[b], nxt[b], sib[b])
     predicts = [-1] * (batch * d)
@@ -421,8 +435,13 @@ def assign_req_to_token(req_to_token, req_pool_indices, seq_lens, out_cache_loc,
     _same_device(flags, batch, req_to_token=req_to_token, req_pool_indices=req_pool_indices, seq_lens=seq_lens,
                  out_cache_loc=out_cache_loc)
     if _resolve(backend, req_to_token) == "kernel":
-        return _tt.assign_req_to_token(req_to_token, req_pool_indices.contiguous(), seq_lens.contiguous(),
-                                       out_cache_loc.contiguous().view(-1), d, flags)
+        out_flags, own = _own_flags(flags, req_to_token, batch)
+        _tt.assign_req_to_token(req_to_token, req_pool_indices.contiguous(), seq_lens.contiguous(),
+                                out_cache_loc.contiguous().view(-1), d, out_flags)
+        if own:
+            _raise_flagged(out_flags, "not written", f": slots outside the {tuple(req_to_token.shape)} table or an "
+                           f"out_cache_loc {req_to_token.dtype} cannot hold")
+        return req_to_token
     rows, max_len = req_to_token.shape
     pools, seq = req_pool_indices.tolist(), seq_lens.tolist()
     for b in range(batch):

@@ -4,6 +4,8 @@ and every input with its outcome is written as JSON.
 
   python3 scripts/probe_bad_inputs.py OUT.json [--only CLASS,...] [--timeout-s 60] [--no-torchrun]
 
+Exit 0 when every input was answered clear or right, 1 otherwise (docs/probes.md: the classes and how to read them).
+
 Outcomes: clear (exit 2, or ValueError/TypeError, with a one-line message naming the input), right (a valid input
 gave the right answer), traceback (a Python traceback or another exception type), hang (past its timeout), silent
 (exit 0/1 or a return value where a refusal was due), unclear (refused, but the message does not name the input),
@@ -188,7 +190,7 @@ def main() -> int:
     print(f"\n{time.monotonic() - t_start:.0f} s")
     args.out.write_text(json.dumps({"counts": counts, "total": total, "tried": len(records),
                                     "wall_s": round(time.monotonic() - t_start, 1), "records": records}, indent=1))
-    return 0
+    return 0 if total["clear"] + total["right"] == len(records) else 1
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from probe_advise import new_cases
 from probe_args import argument_cases, nan_cases, subprocess_cases
 from probe_base import Case
 from probe_files import compare_cases
@@ -15,4 +16,5 @@ from probe_ranks import rank_fault_cases
 
 def all_cases(work: Path, torchrun: bool = True) -> list[Case]:
     return (argument_cases(work) + compare_cases(work) + nan_cases(work) + output_cases(work) + tree_cases()
-            + moe_cases() + flow_cases(work) + subprocess_cases(work) + rank_fault_cases(work, torchrun))
+            + moe_cases() + flow_cases(work) + subprocess_cases(work) + rank_fault_cases(work, torchrun)
+            + new_cases(work, torchrun))

@@ -17,7 +17,8 @@ import torch
 
 import early_jobs
 from verifybench.harness.multigpu import sweep
-from verifybench.harness.multigpu.allreduce import main as allreduce_main, parse_bytes, parse_int_list, plan_sizes
+from verifybench.harness.analysis.numbers import batch_counts, token_counts
+from verifybench.harness.multigpu.allreduce import main as allreduce_main, parse_bytes, plan_sizes
 from verifybench.harness.collectives.allreduce_results import build_cases, busbw_factor, stand_in_from_result, table_rows
 from verifybench.harness.collectives.backends import BF16_EXACT_MAX, expected_sum, pattern_modulus
 from verifybench.harness.multigpu.sweep import parse_nccl_log, parse_setting
@@ -300,7 +301,7 @@ host:1:1 [0] NCCL INFO AllReduce: 14336 Bytes -> Algo 1 proto 0 time 6.500000"""
 
 
 def test_verify_sizes_are_hidden_times_tokens_times_two_bytes():
-    assert parse_int_list("1-8") == list(range(1, 9)) and parse_int_list("1,4-5") == [1, 4, 5]
+    assert token_counts("1-8") == tuple(range(1, 9)) and batch_counts("1,4-5") == (1, 4, 5)
     assert parse_bytes("14K") == 14336 and parse_bytes("1M") == 1 << 20 and parse_bytes("512") == 512
     sizes = plan_sizes(7168, list(range(1, 9)), [1], [], None)
     assert [s for s, _ in sizes] == [7168 * 2 * t for t in range(1, 9)]  # 14 KiB .. 112 KiB
@@ -311,10 +312,10 @@ def test_verify_sizes_are_hidden_times_tokens_times_two_bytes():
         plan_sizes(7168, [1], [1], [100], None)
 
 
-@pytest.mark.parametrize("text", ["1_0", "1-", "-2", "4-2", "1,,2", "1,", "0", "a", "1-100000000", "1.5"])
+@pytest.mark.parametrize("text", ["1_0", "1-", "-2", "4-2", "1,,2", "1,", "0", "a", "1-100000000", "1.5", "2,2", ""])
 def test_a_count_list_is_read_exactly_or_refused_naming_the_option(text):
-    with pytest.raises(ValueError, match=r"--batches takes counts >= 1 and <= 65536"):
-        parse_int_list(text, "--batches")
+    with pytest.raises(ValueError, match=r"^--batches:? (takes|must be|lists|the range)"):
+        batch_counts(text)
 
 
 @pytest.mark.parametrize("text", ["1_0", "1e3", "14KK", "K", "-1K", "nan", "inf", ""])

@@ -6,7 +6,8 @@ import torch
 from verifybench.harness.components import cycle as component
 from verifybench.harness.engine.timing import measure
 from verifybench.harness.model.build import build_forward
-from verifybench.harness.model.cycle import PHASES, Cycle, SpecConfig, aux_layers, parse_configs
+from verifybench.harness.components.cycle import parse_configs
+from verifybench.harness.model.cycle import PHASES, Cycle, SpecConfig, aux_layers
 
 
 @pytest.fixture(scope="module")
@@ -126,8 +127,9 @@ def test_cpu_cycle_table_withholds_other_and_shares_and_names_the_reference_atte
 
 
 @pytest.mark.parametrize("text, message", [
-    ("2,1", "triples"), ("2,1,3;2,1,3", "twice"), ("0,1,3", "steps"), ("2,1,1", "draft_tokens"),
-    ("2,1,4", "at most 2"), ("x,1,3", "triples")])
+    ("2,1", "three integers"), ("2,1,3;2,1,3", "twice"), ("0,1,3", "steps"), ("2,1,1", "D >= 2"),
+    ("2,1,4", "2 candidates"), ("x,1,3", "three integers"), ("99999999999999999999,1,3", "at most 64"),
+    ("2,1,3;", "three integers")])
 def test_configs_are_checked(text, message):
     with pytest.raises(ValueError, match=message):
         parse_configs(text)

@@ -8,7 +8,7 @@ from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec
 from verifybench.harness.engine.timing import cold_rotation_sets
 from verifybench.harness.model import presets
-from verifybench.harness.model.forward import allocated_bytes
+from verifybench.harness.model.forward import FORWARD_MAX_TOKENS, allocated_bytes
 
 GIB = 1 << 30
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where verify and graph_replay plan (the others: "cpu")
@@ -71,7 +71,7 @@ def test_require_raises_case_skipped_naming_bytes(free):
 
 def test_verify_plans_all_layers_when_they_fit_and_fewer_when_short(free):
     full = presets.get("kimi-k2.5", 8)
-    need_all = allocated_bytes(full, 4096, verify.MAX_TOKENS)
+    need_all = allocated_bytes(full, 4096, FORWARD_MAX_TOKENS)
     free(_fits_exactly(need_all, DEVICE))  # a 94 GiB cap on an H200, empty: the whole forward fits
     specs = verify.cases("kimi-k2.5", 8, 4096, (1,))
     assert specs[0].name == "verify/kimi-k2.5-tp8/full/n1" and specs[0].params["layers"] is None
@@ -94,7 +94,7 @@ def test_verify_skips_every_case_when_not_even_two_layers_fit(free):
 
 
 def test_verify_runs_fewer_layers_and_says_it_in_derived_and_tables(free):
-    need = {n: allocated_bytes(presets.get("tiny", 1, n), 64, verify.MAX_TOKENS) for n in (2, 3)}
+    need = {n: allocated_bytes(presets.get("tiny", 1, n), 64, FORWARD_MAX_TOKENS) for n in (2, 3)}
     free(_fits_exactly(need[2], DEVICE))  # two of the tiny preset's three layers fit
     spec = next(s for s in verify.cases("tiny", 1, 64, (1,)) if s.params["variant"] == "full")
     case = spec.run(max_time_s=0.05)

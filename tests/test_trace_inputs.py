@@ -29,7 +29,7 @@ def test_a_kernel_with_a_negative_missing_nan_or_inf_duration_is_refused(tmp_pat
         del event["dur"]
     else:
         event["dur"] = dur
-    with pytest.raises(TraceError, match=r"1 event\(s\) with a missing, negative or non-finite time"):
+    with pytest.raises(TraceError, match=r"1 event\(s\) with a missing, negative, non-finite or absurd time"):
         trace.decompose([b.write(tmp_path / "t.json")])
 
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from verifybench.harness.analysis import plan
+from verifybench.harness.analysis import inputs, plan
 from verifybench.harness.analysis.engine_settings import setting
 from verifybench.harness.analysis.fit import linear_fit
-from verifybench.harness.analysis.numbers import positive_int
+from verifybench.harness.analysis.numbers import TOKEN_COUNT_MAX, context_arg
 from verifybench.harness.engine import env, results
 from verifybench.harness.engine import result_files
 
@@ -36,7 +36,7 @@ def resolve(paths: list[Path]) -> dict[str, Path]:
             for kind in sorted({k for f in p.glob("*.json*") if f.is_file() and (k := result_files.kind_of(f))}):
                 found[kind] = result_files.latest_of_kind(p, kind)
         elif p.exists():
-            found[result_files.kind_of(p)] = p
+            found[inputs.file_kind(p, KINDS)] = p
         else:
             raise ValueError(f"{p}: no such file or folder (give a results folder or result files)")
     return found
@@ -52,11 +52,7 @@ def default_folder() -> Path:
 
 
 def load(found: dict[str, Path]) -> dict[str, dict]:
-    out = {}
-    for kind in KINDS:
-        if kind in found and found[kind] is not None:
-            out[kind] = results.read_json(found[kind]) if kind == "defaults_vs_tuned" else results.load_run(found[kind])
-    return out
+    return inputs.load(found, KINDS)  # each file checked for what advise reads (analysis/inputs.py)
 
 
 def is_cpu(runs: dict[str, dict]) -> bool:
@@ -74,6 +70,8 @@ def cycle_at(runs: dict, context: int | None) -> tuple[dict, int]:
     """{(config, attention): case} of the cycle result at `context` if it ran there, else at its context nearest to
     it (the lever then moves the attention by mla_verify); returns the context used."""
     cases = _ok(runs["cycle"])
+    if not cases:
+        raise ValueError("the cycle result has no passing case (every check failed): nothing to cost")
     have = sorted({c["params"]["context"] for c in cases})
     ctx = min(have, key=lambda c: abs(c - context)) if context else have[len(have) // 2]
     return {(plan._config(c), c["params"]["attention"]): c for c in cases if c["params"]["context"] == ctx}, ctx
@@ -183,7 +181,10 @@ def levers(runs: dict, found: dict, taus, context: int | None, engine: str) -> l
 
     # draft shape: the best (steps, topk, D) at the given acceptance, same attention as the engine's
     shapes = {k[0]: c for k, c in cases.items() if k[1] == base_att}
-    if taus:
+    if taus and tau is None:
+        missing.append(("draft shape", f"advise --accept-len {config[2]}:TAU,... (an accept length for {config}, the "
+                        "shape every other is ranked against; the ones given match only other shapes)"))
+    elif taus:
         ranked = sorted(((1000 * taus(k) / (c["summary"]["median_us"] / 1e3), k) for k, c in shapes.items()
                          if taus(k) is not None), reverse=True)
         if ranked and ranked[0][1] != config:
@@ -233,14 +234,21 @@ def levers(runs: dict, found: dict, taus, context: int | None, engine: str) -> l
 
     # host gaps: GPU idle inside the cycle, from an engine trace's summary
     if "trace" in found:
-        per = results.read_json(found["trace"]).get("per_cycle_us", {})
-        if "gpu_idle" in per:
+        per = inputs.read(found["trace"]).get("per_cycle_us")
+        if not isinstance(per, dict) or not isinstance(per.get("gpu_idle"), (int, float)):
+            missing.append(("host gaps", f"verifybench trace ENGINE_TRACE --json SUMMARY ({found['trace']} holds no "
+                            "per_cycle_us.gpu_idle)"))
+        else:
             idle = per["gpu_idle"] / 1e3
             out.append(_lever("host gaps: hide the GPU idle", base, base - idle, "projected", [str(found["trace"])],
                               setting("host", engine), tau, decode,
                               "the upper bound: every idle ms inside the traced cycle hidden"))
     else:
         missing.append(("host gaps", "verifybench trace ENGINE_TRACE --json trace-summary.json (then pass it)"))
+    if (config, base_att) != (ENGINE_CONFIG, "extend"):  # the file lacks the engine's cycle: name the one used
+        for lv in out:
+            lv["note"] = f"against the cycle at {config} {base_att} ({f_cycle} holds no {ENGINE_CONFIG} extend " \
+                         f"case); " + lv["note"]
     out.sort(key=lambda r: -(r["saved_ms"] if r["saved_ms"] is not None else -1e9))
     return out + [{"lever": name, "said": why} for name, why in said] + [{"lever": name, "missing": cmd}
                                                                         for name, cmd in missing]
@@ -256,8 +264,12 @@ def answer(runs: dict, found: dict, context: int | None) -> list[str]:
         fit, full = forward_fit(runs) if "verify" in runs else (None, None)
     except ValueError as e:  # too few token counts for a line with a CI (a short CPU run)
         lines.append(f"forward ({found['verify']}): no line: {e}")
-    if fit is not None:
-        n1 = next(c for c in _ok(runs["verify"]) if c["params"]["variant"] == "full" and c["params"]["tokens"] == 1)
+    n1 = next((c for c in _ok(runs["verify"]) if c["params"]["variant"] == "full" and c["params"]["tokens"] == 1),
+              None) if fit is not None else None
+    if fit is not None and n1 is None:
+        lines.append(f"forward ({found['verify']}): T(n) = {fit.a:.3g} + {fit.b:.3g} ms*n; no passing n = 1 case "
+                     "to split the fixed part by")
+    elif fit is not None:
         only_ar = [c for c in _ok(runs["verify"]) if c["params"]["variant"] == "only-allreduce"
                    and c["params"]["tokens"] == 1]
         ar_ms = only_ar[0]["summary"]["median_us"] / 1e3 if only_ar else None
@@ -273,7 +285,9 @@ def answer(runs: dict, found: dict, context: int | None) -> list[str]:
                      "attention, small ops)")
     elif "verify" not in runs:
         lines.append("forward: no verify result (run `verifybench verify`)")
-    if "cycle" in runs:
+    if "cycle" in runs and not _ok(runs["cycle"]):
+        lines.append(f"cycle ({found['cycle']}): no passing case: every check failed, nothing to cost")
+    elif "cycle" in runs:
         cases, ctx = cycle_at(runs, context)
         if context and context != ctx:  # the asked context, or say that the cycle lacks it
             lines.append(f"cycle at context {context}: not measured (the cycle file ran at context {ctx}: the lines "
@@ -358,7 +372,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     acc = p.add_mutually_exclusive_group()
     acc.add_argument("--accept-len", default=None, help="tau per D or steps,topk,D: '3:2.4,6:3.1' (>= 1); gives tok/s")
     acc.add_argument("--accept-rates", default=None, help=plan.RATES_HELP)
-    p.add_argument("--context", type=positive_int, default=None,
+    p.add_argument("--context", type=context_arg, default=None,
                    help="context length to advise at (default the cycle's); between measured contexts the "
                    "attention is interpolated from mla_verify, said so")
     p.add_argument("--engine", choices=("sglang", "vllm"), default="sglang", help="whose settings to print")
@@ -373,10 +387,11 @@ def run(args) -> int:
         found["allreduce_sweep"] = args.nccl_from
     runs = load(found)
     taus = None
-    if args.accept_len:
-        given = plan.parse_keyed(args.accept_len, "--accept-len", 1)
+    if args.accept_len is not None:  # '' is refused by the parser, not read as "not given"
+        given = plan.parse_keyed(args.accept_len, "--accept-len", 1, TOKEN_COUNT_MAX)
         taus = lambda c: given.get(c, given.get(c[2]))  # noqa: E731
-    elif args.accept_rates:
+        inputs.match_shapes(given, runs)
+    elif args.accept_rates is not None:
         rates = plan.parse_rates(args.accept_rates)
         taus = lambda c: plan.tau_from_rates(rates, c)  # noqa: E731
     if taus is not None:

@@ -14,7 +14,7 @@ import argparse
 from tabulate import tabulate
 
 from verifybench.harness.analysis.decompose import break_even
-from verifybench.harness.analysis.numbers import MAX_DRAFT_TOKENS, accept_len, finite_float
+from verifybench.harness.analysis.numbers import MAX_STEP_MS, TOKEN_COUNT_MAX, accept_len, finite_float
 
 DEPLOYMENT = "Kimi-K2.5 on 8x RTX PRO 6000 Blackwell, PCIe, SGLang EAGLE-3"
 ASSUMED_DECODE_MS, ASSUMED_VERIFY_MS = 11.1, 25.6  # the deployment's plain decode, and its verify at 3 draft tokens
@@ -31,13 +31,15 @@ class Assumed(float):
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--accept-len", type=accept_len, required=True,
-                   help=f"tau: mean tokens accepted per verify, bonus included, in 1..{MAX_DRAFT_TOKENS} (1: the "
+                   help=f"tau: mean tokens accepted per verify, bonus included, in 1..{TOKEN_COUNT_MAX} (1: the "
                    "bonus token alone, every draft token rejected)")
-    p.add_argument("--decode-ms", type=finite_float(0, exclusive=True), default=Assumed(ASSUMED_DECODE_MS),
-                   help="one plain decode step (ms)")
-    p.add_argument("--verify-ms", type=finite_float(0), default=Assumed(ASSUMED_VERIFY_MS), help="one verify step (ms)")
-    p.add_argument("--draft-ms", type=finite_float(0), default=Assumed(ASSUMED_DRAFT_MS), help="drafting the tokens (ms)")
-    p.add_argument("--overhead-ms", type=finite_float(0), default=Assumed(ASSUMED_OVERHEAD_MS),
+    p.add_argument("--decode-ms", type=finite_float(0, MAX_STEP_MS, exclusive=True),
+                   default=Assumed(ASSUMED_DECODE_MS), help="one plain decode step (ms)")
+    p.add_argument("--verify-ms", type=finite_float(0, MAX_STEP_MS), default=Assumed(ASSUMED_VERIFY_MS),
+                   help="one verify step (ms)")
+    p.add_argument("--draft-ms", type=finite_float(0, MAX_STEP_MS), default=Assumed(ASSUMED_DRAFT_MS),
+                   help="drafting the tokens (ms)")
+    p.add_argument("--overhead-ms", type=finite_float(0, MAX_STEP_MS), default=Assumed(ASSUMED_OVERHEAD_MS),
                    help="draft re-extend, tree build, sampling, bookkeeping per cycle (ms)")
 
 

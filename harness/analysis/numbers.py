@@ -1,5 +1,6 @@
 """Command-line parsing every command and torchrun job shares: argument types for numbers (written plainly, finite,
-in range, named in the error: Python's int() reads "1_0" as 10) and the parser that refuses in one line, exit 2."""
+in range, named in the error: Python's int() reads "1_0" as 10), one parser per kind of list (tokens, batches,
+contexts), their limits, and the parser that refuses in one line, exit 2."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +10,13 @@ from pathlib import Path
 
 INTEGER = re.compile(r"[+-]?[0-9]+")
 DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|[+-]?(nan|inf|infinity)", re.IGNORECASE)
-MAX_DRAFT_TOKENS = 64  # tokens per verify (--tokens) and so the largest mean accept length
+from verifybench.harness.engine.exits import EXIT_BAD_INPUT
+
+TOKEN_COUNT_MAX = 64  # the largest token count any --tokens takes (tokens per verify), so the largest accept length
+BATCH_MAX = 4096  # requests per batch: past any serving batch, and a range up to it stays small
+MAX_CONTEXT = 1 << 20  # tokens in the KV cache; K2.5's window is 262144
+MAX_STEP_MS = 60_000.0  # a time per step given by hand: past a minute it is a unit slip (and sums of it stay finite)
+MAX_GBPS = 100_000.0  # a copy bandwidth given by hand: 100 TB/s, far past any GPU's memory
 
 
 def read_int(text: str) -> int:
@@ -25,7 +32,6 @@ def read_float(text: str) -> float:
         raise ValueError(f"not a number: {text!r}")
     return float(text)
 
-EXIT_BAD_INPUT = 2
 
 
 class Parser(argparse.ArgumentParser):
@@ -74,38 +80,151 @@ positive_int = int_in(1)
 
 
 def accept_len(text: str) -> float:
-    """An argparse type: tau, the mean tokens accepted per verify with the bonus token, in 1..MAX_DRAFT_TOKENS."""
+    """An argparse type: tau, the mean tokens accepted per verify with the bonus token, in 1..TOKEN_COUNT_MAX."""
     value = finite_float(1)(text)
-    if value > MAX_DRAFT_TOKENS:
-        raise argparse.ArgumentTypeError(f"must be <= {MAX_DRAFT_TOKENS} (tokens per verify), got {text!r}")
+    if value > TOKEN_COUNT_MAX:
+        raise argparse.ArgumentTypeError(f"must be <= {TOKEN_COUNT_MAX} (tokens per verify), got {text!r}")
     return value
 
 
-def token_counts(text: str, high: int = MAX_DRAFT_TOKENS) -> tuple[int, ...]:
-    """'1,2,4,8' or '1-8' (or both: '1-3,8') -> (1, 2, 4, 8): integers in 1..high, none twice; ValueError saying
-    what is allowed otherwise."""
+def count_list(text: str, name: str, high: int, ranges: bool = True, noun: str = "count") -> tuple[int, ...]:
+    """'1,2,4,8' or '1-8' (or both: '1-3,8') -> (1, 2, 4, 8), in the order given: integers written as digits, in
+    1..high, none twice, no empty item; ValueError naming `name` (argparse names it itself: "") otherwise."""
+    lead = f"{name} " if name else ""
+    example = "1,2,4,8 or 1-8" if ranges else "1024,4096"
     out: list[int] = []
     for part in text.split(","):
         m = re.fullmatch(r"\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?", part)
-        if not m:
-            raise ValueError(f"takes positive integers like 1,2,4,8 or 1-8, got {text!r}")
+        if not m or (m[2] and not ranges):
+            raise ValueError(f"{lead}takes positive integers like {example}, got {text!r}"
+                             + (" (an empty item)" if not part.strip() else ""))
         lo, hi = int(m[1]), int(m[2] or m[1])
         if hi < lo:
-            raise ValueError(f"the range {part.strip()!r} runs backwards, got {text!r}")
+            raise ValueError(f"{name + ': ' if name else ''}the range {part.strip()!r} runs backwards, got {text!r}")
+        if lo < 1 or hi > high:
+            raise ValueError(f"{lead}must be in 1..{high}, got {text!r}")
         out += range(lo, hi + 1)
-    if min(out) < 1 or max(out) > high:
-        raise ValueError(f"must be in 1..{high}, got {text!r}")
     if len(set(out)) != len(out):
-        raise ValueError(f"lists a count twice: {text!r}")
+        raise ValueError(f"{lead}lists a {noun} twice, got {text!r}")
     return tuple(out)
 
 
-def tokens_arg(text: str) -> tuple[int, ...]:
-    """An argparse type: token_counts."""
+def token_counts(text: str, high: int = TOKEN_COUNT_MAX, name: str = "--tokens") -> tuple[int, ...]:
+    """Token counts (tokens per verify forward)."""
+    return count_list(text, name, high)
+
+
+def batch_counts(text: str, name: str = "--batches") -> tuple[int, ...]:
+    """Batch sizes (requests per step)."""
+    return count_list(text, name, BATCH_MAX)
+
+
+def context_list(text: str, name: str = "--contexts") -> tuple[int, ...]:
+    """Contexts (tokens in the KV cache), no ranges: '1024,4096'."""
+    return count_list(text, name, MAX_CONTEXT, ranges=False, noun="context")
+
+
+def _arg(read, what: str):
+    """An argparse type from a reader above (argparse names the option in its message)."""
+    def parse(text: str):
+        try:
+            return read(text, name="")
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    parse.__name__ = what
+    return parse
+
+
+tokens_arg = _arg(token_counts, "token counts")
+
+
+def tokens_upto(high: int, one: bool = False):
+    """An argparse type: token counts in 1..high (a command whose buffers hold fewer than TOKEN_COUNT_MAX);
+    `one`: exactly one count, returned as an int."""
+    def parse(text: str):
+        try:
+            counts = token_counts(text, high, name="")
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        if one and len(counts) != 1:
+            raise argparse.ArgumentTypeError(f"takes one token count, got {text!r}")
+        return counts[0] if one else counts
+    parse.__name__ = "token counts"
+    return parse
+
+
+batches_arg = _arg(batch_counts, "batch sizes")
+contexts_arg = _arg(context_list, "contexts")
+context_arg = int_in(1, MAX_CONTEXT)
+
+
+# ---- the draft shapes and acceptance given to plan and advise ----
+
+def parse_configs(text: str) -> list[tuple[int, int, int]]:
+    """"steps,topk,D;..." checked before anything is sized by it: steps >= 1, topk >= 1, 2 <= D, each at most
+    TOKEN_COUNT_MAX (tokens per verify), and D - 1 <= topk + (steps-1)*topk^2 (the draft tree's candidates). The
+    one reader of --configs: plan, cycle and record."""
+    if not text.strip():
+        raise ValueError("--configs: empty; give steps,topk,D;...")
+    out = []
+    for item in (s.strip() for s in text.split(";")):
+        try:
+            steps, topk, d = (read_int(v) for v in item.split(","))
+        except ValueError:
+            raise ValueError(f"--configs: {item!r} is not steps,topk,D (three integers), in {text!r}") from None
+        if steps < 1 or topk < 1 or d < 2:
+            raise ValueError(f"--configs: {item!r} needs steps >= 1, topk >= 1, D >= 2")
+        if max(steps, topk, d) > TOKEN_COUNT_MAX:
+            raise ValueError(f"--configs: {item!r}: steps, topk and D are at most {TOKEN_COUNT_MAX} (tokens per "
+                             "verify)")
+        if d - 1 > topk + (steps - 1) * topk**2:
+            raise ValueError(f"--configs: {item!r}: D - 1 = {d - 1} draft nodes > the tree's "
+                             f"{topk + (steps - 1) * topk**2} candidates (topk + (steps-1)*topk^2)")
+        if (steps, topk, d) in out:
+            raise ValueError(f"--configs: {item!r} given twice")
+        out.append((steps, topk, d))
+    return out
+
+
+def _number(text: str, name: str, low: float, high: float | None = None) -> float:
     try:
-        return token_counts(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+        return finite_float(low, high)(text)
+    except argparse.ArgumentTypeError as e:
+        raise ValueError(f"{name}: {e}") from None
+
+
+def parse_keyed(text: str, name: str, low: float, high: float | None = None) -> dict:
+    """"key:value,key:value" with key D (an int) or "steps,topk,D" (then items may be split by ';' too) -> {key:
+    value}; values finite and >= low."""
+    out, key_parts = {}, []
+    for token in (t.strip() for t in re.split(r"[;,]", text)):
+        if ":" not in token:
+            key_parts.append(token)
+            continue
+        head, value = token.split(":", 1)
+        key_parts.append(head)
+        try:
+            ints = tuple(read_int(k) for k in key_parts)
+        except ValueError:
+            raise ValueError(f"{name}: key {','.join(key_parts)!r} is not D or steps,topk,D") from None
+        if len(ints) not in (1, 3) or min(ints) < 1:
+            raise ValueError(f"{name}: key {','.join(key_parts)!r} is not D or steps,topk,D (positive integers)")
+        key = ints[0] if len(ints) == 1 else ints
+        if key in out:
+            raise ValueError(f"{name}: {key} given twice")
+        out[key] = _number(value, name, low, high)
+        key_parts = []
+    if key_parts or not out:
+        raise ValueError(f"{name}: {text!r} is not key:value,... (e.g. 3:25.6,6:28.7)")
+    return out
+
+
+RATES_HELP = ("per-depth acceptance p1,p2,... each in [0, 1]: one rate for every depth, or as many rates as the "
+              "deepest shape reaches, min(steps, D-1) (e.g. 5 for (5,1,6))")
+
+
+def parse_rates(text: str) -> list[float]:
+    return [_number(t.strip(), "--accept-rates", 0, 1) for t in text.split(",")]
 
 
 def out_path(text: str) -> Path:

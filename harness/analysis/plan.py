@@ -31,7 +31,6 @@ Results from a CPU smoke run are refused: conclusions from CPU numbers are withh
 from __future__ import annotations
 
 import argparse
-import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -39,7 +38,8 @@ import numpy as np
 from tabulate import tabulate
 
 from verifybench.harness.analysis.breakeven import ASSUMED_DRAFT_STEP_MS, ASSUMED_OTHER_MS, ASSUMED_REEXTEND_MS
-from verifybench.harness.analysis.numbers import finite_float, out_path
+from verifybench.harness.analysis.numbers import (MAX_STEP_MS, TOKEN_COUNT_MAX, context_arg, finite_float, out_path,
+                                                  parse_configs, parse_keyed, parse_rates, RATES_HELP)  # noqa: F401  (plan.*)
 from verifybench.harness.engine import results
 from verifybench.harness.engine import result_files
 from verifybench.harness.engine.results import COUNT, FINITE_TABLE, POSITIVE, TEXT, Need
@@ -58,69 +58,6 @@ class Cost:
     overhead_ms: float  # re-extend + other
     cycle_ms: float
     verify_from: str
-
-
-def parse_configs(text: str) -> list[tuple[int, int, int]]:
-    """"steps,topk,D;..." checked: steps >= 1, topk >= 1, D >= 2, and D - 1 <= topk + (steps-1)*topk^2 (the draft
-    tree's candidates)."""
-    out = []
-    for item in filter(None, (s.strip() for s in text.split(";"))):
-        try:
-            steps, topk, d = (int(v) for v in item.split(","))
-        except ValueError:
-            raise ValueError(f"--configs: {item!r} is not steps,topk,D (three integers)") from None
-        if steps < 1 or topk < 1 or d < 2:
-            raise ValueError(f"--configs: {item!r} needs steps >= 1, topk >= 1, D >= 2")
-        if d - 1 > topk + (steps - 1) * topk**2:
-            raise ValueError(f"--configs: {item!r}: D - 1 = {d - 1} draft nodes > the tree's "
-                             f"{topk + (steps - 1) * topk**2} candidates (topk + (steps-1)*topk^2)")
-        if (steps, topk, d) in out:
-            raise ValueError(f"--configs: {item!r} given twice")
-        out.append((steps, topk, d))
-    if not out:
-        raise ValueError("--configs: empty; give steps,topk,D;...")
-    return out
-
-
-def _number(text: str, name: str, low: float, high: float | None = None) -> float:
-    try:
-        return finite_float(low, high)(text)
-    except argparse.ArgumentTypeError as e:
-        raise ValueError(f"{name}: {e}") from None
-
-
-def parse_keyed(text: str, name: str, low: float) -> dict:
-    """"key:value,key:value" with key D (an int) or "steps,topk,D" (then items may be split by ';' too) -> {key:
-    value}; values finite and >= low."""
-    out, key_parts = {}, []
-    for token in (t.strip() for t in re.split(r"[;,]", text)):
-        if ":" not in token:
-            key_parts.append(token)
-            continue
-        head, value = token.split(":", 1)
-        key_parts.append(head)
-        try:
-            ints = tuple(int(k) for k in key_parts)
-        except ValueError:
-            raise ValueError(f"{name}: key {','.join(key_parts)!r} is not D or steps,topk,D") from None
-        if len(ints) not in (1, 3) or min(ints) < 1:
-            raise ValueError(f"{name}: key {','.join(key_parts)!r} is not D or steps,topk,D (positive integers)")
-        key = ints[0] if len(ints) == 1 else ints
-        if key in out:
-            raise ValueError(f"{name}: {key} given twice")
-        out[key] = _number(value, name, low)
-        key_parts = []
-    if key_parts or not out:
-        raise ValueError(f"{name}: {text!r} is not key:value,... (e.g. 3:25.6,6:28.7)")
-    return out
-
-
-RATES_HELP = ("per-depth acceptance p1,p2,... each in [0, 1]: one rate for every depth, or as many rates as the "
-              "deepest shape reaches, min(steps, D-1) (e.g. 5 for (5,1,6))")
-
-
-def parse_rates(text: str) -> list[float]:
-    return [_number(t.strip(), "--accept-rates", 0, 1) for t in text.split(",")]
 
 
 def max_accept_len(config: tuple[int, int, int]) -> int:
@@ -160,9 +97,20 @@ def _passing(run: dict) -> list[dict]:
     return [c for c in run["cases"] if c["check"]["ok"]]
 
 
-def cycle_cases(run: dict, attention: str = "all") -> list[dict]:
-    """A cycle result's passing cases of one attention variant ("all", the default: every one)."""
+def cycle_cases(run: dict, attention: str = "all", context: int | None = None) -> list[dict]:
+    """A cycle result's passing cases of one attention variant ("all", the default: every one), at `context` (None:
+    the one context the file holds; `cycle --contexts` files hold several: --context picks one)."""
     cases = _passing(run)
+    if not cases:
+        raise ValueError("the cycle result has no passing case (every check failed or it holds none): nothing to plan")
+    contexts = sorted({c["params"]["context"] for c in cases})
+    if context is not None:
+        if context not in contexts:
+            raise ValueError(f"--context {context}: the cycle result holds contexts {contexts}")
+        cases = [c for c in cases if c["params"]["context"] == context]
+    elif len(contexts) > 1:
+        raise ValueError(f"the cycle result holds contexts {contexts} (cycle --contexts): pick one with --context N, "
+                         f"e.g. --context {contexts[len(contexts) // 2]}")
     if attention != "all":
         have = sorted({c["params"].get("attention") for c in cases})
         cases = [c for c in cases if c["params"].get("attention") == attention]
@@ -195,26 +143,26 @@ def _table_ms(case: dict) -> dict[str, float]:
     return out
 
 
-def cycle_costs(run: dict, attention: str = "all") -> tuple[dict, float]:
+def cycle_costs(run: dict, attention: str = "all", context: int | None = None) -> tuple[dict, float]:
     """({(config, attention): Cost}, T_decode ms) from a cycle result: the measured cycle (median) and its phases,
     other floored at 0 (see clipped_other); T_decode the median of every passing case's plain decode, whatever
     `attention` picks, so one file gives one T_decode."""
     costs = {}
-    for c in cycle_cases(run, attention):
+    for c in cycle_cases(run, attention, context):
         t = _table_ms(c)
         key = (_config(c), c["params"]["attention"])
         if key in costs:
             raise ValueError(f"cycle result holds {key} twice")
         costs[key] = Cost(_config(c), t["draft"], t["verify"], t["reextend"] + max(0.0, t["other"]),
                           c["summary"]["median_us"] / 1e3, "measured")
-    return costs, float(np.median([c["derived"]["decode_ms"] for c in cycle_cases(run, "all")]))
+    return costs, float(np.median([c["derived"]["decode_ms"] for c in cycle_cases(run, "all", context)]))
 
 
-def clipped_other(run: dict, attention: str = "all") -> list[str]:
+def clipped_other(run: dict, attention: str = "all", context: int | None = None) -> list[str]:
     """The cases whose phases sum past the measured cycle (other < 0: the phase pass and the whole-cycle pass
     disagree by that much), as "label other_ms"."""
     return [f"({','.join(map(str, _config(c)))}) {c['params']['attention']} {_table_ms(c)['other']:+.2f} ms"
-            for c in cycle_cases(run, attention) if _table_ms(c)["other"] < 0]
+            for c in cycle_cases(run, attention, context) if _table_ms(c)["other"] < 0]
 
 
 def newest_cycle(directory: Path) -> Path | None:
@@ -317,15 +265,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention", default="all",
                    help="cycle result: the attention variant to plan (extend, split_kv, or all; default all: every "
                    "variant the file holds, ranked together)")
-    p.add_argument("--decode-ms", type=finite_float(0, exclusive=True), default=None,
+    p.add_argument("--context", type=context_arg, default=None,
+                   help="cycle result of `cycle --contexts`: the context to plan at (one of those it holds)")
+    p.add_argument("--decode-ms", type=finite_float(0, MAX_STEP_MS, exclusive=True), default=None,
                    help="one plain decode step (ms); overrides a result file's")
     p.add_argument("--verify-ms", default=None, help="verify time per D: 'D:ms,...' (ms > 0)")
-    p.add_argument("--draft-ms", type=finite_float(0), default=None, help="drafting, per cycle whatever the steps (ms)")
-    p.add_argument("--draft-step-ms", type=finite_float(0), default=None,
+    p.add_argument("--draft-ms", type=finite_float(0, MAX_STEP_MS), default=None,
+                   help="drafting, per cycle whatever the steps (ms)")
+    p.add_argument("--draft-step-ms", type=finite_float(0, MAX_STEP_MS), default=None,
                    help=f"drafting, per draft step (ms; default {ASSUMED_DRAFT_STEP_MS} ASSUMED)")
-    p.add_argument("--reextend-ms", type=finite_float(0), default=None,
+    p.add_argument("--reextend-ms", type=finite_float(0, MAX_STEP_MS), default=None,
                    help=f"draft re-extend per cycle (ms; default {ASSUMED_REEXTEND_MS} ASSUMED)")
-    p.add_argument("--other-ms", type=finite_float(0), default=None,
+    p.add_argument("--other-ms", type=finite_float(0, MAX_STEP_MS), default=None,
                    help=f"tree build, sync, bookkeeping per cycle (ms; default {ASSUMED_OTHER_MS} ASSUMED)")
     p.add_argument("--json", type=out_path, default=None, metavar="OUT",
                    help="also write the rows as JSON (a new file: never over the input or an existing file)")
@@ -349,8 +300,8 @@ def _costs(args, configs) -> tuple[dict, float, list[str], str | None]:
         if extra:
             raise ValueError(f"{' '.join(extra)}: the cycle result's measured phases are used; cost flags go with a "
                              "verify result or numbers")
-        costs, decode = cycle_costs(run, args.attention)
-        held = sorted({c["params"].get("attention") for c in cycle_cases(run, "all")})
+        costs, decode = cycle_costs(run, args.attention, args.context)
+        held = sorted({c["params"].get("attention") for c in cycle_cases(run, "all", args.context)})
         if configs is not None:
             missing = [c for c in configs if not any(k[0] == c for k in costs)]
             if missing:
@@ -364,18 +315,21 @@ def _costs(args, configs) -> tuple[dict, float, list[str], str | None]:
                                                                  "(--attention all ranks them together)" if others else ""))
         else:
             notes.append(f"attention: every variant in the file ranked ({', '.join(held)})")
-        clipped = clipped_other(run, args.attention)
+        clipped = clipped_other(run, args.attention, args.context)
         if clipped:
             notes.append("other shown as 0 where the phases sum past the measured cycle (the two timing passes "
                          f"disagree): {'; '.join(clipped)}")
     else:
+        if args.context is not None:
+            raise ValueError("--context picks one context of a cycle result (cycle --contexts); this source has one")
         if run is not None and run["component"] != "verify":
             raise ValueError(f"{args.result}: a cycle or verify result is needed, got {run['component']!r}")
         if run is not None and args.verify_ms:
             raise ValueError("--verify-ms: the verify result's forward is used; give one or the other")
         if run is None and (args.verify_ms is None or args.decode_ms is None):
             raise ValueError("without a result file give --decode-ms and --verify-ms 'D:ms,...'")
-        points, decode = verify_points(run) if run else (parse_keyed(args.verify_ms, "--verify-ms", 0), None)
+        points, decode = verify_points(run) if run else (parse_keyed(args.verify_ms, "--verify-ms", 0, MAX_STEP_MS),
+                                                         None)
         if any(v <= 0 for v in points.values()):
             raise ValueError(f"--verify-ms: times must be > 0 ms, got {args.verify_ms!r}")
         if any(not isinstance(k, int) for k in points):
@@ -411,7 +365,7 @@ def run(args) -> int:
         notes.append(f"tau from per-depth rates {rates}" + (" (trees: applied to the best path, an APPROXIMATION)"
                                                             if any(k[0][1] > 1 for k in costs) else ""))
     else:
-        taus = parse_keyed(args.accept_len, "--accept-len", 1)
+        taus = parse_keyed(args.accept_len, "--accept-len", 1, TOKEN_COUNT_MAX)
         known = {k[0] for k in costs if k[0] in taus or k[0][2] in taus}
         if configs is not None and known != {k[0] for k in costs}:
             raise ValueError(f"--accept-len: no accept length for {sorted({k[0] for k in costs} - known)}")

@@ -20,7 +20,8 @@ from pathlib import Path
 from tabulate import tabulate
 
 from verifybench.harness.analysis.decompose import Gpu, project
-from verifybench.harness.analysis.numbers import finite_float
+from verifybench.harness.analysis.numbers import MAX_GBPS, finite_float
+from verifybench.harness.model.build import MAX_ALLREDUCE_US
 from verifybench.harness.engine import results
 from verifybench.harness.engine import result_files
 from verifybench.harness.engine.fingerprint import gpu_model
@@ -60,10 +61,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", choices=sorted(TARGETS), default=None,
                    help="a named GPU (its figures are stated assumptions; --copy-gbps/--allreduce-us override them)")
     p.add_argument("--name", default=None, help="what to call the other GPU")
-    p.add_argument("--copy-gbps", type=finite_float(0, exclusive=True), default=None,
+    p.add_argument("--copy-gbps", type=finite_float(0, MAX_GBPS, exclusive=True), default=None,
                    help="its device-to-device copy bandwidth in GB/s, bytes read + written counted, as ours "
                         "(not the datasheet's read bandwidth)")
-    p.add_argument("--allreduce-us", type=finite_float(0), default=None,
+    p.add_argument("--allreduce-us", type=finite_float(0, MAX_ALLREDUCE_US), default=None,
                    help="its allreduce latency per call at verify sizes (us)")
 
 

@@ -17,7 +17,7 @@ import textwrap
 from collections import defaultdict
 from pathlib import Path
 
-from verifybench.harness.analysis.numbers import out_path, positive_int
+from verifybench.harness.analysis.numbers import TOKEN_COUNT_MAX, out_path, positive_int, tokens_upto
 from verifybench.harness.analysis.trace_against import against_table, load_against
 from verifybench.harness.analysis.trace_cycles import Cycle, find_cycles
 from verifybench.harness.analysis.trace_graphs import add_launch, add_rank_launch, launch_lines
@@ -25,7 +25,7 @@ from verifybench.harness.analysis.trace_read import GpuOp, Trace, TraceError, re
 from verifybench.harness.analysis.trace_rules import ACCOUNTS, Classifier, RulesError, check_rules, load_rules
 
 SCHEMA, SCHEMA_VERSION = "verifybench.trace", 1
-EXIT_OK, EXIT_BAD_INPUT = 0, 2
+from verifybench.harness.engine.exits import EXIT_BAD_INPUT, EXIT_OK  # noqa: E402
 # host calls that wait for the GPU: the cycle's device-to-host syncs
 SYNC_CALL = re.compile(r"Synchronize|^cudaMemcpy(2D)?$|^cuMemcpy(DtoH|HtoD)?(_v2)?$")
 OTHER_SHOWN = 10
@@ -338,7 +338,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--against", metavar="RESULT", nargs="+", help="a suite verify result file, a results folder (its "
                    "latest verify result) or several files (the latest): engine time per part beside the suite's "
                    "isolated time for it")
-    p.add_argument("--tokens", metavar="N", type=positive_int, help="tokens per verify in the engine: the suite's "
+    p.add_argument("--tokens", metavar="N", type=tokens_upto(TOKEN_COUNT_MAX, one=True), help="tokens per verify in the engine: the suite's "
                    "n to compare with (default: the largest n in RESULT)")
     p.add_argument("--layers", metavar="N", type=positive_int, help="layers in the engine's forward, when they "
                    "differ from RESULT's: the suite is scaled per layer to N (default: refused when the trace's "

@@ -86,8 +86,10 @@ def _layers(part: dict, run_layers: int | None, layers: int | None, where: str) 
         return layers / run_layers, (f"suite scaled per layer from {run_layers} to {layers} layers (--layers; "
                                      f"x{layers / run_layers:.3g} on every part but the lm_head): an estimate")
     if guess is None:
-        return 1.0, (f"suite {run_layers} layers; the trace's layers are unknown (no allreduce kernels): pass "
-                     "--layers N if the engine ran another number")
+        seen = (f"{calls:g} allreduce kernel{'' if calls == 1 else 's'} per cycle, fewer than a layer's "
+                f"{ALLREDUCES_PER_LAYER}") if calls > 0 else "no allreduce kernels"
+        return 1.0, (f"suite {run_layers} layers; the trace's layers are unknown ({seen}): pass --layers N if the "
+                     "engine ran another number")
     if max(guess, run_layers) / min(guess, run_layers) > LAYERS_SLACK:
         raise TraceError(f"{where}: the suite ran {run_layers} layers, the trace about {guess} ({calls:.0f} "
                          f"allreduce kernels per cycle, {ALLREDUCES_PER_LAYER} per layer): pass --layers N (the "

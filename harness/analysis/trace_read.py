@@ -151,6 +151,9 @@ def _exact(x) -> bool:
     return (isinstance(x, int) and not isinstance(x, bool)) or (isinstance(x, Decimal) and x.is_finite())
 
 
+MAX_DURATION_US = 24 * 3.6e9  # one event longer than a day is a damaged trace, not a slow kernel
+
+
 def _duration_fault(e: dict) -> str | None:
     """Why an event's duration cannot be used, or None: it must be there, finite and not negative."""
     if "dur" not in e:
@@ -160,6 +163,8 @@ def _duration_fault(e: dict) -> str | None:
         return f"duration {e['dur']!r}"
     if not math.isfinite(dur) or dur < 0:
         return f"duration {dur}"
+    if dur > MAX_DURATION_US:  # summed, 1e300 would swamp every figure of its cycle without a word
+        return f"duration {dur:g} us, longer than any profiled run ({MAX_DURATION_US / 3.6e9:g} h)"
     return None
 
 
@@ -214,8 +219,8 @@ def read_trace(path: Path | str) -> Trace:
             gpu_ranges.append(host)
     # one rule for a damaged trace: refuse it whole (a part dropped would make every figure of its cycle wrong)
     if bad:
-        raise TraceError(f"{path}: {len(bad)} event(s) with a missing, negative or non-finite time, e.g. {bad[0]}; "
-                         "a damaged trace: record it again")
+        raise TraceError(f"{path}: {len(bad)} event(s) with a missing, negative, non-finite or absurd time, e.g. "
+                         f"{bad[0]}; a damaged trace: record it again")
     if twice:
         raise TraceError(f"{path}: {len(twice)} GPU event(s) present twice (same name, start, duration and "
                          f"stream; first: event {twice[0]}): a trace merged with itself? pass the profiler's file")

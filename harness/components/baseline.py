@@ -80,6 +80,9 @@ def exhibit_table(case_records: list[dict]) -> list[dict]:
     return rows
 
 
+TAKES_TOKENS = False  # fixed shapes: `baseline --tokens` would be accepted and ignored
+
+
 def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = None) -> list[CaseSpec]:
     """Shapes do not depend on the preset: the ceiling is the GPU's (a large copy, and on a GPU a copy that fits
     its L2, hot and cold), the exhibit uses Kimi-K2.5 sizes."""

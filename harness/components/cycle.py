@@ -5,11 +5,14 @@ Run: verifybench cycle [--configs "2,1,3;3,1,4;5,1,6;5,4,8"] [--attention extend
 """
 from __future__ import annotations
 
+import argparse
 import statistics
 from pathlib import Path
 
 import torch
 
+from verifybench.harness.analysis.numbers import context_list, contexts_arg
+from verifybench.harness.analysis.plan import parse_configs as read_configs
 from verifybench.harness.components.mla_verify import variant_config
 from verifybench.harness.engine import memory
 from verifybench.harness.engine.results import cpu_numbers, withhold_on_cpu
@@ -17,9 +20,9 @@ from verifybench.harness.engine.runner import CaseSkipped, CaseSpec
 from verifybench.harness.engine.timing import cuda_available, measure
 from verifybench.harness.model import presets
 from verifybench.harness.model.build import CONTEXT, allreduce_stand_in_us, build_forward, device_wait, release_forwards
-from verifybench.harness.model.cycle import ATTENTION, ENGINE_PHASES, PHASES, Cycle, SpecConfig, parse_configs
+from verifybench.harness.model.cycle import ATTENTION, ENGINE_PHASES, PHASES, Cycle, SpecConfig
 from verifybench.harness.model.draft import draft_shape, weight_bytes
-from verifybench.harness.model.forward import allocated_bytes
+from verifybench.harness.model.forward import FORWARD_MAX_TOKENS, allocated_bytes
 
 NAME = "cycle"
 HELP = "the whole EAGLE-3 cycle (draft, tree, verify with the tree mask, sync, bookkeeping, re-extend) per phase"
@@ -28,32 +31,44 @@ CPU_CONFIGS = "2,1,3;2,2,3"
 CASE_MAX_TIME_S = 1.5
 PART_MAX_TIME_S = 0.4  # each forward measured beside the cycle
 ROOT_TOKEN = 7  # the checks' last verified token
-MAX_DRAFT_TOKENS = 8  # the target forward's buffers
 # The phases and the whole cycle are timed in separate passes; past this they disagree (a disturbed pass), and
 # "other" (the cycle minus the phases) would show that disagreement as a time, negative or inflated.
 PHASES_AGREE = 0.03
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--configs", default=None, help="(steps,topk,draft_tokens) triples separated by ';' (default "
+    p.add_argument("--configs", type=nonempty("configurations"), default=None,
+                   help="(steps,topk,draft_tokens) triples separated by ';' (default "
                    f"{GPU_CONFIGS} on a GPU, {CPU_CONFIGS} on CPU); draft tokens include the root, at most "
-                   f"{MAX_DRAFT_TOKENS}")
-    p.add_argument("--attention", default=None, help="verify attention variants, comma-separated: extend (the "
+                   f"{FORWARD_MAX_TOKENS}")
+    p.add_argument("--attention", type=nonempty("attention variants"), default=None,
+                   help="verify attention variants, comma-separated: extend (the "
                    "engine's serial prefill kernel), split_kv (ours) (default both on a GPU; CPU: the torch reference)")
-    p.add_argument("--contexts", default=None, help="several contexts, comma-separated (e.g. 1024,4096,16384): the "
-                   "cycle's phases per context and a chart of cycle ms against context (cycle_contexts-<UTC time>.png "
-                   "in the results folder; on a GPU only, said so on CPU); replaces --context")
+    p.add_argument("--contexts", type=contexts_arg, default=None,
+                   help="several contexts, comma-separated (e.g. 1024,4096,16384): the cycle's phases per context and "
+                   "a chart of cycle ms against context (cycle_contexts-<UTC time>.png in the results folder; on a GPU "
+                   "only, said so on CPU); replaces --context")
 
 
-def parse_contexts(text: str) -> list[int]:
-    """"1024,4096" -> [1024, 4096]: distinct integers >= 1, in the order given."""
-    try:
-        out = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise ValueError(f"--contexts: {text!r} is not integers separated by ',' (e.g. 1024,4096,16384)") from None
-    if not out or min(out) < 1 or len(set(out)) != len(out):
-        raise ValueError(f"--contexts: {text!r}: give distinct contexts >= 1, e.g. 1024,4096,16384")
-    return out
+def parse_contexts(text) -> list[int]:
+    """"1024,4096" -> [1024, 4096]: distinct contexts in 1..MAX_CONTEXT, in the order given (numbers.context_list);
+    a tuple from the argparse type passes through."""
+    return list(text) if isinstance(text, (tuple, list)) else list(context_list(text))
+
+
+def parse_configs(text: str) -> list[SpecConfig]:
+    """plan's reader of --configs (the one), each triple then checked as a cycle (SpecConfig)."""
+    return [SpecConfig(*t) for t in read_configs(text)]
+
+
+def nonempty(name: str):
+    """An argparse type: the text as given, refused when empty (an empty list would run the defaults unasked)."""
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError("an empty list; leave the option out for the defaults")
+        return text
+    parse.__name__ = name
+    return parse
 
 
 def _plan(preset: str, tp: int, context: int, cfgs: list[SpecConfig]) -> memory.Plan:
@@ -61,7 +76,7 @@ def _plan(preset: str, tp: int, context: int, cfgs: list[SpecConfig]) -> memory.
     rows = max(max(c.topk, c.steps + 1) for c in cfgs)
     extra = weight_bytes(draft_shape(full), context, rows)
     device = "cuda" if cuda_available() else "cpu"
-    return memory.plan(lambda n: allocated_bytes(presets.get(preset, tp, n), context, MAX_DRAFT_TOKENS) + extra,
+    return memory.plan(lambda n: allocated_bytes(presets.get(preset, tp, n), context, FORWARD_MAX_TOKENS) + extra,
                        full.layers, full.dense_layers + 1, f"the {preset} TP{tp} target forward and draft model at "
                        f"context {context}", "layers", device)
 
@@ -71,16 +86,20 @@ def cases(preset: str, tp: int, context: int = CONTEXT, tokens: tuple[int, ...] 
     """One case per (context, configuration, attention variant); `tokens` keeps the configurations with those
     draft-token counts; `contexts` ("1024,4096") replaces the one context."""
     gpu = cuda_available()
-    cfgs = parse_configs(configs or (GPU_CONFIGS if gpu else CPU_CONFIGS))
+    for name, text in (("--configs", configs), ("--attention", attention), ("--contexts", contexts)):
+        if isinstance(text, str) and not text.strip():
+            raise ValueError(f"{name}: an empty list; leave the option out for the defaults")
+    cfgs = parse_configs(configs if configs is not None else (GPU_CONFIGS if gpu else CPU_CONFIGS))
     if tokens:
         cfgs = [c for c in cfgs if c.draft_tokens in tokens]
         if not cfgs:
             raise ValueError(f"--tokens {','.join(map(str, tokens))}: no cycle configuration has that many draft "
                              "tokens (see --configs)")
-    too_many = [c.label for c in cfgs if c.draft_tokens > MAX_DRAFT_TOKENS]
+    too_many = [c.label for c in cfgs if c.draft_tokens > FORWARD_MAX_TOKENS]
     if too_many:
-        raise ValueError(f"--configs: at most {MAX_DRAFT_TOKENS} draft tokens, got {', '.join(too_many)}")
-    variants = [v.strip() for v in attention.split(",")] if attention else (list(ATTENTION) if gpu else ["split_kv"])
+        raise ValueError(f"--configs: at most {FORWARD_MAX_TOKENS} draft tokens, got {', '.join(too_many)}")
+    variants = ([v.strip() for v in attention.split(",")] if attention is not None
+                else list(ATTENTION) if gpu else ["split_kv"])
     bad = [v for v in variants if v not in ATTENTION]
     if bad or len(set(variants)) != len(variants):
         raise ValueError(f"--attention takes distinct names of {', '.join(ATTENTION)}, got {attention!r}")

@@ -11,6 +11,7 @@ import torch
 
 from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.model import presets
+from verifybench.harness.model.forward import FORWARD_MAX_TOKENS
 from verifybench.harness.analysis.fit import LinearFit, linear_fit
 from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers, mode_label, withhold_on_cpu
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
@@ -23,7 +24,7 @@ HELP = "CUDA-graph replay: fixed + per-node cost, host replay(), eager vs graph,
 NODE_COUNTS_CUDA = tuple(2**i for i in range(13))  # 1 .. 4096
 NODE_COUNTS_CPU = (1, 4, 16, 64, 256)
 EAGER_COUNTS = (1, 16, 256)
-TOKENS = tuple(range(1, 9))
+TOKENS = tuple(range(1, FORWARD_MAX_TOKENS + 1))
 STRAIGHT_MAX_TIME_S = 0.5  # 13 points in well under the 10 s the issue allows
 
 

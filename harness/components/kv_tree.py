@@ -14,7 +14,7 @@ import torch
 from verifybench.harness.engine import ceiling
 from verifybench.harness.engine.results import cpu_numbers, mode_label, withhold_on_cpu
 from verifybench.harness.model import presets
-from verifybench.harness.engine.runner import CaseSpec
+from verifybench.harness.engine.runner import CaseSkipped, CaseSpec
 from verifybench.harness.engine.timing import Measurement, cuda_available
 from verifybench.kernels import tree
 from verifybench.kernels.tree_inputs import children, random_draft, random_target_predict, random_tree
@@ -50,7 +50,7 @@ def _backends(gpu: bool, batch: int, variant: str) -> tuple[str, ...]:
     if gpu:
         return ("kernel", "reference")
     small = batch == 1 and not variant.endswith(f"ctx{CONTEXTS[-1]}")
-    return ("kernel", "reference") if small and os.environ.get("TRITON_INTERPRET") == "1" else ("reference",)
+    return ("kernel", "reference") if small else ("reference",)  # without the interpreter: skipped, said so
 
 
 def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = None) -> list[CaseSpec]:
@@ -73,9 +73,18 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
                         name = "/".join(x for x in ("tree", step, backend, params["tree"], f"B{batch}",
                                                     variant or (f"V{vocab}" if step == "argmax" else "")) if x)
                         out.append(CaseSpec(name=name, params=params, mode="graph" if graph else "hot",
-                                            setup=lambda p=params: _SETUPS[p["step"]](p),
+                                            setup=lambda p=params: _setup(p),
                                             measure_kw={"device": device, **(KERNEL_KW if graph else REFERENCE_KW)}))
     return out
+
+
+def _setup(p):
+    """The step's setup; a kernel case on CPU with the interpreter off (TRITON_INTERPRET=0 exported) is skipped, so
+    the run's count of skipped cases says what its note says: the kernels did not run."""
+    if p["backend"] == "kernel" and p["device"] == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise CaseSkipped(f"Triton kernels not run: TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r} turns "
+                          "the interpreter off")
+    return _SETUPS[p["step"]](p)
 
 
 def _agree(run, invariant, backend: str) -> tuple[bool, str]:

@@ -1,3 +1,4 @@
+# Over 400 lines: the verify component's cases, checks, tables and charts read as one (issue 43 moves write_png out).
 """Synthetic verify forward of one TP rank at n = 1..8 tokens (CPU: 1..3; --tokens sets them), whole and per
 component (isolated: only that component; marginal: the forward without it), each captured as one CUDA graph per n.
 
@@ -20,7 +21,7 @@ from verifybench.kernels import config_tables, pdl
 from verifybench.kernels.moe_int4 import reference_moe_w4a16
 from verifybench.harness.model.build import (CONTEXT, allreduce_stand_in_us, as_checkpoint, build_forward,
                                              release_forwards)
-from verifybench.harness.model.forward import COMPONENTS, TORCH_OPS, VerifyForward, allocated_bytes
+from verifybench.harness.model.forward import COMPONENTS, FORWARD_MAX_TOKENS, TORCH_OPS, VerifyForward, allocated_bytes
 
 NAME = "verify"
 HELP = "synthetic one-rank verify forward per token count n and its decomposition"  # n: what ran, said beside it
@@ -52,8 +53,6 @@ def fused_vs_torch(fwd: VerifyForward, n: int) -> float:
 # report's break-even where no cycle result measured them; labelled as assumptions there
 
 
-MAX_TOKENS = 8  # the forward's buffers hold n = 1..MAX_TOKENS
-
 
 def plan_layers(preset: str, tp: int, layers: int | None, context: int) -> memory.Plan:
     """How many layers of the forward fit the free memory (engine/memory.py's rule; the forward's bytes from
@@ -62,7 +61,7 @@ def plan_layers(preset: str, tp: int, layers: int | None, context: int) -> memor
     wanted = layers or full.layers
     least = min(wanted, max(full.dense_layers + 1, CHECK_LAYERS))
     device = "cuda" if cuda_available() else "cpu"
-    return memory.plan(lambda n_layers: allocated_bytes(presets.get(preset, tp, n_layers), context, MAX_TOKENS),
+    return memory.plan(lambda n_layers: allocated_bytes(presets.get(preset, tp, n_layers), context, FORWARD_MAX_TOKENS),
                        wanted, least, f"the {preset} TP{tp} verify forward at context {context}", "layers", device)
 
 
@@ -136,8 +135,8 @@ def _case(preset, tp, layers, context, n, variant: str, comps: frozenset, plan: 
                          copy_source=ceiling.copy_source(fwd.device),
                          roofline_us=by["total"] / (copy * 1e3), eta=ceiling.eta(by["total"], m.median_us, copy))
                 if len(fwd.layers) < total:  # fewer layers for memory: the whole forward estimated by its bytes
-                    whole = allocated_bytes(presets.get(preset, tp, total), context, MAX_TOKENS)
-                    d["all_layers_scale"] = whole / allocated_bytes(fwd.s, context, MAX_TOKENS)
+                    whole = allocated_bytes(presets.get(preset, tp, total), context, FORWARD_MAX_TOKENS)
+                    d["all_layers_scale"] = whole / allocated_bytes(fwd.s, context, FORWARD_MAX_TOKENS)
             return d
 
         return run, check, derive
@@ -154,8 +153,8 @@ def cases(preset: str, tp: int, context: int = CONTEXT, tokens: tuple[int, ...] 
     allocates nothing; the components before have released theirs): fewer layers when short, every case skipped
     with the bytes needed and free when not even the least fits."""
     ns = tokens or (TOKENS if cuda_available() else TOKENS_CPU)
-    if max(ns) > MAX_TOKENS:
-        raise ValueError(f"--tokens: the verify forward runs n = 1..{MAX_TOKENS}, got {max(ns)}")
+    if max(ns) > FORWARD_MAX_TOKENS:
+        raise ValueError(f"--tokens: the verify forward runs n = 1..{FORWARD_MAX_TOKENS}, got {max(ns)}")
     plan = plan_layers(preset, tp, layers, context)
     out = []
     gpu = cuda_available()

@@ -1,3 +1,4 @@
+# Over 400 lines: the verdict rules, the fingerprint diff and the command share one noise model.
 """Noise-aware comparison of two runs: per-case verdict SAME / FAST / SLOW / AMBG, and the fingerprint diff.
 
 Reads the suite's result files and pytest-benchmark JSON (with or without raw data). Per case: a Mann-Whitney U test
@@ -24,7 +25,7 @@ from verifybench.harness.engine import result_files
 from verifybench.harness.engine.modes import HOST_TIMED_MODES, host_timed
 from verifybench.harness.engine.stats import Summary, summarize
 
-EXIT_OK, EXIT_SLOW, EXIT_BAD_INPUT = 0, 1, 2
+from verifybench.harness.engine.exits import EXIT_BAD_INPUT, EXIT_OK, EXIT_FAILED as EXIT_SLOW  # noqa: E402
 # fields that change between any two runs of the same machine: never a reason to distrust a comparison
 VOLATILE = ("created_utc", ".now.")
 MIN_SAMPLES_FOR_TEST = 5
@@ -130,7 +131,9 @@ def _from_suite(path: Path, data: dict) -> RunData:
                                     bool(c.get("throttled")), _probe(c.get("host_probe_us")),
                                     host_timed(c["mode"], c.get("device", "cuda")), c.get("process_state"))
     version = run.get("method_version")
-    return RunData(path, "suite", run["fingerprint"], cases, version if isinstance(version, int) else None)
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int)):  # "2" is not 2
+        raise results.ResultsError(f"{path}: method_version must be an integer, got {version!r}")
+    return RunData(path, "suite", run["fingerprint"], cases, version)
 
 
 def _from_pytest_benchmark(path: Path, data: dict) -> RunData:

@@ -209,7 +209,12 @@ def write_new(path: Path, data, inputs=(), option: str = "output") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(path)  # what a killed writer of this name left
     staging = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")  # write_atomic's temp name
-    write_atomic(staging, write)
+    try:
+        write_atomic(staging, write)
+    except OSError as e:  # name the file the user asked for, not its staging name
+        if e.filename == str(staging):
+            raise OSError(e.errno, e.strerror, str(path)) from None
+        raise
     try:
         for i in range(1, 10_000):
             target = numbered(path, i)

@@ -64,21 +64,6 @@ class SpecConfig:
         return f"s{self.steps}k{self.topk}d{self.draft_tokens}"
 
 
-def parse_configs(text: str) -> list[SpecConfig]:
-    """'2,1,3;5,4,8' -> [SpecConfig(2, 1, 3), SpecConfig(5, 4, 8)] (steps, topk, draft tokens), checked."""
-    out = []
-    for part in text.split(";"):
-        try:
-            steps, topk, d = (int(x) for x in part.split(","))
-        except ValueError:
-            raise ValueError(f"--configs takes steps,topk,draft_tokens triples separated by ';' (e.g. "
-                             f"\"2,1,3;5,4,8\"), got {part!r}") from None
-        out.append(SpecConfig(steps, topk, d))
-    if len(set(out)) != len(out):
-        raise ValueError(f"--configs lists a configuration twice: {text!r}")
-    return out
-
-
 def aux_layers(layers: int) -> tuple[int, ...]:
     """The layers whose input hidden states EAGLE-3 captures: 2, L // 2 and L - 3 (distinct, within the layers)."""
     return tuple(sorted({min(max(i, 0), layers - 1) for i in (2, layers // 2, layers - 3)}))

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from verifybench.harness.model.presets import Preset
 
+FORWARD_MAX_TOKENS = 8  # tokens per verify forward: its buffers hold n = 1..8, as the engine's verify step
 COMPONENTS = ("misc", "attn_proj", "attn_core", "allreduce", "router", "moe", "dense", "head")
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from verifybench.harness.analysis.numbers import Parser, finite_float, positive_int
+from verifybench.harness.analysis.numbers import Parser, batches_arg, finite_float, positive_int, tokens_arg
 from verifybench.harness.model import presets
 from verifybench.harness.collectives.backends import (ALL_BACKENDS, BACKEND_HELP, ELEMENT_BYTES, GPU_BACKENDS, Comm, backend_versions,
                                         check_eager, check_graph, count_wrong, expected_sum, make_backend,
@@ -44,7 +44,6 @@ DEFAULT_HANG_TIMEOUT_S = 30.0
 
 # ---- sizes ----
 
-COUNT_MAX = 1 << 16  # a larger count in --tokens/--batches is a typo, and a range up to it would fill memory
 
 
 def parse_bytes(text: str) -> int:
@@ -53,20 +52,6 @@ def parse_bytes(text: str) -> int:
     if not m:
         raise ValueError(f"not a byte count: {text!r}")
     return int(float(m[1]) * {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(m[2], 1))
-
-
-def parse_int_list(text: str, name: str = "--tokens") -> list[int]:
-    """'1-8' or '1,2,4' or '1-4,8' -> sorted unique ints in 1..COUNT_MAX (ValueError naming `name` otherwise: '1_0',
-    '1-', '4-2' and empty parts are refused, not read as something else)."""
-    out: set[int] = set()
-    for part in (p.strip() for p in text.split(",")):
-        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
-        lo, hi = (int(m[1]), int(m[2] or m[1])) if m else (0, -1)
-        if not 1 <= lo <= hi <= COUNT_MAX:
-            raise ValueError(f"{name} takes counts >= 1 and <= {COUNT_MAX} like 1-8 or 1,2,4 (a range LOW-HIGH with "
-                             f"LOW <= HIGH), got {text!r}")
-        out.update(range(lo, hi + 1))
-    return sorted(out)
 
 
 def plan_sizes(hidden: int, tokens: list[int], batches: list[int], extra: list[int],
@@ -162,7 +147,7 @@ def _make_plan(args, device_type: str, requested: list[str]) -> dict:
         raise ValueError(f"--pow2 takes MIN:MAX with 0 < MIN <= MAX, got {args.pow2!r}")
     if any(s <= 0 for s in extra):
         raise ValueError(f"--sizes must be positive byte counts, got {args.sizes!r}")
-    sizes = plan_sizes(hidden, parse_int_list(args.tokens), parse_int_list(args.batches, "--batches"), extra, pow2)
+    sizes = plan_sizes(hidden, sorted(args.tokens), sorted(args.batches), extra, pow2)
     warm, samples, iso, k = DEFAULT_COUNTS[device_type]
     modes = args.mode.split(",") if args.mode else list(MODES)
     unknown = [m for m in modes if m not in MODES]
@@ -185,7 +170,11 @@ def _run_backend(name, comm, plan, guard, agree, fault, counter) -> tuple[list[d
     if any(errors):
         return [], "; ".join(f"rank {r}: {e}" for r, e in enumerate(errors) if e)
     tiny = torch.zeros(1, device=comm.device)
-    barrier = lambda: dist.all_reduce(tiny)  # noqa: E731  device-side: later work on this stream waits for it
+
+    def barrier():  # device-side: later work on this stream waits for it; a returned collective is progress
+        dist.all_reduce(tiny)
+        guard.tick()
+
     records = []
     for size, origin in plan["sizes"]:
         maybe_fault(fault, comm.rank, next(counter))
@@ -204,12 +193,20 @@ def _run_backend(name, comm, plan, guard, agree, fault, counter) -> tuple[list[d
         failed = any(c["error"] or c["wrong_eager"] or c["wrong_graph"] for c in checks)
         for mode in plan["modes"]:
             guard.mark(f"{name} {size}B: {mode}")
-            rec["modes"][mode] = None if failed else _time_mode(op, comm, mode, plan, barrier, expected)
+            rec["modes"][mode] = None if failed else _time_mode(op, comm, mode, plan, barrier, expected, guard.tick)
         records.append(rec)
     return records, None
 
 
-def _time_mode(op, comm, mode, plan, barrier, expected) -> dict:
+def _time_mode(op, comm, mode, plan, barrier, expected, tick=lambda: None) -> dict:
+    """One mode's measurement. Each returned collective counts as progress for the watchdog, so its hang timeout
+    bounds one collective, not a whole case (4000 isolated samples of gloo outlast 3 s): on CPU every call ticks
+    (one clock read beside a host-timed call of ~100 us); on a GPU the isolated samples tick through their barrier
+    and eager calls stay untouched, their host launch cost being part of what eager measures."""
+    def run():
+        op.run()
+        tick()
+
     prepare_for_timing(op, comm)
     kw = {"mode": ENGINE_MODE[mode], "device": comm.device.type, "warmup_calls": plan["warmup_calls"],
           "samples": plan["isolated_samples"] if mode == "isolated" else plan["samples"]}
@@ -217,7 +214,7 @@ def _time_mode(op, comm, mode, plan, barrier, expected) -> dict:
         kw["calls_per_sample"] = plan["calls_per_sample"]
     if mode == "isolated":
         kw["barrier"] = barrier
-    m = measure(op.run, **kw)
+    m = measure(run if comm.device.type == "cpu" else op.run, **kw)
     if comm.device.type == "cuda":
         torch.cuda.synchronize()
     wrong_after = None if op.in_place else count_wrong(op.out, expected)
@@ -244,8 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default="kimi-k2.5", help="model preset whose hidden size sets the sizes")
     p.add_argument("--tp", type=positive_int, default=8, help="TP degree for the preset (the hidden size does not change)")
     p.add_argument("--hidden", type=positive_int, help="hidden size, overriding the preset's")
-    p.add_argument("--tokens", default="1-8", help="token counts, e.g. 1-8 or 1,2,4 (default 1-8)")
-    p.add_argument("--batches", default="1", help="batch sizes multiplying the token counts (default 1)")
+    p.add_argument("--tokens", type=tokens_arg, default=tokens_arg("1-8"),
+                   help="token counts, e.g. 1-8 or 1,2,4 (default 1-8)")
+    p.add_argument("--batches", type=batches_arg, default=(1,),
+                   help="batch sizes multiplying the token counts, e.g. 1,4 (default 1)")
     p.add_argument("--sizes", help="extra sizes in bytes, comma-separated (K/M suffixes, multiples of 16)")
     p.add_argument("--pow2", metavar="MIN:MAX", help="add a power-of-two sweep, e.g. 1K:64M")
     p.add_argument("--backend", help="comma list of " + "; ".join(f"{k}: {v}" for k, v in BACKEND_HELP.items())

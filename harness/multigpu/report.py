@@ -13,12 +13,8 @@ import signal
 import sys
 import time
 
-EXIT_RANK_ERROR = 1  # this rank raised
-EXIT_PEER_FAILED = 3  # a peer reported an error, stopped beating, or the store went away
-EXIT_STUCK = 4  # this rank is the one that stopped making progress
-EXIT_WAITED = 5  # this rank gave up waiting for a stuck peer
-EXIT_FAULT = 7  # injected crash (--fault exit-early:RANK)
-EXIT_BAD_INPUT = 2  # an argument the job cannot honour (named on stderr), before any rendezvous
+from verifybench.harness.engine.exits import (EXIT_BAD_INPUT, EXIT_FAULT, EXIT_PEER_FAILED,  # noqa: E402
+                                              EXIT_RANK_ERROR, EXIT_STUCK, EXIT_WAITED)
 # a rank that fails because of a peer exits this long after the faulty one, so the launcher (torchrun polls its
 # workers every 0.1 s by default) records the faulty rank first: its "Root Cause" is the first exit it observes
 CULPRIT_FIRST_S = 2.0

@@ -1,3 +1,4 @@
+# Over 400 lines: the sweep's settings, its torchrun driver and its ranking are one job's steps.
 """NCCL setting sweep: each setting (P2P/SHM transport, P2P level, protocol x algorithm, channels, buffer size,
 threads, ...) runs in a fresh torchrun of verifybench.harness.multigpu.allreduce, the transport and algorithm NCCL chose
 are read back from its INFO log, the settings are ranked at verify sizes, the best of each group is run combined,
@@ -142,7 +143,8 @@ def _gpu_count() -> int:
 
 def worker_argv(args, backends: str) -> list[str]:
     """The measurement options of this command line, for each setting's verifybench.harness.multigpu.allreduce run."""
-    out = ["--preset", args.preset, "--tp", str(args.tp), "--tokens", args.tokens, "--batches", args.batches,
+    out = ["--preset", args.preset, "--tp", str(args.tp), "--tokens", ",".join(map(str, args.tokens)),
+           "--batches", ",".join(map(str, args.batches)),
            "--backend", args.backend or backends, "--mode", args.mode or SWEEP_MODES,
            "--hang-timeout", str(args.hang_timeout)]
     for flag, value in (("--hidden", args.hidden), ("--sizes", args.sizes), ("--pow2", args.pow2),

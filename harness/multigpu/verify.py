@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from verifybench.harness.analysis.numbers import Parser, positive_int
+from verifybench.harness.analysis.numbers import Parser, context_arg, positive_int, tokens_arg
 from verifybench.harness.collectives.backends import (DTYPE, ArOp, Comm, backend_versions, capture_graph,
                                                       check_eager, check_graph, expected_sum, unavailable_reason)
 from verifybench.harness.engine import results
@@ -265,10 +265,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "gloo)")
     p.add_argument("--tp", type=positive_int, help="TP degree whose per-rank shapes each rank holds, whatever the number of "
                    "ranks (default 8; 1 on CPU)")
-    p.add_argument("--context", type=positive_int, help="cached tokens per layer (default 4096; 64 on CPU)")
+    p.add_argument("--context", type=context_arg, help="cached tokens per layer (default 4096; 64 on CPU)")
     p.add_argument("--layers", type=positive_int, help="layers to build (default: the preset's; when they do not fit, the job "
                    "refuses before building and names the --layers that fit)")
-    p.add_argument("--tokens", default="1-8", help="token counts n, e.g. 1-8 or 1,2,4 (default 1-8)")
+    p.add_argument("--tokens", type=tokens_arg, default=tokens_arg("1-8"),
+                   help="token counts n, e.g. 1-8 or 1,2,4 (default 1-8)")
     p.add_argument("--allreduce", help="comma list of " + "; ".join(f"{k}: {v}" for k, v in BACKEND_HELP.items())
                    + " (default nccl with CUDA, gloo without)")
     p.add_argument("--warmup", type=positive_int, help="eager forwards before each capture (default 3 GPU, 2 CPU)")

@@ -1,0 +1,77 @@
+"""The result files advise reads, checked before anything is costed: a named file's kind from what it holds (a name
+of the user's, a pipe), the fields each kind must hold, one GPU model across them, accept lengths that name a shape."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from verifybench.harness.analysis import plan
+from verifybench.harness.engine import result_files, results
+
+
+def file_kind(p: Path, kinds: tuple[str, ...]) -> str:
+    """The kind of a file named on the command line, from what it holds (a run's component, a trace summary's
+    schema), so a name of the user's (or a pipe, <(cat cycle.json)) is read as what it is; a file no kind of
+    advise's is refused, naming what advise reads."""
+    data = results.read_json(p)
+    if data.get("schema") == "verifybench.trace":
+        kind = "trace"
+    elif isinstance(data.get("component"), str):
+        kind = data["component"]
+    elif "rows" in data and "gpu" in data:
+        kind = "defaults_vs_tuned"
+    else:
+        kind = result_files.kind_of(p)
+    if kind not in kinds + ("trace",):
+        raise ValueError(f"{p}: a {kind!r} file; advise reads {', '.join(kinds)} results and a trace summary "
+                         "(verifybench trace --json)")
+    _READ[str(p)] = data  # a pipe reads once
+    return kind
+
+
+_READ: dict[str, dict] = {}
+
+
+def read(path: Path) -> dict:
+    return _READ.pop(str(path), None) or results.read_json(path)
+
+
+def load(found: dict[str, Path], kinds: tuple[str, ...]) -> dict[str, dict]:
+    """Each file checked for what advise reads (plan's fields of a cycle and a verify result, a comparison's rows),
+    so a short or mislabelled file is refused naming the file and field; one GPU model across them all."""
+    out = {}
+    for kind in kinds:
+        if kind in found and found[kind] is not None:
+            data = read(found[kind])
+            if kind == "defaults_vs_tuned":
+                rows = data.get("rows")
+                if not rows or not isinstance(rows, list) or not all(
+                        isinstance(r, dict) and all(isinstance(r.get(k), (int, float)) and not isinstance(
+                            r.get(k), bool) for k in ("n", "forward_default_us", "forward_tuned_us")) for r in rows):
+                    raise results.ResultsError(f"{found[kind]}: not a defaults_vs_tuned comparison (rows of n, "
+                                               "forward_default_us, forward_tuned_us)")
+                out[kind] = data
+                continue
+            run = results.validate_run(data, str(found[kind]))
+            if run["component"] != kind:
+                raise results.ResultsError(f"{found[kind]}: a {run['component']!r} result where a {kind} result is due")
+            out[kind] = results.check_needs(run, plan.NEEDS.get(kind, ()), str(found[kind]))
+    models = {}
+    for kind, run in out.items():
+        if isinstance(run.get("fingerprint"), dict):
+            models.setdefault(run["fingerprint"].get("gpu_model"), []).append(str(found[kind]))
+    if len(models) > 1:
+        raise ValueError("the results come from different GPU models (" + "; ".join(
+            f"{m}: {', '.join(fs)}" for m, fs in models.items()) + "): give one machine's results")
+    return out
+
+
+def match_shapes(given: dict, runs: dict) -> None:
+    """Every --accept-len key names a shape of the cycle result (D or steps,topk,D), as plan asks: a key matching
+    none would be dropped without a word."""
+    if "cycle" not in runs:
+        return
+    shapes = {plan._config(c) for c in plan._passing(runs["cycle"])}
+    unmatched = [k for k in given if not any(k == s or k == s[2] for s in shapes)]
+    if unmatched:
+        raise ValueError(f"--accept-len: {', '.join(map(str, unmatched))} matches no shape of the cycle result "
+                         f"(it holds {', '.join(map(str, sorted(shapes)))}): give D or steps,topk,D of those")
