@@ -129,7 +129,7 @@ def engine_fns(a: Attn, n: int, length: int, qs: list, caches: tuple) -> tuple:
     try:
         sglang.decode_module()
     except engines.EngineMissing as e:
-        raise CaseSkipped(str(e)) from None
+        raise engines.skipped(e) from None
     device = caches[0].device
     starts = torch.zeros(1, dtype=torch.int32, device=device)  # our one request: n tokens over rows [0, length)
     lens = torch.full((1,), length, dtype=torch.int32, device=device)

@@ -187,8 +187,8 @@ def make_case(preset: str, tp: int, context: int, n: int, tree_shape, variant: s
         engine = variant.startswith(("sglang.", "flashinfer."))
         if variant == "flashinfer.mla":
             if tree_shape is not None:
-                raise CaseSkipped("the engine's rows: FlashInfer MLA ignores the tree mask (SGLang runs it for topk 1 "
-                                  "only); it is timed on chains")
+                raise engines.skipped("FlashInfer MLA ignores the tree mask (SGLang runs it for topk 1 only); it is "
+                                      "timed on chains")
             try:
                 from verifybench.harness.engines import flashinfer
 
@@ -196,7 +196,7 @@ def make_case(preset: str, tp: int, context: int, n: int, tree_shape, variant: s
                     raise engines.EngineMissing("FlashInfer's MLA kernels need a CUDA GPU (they compile with nvcc)")
                 flashinfer.mla_module()
             except engines.EngineMissing as e:
-                raise CaseSkipped(f"the engine's rows: {e}") from None
+                raise engines.skipped(e) from None
             cfg, source = {"backend": "fa2"}, f"{engines.label('flashinfer')}, backend fa2, planned as SGLang does"
         elif engine:
             try:
@@ -204,7 +204,7 @@ def make_case(preset: str, tp: int, context: int, n: int, tree_shape, variant: s
 
                 tiles = sglang.extend_tiles(SM120 if variant.endswith("@sm120") else None)
             except engines.EngineMissing as e:
-                raise CaseSkipped(f"the engine's rows: {e}") from None
+                raise engines.skipped(e) from None
             cfg, source = tiles, f"{engines.label('sglang')}'s launcher" + (" as on sm_120" * variant.endswith("@sm120"))
         else:
             cfg, source = variant_config(variant, device)

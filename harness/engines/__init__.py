@@ -13,10 +13,16 @@ import importlib.util
 
 from verifybench.harness.engine.fingerprint import ENGINE_DISTRIBUTIONS as DISTRIBUTIONS
 from verifybench.harness.engine.fingerprint import engine_versions
+from verifybench.harness.engine.runner import CaseSkipped
 
 
 class EngineMissing(RuntimeError):
     """An engine (or one of its kernels) that cannot be imported here; the message is the one-line reason."""
+
+
+def skipped(reason: EngineMissing | str) -> CaseSkipped:
+    """The skip of an engine's row, worded the same in every component (the run's summary groups skips by reason)."""
+    return CaseSkipped(f"the engine's rows: {reason}")
 
 
 def version(engine: str) -> str | None:
