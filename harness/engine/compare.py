@@ -1,3 +1,4 @@
+# over 400 lines: two file formats read and checked, the verdicts and the report of one comparison
 """Noise-aware comparison of two runs: per-case verdict SAME / FAST / SLOW / AMBG, and the fingerprint diff.
 
 Reads the suite's result files and pytest-benchmark JSON (with or without raw data). Per case: a Mann-Whitney U test
@@ -22,7 +23,7 @@ from tabulate import tabulate
 
 from verifybench.harness.engine import fingerprint as fpmod
 from verifybench.harness.engine import results
-from verifybench.harness.engine import result_files, stance
+from verifybench.harness.engine import compare_cpu, result_files, stance
 from verifybench.harness.engine.modes import HOST_TIMED_MODES, host_timed
 from verifybench.harness.engine.stats import Summary, summarize
 
@@ -358,39 +359,6 @@ def cpu_numbers(*runs: RunData) -> bool:
                for r in runs)
 
 
-def _spread(c: CaseData) -> str:
-    """q1..q3 of the samples (the stored interval when a file has only summaries)."""
-    lo, hi = (np.percentile(c.samples_us, [25, 75]) if c.samples_us is not None and len(c.samples_us)
-              else c.interval_us or (None, None))
-    return "-" if lo is None else f"{lo:.4g}..{hi:.4g}"
-
-
-def cpu_report(base: RunData, new: RunData) -> int:
-    """Two CPU runs: each case's samples side by side, no verdict, no change figure (a ratio of CPU medians is
-    host noise, stance.py); exit 0 unless a check failed in NEW, which is a correctness failure."""
-    rows, failed, other = [], [], []
-    for name in sorted(base.cases.keys() | new.cases.keys()):
-        b, n = base.cases.get(name), new.cases.get(name)
-        if n is not None and not n.ok and not n.skipped:
-            failed.append(name)
-        if b is None or n is None or not (b.ok and n.ok):
-            why = "only in BASE" if n is None else "only in NEW" if b is None else                 "check failed in NEW" if not n.ok and not n.skipped else "skipped or failed in one file"
-            other.append(f"{why}: {name}")
-            continue
-        rows.append({"case": name, "mode": n.mode or b.mode, "base median_us": b.median_us, "base q1..q3": _spread(b),
-                     "base n": len(b.samples_us) if b.samples_us is not None else None,
-                     "new median_us": n.median_us, "new q1..q3": _spread(n),
-                     "new n": len(n.samples_us) if n.samples_us is not None else None})
-    print(f"{stance.CPU_STANCE}: the samples of each case side by side, no verdict")
-    if rows:
-        print(tabulate(rows, headers="keys", floatfmt=".4g", missingval="-"))
-    for line in other:
-        print(line)
-    print(f"cases: {len(rows)} timed in both" + (f", {len(failed)} check(s) failed in NEW" if failed else "")
-          + "; compare GPU runs for speed")
-    return EXIT_SLOW if failed else EXIT_OK
-
-
 def _version(run: RunData) -> str:
     return str(run.method_version) if run.method_version is not None else "unknown (a file from before the field)"
 
@@ -423,7 +391,7 @@ def run(args) -> int:
         return EXIT_BAD_INPUT
     if cpu_numbers(base, new):
         print(f"BASE {base.path} ({base.kind})\nNEW  {new.path} ({new.kind})")
-        return cpu_report(base, new)
+        return compare_cpu.report(base, new, EXIT_OK, EXIT_SLOW)
     rows, only = compare_runs(base, new, args.min_effect, args.alpha)
     if not rows:
         shared = base.cases.keys() & new.cases.keys()
