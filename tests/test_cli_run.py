@@ -94,7 +94,7 @@ def test_cpu_report_withholds_what_cpu_noise_cannot_support(run_dir):
 
 def test_eta_uses_the_copy_ceiling_measured_by_the_baseline_of_the_same_run(run_dir):
     baseline = json.loads(next(run_dir.glob("baseline-*.json")).read_text())["cases"]
-    hot = next(r for r in baseline if r["name"].startswith("copy/") and r["mode"] == "hot")
+    hot = next(r for r in baseline if r["name"].startswith("copy/") and r["mode"] in ("hot", "cpu-hot"))
     for component in ("verify", "skinny_gemm", "mla_decode", "moe_int4"):
         records = json.loads(next(run_dir.glob(f"{component}-*.json")).read_text())["cases"]
         ceilings = {r["derived"]["copy_gbps"] for r in records if r["check"]["ok"] and "copy_gbps" in r["derived"]}
