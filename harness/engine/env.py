@@ -12,8 +12,6 @@ from tabulate import tabulate
 
 from verifybench.harness.engine import fingerprint, results, stance, topology
 
-# gloo on CPU: the NCCL variables do nothing there, so a CPU sweep's order between settings is noise on unread variables
-CPU_SWEEP = "a CPU sweep (gloo): CPU sweep results give no NCCL recommendation"
 
 
 def sweep_times(sweep: dict, backend: str = "nccl") -> dict[str, dict[int, float]]:
@@ -68,7 +66,7 @@ def nccl_warnings(sweep_path: Path, environ=None) -> list[str]:
     CPU sweep one line saying it recommends nothing (stance.py)."""
     run = load_sweep(sweep_path)
     if stance.is_cpu_run(run):
-        return [f"NCCL sweep {sweep_path}: {CPU_SWEEP}"]
+        return [f"NCCL sweep {sweep_path}: a CPU sweep (gloo): {stance.NO_NCCL_ADVICE}"]
     label, env = sweep_winner(run)
     lost = lost_settings(env, environ)
     head = f"NCCL sweep {sweep_path}: winner {label!r}"

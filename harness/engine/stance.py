@@ -8,8 +8,12 @@ NO_CONCLUSION = "conclusions from CPU numbers are withheld"
 CPU_STANCE = ("CPU numbers: perf_counter times of torch CPU code on a shared host; they carry no ranking, verdict, "
               "engine setting or recommendation")
 
+# gloo on CPU: the NCCL variables do nothing there, so a CPU sweep's order between settings is noise on unread variables
+NO_NCCL_ADVICE = "CPU sweep results give no NCCL recommendation"
+
 # What a mode means when the samples are perf_counter times of CPU code (engine/timing.py's CPU sampler)
-CPU_MODE_LABELS = {"graph": "cpu-loop", "hot": "cpu-hot", "cold": "cpu-cold", "cycle": "cpu-cycle"}
+# (`eager`: the allreduce's name for the engine's `hot`)
+CPU_MODE_LABELS = {"graph": "cpu-loop", "hot": "cpu-hot", "eager": "cpu-hot", "cold": "cpu-cold", "cycle": "cpu-cycle"}
 CPU_TIMING = "CPU: perf_counter; cpu-loop = K calls in a Python loop (no CUDA graph), cpu-cold = 64 MiB written first"
 
 
@@ -45,6 +49,11 @@ def stand_in(case: dict) -> str | None:
     asked = case.get("params", {}).get("attention")
     ran = case.get("derived", {}).get("attention_ran", asked)
     return asked if ran != asked else None
+
+
+def rate(column: str) -> bool:
+    """A bandwidth column (GB/s): bytes over a CPU time says nothing of a GPU's, and the interpreter's read 0.000."""
+    return "GB/s" in column
 
 
 def withhold(rows: list[dict], keys) -> list[dict]:
