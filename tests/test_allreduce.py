@@ -489,3 +489,17 @@ def test_each_kind_of_result_the_torchrun_room_writes_has_its_own_file_prefix(mo
     assert output.COMPONENT == "allreduce"
     kinds = [one_rank.NAME, prefix, sweep.COMPONENT, verify_output.COMPONENT]
     assert kinds == ["allreduce", "allreduce_ranks", "allreduce_sweep", "verify_dist"]
+
+
+def test_cpu_allreduce_rows_withhold_gb_s_and_read_eager_as_cpu_hot():
+    def record(mode, device):
+        return {"name": f"allreduce1/gloo/512B/{mode}", "check": {"ok": True, "detail": ""}, "device": device,
+                "params": {"backend": "gloo", "size_bytes": 512, "count": 256, "dtype": "bf16", "mode": mode},
+                "derived": {"time_us": 80.0, "algbw_gbps": 0.006, "busbw_gbps": 0.0, "wrong": 0, "p99_us": 90.0,
+                            "slowest_rank": 0}}
+
+    cpu = table_rows([record("graph", "cpu"), record("eager", "cpu")])
+    assert [r["mode"] for r in cpu] == ["cpu-loop", "cpu-hot"]
+    assert all(r["algbw(GB/s)"] == results.WITHHELD and r["busbw(GB/s)"] == results.WITHHELD for r in cpu)
+    (gpu,) = table_rows([record("graph", "cuda")])
+    assert gpu["mode"] == "graph" and gpu["algbw(GB/s)"] == 0.006  # a GPU row keeps its bandwidth

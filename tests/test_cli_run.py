@@ -299,3 +299,19 @@ def test_cycle_chart_has_an_x_label_and_its_legend_beside_the_bars(run_dir, tmp_
     ax = figs[0].axes[0]
     legend = ax.get_legend()
     assert ax.get_xlabel() and legend.get_bbox_to_anchor().x0 >= ax.get_window_extent().x1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU run's tables")
+def test_cpu_run_tables_print_no_bandwidth_and_no_graph_mode(run_dir):
+    """GB/s from a CPU time (the interpreter's kernels read 0.000) is withheld in every component's tables, and no
+    row of a CPU run says `graph`/`eager`: the mode reads cpu-loop/cpu-hot as in the JSON."""
+    from verifybench.harness.components import REGISTRY, load
+
+    for name in REGISTRY:
+        records = json.loads(next(run_dir.glob(f"{name}-2*.json")).read_text())["cases"]
+        for title, rows in load(name).tables(records):
+            for row in rows:
+                rates = {k: v for k, v in row.items() if "GB/s" in k and isinstance(v, (int, float))}
+                assert not rates, (name, title, rates)
+                assert row.get("mode") not in ("graph", "eager", "hot"), (name, title, row)
+        assert all(r.get("mode", "cpu-") is None or r.get("mode", "cpu-").startswith("cpu-") for r in records), name

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from verifybench.harness.engine import results
+from verifybench.harness.engine import results, stance
 from verifybench.harness.collectives.backends import ALL_BACKENDS, ELEMENT_BYTES, GPU_BACKENDS
 from verifybench.harness.engine.results import Case
 from verifybench.harness.engine.timing import Measurement
@@ -82,6 +82,8 @@ def table_rows(case_records: list[dict]) -> list[dict]:
         else:
             row.update({"time(us)": "FAIL", "algbw(GB/s)": "", "busbw(GB/s)": "", "#wrong": d.get("wrong", "?"),
                         "p99(us)": "", "slowest rank": ""})
+        if c.get("device") == "cpu":  # gloo timed on the CPU: a CPU loop's label, no bandwidth from a CPU time
+            row = stance.withhold([{**row, "mode": stance.cpu_mode(row["mode"])}], stance.rate)[0]
         rows.append(row)
     return rows
 
@@ -105,7 +107,8 @@ def best_rows(case_records: list[dict], mode: str = "graph") -> list[dict]:
 def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
     """The component's tables over stored records (the verifybench CLI's component interface)."""
     return [("allreduce (time = max over ranks of the per-rank median)", table_rows(records)),
-            ("fastest backend per size, graph mode", best_rows(records))]
+            ("fastest backend per size, graph mode", best_rows(records) if any(c.get("device") == "cuda" for c in records)
+             else stance.withhold(best_rows(records), ("x faster",)))]  # only CPU-timed backends: no ranking
 
 
 # ---- a measured figure for the one-GPU stand-in ----

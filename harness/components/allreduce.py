@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from verifybench.harness.engine.results import CPU_MODE_LABELS, CPU_TIMING, cpu_numbers
+from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers
 from verifybench.harness.model import presets
 from verifybench.harness.collectives.allreduce_results import ENGINE_MODE, busbw_factor, table_rows
 from verifybench.harness.collectives.backends import (ELEMENT_BYTES, Comm, check_eager, check_graph, expected_sum, make_backend,
@@ -95,9 +95,7 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
 
 
 def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
-    rows = table_rows(records)
-    if cpu_numbers(records):  # gloo on CPU, perf_counter around a loop of calls: never a GPU's `graph` mode
-        rows = [{**row, "mode": CPU_MODE_LABELS.get(row.get("mode"), f"cpu-{row.get('mode')}")} for row in rows]
+    rows = table_rows(records)  # on CPU: CPU mode labels, no GB/s
     return [("allreduce, 1 rank: the call floor of each backend" + (f" ({CPU_TIMING})" if cpu_numbers(records)
                                                                      else ""), rows)]
 

@@ -94,6 +94,7 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
                   "GB/s": r["derived"]["gbps"]} for r in records if r["name"].startswith("copy/") and r["check"]["ok"]]
     # on CPU the three ways are all perf_counter around CPU calls: their ratios say nothing of a GPU's distortion
     exhibit = withhold_on_cpu(records, exhibit_table(records), lambda k: "/" in k)
+    copy_rows = withhold_on_cpu(records, copy_rows, ("GB/s",))  # a CPU memcpy's rate: no GPU's ceiling
     return [("copy-bandwidth ceiling (read + write bytes)", copy_rows),
             ("sync distortion: one op timed three ways (ratios to the graph time)"
              + ("; CPU: no CUDA graph nor device sync, each way is a loop of CPU calls" if cpu_numbers(records)
