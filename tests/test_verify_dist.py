@@ -126,6 +126,16 @@ def test_the_allreduce_marginal_is_withheld_on_cpu_and_shown_on_a_gpu(device):
     assert row["AR marginal(us)"] == (WITHHELD if device == "cpu" else -12386.0)
 
 
+def test_cpu_verify_dist_table_says_withheld_once_above_it_not_in_every_cell():
+    plan = {"layers_run": 3, "tokens": [1], "stand_in_by_n_us": [7.7], "hidden": 256, "preset": "tiny", "tp": 1,
+            "context": 64, "no_allreduce": False, "device": "cpu"}
+    _, rows = vd_output.build_cases("gloo", [_rank_records(100.0, 12486.0, 30.0)] * 2, plan, 2)
+    text = vd_output.table_text(rows * 3, "cpu")
+    assert text.count("withheld") == 1 and text.startswith("withheld (CPU numbers): AR marginal(us)")
+    assert "full(us)" in text and WITHHELD not in text
+
+
+
 def _streams(values):
     return [torch.tensor(v, dtype=torch.bfloat16).view(1, -1) for v in values]
 
