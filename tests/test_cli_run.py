@@ -282,12 +282,31 @@ def test_verify_charts_tick_integer_n_and_plot_no_withheld_roofline_on_cpu(run_d
     records = json.loads(next(run_dir.glob("verify-*.json")).read_text())["cases"]
     figs = _figures(monkeypatch)
     bench_verify.charts(records, tmp_path, "x")
-    assert len(figs) == 2
+    assert len(figs) == (2 if torch.cuda.is_available() else 1)
     for fig in figs:
         ax = fig.axes[0]
         assert all(float(t).is_integer() for t in ax.get_xticks())
-    labels = [line.get_label() for line in figs[1].axes[0].get_lines()]
-    assert ("weight+KV roofline" in labels) == torch.cuda.is_available()
+    if torch.cuda.is_available():
+        labels = [line.get_label() for line in figs[1].axes[0].get_lines()]
+        assert "weight+KV roofline" in labels
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU run's charts")
+def test_cpu_charts_draw_no_comparison_the_tables_withhold(run_dir, tmp_path, monkeypatch):
+    """No measured-vs-predicted verify chart, no measured forward over the stacked parts, no cycle over the stacked
+    phases (their sum is not the cycle on CPU), and each chart says so in its title."""
+    from verifybench.harness.components import cycle
+
+    verify = json.loads(next(run_dir.glob("verify-*.json")).read_text())["cases"]
+    figs = _figures(monkeypatch)
+    paths = bench_verify.charts(verify, tmp_path, "x")
+    assert [p.name for p in paths] == ["verify_components-x.png"]
+    ax = figs[0].axes[0]
+    assert "measured forward" not in [line.get_label() for line in ax.get_lines()] and "not compared" in ax.get_title()
+    records = json.loads(next(run_dir.glob("cycle-*.json")).read_text())["cases"]
+    cycle.charts(records, tmp_path, "x")
+    ax = figs[-1].axes[0]
+    assert not ax.get_lines() and "their sum is not the cycle" in ax.get_title()
 
 
 def test_cycle_chart_has_an_x_label_and_its_legend_beside_the_bars(run_dir, tmp_path, monkeypatch):
