@@ -503,3 +503,14 @@ def test_cpu_allreduce_rows_withhold_gb_s_and_read_eager_as_cpu_hot():
     assert all(r["algbw(GB/s)"] == results.WITHHELD and r["busbw(GB/s)"] == results.WITHHELD for r in cpu)
     (gpu,) = table_rows([record("graph", "cuda")])
     assert gpu["mode"] == "graph" and gpu["algbw(GB/s)"] == 0.006  # a GPU row keeps its bandwidth
+
+
+def test_cpu_case_names_carry_the_cpu_mode_label_as_the_tables_do():
+    """A CPU case's name (its JSON name, its pytest-benchmark ID) says cpu-loop/cpu-hot, never graph/eager."""
+    from verifybench.harness.components import allreduce as bench_allreduce, baseline
+
+    specs = [s for s in bench_allreduce.cases("tiny", 1, 64) if s.params["backend"] == "gloo"]
+    specs += [s for s in baseline.cases("tiny", 1, 64) if s.measure_kw.get("device") == "cpu"]
+    assert specs
+    assert not [s.name for s in specs if s.name.rsplit("/", 1)[1] in ("graph", "eager", "hot", "cold")]
+    assert {s.name.rsplit("/", 1)[1] for s in specs if s.name.startswith("allreduce1/")} == {"cpu-loop", "cpu-hot"}

@@ -323,3 +323,14 @@ def test_compare_shows_a_cpu_records_mode_as_its_tables_do_old_files_too(tmp_pat
     assert _cli(tmp_path / "a.json", new) == 0
     out = capsys.readouterr().out
     assert "cpu-loop" in out and "graph" not in out.split("NEW")[-1]
+
+
+def test_compare_lines_up_an_old_cpu_file_whose_case_names_say_graph(tmp_path, capsys):
+    """Older CPU files named cases .../graph; this version names them .../cpu-loop (its pytest-benchmark IDs too)."""
+    new = _write(tmp_path / "b.json", {"copy/1B/cpu-loop": _samples(2)}, fp=CPU_FP, device="cpu")
+    old = json.loads(new.read_text())
+    old["cases"][0].update(name="copy/1B/graph", mode="graph")
+    (tmp_path / "a.json").write_text(json.dumps(old))
+    assert _cli(tmp_path / "a.json", new) == 0
+    out = capsys.readouterr().out
+    assert "only in" not in out and "copy/1B/cpu-loop" in out and "1 timed in both" in out

@@ -44,7 +44,7 @@ def build_cases(backend: str, per_rank: list[list[dict]], plan: dict, world_size
             params = {"size_bytes": size, "count": count, "dtype": "bf16", "backend": backend, "mode": mode,
                       "engine_mode": ENGINE_MODE[mode], "world_size": world_size, "origin": origin,
                       "preset": plan["preset"], "tp": plan["tp"], "hidden": plan["hidden"]}
-            name = f"allreduce/{backend}/{size}B/{mode}"
+            name = f"allreduce/{backend}/{size}B/{stance.case_mode(mode, 'cpu' if backend == 'gloo' else 'cuda')}"
             timed = [r["modes"].get(mode) for r in recs]
             if errors or wrong_check or not all(timed):
                 detail = "; ".join(errors) or f"#wrong {wrong_check} (eager + graph-replay checks, all ranks)"

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from verifybench.harness.engine import stance
 from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers
 from verifybench.harness.model import presets
 from verifybench.harness.collectives.allreduce_results import ENGINE_MODE, busbw_factor, table_rows
@@ -80,7 +81,7 @@ def _case(backend: str, size: int, max_size: int, mode: str, device: str) -> Cas
 
     params = {"size_bytes": size, "count": numel, "dtype": "bf16", "backend": backend, "mode": mode,
               "world_size": 1}
-    return CaseSpec(name=f"allreduce1/{backend}/{size}B/{mode}", params=params, mode=ENGINE_MODE[mode],
+    return CaseSpec(name=f"allreduce1/{backend}/{size}B/{stance.case_mode(mode, device)}", params=params, mode=ENGINE_MODE[mode],
                     setup=setup, measure_kw={"device": device})
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from verifybench.harness.engine import ceiling
+from verifybench.harness.engine import ceiling, stance
 from verifybench.harness.engine.results import cpu_numbers, mode_label, withhold_on_cpu
 from verifybench.harness.engine.runner import CaseSpec, rel_error
 from verifybench.harness.engine.timing import cuda_available
@@ -59,7 +59,7 @@ def exhibit_cases(device: str | None = None) -> list[CaseSpec]:
 
                 return fn, check, None
 
-            out.append(CaseSpec(name=f"sync/{op_name}/{mode}", params={"op": op_name, "device": device},
+            out.append(CaseSpec(name=f"sync/{op_name}/{stance.case_mode(mode, device)}", params={"op": op_name, "device": device},
                                 mode=mode, setup=setup, measure_kw={"device": device}))
     return out
 
@@ -69,7 +69,8 @@ def exhibit_table(case_records: list[dict]) -> list[dict]:
     by_op: dict[str, dict[str, float]] = {}
     for c in case_records:
         if c["name"].startswith("sync/") and c["check"]["ok"]:
-            by_op.setdefault(c["params"]["op"], {})[c["name"].rsplit("/", 1)[1]] = c["summary"]["median_us"]
+            way = stance.gpu_mode(c["name"].rsplit("/", 1)[1])  # a CPU case's name carries cpu-loop for graph
+            by_op.setdefault(c["params"]["op"], {})[way] = c["summary"]["median_us"]
     rows = []
     for op_name, t in by_op.items():
         row = {"op": op_name, **{f"{m}_us": t.get(m) for m in EXHIBIT_MODES}}

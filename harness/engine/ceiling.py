@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from verifybench.harness.engine import memory
+from verifybench.harness.engine import memory, stance
 from verifybench.harness.engine.modes import cache_bytes
 from verifybench.harness.engine.results import WITHHELD, cpu_numbers, mode_label
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec
@@ -55,7 +55,7 @@ def copy_case(size_bytes: int | None = None, mode: str = "hot", device: str | No
 
         return fn, check, derive
 
-    name = f"copy/{size}B/{mode}"
+    name = f"copy/{size}B/{stance.case_mode(mode, device)}"
     return CaseSpec(name=name, params={"size_bytes": size, "device": device}, mode=mode,
                     setup=setup, measure_kw={"device": device})
 

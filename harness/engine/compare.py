@@ -112,7 +112,10 @@ def _consistent(samples: np.ndarray, stored: dict, scale: float, where: str) -> 
 def _from_suite(path: Path, data: dict) -> RunData:
     run = results.validate_run(data, str(path))
     cases = {}
+    cpu_run = stance.is_cpu_run(run)
     for c in run["cases"]:
+        if cpu_run or c.get("device") == "cpu":  # an older file's .../graph is this version's .../cpu-loop
+            c = {**c, "name": stance.cpu_case_name(c["name"])}
         where = f"{path}: case {c['name']!r}"
         if c["name"] in cases:
             raise results.ResultsError(f"{where} appears twice")
@@ -149,6 +152,7 @@ def _from_pytest_benchmark(path: Path, data: dict) -> RunData:
             extra = b.get("extra_info") or {}
             # the suite's case name when our adapter ran it: pytest and CLI results of a case then line up
             name = extra.get("case") or b.get("fullname") or b["name"]
+            name = stance.cpu_case_name(name) if extra.get("device") == "cpu" else name  # as _from_suite
             where = f"{path}: benchmark {name!r}"
             if name in cases:
                 raise results.ResultsError(f"{where} appears twice")

@@ -77,6 +77,23 @@ def cpu_mode(mode: str | None) -> str | None:
     return CPU_MODE_LABELS.get(mode, f"cpu-{mode}")
 
 
+def gpu_mode(label: str) -> str:
+    """The GPU mode a CPU label stands for (cpu-loop -> graph); any other name unchanged."""
+    return {"cpu-loop": "graph", "cpu-hot": "hot", "cpu-cold": "cold", "cpu-cycle": "cycle"}.get(label, label)
+
+
+def case_mode(mode: str, device: str) -> str:
+    """The mode as a case's name (its JSON name, its pytest-benchmark ID) carries it: on CPU the CPU label."""
+    return cpu_mode(mode) if device == "cpu" and mode in CPU_MODE_LABELS else mode
+
+
+def cpu_case_name(name: str) -> str:
+    """A CPU case's name as this version gives it: an older file's `.../graph` reads `.../cpu-loop`, so old and new
+    CPU files line up in compare."""
+    head, sep, last = name.rpartition("/")
+    return f"{head}/{CPU_MODE_LABELS[last]}" if sep and last in CPU_MODE_LABELS else name
+
+
 def mode_label(record: dict) -> str:
     """The mode as a table shows it: a GPU record's own; a CPU record's says it was a CPU timing (never `graph`)."""
     mode = record.get("mode")
