@@ -315,11 +315,13 @@ def test_plan_project_and_trace_against_refuse_cpu_results_through_the_one_stanc
     from verifybench.harness.cli import main
     from verifybench.harness.engine import stance
 
-    run = json.loads((Path(__file__).resolve().parent.parent / "results/baselines/nvidia-h200-x1/verify.json").read_text())
+    baseline = Path(__file__).resolve().parent.parent / "results/baselines/nvidia-h200-x1/verify.json"
+    run = json.loads(baseline.read_text())
     for c in run["cases"]:
         c["device"] = "cpu"
     path = results.write_json_atomic(tmp_path / "verify.json", run)
-    monkeypatch.setattr(stance, "refusal", lambda run, where: f"{where}: THE STANCE" if stance.is_cpu_run(run) else None)
+    monkeypatch.setattr(stance, "refusal",
+                        lambda run, where: f"{where}: THE STANCE" if stance.is_cpu_run(run) else None)
     assert main(["plan", str(path), "--accept-len", "3:2.4"]) == 2 and "THE STANCE" in capsys.readouterr().err
     assert main(["project", str(path), "--target", "rtx-pro-6000-pcie-tp8"]) == 2
     assert "THE STANCE" in capsys.readouterr().err

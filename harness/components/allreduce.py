@@ -81,7 +81,8 @@ def _case(backend: str, size: int, max_size: int, mode: str, device: str) -> Cas
 
     params = {"size_bytes": size, "count": numel, "dtype": "bf16", "backend": backend, "mode": mode,
               "world_size": 1}
-    return CaseSpec(name=f"allreduce1/{backend}/{size}B/{stance.case_mode(mode, device)}", params=params, mode=ENGINE_MODE[mode],
+    return CaseSpec(name=f"allreduce1/{backend}/{size}B/{stance.case_mode(mode, device)}", params=params,
+                    mode=ENGINE_MODE[mode],
                     setup=setup, measure_kw={"device": device})
 
 

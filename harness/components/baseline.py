@@ -59,7 +59,8 @@ def exhibit_cases(device: str | None = None) -> list[CaseSpec]:
 
                 return fn, check, None
 
-            out.append(CaseSpec(name=f"sync/{op_name}/{stance.case_mode(mode, device)}", params={"op": op_name, "device": device},
+            out.append(CaseSpec(name=f"sync/{op_name}/{stance.case_mode(mode, device)}",
+                                params={"op": op_name, "device": device},
                                 mode=mode, setup=setup, measure_kw={"device": device}))
     return out
 

@@ -92,8 +92,8 @@ def copy_source(device: str | None = None) -> str | None:
 def streaming_case_rows(records: list[dict], prefix: str, with_mode: bool = False) -> tuple[list[dict], list[dict]]:
     """The passing, timed records whose name starts with `prefix`, and one table row each for a weight-streaming
     kernel: median, MB moved, GB/s, eta and the bandwidth floor (derived figures the bench modules store). From a CPU
-    run GB/s, eta and the floor are withheld: a CPU copy ceiling says nothing about a kernel's distance from a GPU's. A case
-    that rotated over fewer sets than the rule wants (too little memory) says so in a `note` column."""
+    run GB/s, eta and the floor are withheld: a CPU copy ceiling says nothing about a kernel's distance from a GPU's.
+    A case that rotated over fewer sets than the rule wants (too little memory) says so in a `note` column."""
     ok = [r for r in records if r["name"].startswith(prefix) and r["check"]["ok"] and "summary" in r]
     cpu = cpu_numbers(records)
     rows = [{"case": r["name"], **({"mode": mode_label(r)} if with_mode else {}), "median_us": r["summary"]["median_us"],

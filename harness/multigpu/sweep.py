@@ -426,7 +426,8 @@ def _report(outcomes: list[dict], nproc: int, root: Path, launched: dict, cpu: b
         if o["status"] not in ("ok",) and not o["status"].startswith("skipped"):
             print(f"\n{o['label']}: {o['status']}; last output:\n  " + "\n  ".join(o["output_tail"]))
     if cpu:
-        print(f"\nno recommendation: {stance.NO_NCCL_ADVICE} (a plumbing check: the table says which settings ran and passed)")
+        print(f"\nno recommendation: {stance.NO_NCCL_ADVICE} (a plumbing check: the table says which settings ran "
+              "and passed)")
     elif winner:
         if winner["setting"] == "default":
             what = "default (no setting beat the environment as launched)" + (", which sets:" if exports else "")
