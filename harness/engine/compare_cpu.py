@@ -12,7 +12,15 @@ def _spread(c) -> str:
     """q1..q3 of the samples (the stored interval when a file has only summaries)."""
     lo, hi = (np.percentile(c.samples_us, [25, 75]) if c.samples_us is not None and len(c.samples_us)
               else c.interval_us or (None, None))
-    return "-" if lo is None else f"{lo:.4g}..{hi:.4g}"
+    return "-" if lo is None else f"{_us(lo)}..{_us(hi)}"
+
+
+def _n(c) -> str:
+    return str(len(c.samples_us)) if c.samples_us is not None else "-"
+
+
+def _us(v: float) -> str:
+    return f"{v:.0f}" if v >= 100 else f"{v:.3g}"  # no exponent: the medians beside it are printed whole
 
 
 def report(base, new, exit_ok: int, exit_failed: int) -> int:
@@ -28,13 +36,12 @@ def report(base, new, exit_ok: int, exit_failed: int) -> int:
                    "check failed in NEW" if not n.ok and not n.skipped else "skipped or failed in one file")
             other.append(f"{why}: {name}")
             continue
-        rows.append({"case": name, "mode": n.mode or b.mode, "base median_us": b.median_us, "base q1..q3": _spread(b),
-                     "base n": len(b.samples_us) if b.samples_us is not None else None,
-                     "new median_us": n.median_us, "new q1..q3": _spread(n),
-                     "new n": len(n.samples_us) if n.samples_us is not None else None})
-    print(f"{stance.CPU_STANCE}: the samples of each case side by side, no verdict")
+        rows.append({"case": name, "mode": n.mode or b.mode, "base median_us": _us(b.median_us),
+                     "base q1..q3": _spread(b), "base n": _n(b), "new median_us": _us(n.median_us),
+                     "new q1..q3": _spread(n), "new n": _n(n)})
+    print(f"{stance.CPU_STANCE}.\nEach case's samples side by side (median, q1..q3, n), no verdict:")
     if rows:
-        print(tabulate(rows, headers="keys", floatfmt=".4g", missingval="-"))
+        print(tabulate(rows, headers="keys", disable_numparse=True, colalign=["left", "left"] + ["right"] * 6))
     for line in other:
         print(line)
     print(f"cases: {len(rows)} timed in both" + (f", {len(failed)} check(s) failed in NEW" if failed else "")
