@@ -312,7 +312,7 @@ def would_rank(runs: dict) -> list[str]:
     stood_in = sorted({s for c in runs.get("cycle", {}).get("cases", []) if (s := stance.stand_in(c))})
     out = ["", "## Levers advise would rank on a GPU (not ranked here)", stance.CPU_STANCE]
     for name, cmd in MEASURE.items():
-        note = (f" (this cycle ran a torch reference in place of {' and '.join(stood_in)}: neither kernel ran)"
+        note = (f" (this cycle ran a torch reference in place of {' and '.join(stood_in)}: no attention kernel ran)"
                 if name == "verify attention" and stood_in else "")
         out.append(f"- {name}: on a GPU, `{cmd}`{note}")
     return out
