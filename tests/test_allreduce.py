@@ -503,6 +503,13 @@ def test_cpu_allreduce_rows_withhold_gb_s_and_read_eager_as_cpu_hot():
     assert all(r["algbw(GB/s)"] == results.WITHHELD and r["busbw(GB/s)"] == results.WITHHELD for r in cpu)
     (gpu,) = table_rows([record("graph", "cuda")])
     assert gpu["mode"] == "graph" and gpu["algbw(GB/s)"] == 0.006  # a GPU row keeps its bandwidth
+    # the torchrun job's tables on CPU: no "fastest backend" ranking, the withheld columns named once above
+    from verifybench.harness.collectives.allreduce_results import tables
+    from verifybench.harness.engine.tables import render
+
+    (title, rows), = tables([record("graph", "cpu"), record("eager", "cpu")])
+    assert render(rows).count("withheld") == 1 and results.WITHHELD not in render(rows)
+    assert [t for t, _ in tables([record("graph", "cuda")])][-1] == "fastest backend per size, graph mode"
 
 
 def test_cpu_case_names_carry_the_cpu_mode_label_as_the_tables_do():

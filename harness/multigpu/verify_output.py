@@ -142,7 +142,8 @@ class Output:
         ar = "NO allreduce (debug)" if p["no_allreduce"] else "real allreduce"
         print(f"\n# verify forward, {p['preset']} TP-{p['tp']} rank shapes on {self.info.world_size} ranks, "
               f"{p['layers_run']} layers, context {p['context']}, {self.ranks[0]['ops'] or 'no'} ops; {ar}, "
-              f"2 per layer; time = max over ranks of the per-rank median, graph mode, warm-up {p['warmup_calls']}, "
+              f"2 per layer; time = max over ranks of the per-rank median, "
+              f"{'cpu-loop (no CUDA graph)' if p['device'] == 'cpu' else 'graph mode'}, warm-up {p['warmup_calls']}, "
               f"samples {p['samples']}")
         print(table_text(self.rows, p["device"]), flush=True)
 
