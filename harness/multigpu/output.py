@@ -69,8 +69,9 @@ class Output:
               f"{self.plan['warmup_calls']}, samples {self.plan['samples']} (isolated {self.plan['isolated_samples']})")
         for title, rows in tables(run["cases"]):
             if rows:
-                # CPU: through tables.render, which names the withheld GB/s columns once above the table
-                print(f"\n{title}\n" + (render(rows) if self.device_type == "cpu" else
+                # CPU-timed rows (gloo): through tables.render, which names a withheld column once above the table
+                withheld = any(results.WITHHELD in row.values() for row in rows)
+                print(f"\n{title}\n" + (render(rows) if withheld else
                                          tabulate(rows, headers="keys", floatfmt=".2f", stralign="right")))
         for b, why in skipped.items():
             print(f"skipped {b}: {why}")
