@@ -1,3 +1,4 @@
+# Over 400 lines: the verify component's cases, checks, tables and charts read as one (issue 43 moves write_png out).
 """Synthetic verify forward of one TP rank at n = 1..8 tokens, whole and per component (isolated: only that
 component; marginal: the forward without it), each captured as one CUDA graph per n.
 

@@ -1,4 +1,4 @@
-# over 400 lines: two file formats read and checked, the verdicts and the report of one comparison
+# Over 400 lines: the verdict rules, the fingerprint diff and the command share one noise model.
 """Noise-aware comparison of two runs: per-case verdict SAME / FAST / SLOW / AMBG, and the fingerprint diff.
 
 Reads the suite's result files and pytest-benchmark JSON (with or without raw data). Per case: a Mann-Whitney U test

@@ -1,4 +1,4 @@
-# over 400 lines: the sweep driver, its per-setting torchruns and their cleanup, the ranking and the report
+# Over 400 lines: the sweep's settings, its torchrun driver and its ranking are one job's steps.
 """NCCL setting sweep: each setting (P2P/SHM transport, P2P level, protocol x algorithm, channels, buffer size,
 threads, ...) runs in a fresh torchrun of verifybench.harness.multigpu.allreduce, the transport and algorithm NCCL chose
 are read back from its INFO log, the settings are ranked at verify sizes, the best of each group is run combined,
