@@ -149,8 +149,40 @@ def test_advise_on_cpu_results_withholds_every_figure(tmp_path, capsys):
     assert cli_main(["advise", str(tmp_path), "--accept-len", "3:2.4"]) == 0
     text = capsys.readouterr().out
     ext = _cycle_ms((2, 1, 3), "extend")
-    assert results.WITHHELD in text and f"{ext:.4g}" not in text and "tok/s" in text
+    assert results.WITHHELD in text and f"{ext:.4g}" not in text and "tok/s" not in text
     assert not any(ch.isdigit() for line in text.split("## Levers")[0].splitlines()[2:] for ch in line)
+
+
+def test_advise_on_cpu_results_ranks_nothing_prints_no_engine_flag_and_lists_what_it_would_rank(tmp_path, capsys):
+    for name in ("cycle.json", "verify.json", "graph_replay.json.gz", "mla_verify.json"):
+        _as_cpu(H200 / name, tmp_path)
+    assert cli_main(["advise", str(tmp_path), "--accept-len", "3:2.4"]) == 0
+    levers = capsys.readouterr().out.split("## Levers", 1)[1]
+    assert "would rank on a GPU" in levers and "1." not in levers and "--speculative" not in levers
+    assert "--attention-backend" not in levers and "[measured" not in levers
+    assert all(f"- {name}: on a GPU, `{cmd}`" in levers for name, cmd in advise.MEASURE.items())
+
+
+def test_advise_attention_lever_on_torch_reference_rows_is_not_measured(tmp_path, capsys):
+    """A cycle whose split_kv and extend rows ran the torch reference (as on CPU) costs no attention lever."""
+    run = results.read_json(H200 / "cycle.json")
+    for c in run["cases"]:
+        c.setdefault("derived", {})["attention_ran"] = "torch reference"
+    results.write_json_atomic(tmp_path / "cycle.json", run)
+    assert cli_main(["advise", str(tmp_path / "cycle.json")]) == 0
+    text = capsys.readouterr().out
+    assert "extend -> split_kv" not in text
+    assert "verify attention: not measured here" in text and "torch reference standing in" in text
+
+
+def test_advise_on_a_cpu_cycle_names_the_torch_reference_that_stood_in(tmp_path, capsys):
+    run = results.read_json(H200 / "cycle.json")
+    for c in run["cases"]:
+        c["device"] = "cpu"
+        c.setdefault("derived", {})["attention_ran"] = "torch reference"
+    results.write_json_atomic(tmp_path / "cycle.json", run)
+    assert cli_main(["advise", str(tmp_path / "cycle.json")]) == 0
+    assert "ran a torch reference in place of extend and split_kv: no attention kernel ran" in capsys.readouterr().out
 
 
 def test_advise_help_explains_the_answer_levers_and_withholding(capsys):
@@ -176,6 +208,38 @@ def test_nccl_from_refuses_a_result_that_is_not_a_sweep_naming_it(capsys):
     assert cli_main(["env", "--nccl-from", str(H200 / "cycle.json")]) == 2
     err = capsys.readouterr().err
     assert "cycle.json: a cycle result" in err and "allreduce_sweep" in err and err.count("\n") == 1
+
+
+def test_advise_nccl_from_a_cycle_result_says_it_is_not_a_sweep_result(capsys):
+    assert cli_main(["advise", str(H200 / "cycle.json"), "--nccl-from", str(H200 / "cycle.json")]) == 2
+    err = capsys.readouterr().err
+    assert "a cycle result, not an NCCL sweep result" in err and "no passing default" not in err
+    assert err.count("\n") == 1
+
+
+def _cpu_sweep(dst: Path) -> Path:
+    """The GPU sweep as a CPU sweep stores it: gloo cases, a CPU fingerprint."""
+    run = results.read_json(H200X2 / "allreduce_sweep.json.gz")
+    for c in run["cases"]:
+        c["device"], c["params"]["backend"] = "cpu", "gloo"
+    run["fingerprint"].update(gpu_model="cpu", gpus=[], torch_device=None, cuda_available=False)
+    return results.write_json_atomic(dst / "allreduce_sweep-20261205T000000Z.json", run)
+
+
+def test_nccl_from_a_cpu_sweep_says_in_one_line_it_gives_no_recommendation(tmp_path, capsys):
+    sweep = _cpu_sweep(tmp_path)
+    assert cli_main(["env", "--nccl-from", str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("CPU sweep results give no NCCL recommendation") == 1 and "winner" not in out
+    _as_cpu(H200 / "cycle.json", tmp_path)
+    assert cli_main(["advise", str(tmp_path / "cycle.json"), "--nccl-from", str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert "CPU sweep results give no NCCL recommendation" in out and "export" not in out
+
+
+def test_nccl_from_a_gpu_sweep_file_names_its_winner(capsys):
+    assert cli_main(["env", "--nccl-from", str(H200X2 / "allreduce_sweep.json.gz")]) == 0
+    assert "winner 'NCCL_GRAPH_MIXING_SUPPORT=0'" in capsys.readouterr().out
 
 
 def test_result_kind_is_the_name_before_the_stamp_or_the_baselines_stem(tmp_path):

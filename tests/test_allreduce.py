@@ -74,8 +74,9 @@ def test_gloo_eight_rank_run_prints_table_and_saves_checked_json(quick_sweep):
     _, summary = quick_sweep
     job = next(summary.with_suffix("").glob("00-*"))  # the runs sit in the folder of its name
     out = (job / "output.log").read_text()
-    assert re.search(r"size\(B\)\s+count\s+type\s+backend\s+mode\s+time\(us\)\s+algbw\(GB/s\)\s+busbw\(GB/s\)\s+#wrong",
-                     out), out[-3000:]
+    # gloo: CPU-timed, so the bandwidth columns are named withheld once above the table (stance.py)
+    assert "withheld (CPU numbers): algbw(GB/s), busbw(GB/s)" in out, out[-3000:]
+    assert re.search(r"size\(B\)\s+count\s+type\s+backend\s+mode\s+time\(us\)\s+#wrong", out), out[-3000:]
     run = load_run(job / "allreduce.json")
     assert run["component"] == "allreduce"
     assert run["extra"]["world_size"] == 8 and run["extra"]["complete"]
@@ -134,12 +135,12 @@ def test_quick_nccl_sweep_runs_each_setting_in_a_fresh_eight_rank_torchrun_and_p
     assert "1. [default] default" in out and "2. [protocol x algorithm] NCCL_PROTO=LL,NCCL_ALGO=Ring" in out
     assert "the NCCL variables do nothing here" in out  # gloo: a plumbing check, said so
     assert re.search(r"\[sweep 1/3, \d+/1800 s\] default \.\.\. ok", out), out[-3000:]
-    assert "settings ranked at verify sizes" in out and "fastest setting per size" in out
-    assert "not a recommendation" in out and results.WITHHELD in out
+    assert "graph-mode time (us) per NCCL setting" in out and "settings ranked at verify sizes" not in out
+    assert "no NCCL recommendation" in out and not re.search(r"^export ", out, re.M)  # gloo: no winner to paste
     run = load_run(summary)
     assert {c["params"]["nccl_setting"] for c in run["cases"]} == {"default", "NCCL_PROTO=LL,NCCL_ALGO=Ring"}
     assert all(c["check"]["ok"] and c["params"]["world_size"] == 8 for c in run["cases"])
-    assert run["extra"]["winner"]["setting"] in ("default", "NCCL_PROTO=LL,NCCL_ALGO=Ring")
+    assert run["extra"]["winner"] is None  # gloo: CPU numbers name no winner
     # each setting reached its ranks' environment (recorded in their fingerprint), multicast still off
     for i, want in enumerate((None, "LL")):
         setting_run = load_run(next(summary.with_suffix("").glob(f"{i:02d}-*/allreduce.json")))
@@ -173,9 +174,7 @@ def _outcome(label: str, env: dict, times: dict[int, float], status: str = "ok")
     return {"label": label, "group": sweep.group_of(env), "env": env, "status": status, "run": {"cases": cases}}
 
 
-def test_sweep_tables_withhold_gains_and_ratios_of_a_cpu_gloo_sweep():
-    from verifybench.harness.engine.results import WITHHELD
-
+def test_cpu_sweep_tables_show_the_times_only_no_fastest_setting_nor_ranking():
     outcomes = [{**_outcome("default", {}, {512: 20.0}), "nccl_log": {}},
                 {**_outcome("NCCL_PROTO=LL", {"NCCL_PROTO": "LL"}, {512: 10.0}), "nccl_log": {}}]
     gpu = dict(sweep.summary_tables(outcomes))
@@ -183,10 +182,8 @@ def test_sweep_tables_withhold_gains_and_ratios_of_a_cpu_gloo_sweep():
     for o in outcomes:
         for c in o["run"]["cases"]:
             c["device"] = "cpu"
-    cpu = dict(sweep.summary_tables(outcomes))
-    assert cpu["fastest setting per size"][0]["gain vs default"] == WITHHELD
-    ranked = next(rows for title, rows in cpu.items() if title.startswith("settings ranked"))
-    assert ranked and all(r["x default"] == WITHHELD for r in ranked)
+    (title, grid), = sweep.summary_tables(outcomes)
+    assert "not ranked" in title and [r["setting"] for r in grid] == ["default", "NCCL_PROTO=LL"]
 
 
 def test_sweep_ranks_at_verify_sizes_and_combines_the_best_of_independent_groups():
@@ -234,13 +231,39 @@ def test_sweep_without_out_saves_under_the_default_folder_exports_only_what_it_m
     out = capsys.readouterr().out
     (summary,) = (tmp_path / results.DEFAULT_OUT / "cpu").glob("allreduce_sweep-*.json")
     assert load_run(summary)["component"] == "allreduce_sweep"
-    assert "export NCCL_PROTO=LL" in out
     assert "every setting runs with NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 (launched with " \
-           "NCCL_NVLS_ENABLE unset" in out  # what it measured under, said once, never exported
-    assert "NCCL_NVLS_ENABLE=0" not in out.split("fastest at verify sizes")[1]  # never measured with NVLS on
-    assert "TORCH_SYMM_MEM_DISABLE_MULTICAST" not in out.split("fastest at verify sizes")[1]
-    assert "+40.0%" not in out and "0.6" not in out.split("settings ranked")[1]  # the gains: CPU timer noise
-    assert out.count(results.WITHHELD) >= 2 and "CPU numbers" in out
+           "NCCL_NVLS_ENABLE unset" in out  # what it measured under, said once
+    assert "+40.0%" not in out and "settings ranked" not in out and "CPU numbers" in out  # no gain, no ranking
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a gloo sweep on a CPU box")
+def test_cpu_sweep_prints_no_export_line_no_winner_and_says_it_recommends_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sweep, "run_setting", _stub_setting)  # its LL setting is 40% faster than the default
+    monkeypatch.setattr(sweep, "_gpu_count", lambda: 0)
+    assert allreduce_main(["--nccl-sweep", "--setting", "default", "--setting", "NCCL_PROTO=LL",
+                           "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert not re.search(r"^export ", out, re.M) and "fastest" not in out and "winner" not in out.split("NOTE")[-1]
+    assert "no recommendation: CPU sweep results give no NCCL recommendation" in out
+    assert "combined: not run (CPU numbers" in out  # nothing won, so nothing is combined
+    (summary,) = tmp_path.glob("allreduce_sweep-*.json")
+    extra = load_run(summary)["extra"]
+    assert extra["winner"] is None and extra["ranking"] == [] and "no NCCL recommendation" in extra["recommendation"]
+
+
+def test_gpu_sweep_still_names_its_winner_and_prints_its_export_lines(tmp_path, monkeypatch, capsys):
+    def gpu_setting(*args):
+        outcome = _stub_setting(*args)
+        for c in outcome["run"]["cases"]:
+            c["device"], c["params"]["backend"] = "cuda", "nccl"
+        return outcome
+
+    monkeypatch.setattr(sweep, "run_setting", gpu_setting)
+    monkeypatch.setattr(sweep, "_gpu_count", lambda: 2)
+    assert allreduce_main(["--nccl-sweep", "--setting", "default", "--setting", "NCCL_PROTO=LL",
+                           "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "fastest at verify sizes: NCCL_PROTO=LL; paste to use it:" in out and "export NCCL_PROTO=LL" in out
 
 
 def test_sigterm_mid_sweep_ends_the_setting_as_ctrl_c_does_exit_130_in_one_line(tmp_path, monkeypatch, capsys):
@@ -468,3 +491,35 @@ def test_each_kind_of_result_the_torchrun_room_writes_has_its_own_file_prefix(mo
     assert output.COMPONENT == "allreduce"
     kinds = [one_rank.NAME, prefix, sweep.COMPONENT, verify_output.COMPONENT]
     assert kinds == ["allreduce", "allreduce_ranks", "allreduce_sweep", "verify_dist"]
+
+
+def test_cpu_allreduce_rows_withhold_gb_s_and_read_eager_as_cpu_hot():
+    def record(mode, device):
+        return {"name": f"allreduce1/gloo/512B/{mode}", "check": {"ok": True, "detail": ""}, "device": device,
+                "params": {"backend": "gloo", "size_bytes": 512, "count": 256, "dtype": "bf16", "mode": mode},
+                "derived": {"time_us": 80.0, "algbw_gbps": 0.006, "busbw_gbps": 0.0, "wrong": 0, "p99_us": 90.0,
+                            "slowest_rank": 0}}
+
+    cpu = table_rows([record("graph", "cpu"), record("eager", "cpu")])
+    assert [r["mode"] for r in cpu] == ["cpu-loop", "cpu-hot"]
+    assert all(r["algbw(GB/s)"] == results.WITHHELD and r["busbw(GB/s)"] == results.WITHHELD for r in cpu)
+    (gpu,) = table_rows([record("graph", "cuda")])
+    assert gpu["mode"] == "graph" and gpu["algbw(GB/s)"] == 0.006  # a GPU row keeps its bandwidth
+    # the torchrun job's tables on CPU: no "fastest backend" ranking, the withheld columns named once above
+    from verifybench.harness.collectives.allreduce_results import tables
+    from verifybench.harness.engine.tables import render
+
+    (title, rows), = tables([record("graph", "cpu"), record("eager", "cpu")])
+    assert render(rows).count("withheld") == 1 and results.WITHHELD not in render(rows)
+    assert [t for t, _ in tables([record("graph", "cuda")])][-1] == "fastest backend per size, graph mode"
+
+
+def test_cpu_case_names_carry_the_cpu_mode_label_as_the_tables_do():
+    """A CPU case's name (its JSON name, its pytest-benchmark ID) says cpu-loop/cpu-hot, never graph/eager."""
+    from verifybench.harness.components import allreduce as bench_allreduce, baseline
+
+    specs = [s for s in bench_allreduce.cases("tiny", 1, 64) if s.params["backend"] == "gloo"]
+    specs += [s for s in baseline.cases("tiny", 1, 64) if s.measure_kw.get("device") == "cpu"]
+    assert specs
+    assert not [s.name for s in specs if s.name.rsplit("/", 1)[1] in ("graph", "eager", "hot", "cold")]
+    assert {s.name.rsplit("/", 1)[1] for s in specs if s.name.startswith("allreduce1/")} == {"cpu-loop", "cpu-hot"}

@@ -95,7 +95,7 @@ def test_cpu_report_withholds_what_cpu_noise_cannot_support(run_dir):
 
 def test_eta_uses_the_copy_ceiling_measured_by_the_baseline_of_the_same_run(run_dir):
     baseline = json.loads(next(run_dir.glob("baseline-*.json")).read_text())["cases"]
-    hot = next(r for r in baseline if r["name"].startswith("copy/") and r["mode"] == "hot")
+    hot = next(r for r in baseline if r["name"].startswith("copy/") and r["mode"] in ("hot", "cpu-hot"))
     for component in ("verify", "skinny_gemm", "mla_decode", "moe_int4"):
         records = json.loads(next(run_dir.glob(f"{component}-*.json")).read_text())["cases"]
         ceilings = {r["derived"]["copy_gbps"] for r in records if r["check"]["ok"] and "copy_gbps" in r["derived"]}
@@ -287,12 +287,31 @@ def test_verify_charts_tick_integer_n_and_plot_no_withheld_roofline_on_cpu(run_d
     records = json.loads(next(run_dir.glob("verify-*.json")).read_text())["cases"]
     figs = _figures(monkeypatch)
     bench_verify.charts(records, tmp_path, "x")
-    assert len(figs) == 2
+    assert len(figs) == (2 if torch.cuda.is_available() else 1)
     for fig in figs:
         ax = fig.axes[0]
         assert all(float(t).is_integer() for t in ax.get_xticks())
-    labels = [line.get_label() for line in figs[1].axes[0].get_lines()]
-    assert ("weight+KV roofline" in labels) == torch.cuda.is_available()
+    if torch.cuda.is_available():
+        labels = [line.get_label() for line in figs[1].axes[0].get_lines()]
+        assert "weight+KV roofline" in labels
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU run's charts")
+def test_cpu_charts_draw_no_comparison_the_tables_withhold(run_dir, tmp_path, monkeypatch):
+    """No measured-vs-predicted verify chart, no measured forward over the stacked parts, no cycle over the stacked
+    phases (their sum is not the cycle on CPU), and each chart says so in its title."""
+    from verifybench.harness.components import cycle
+
+    verify = json.loads(next(run_dir.glob("verify-*.json")).read_text())["cases"]
+    figs = _figures(monkeypatch)
+    paths = bench_verify.charts(verify, tmp_path, "x")
+    assert [p.name for p in paths] == ["verify_components-x.png"]
+    ax = figs[0].axes[0]
+    assert "measured forward" not in [line.get_label() for line in ax.get_lines()] and "not compared" in ax.get_title()
+    records = json.loads(next(run_dir.glob("cycle-*.json")).read_text())["cases"]
+    cycle.charts(records, tmp_path, "x")
+    ax = figs[-1].axes[0]
+    assert not ax.get_lines() and "their sum is not the cycle" in ax.get_title()
 
 
 def test_cycle_chart_has_an_x_label_and_its_legend_beside_the_bars(run_dir, tmp_path, monkeypatch):
@@ -365,3 +384,19 @@ def test_run_help_wraps_the_component_list_between_names_never_inside_one(monkey
     help_text = capsys.readouterr().out.split("--components COMPONENTS")[-1]  # the option, not the usage
     words = {w.strip(",.()") for w in help_text.split()}
     assert set(REGISTRY) <= words  # each name whole on one line
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU run's tables")
+def test_cpu_run_tables_print_no_bandwidth_and_no_graph_mode(run_dir):
+    """GB/s from a CPU time (the interpreter's kernels read 0.000) is withheld in every component's tables, and no
+    row of a CPU run says `graph`/`eager`: the mode reads cpu-loop/cpu-hot as in the JSON."""
+    from verifybench.harness.components import REGISTRY, load
+
+    for name in REGISTRY:
+        records = json.loads(next(run_dir.glob(f"{name}-2*.json")).read_text())["cases"]
+        for title, rows in load(name).tables(records):
+            for row in rows:
+                rates = {k: v for k, v in row.items() if "GB/s" in k and isinstance(v, (int, float))}
+                assert not rates, (name, title, rates)
+                assert row.get("mode") not in ("graph", "eager", "hot"), (name, title, row)
+        assert all(r.get("mode", "cpu-") is None or r.get("mode", "cpu-").startswith("cpu-") for r in records), name

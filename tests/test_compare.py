@@ -162,9 +162,8 @@ def test_summary_splits_device_timed_from_host_timed_cases(tmp_path, capsys):
         _write(tmp_path / f"b_{name}.json", {name: new[name]}, device="cuda" if name == "dev" else "cpu")
     assert _cli(tmp_path / "a_dev.json", tmp_path / "b_dev.json") == 0
     assert "device-timed: 1 of 1 SAME" in capsys.readouterr().out
-    assert _cli(tmp_path / "a_cpu.json", tmp_path / "b_cpu.json") == 1
-    out = capsys.readouterr().out
-    assert "host-timed: 0 of 1 SAME" in out and "NOTE: 1 of the SLOW/FAST cases are host-timed" in out
+    assert _cli(tmp_path / "a_cpu.json", tmp_path / "b_cpu.json") == 0  # CPU-timed: no verdict (stance.py)
+    assert "SLOW" not in capsys.readouterr().out
 
 
 def test_a_case_sampled_in_another_process_state_is_named(tmp_path, capsys):
@@ -305,3 +304,46 @@ def test_a_missing_file_is_blamed_on_its_own_side_beside_a_folder(missing_side, 
     argv = ["compare", gone, folder] if missing_side == "BASE" else ["compare", folder, gone]
     assert main(argv) == 2
     assert capsys.readouterr().err == f"error: {missing_side} {gone}: no such file or folder\n"
+
+
+CPU_FP = {"gpu_model": "cpu", "slug": "cpu", "env": {}}
+
+
+def test_compare_of_cpu_runs_gives_no_verdict_and_exits_0(tmp_path, capsys):
+    base = _write(tmp_path / "a.json", {"x": _samples(1), "y": _samples(2, 50)}, fp=CPU_FP, device="cpu")
+    new = _write(tmp_path / "b.json", {"x": _samples(3, 150), "y": _samples(4, 25)}, fp=CPU_FP, device="cpu")
+    assert _cli(base, new) == 0
+    out = capsys.readouterr().out
+    table = out.split("CPU numbers", 1)[1]
+    assert not any(v in table for v in ("SAME", "FAST", "SLOW", "AMBG", "regression", "change_%"))
+    assert "median_us" in out and "q1..q3" in out and "no verdict" in out
+
+
+def test_compare_of_cpu_runs_still_fails_a_check_that_failed_in_new(tmp_path, capsys):
+    base = _write(tmp_path / "a.json", {"x": _samples(1)}, fp=CPU_FP, device="cpu")
+    new = _write(tmp_path / "b.json", {"x": _samples(2)}, fp=CPU_FP, device="cpu", ok=False)
+    assert _cli(base, new) == 1
+    assert "check failed in NEW: x" in capsys.readouterr().out
+
+
+def test_compare_shows_a_cpu_records_mode_as_its_tables_do_old_files_too(tmp_path, capsys):
+    """A CPU record stores cpu-loop; a file from before stored `graph`: both read cpu-loop and line up."""
+    new = _write(tmp_path / "b.json", {"x": _samples(2)}, fp=CPU_FP, device="cpu")
+    assert json.loads(new.read_text())["cases"][0]["mode"] == "cpu-loop"
+    old = json.loads(new.read_text())
+    old["cases"][0]["mode"] = "graph"
+    (tmp_path / "a.json").write_text(json.dumps(old))
+    assert _cli(tmp_path / "a.json", new) == 0
+    out = capsys.readouterr().out
+    assert "cpu-loop" in out and "graph" not in out.split("NEW")[-1]
+
+
+def test_compare_lines_up_an_old_cpu_file_whose_case_names_say_graph(tmp_path, capsys):
+    """Older CPU files named cases .../graph; this version names them .../cpu-loop (its pytest-benchmark IDs too)."""
+    new = _write(tmp_path / "b.json", {"copy/1B/cpu-loop": _samples(2)}, fp=CPU_FP, device="cpu")
+    old = json.loads(new.read_text())
+    old["cases"][0].update(name="copy/1B/graph", mode="graph")
+    (tmp_path / "a.json").write_text(json.dumps(old))
+    assert _cli(tmp_path / "a.json", new) == 0
+    out = capsys.readouterr().out
+    assert "only in" not in out and "copy/1B/cpu-loop" in out and "1 timed in both" in out

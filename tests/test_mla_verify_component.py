@@ -67,7 +67,7 @@ def test_each_variant_checks_against_the_reference_then_is_timed(records):
     assert [r["params"]["variant"] for r in records] == ["extend", "split_kv"]
     for r in records:
         assert r["check"]["ok"], r["check"]["detail"]
-        assert r["mode"] == "graph" and r["summary"]["median_us"] > 0
+        assert r["mode"] == "cpu-loop" and r["summary"]["median_us"] > 0
         d = r["derived"]
         assert d["per_forward_us"] == pytest.approx(r["summary"]["median_us"] * 3)
         assert d["bytes_moved"] == ((64 + 3) * 40 + 4 * 3 * (2 * 32 + 8)) * 2
@@ -116,14 +116,31 @@ def test_chart_is_one_png_named_with_the_stamp(records, tmp_path):
     assert mla_verify.charts([], tmp_path, "x") == []
 
 
-@cpu_only
-def test_chart_has_a_log_y_axis_so_split_kv_shows_beside_extend(records, tmp_path, monkeypatch):
+def _chart_axes(records, tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
 
     figs = []
     monkeypatch.setattr(plt, "close", lambda fig=None: figs.append(fig))
     mla_verify.charts(records, tmp_path, "x")
-    assert figs[0].axes[0].get_yscale() == "log"
+    return figs[0].axes[0]
+
+
+def test_chart_has_log_axes_where_contexts_span_and_split_kv_sits_10x_below_extend(tmp_path, monkeypatch):
+    records = [{"name": f"mla_verify/{v}/{c}", "check": {"ok": True}, "summary": {"median_us": t * c / 1024},
+                "params": {"variant": v, "tree": "chain", "n": 3, "context": c}}
+               for v, t in (("extend", 500.0), ("split_kv", 20.0)) for c in (1024, 8192, 65536)]
+    ax = _chart_axes(records, tmp_path, monkeypatch)
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+
+
+@cpu_only
+def test_cpu_chart_of_one_point_per_series_has_linear_axes_and_a_color_and_marker_per_series(records, tmp_path,
+                                                                                             monkeypatch):
+    ax = _chart_axes(records, tmp_path, monkeypatch)
+    assert ax.get_xscale() == "linear" and ax.get_yscale() == "linear"  # one context: no log-log of single points
+    lines = ax.get_lines()
+    assert len(lines) == 2 and lines[0].get_color() != lines[1].get_color()
+    assert lines[0].get_marker() != lines[1].get_marker()
 
 
 @cpu_only

@@ -75,7 +75,7 @@ def test_saved_stats_are_the_engines_device_samples(saved):
     assert len(data["benchmarks"]) == 3
     for b in data["benchmarks"]:
         extra, st = b["extra_info"], b["stats"]
-        assert extra["mode"] in ("hot", "graph", "host_sync")
+        assert extra["mode"] in (("cpu-hot", "cpu-loop") if extra["device"] == "cpu" else ("hot", "graph", "host_sync"))
         assert st["rounds"] == extra["summary"]["n"] and st["iterations"] == 1
         assert st["median"] * 1e6 == pytest.approx(extra["summary"]["median_us"], rel=1e-9)
         assert min(st["data"]) * 1e6 == pytest.approx(extra["summary"]["min_us"], rel=1e-9)
@@ -107,7 +107,8 @@ def test_saved_file_compares_same_against_itself(saved, capsys):
     tmp, _, _, _ = saved
     path = next((tmp / "storage").rglob("0001_first.json"))
     assert cli_main(["compare", str(path), str(path)]) == 0
-    assert "SAME" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert ("no verdict" in out) if "cpu-" in out else ("SAME" in out)  # CPU numbers: no verdict (stance.py)
 
 
 def test_saved_file_without_raw_data_compares_by_intervals(saved, capsys, tmp_path):
@@ -117,7 +118,8 @@ def test_saved_file_without_raw_data_compares_by_intervals(saved, capsys, tmp_pa
     path = tmp_path / "nodata.json"
     path.write_text(json.dumps(data))
     assert cli_main(["compare", str(path), str(path)]) == 0
-    assert "intervals overlap" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert ("q1..q3" in out) if "cpu-" in out else ("intervals overlap" in out)  # CPU: the intervals, no verdict
 
 
 def test_release_under_test_is_reported(saved):
@@ -171,3 +173,27 @@ def test_the_benchmark_session_checks_settings_and_times_with_one_cpu_thread(mon
         with pytest.raises(pytest.UsageError, match=name):
             pytest_plugin.pytest_sessionstart(None)
         monkeypatch.delenv(name)
+
+
+def test_cpu_benchmark_table_prints_no_ratio_to_the_best_case(monkeypatch):
+    import torch
+    from pytest_benchmark import table
+
+    from verifybench.harness.engine import pytest_plugin
+
+    monkeypatch.setattr(table, "compute_baseline_scale", table.compute_baseline_scale)  # restored afterwards
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    pytest_plugin.pytest_configure(type("Config", (), {"getoption": lambda self, name, default=None: None})())
+    assert table.compute_baseline_scale(1.0, 2000.0, 10) == " " * 10  # was " (>1000.0)"
+
+
+def test_cpu_child_run_table_shows_no_ratio_and_no_verdict(saved):
+    import re
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU run's table keeps pytest-benchmark's ratios")
+    _, data, _, r = saved
+    assert not re.search(r"\((>1000\.0|\d+\.\d\d|inf)\)", r.stdout), r.stdout[-2000:]
+    assert all(b["extra_info"]["mode"].startswith("cpu-") for b in data["benchmarks"])

@@ -26,7 +26,7 @@ def test_round_trip_keeps_samples_summary_and_check(tmp_path):
     a, b = loaded["cases"]
     assert loaded["schema_version"] == results.SCHEMA_VERSION
     assert a["samples_us"] == [10.0, 11.0, 12.0] and a["summary"]["median_us"] == 11.0
-    assert a["derived"] == {"bytes_moved": 1000, "eta": 0.5} and a["mode"] == "graph"
+    assert a["derived"] == {"bytes_moved": 1000, "eta": 0.5} and a["mode"] == "cpu-loop"  # a CPU record says so
     assert b["check"] == {"ok": False, "detail": "rel_err=0.3 > 1e-2"} and "samples_us" not in b
 
 
@@ -306,3 +306,24 @@ def test_a_fingerprint_whose_gpu_model_was_edited_is_refused_as_contradicting_it
     path.write_text(json.dumps(run))
     with pytest.raises(ResultsError, match="contradicts itself: gpu_model 'NVIDIA H100' but its GPU is 'NVIDIA H200'"):
         results.load_run(path)
+
+
+def test_plan_project_and_trace_against_refuse_cpu_results_through_the_one_stance(tmp_path, monkeypatch, capsys):
+    """Every command that only draws conclusions asks stance.refusal: change its answer and all three follow."""
+    from verifybench.harness.analysis import trace_against
+    from verifybench.harness.analysis.trace_read import TraceError
+    from verifybench.harness.cli import main
+    from verifybench.harness.engine import stance
+
+    baseline = Path(__file__).resolve().parent.parent / "results/baselines/nvidia-h200-x1/verify.json"
+    run = json.loads(baseline.read_text())
+    for c in run["cases"]:
+        c["device"] = "cpu"
+    path = results.write_json_atomic(tmp_path / "verify.json", run)
+    monkeypatch.setattr(stance, "refusal",
+                        lambda run, where: f"{where}: THE STANCE" if stance.is_cpu_run(run) else None)
+    assert main(["plan", str(path), "--accept-len", "3:2.4"]) == 2 and "THE STANCE" in capsys.readouterr().err
+    assert main(["project", str(path), "--target", "rtx-pro-6000-pcie-tp8"]) == 2
+    assert "THE STANCE" in capsys.readouterr().err
+    with pytest.raises(TraceError, match="THE STANCE"):
+        trace_against.load_against(path)

@@ -40,10 +40,10 @@ def eight_rank_run():
 def test_eight_rank_gloo_run_checks_times_both_variants_and_saves(eight_rank_run):
     rc, out, _, tag, tmp_path = eight_rank_run
     assert rc == 0, out[-3000:]
-    assert re.search(r"n\s+size\(B\)\s+backend\s+full\(us\)\s+no-AR\(us\)\s+AR marginal\(us\)\s+per AR\(us\)", out), \
-        out[-3000:]
+    assert re.search(r"n\s+size\(B\)\s+backend\s+full\(us\)\s+no-AR\(us\)\s+stand-in\(us\)", out), out[-3000:]
     assert "CPU numbers" in out and "stand-in: 7.7 us" in out
-    assert re.search(r"gloo\s+[\d.]+\s+[\d.]+\s+withheld: CPU numbers", out), out[-3000:]  # no AR marginal
+    # no AR marginal: its column named withheld once above the table, not in every cell
+    assert "withheld (CPU numbers): AR marginal(us), per AR(us)" in out and "withheld: CPU numbers" not in out
     run = load_run(tmp_path / "r.json")
     assert run["component"] == "verify_dist"
     assert run["extra"]["world_size"] == 8 and run["extra"]["complete"]
@@ -56,7 +56,8 @@ def test_eight_rank_gloo_run_checks_times_both_variants_and_saves(eight_rank_run
         assert p == {"preset": "tiny", "tp": 1, "world_size": 8, "backend": "gloo", "tokens": n, "context": 64,
                      "layers": 3, "variant": variant}
         assert len(d["rank_medians_us"]) == 8 and d["time_us"] == max(d["rank_medians_us"])
-        assert c["mode"] == "graph" and c["warmup_calls"] == 2 and len(c["samples_us"]) == 3  # the agreed counts
+        assert c["mode"] == ("cpu-loop" if c["device"] == "cpu" else "graph")  # a CPU record says so
+        assert c["warmup_calls"] == 2 and len(c["samples_us"]) == 3  # the agreed counts
         assert c["calls_per_sample"] == 1
     for n in (1, 2):
         full, without = cases[(n, "full")]["derived"], cases[(n, "without-allreduce")]["derived"]
@@ -124,6 +125,16 @@ def test_the_allreduce_marginal_is_withheld_on_cpu_and_shown_on_a_gpu(device):
     for column in vd_output.DERIVED_COLUMNS:
         assert (row[column] == WITHHELD) == (device == "cpu"), column
     assert row["AR marginal(us)"] == (WITHHELD if device == "cpu" else -12386.0)
+
+
+def test_cpu_verify_dist_table_says_withheld_once_above_it_not_in_every_cell():
+    plan = {"layers_run": 3, "tokens": [1], "stand_in_by_n_us": [7.7], "hidden": 256, "preset": "tiny", "tp": 1,
+            "context": 64, "no_allreduce": False, "device": "cpu"}
+    _, rows = vd_output.build_cases("gloo", [_rank_records(100.0, 12486.0, 30.0)] * 2, plan, 2)
+    text = vd_output.table_text(rows * 3, "cpu")
+    assert text.count("withheld") == 1 and text.startswith("withheld (CPU numbers): AR marginal(us)")
+    assert "full(us)" in text and WITHHELD not in text
+
 
 
 def _streams(values):

@@ -5,8 +5,9 @@ RESULTS: a folder (the latest file of each kind in it: the name's prefix before 
 or result files; default the latest run's folder under ./verifybench-results/. Each lever is applied alone to the
 engine's cycle (its serial `extend` verify attention at (2,1,3), the deployment's shape) and costed through plan's
 model: T_cycle after, break-even tau* = T_cycle / T_decode, tok/s = 1000 * tau / T_cycle at the given acceptance.
-A lever whose measurement is missing names the command that would measure it. On CPU results every figure is
-withheld (CPU numbers).
+A lever whose measurement is missing names the command that would measure it. On CPU results (any input of CPU
+numbers) every figure is withheld, nothing is ranked and no engine setting is printed: advise lists the levers it
+would rank on a GPU and the command that measures each (engine/stance.py).
 """
 from __future__ import annotations
 
@@ -20,12 +21,22 @@ from verifybench.harness.analysis import inputs, plan
 from verifybench.harness.analysis.engine_settings import setting
 from verifybench.harness.analysis.fit import linear_fit
 from verifybench.harness.analysis.numbers import TOKEN_COUNT_MAX, context_arg
-from verifybench.harness.engine import env, results
+from verifybench.harness.engine import env, results, stance
 from verifybench.harness.engine import result_files
 
 KINDS = ("verify", "cycle", "mla_verify", "allreduce_sweep", "verify_dist", "defaults_vs_tuned", "graph_replay")
 ENGINE_CONFIG = (2, 1, 3)  # the deployment's shape: 2 draft steps, topk 1, 3 draft tokens
 ANSWER_LINES = 15
+# the command that measures each lever: named for a lever the results cannot cost, and on CPU for every lever
+MEASURE = {
+    "verify attention": "verifybench cycle --attention extend,split_kv",
+    "allreduce": "python3 -m verifybench.harness.multigpu.allreduce --nccl-sweep --nproc-per-node=N (then advise "
+                 "--nccl-from its file)",
+    "draft shape": "advise --accept-len D:tau,... (or --accept-rates) to rank the shapes",
+    "kernel configs": "verifybench tune, then the defaults_vs_tuned comparison",
+    "CUDA graphs": "verifybench graph_replay",
+    "host gaps": "verifybench trace ENGINE_TRACE --json trace-summary.json (then pass it)",
+}
 
 
 def resolve(paths: list[Path]) -> dict[str, Path]:
@@ -56,8 +67,7 @@ def load(found: dict[str, Path]) -> dict[str, dict]:
 
 
 def is_cpu(runs: dict[str, dict]) -> bool:
-    return any(results.cpu_numbers(r.get("cases", [])) or r.get("fingerprint", {}).get("gpu_model") == "cpu"
-               for r in runs.values())
+    return stance.any_cpu(runs.values())
 
 
 def _ok(run: dict) -> list[dict]:
@@ -130,7 +140,11 @@ def levers(runs: dict, found: dict, taus, context: int | None, engine: str) -> l
 
     # verify attention kernel
     split = cases.get((config, "split_kv")) if base_att == "extend" else None
-    if split is not None and want == ctx:
+    if split is not None and (stance.stand_in(split) or stance.stand_in(base_case)):
+        # a torch reference stood in for the kernels: its time says nothing about extend against split_kv
+        missing.append(("verify attention", f"{MEASURE['verify attention']} where the kernels run (this cycle's "
+                        "rows are a torch reference standing in for them)"))
+    elif split is not None and want == ctx:
         out.append(_lever("verify attention: extend -> split_kv", base, split["summary"]["median_us"] / 1e3,
                           "measured", [f_cycle], setting("attention", engine), tau, decode,
                           f"context {ctx}, both measured in the cycle"))
@@ -149,7 +163,7 @@ def levers(runs: dict, found: dict, taus, context: int | None, engine: str) -> l
         base = before  # the other levers start from the cycle at the user's context
     else:
         missing.append(("verify attention", f"verifybench cycle --contexts {want}" if split is not None else
-                        "verifybench cycle --attention extend,split_kv"))
+                        MEASURE["verify attention"]))
 
     # allreduce: the sweep's winner against its default, per call x calls per forward x one target forward
     if "allreduce_sweep" in runs:
@@ -176,8 +190,7 @@ def levers(runs: dict, found: dict, taus, context: int | None, engine: str) -> l
                           f"allreduce is a {base_case['derived'].get('allreduce_stand_in_us')} us stand-in, so the "
                           "saving holds where a call costs what the sweep's default did"))
     else:
-        missing.append(("allreduce", "python3 -m verifybench.harness.multigpu.allreduce --nccl-sweep "
-                        "--nproc-per-node=N (then advise --nccl-from its file)"))
+        missing.append(("allreduce", MEASURE["allreduce"]))
 
     # draft shape: the best (steps, topk, D) at the given acceptance, same attention as the engine's
     shapes = {k[0]: c for k, c in cases.items() if k[1] == base_att}
@@ -204,7 +217,7 @@ def levers(runs: dict, found: dict, taus, context: int | None, engine: str) -> l
                 "no shape of the cycle has an accept length given" if not ranked else
                 "it gives the most tok/s of the shapes ranked at this acceptance")))
     else:
-        missing.append(("draft shape", "advise --accept-len D:tau,... (or --accept-rates) to rank the shapes"))
+        missing.append(("draft shape", MEASURE["draft shape"]))
 
     # kernel configs: what the defaults would cost against the tuned tables, forward at n = D
     if "defaults_vs_tuned" in runs:
@@ -215,7 +228,7 @@ def levers(runs: dict, found: dict, taus, context: int | None, engine: str) -> l
                           f"forward at n = {row['n']}: {row['forward_default_us'] / 1e3:.4g} -> "
                           f"{row['forward_tuned_us'] / 1e3:.4g} ms"))
     else:
-        missing.append(("kernel configs", "verifybench tune, then the defaults_vs_tuned comparison"))
+        missing.append(("kernel configs", MEASURE["kernel configs"]))
 
     # CUDA graphs: the model-shaped graph against its eager (hot) run, scaled to the cycle's layers
     model = [c for c in _ok(runs["graph_replay"]) if "model" in c["params"]] if "graph_replay" in runs else []
@@ -230,7 +243,7 @@ def levers(runs: dict, found: dict, taus, context: int | None, engine: str) -> l
             f_cycle, str(found["graph_replay"])], setting("graphs", engine), tau, decode,
             f"{hot[n]['params']['model']} at n = {n}, scaled x{scale:.3g} to the cycle's layers"))
     else:
-        missing.append(("CUDA graphs", "verifybench graph_replay"))
+        missing.append(("CUDA graphs", MEASURE["CUDA graphs"]))
 
     # host gaps: GPU idle inside the cycle, from an engine trace's summary
     if "trace" in found:
@@ -244,7 +257,7 @@ def levers(runs: dict, found: dict, taus, context: int | None, engine: str) -> l
                               setting("host", engine), tau, decode,
                               "the upper bound: every idle ms inside the traced cycle hidden"))
     else:
-        missing.append(("host gaps", "verifybench trace ENGINE_TRACE --json trace-summary.json (then pass it)"))
+        missing.append(("host gaps", MEASURE["host gaps"]))
     if (config, base_att) != (ENGINE_CONFIG, "extend"):  # the file lacks the engine's cycle: name the one used
         for lv in out:
             lv["note"] = f"against the cycle at {config} {base_att} ({f_cycle} holds no {ENGINE_CONFIG} extend " \
@@ -315,19 +328,33 @@ def answer(runs: dict, found: dict, context: int | None) -> list[str]:
     return lines[:ANSWER_LINES]
 
 
-def _fmt(v, cpu: bool, spec: str = ".4g") -> str:
-    if v is None:
-        return "-"
-    return results.WITHHELD if cpu else format(v, spec)
+def _fmt(v, spec: str = ".4g") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def would_rank(runs: dict) -> list[str]:
+    """On CPU numbers: the levers advise would rank once run on a GPU, each with the command that measures it;
+    no figure, no order, no engine setting."""
+    stood_in = sorted({s for c in runs.get("cycle", {}).get("cases", []) if (s := stance.stand_in(c))})
+    out = ["", "## Levers advise would rank on a GPU (not ranked here)", stance.CPU_STANCE]
+    for name, cmd in MEASURE.items():
+        note = (f" (this cycle ran a torch reference in place of {' and '.join(stood_in)}: no attention kernel ran)"
+                if name == "verify attention" and stood_in else "")
+        out.append(f"- {name}: on a GPU, `{cmd}`{note}")
+    return out
 
 
 def lines_for(runs: dict, found: dict, taus=None, context: int | None = None, engine: str = "sglang",
               nccl_from: Path | None = None) -> list[str]:
-    """The answer, then the ranked levers, then lost settings: plain lines for the terminal and the report."""
+    """The answer, then the ranked levers, then lost settings: plain lines for the terminal and the report.
+    CPU numbers (stance.any_cpu): the answer's figures withheld, and the levers listed unranked (would_rank)."""
     cpu = is_cpu(runs)
     out = ["## The answer"] + (["(CPU numbers: every figure below is withheld)"] if cpu else [])
     ans = answer(runs, found, context)
     out += [f"{re.split(r'[0-9(:=]', a)[0].strip()}: {results.WITHHELD}" if cpu else a for a in ans]
+    if cpu:
+        return out + would_rank(runs) + (["", "## Lost settings"] + env.nccl_warnings(nccl_from)
+                                         if nccl_from is not None else [])
     out += ["", "## Levers, ranked by ms saved per cycle (each alone, against the engine's cycle)"]
     for i, lv in enumerate(levers(runs, found, taus, context, engine), 1):
         if "missing" in lv:
@@ -336,11 +363,11 @@ def lines_for(runs: dict, found: dict, taus=None, context: int | None = None, en
         if "said" in lv:
             out.append(f"- {lv['lever']}: {lv['said']}")
             continue
-        out.append(f"{i}. {lv['lever']}: {_fmt(lv['before_ms'], cpu)} -> {_fmt(lv['after_ms'], cpu)} ms per cycle "
-                   f"(saves {_fmt(lv['saved_ms'], cpu)} ms); break-even tau* {_fmt(lv['tau_star'], cpu, '.3g')}"
-                   + (f"; {_fmt(lv['tok_s'], cpu)} tok/s" if lv["tok_s"] is not None else "")
+        out.append(f"{i}. {lv['lever']}: {_fmt(lv['before_ms'])} -> {_fmt(lv['after_ms'])} ms per cycle "
+                   f"(saves {_fmt(lv['saved_ms'])} ms); break-even tau* {_fmt(lv['tau_star'], '.3g')}"
+                   + (f"; {_fmt(lv['tok_s'])} tok/s" if lv["tok_s"] is not None else "")
                    + f" [{lv['status']}: {', '.join(lv['files'])}]")
-        out.append(f"   {lv['note']}" if not cpu else "   (detail withheld: CPU numbers)")
+        out.append(f"   {lv['note']}")
         out.append(f"   {lv['how']}")
     if nccl_from is not None:
         out += ["", "## Lost settings"] + env.nccl_warnings(nccl_from)
@@ -384,6 +411,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     found = resolve(args.results_in or [default_folder()])
     if args.nccl_from is not None:
+        env.load_sweep(args.nccl_from)  # a file that is not a sweep is refused by name, before anything else
         found["allreduce_sweep"] = args.nccl_from
     runs = load(found)
     taus = None

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from verifybench.harness.engine import results
+from verifybench.harness.engine import results, stance
 from verifybench.harness.collectives.backends import ALL_BACKENDS, ELEMENT_BYTES, GPU_BACKENDS
 from verifybench.harness.engine.results import Case
 from verifybench.harness.engine.timing import Measurement
@@ -44,7 +44,7 @@ def build_cases(backend: str, per_rank: list[list[dict]], plan: dict, world_size
             params = {"size_bytes": size, "count": count, "dtype": "bf16", "backend": backend, "mode": mode,
                       "engine_mode": ENGINE_MODE[mode], "world_size": world_size, "origin": origin,
                       "preset": plan["preset"], "tp": plan["tp"], "hidden": plan["hidden"]}
-            name = f"allreduce/{backend}/{size}B/{mode}"
+            name = f"allreduce/{backend}/{size}B/{stance.case_mode(mode, 'cpu' if backend == 'gloo' else 'cuda')}"
             timed = [r["modes"].get(mode) for r in recs]
             if errors or wrong_check or not all(timed):
                 detail = "; ".join(errors) or f"#wrong {wrong_check} (eager + graph-replay checks, all ranks)"
@@ -82,6 +82,8 @@ def table_rows(case_records: list[dict]) -> list[dict]:
         else:
             row.update({"time(us)": "FAIL", "algbw(GB/s)": "", "busbw(GB/s)": "", "#wrong": d.get("wrong", "?"),
                         "p99(us)": "", "slowest rank": ""})
+        if c.get("device") == "cpu":  # gloo timed on the CPU: a CPU loop's label, no bandwidth from a CPU time
+            row = stance.withhold([{**row, "mode": stance.cpu_mode(row["mode"])}], stance.rate)[0]
         rows.append(row)
     return rows
 
@@ -104,8 +106,10 @@ def best_rows(case_records: list[dict], mode: str = "graph") -> list[dict]:
 
 def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
     """The component's tables over stored records (the verifybench CLI's component interface)."""
-    return [("allreduce (time = max over ranks of the per-rank median)", table_rows(records)),
-            ("fastest backend per size, graph mode", best_rows(records))]
+    out = [("allreduce (time = max over ranks of the per-rank median)", table_rows(records))]
+    if any(c.get("device") == "cuda" for c in records):  # only CPU-timed backends: no ranking (stance.py)
+        out.append(("fastest backend per size, graph mode", best_rows(records)))
+    return out
 
 
 # ---- a measured figure for the one-GPU stand-in ----

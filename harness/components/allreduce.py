@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from verifybench.harness.engine.results import CPU_MODE_LABELS, CPU_TIMING, cpu_numbers
+from verifybench.harness.engine import stance
+from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers
 from verifybench.harness.model import presets
 from verifybench.harness.collectives.allreduce_results import ENGINE_MODE, busbw_factor, table_rows
 from verifybench.harness.collectives.backends import (ELEMENT_BYTES, Comm, check_eager, check_graph, expected_sum, make_backend,
@@ -80,7 +81,8 @@ def _case(backend: str, size: int, max_size: int, mode: str, device: str) -> Cas
 
     params = {"size_bytes": size, "count": numel, "dtype": "bf16", "backend": backend, "mode": mode,
               "world_size": 1}
-    return CaseSpec(name=f"allreduce1/{backend}/{size}B/{mode}", params=params, mode=ENGINE_MODE[mode],
+    return CaseSpec(name=f"allreduce1/{backend}/{size}B/{stance.case_mode(mode, device)}", params=params,
+                    mode=ENGINE_MODE[mode],
                     setup=setup, measure_kw={"device": device})
 
 
@@ -95,10 +97,9 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
 
 
 def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
-    # one rank: busbw (algbw x 2(n-1)/n) is 0 and the slowest rank is rank 0, always: columns with nothing to say
+    # one rank: busbw (algbw x 2(n-1)/n) is 0 and the slowest rank is rank 0, always: columns with nothing to say;
+    # on CPU table_rows gives CPU mode labels and no GB/s
     rows = [{k: v for k, v in row.items() if k not in ("busbw(GB/s)", "slowest rank")} for row in table_rows(records)]
-    if cpu_numbers(records):  # gloo on CPU, perf_counter around a loop of calls: never a GPU's `graph` mode
-        rows = [{**row, "mode": CPU_MODE_LABELS.get(row.get("mode"), f"cpu-{row.get('mode')}")} for row in rows]
     return [("allreduce, 1 rank: the call floor of each backend (no busbw nor slowest rank: one rank)"
              + (f" ({CPU_TIMING})" if cpu_numbers(records) else ""), rows)]
 

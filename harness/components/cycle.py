@@ -274,7 +274,8 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
 
 
 def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
-    """Stacked phases per configuration."""
+    """Stacked phases per configuration, against the cycle measured without phase stamps; on CPU the phases alone:
+    their sum against the cycle is withheld in the tables (stance.py), so the chart draws no cycle to compare."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -292,11 +293,13 @@ def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
         vals = [r["derived"]["phases_ms"][p] for r in rows]
         ax.bar(labels, vals, bottom=bottom, label=p)
         bottom = [b + v for b, v in zip(bottom, vals)]
-    ax.plot(labels, [r["derived"]["cycle_ms"] for r in rows], "k_", markersize=30, label="cycle (no phase events)")
+    cpu = cpu_numbers(records)
+    if not cpu:
+        ax.plot(labels, [r["derived"]["cycle_ms"] for r in rows], "k_", markersize=30, label="cycle (no phase events)")
     ax.set_xlabel("configuration (steps, topk, draft tokens) and verify attention")
     ax.set_ylabel("ms per cycle")
-    ax.set_title("EAGLE-3 cycle per phase" + (" (CPU numbers)" if cpu_numbers(records)
-                                                                          else ""))
+    ax.set_title("EAGLE-3 cycle per phase" + ("\n(CPU numbers: host-stamped phases of a second pass; their sum is "
+                                              "not the cycle, not compared)" if cpu else ""))
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over them
     out = [write_png(fig, Path(directory) / f"cycle_phases-{stamp}.png")]
     if _several_contexts(rows) and not cpu_numbers(records):
@@ -326,11 +329,11 @@ def _context_chart(rows, directory: Path, stamp: str) -> Path:
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     lines: dict[tuple, list] = {}
     for r in rows:
-        lines.setdefault((_key(r)["steps,topk,D"], r["params"]["attention"]), []).append(
+        lines.setdefault((_key(r)["steps,topk,D"], _key(r)["attention"]), []).append(  # what ran
             (r["params"]["context"], r["derived"]["cycle_ms"]))
     for (cfg, att), pts in sorted(lines.items()):
         pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-" if att == "extend" else "s--", label=f"{cfg} {att}")
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "s--" if "split_kv" in att else "o-", label=f"{cfg} {att}")
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted({p[0] for pts in lines.values() for p in pts}))
     ax.get_xaxis().set_major_formatter(plt.FuncFormatter(lambda v, _: f"{int(v)}"))

@@ -192,7 +192,7 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
              for r in ok if r["name"].startswith("graph/model/")]
     out.append(("model-shaped graph (per-layer projection GEMMs, distinct weights per layer)"
                 + (f"; {CPU_TIMING}" if cpu else ""),
-                withhold_on_cpu(records, model, ("eta",))))
+                withhold_on_cpu(records, model, ("eta", "weight_GB/s"))))
     return out
 
 

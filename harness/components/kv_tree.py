@@ -293,7 +293,7 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
     else:
         targets = list(target_rows.values()) or [{"note": "no kernel timings at B=8 in these records"}]
     rows = withhold_on_cpu(records, rows, ("speedup",))
-    fill_rows = withhold_on_cpu(records, fill_rows, ("eta",))
+    fill_rows = withhold_on_cpu(records, fill_rows, ("eta", "GB/s"))
     return [("draft tree: kernel vs reference, median us" + ("; CPU: the kernels ran in the Triton interpreter, "
              "perf_counter timing" if cpu_numbers(records) else ""), rows),
             ("full tree mask: bytes written and bandwidth", fill_rows),

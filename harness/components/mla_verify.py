@@ -329,7 +329,7 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
 
 
 STYLES = {"extend": "-o", "split_kv": "--s", "sglang.extend": "-.x", "extend@sm120": "-D",
-          "sglang.extend@sm120": "-.+", "flashinfer.mla": ":v"}  # one line style per variant, one colour per mask
+          "sglang.extend@sm120": "-.+", "flashinfer.mla": ":v"}  # a line style and marker per variant
 
 
 def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
@@ -348,17 +348,21 @@ def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
         lines.setdefault((prm["variant"], prm["tree"], prm["n"]), []).append((prm["context"],
                                                                                r["summary"]["median_us"]))
     fig, ax = plt.subplots(figsize=(8, 5))
-    masks = sorted({(label != "chain", n, label) for _, label, n in lines})
-    for (variant, label, n), points in sorted(lines.items()):
+    for i, ((variant, label, n), points) in enumerate(sorted(lines.items())):
         xs, ys = zip(*sorted(points))
-        color = f"C{masks.index((label != 'chain', n, label)) % 10}"  # one color per mask, one line style per variant
-        ax.plot(xs, ys, STYLES.get(variant, ":^"), color=color,
+        # a color per series and a marker per variant: a series of one point (one context, as on CPU) has no line
+        ax.plot(xs, ys, STYLES.get(variant, ":^"), color=f"C{i % 10}",
                 label=f"{variant}, {'chain' if label == 'chain' else 'tree ' + label} D={n}")
-    ax.set_xscale("log", base=2)
+    contexts = {x for pts in lines.values() for x, _ in pts}
+    times = [y for pts in lines.values() for _, y in pts]
+    log_y = len(contexts) > 1 and max(times) >= 10 * min(times)  # split_kv 10-100x below extend: a log axis
+    if len(contexts) > 1:
+        ax.set_xscale("log", base=2)
     ax.set_xlabel("context (prefix tokens in the KV cache)")
-    ax.set_ylabel("us per layer (median, log scale)")
-    ax.set_yscale("log")  # split_kv sits 10-100x below extend: on a linear axis it is a line on the floor
-    ax.set_title("MLA verify attention: engine-style extend vs split_kv"
+    ax.set_ylabel("us per layer (median" + (", log scale)" if log_y else ")"))
+    if log_y:
+        ax.set_yscale("log")
+    ax.set_title("MLA verify attention: engine-style extend vs split_kv, and the engines' own kernels"
                  + (" (CPU numbers: the plumbing, not a GPU's figures)" if cpu_numbers(records) else ""))
     ax.legend(fontsize=8, ncol=2)
     path = Path(directory) / f"mla_verify-{stamp}.png"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from verifybench.harness.engine import memory
+from verifybench.harness.engine import memory, stance
 from verifybench.harness.engine.modes import cache_bytes
 from verifybench.harness.engine.results import WITHHELD, cpu_numbers, mode_label
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec
@@ -55,7 +55,7 @@ def copy_case(size_bytes: int | None = None, mode: str = "hot", device: str | No
 
         return fn, check, derive
 
-    name = f"copy/{size}B/{mode}"
+    name = f"copy/{size}B/{stance.case_mode(mode, device)}"
     return CaseSpec(name=name, params={"size_bytes": size, "device": device}, mode=mode,
                     setup=setup, measure_kw={"device": device})
 
@@ -92,13 +92,13 @@ def copy_source(device: str | None = None) -> str | None:
 def streaming_case_rows(records: list[dict], prefix: str, with_mode: bool = False) -> tuple[list[dict], list[dict]]:
     """The passing, timed records whose name starts with `prefix`, and one table row each for a weight-streaming
     kernel: median, MB moved, GB/s, eta and the bandwidth floor (derived figures the bench modules store). From a CPU
-    run eta and the floor are withheld: a CPU copy ceiling says nothing about a kernel's distance from a GPU's. A case
-    that rotated over fewer sets than the rule wants (too little memory) says so in a `note` column."""
+    run GB/s, eta and the floor are withheld: a CPU copy ceiling says nothing about a kernel's distance from a GPU's.
+    A case that rotated over fewer sets than the rule wants (too little memory) says so in a `note` column."""
     ok = [r for r in records if r["name"].startswith(prefix) and r["check"]["ok"] and "summary" in r]
     cpu = cpu_numbers(records)
     rows = [{"case": r["name"], **({"mode": mode_label(r)} if with_mode else {}), "median_us": r["summary"]["median_us"],
              **({"distinct": r["derived"]["distinct_experts"]} if "distinct_experts" in r["derived"] else {}),
-             "MB": r["derived"]["bytes_moved"] / 1e6, "GB/s": r["derived"]["gbps"],
+             "MB": r["derived"]["bytes_moved"] / 1e6, "GB/s": WITHHELD if cpu else r["derived"]["gbps"],
              "eta": WITHHELD if cpu else r["derived"]["eta"], "floor_us": WITHHELD if cpu else r["derived"]["floor_us"],
              **({"note": r["derived"]["memory_note"]} if r["derived"].get("memory_note") else {})} for r in ok]
     return ok, rows

@@ -9,6 +9,8 @@ verdict and is listed. Samples, when a file has them, are the truth: the summary
 whose stored summary disagrees with its samples, or with null, non-finite or non-positive figures, is refused.
 compare warns when BASE and NEW were measured by different method versions.
 Exit 0: no case SLOW or FAIL; 1: a regression; 2: bad input (a file or an argument, named on stderr).
+Two CPU runs (stance.py: CPU numbers carry no verdict): the samples side by side, no verdict, exit 0 unless a check
+failed in NEW (a correctness failure, not a timing).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from tabulate import tabulate
 
 from verifybench.harness.engine import fingerprint as fpmod
 from verifybench.harness.engine import results
-from verifybench.harness.engine import result_files
+from verifybench.harness.engine import compare_cpu, result_files, stance
 from verifybench.harness.engine.modes import HOST_TIMED_MODES, host_timed
 from verifybench.harness.engine.stats import Summary, summarize
 
@@ -44,6 +46,7 @@ class CaseData:
     host_timed: bool = False  # its samples include host time (modes.host_timed)
     process_state: dict | None = None  # timing.process_state() when the case was sampled
     skipped: str | None = None  # why it could not run (no P2P, too little memory): kept out of the verdicts
+    device: str | None = None  # "cpu": perf_counter times of CPU code (stance.py: no verdict from them)
 
 
 @dataclass
@@ -109,15 +112,19 @@ def _consistent(samples: np.ndarray, stored: dict, scale: float, where: str) -> 
 def _from_suite(path: Path, data: dict) -> RunData:
     run = results.validate_run(data, str(path))
     cases = {}
+    cpu_run = stance.is_cpu_run(run)
     for c in run["cases"]:
+        if cpu_run or c.get("device") == "cpu":  # an older file's .../graph is this version's .../cpu-loop
+            c = {**c, "name": stance.cpu_case_name(c["name"])}
         where = f"{path}: case {c['name']!r}"
         if c["name"] in cases:
             raise results.ResultsError(f"{where} appears twice")
+        mode = stance.mode_label(c)  # a CPU record's as its tables say it (old files stored `graph`)
         if c.get("skipped"):
-            cases[c["name"]] = CaseData(c["name"], c.get("mode"), ok=False, skipped=str(c["skipped"]))
+            cases[c["name"]] = CaseData(c["name"], mode, ok=False, skipped=str(c["skipped"]), device=c.get("device"))
             continue
         if not c["check"]["ok"]:
-            cases[c["name"]] = CaseData(c["name"], c.get("mode"), ok=False)
+            cases[c["name"]] = CaseData(c["name"], mode, ok=False, device=c.get("device"))
             continue
         s = c["summary"]  # its median was checked by validate_run
         samples = _samples(c["samples_us"], where)
@@ -125,11 +132,12 @@ def _from_suite(path: Path, data: dict) -> RunData:
                                         "max": s.get("max_us")}, 1.0, where)
         _positive(summary.median_us, "the median of the samples", where)
         bounded = np.isfinite(summary.ci_low_us) and np.isfinite(summary.ci_high_us)
-        cases[c["name"]] = CaseData(c["name"], c["mode"], True, summary.median_us, samples,
+        cases[c["name"]] = CaseData(c["name"], mode, True, summary.median_us, samples,
                                     (summary.ci_low_us, summary.ci_high_us) if bounded else (summary.q1_us,
                                                                                            summary.q3_us),
                                     bool(c.get("throttled")), _probe(c.get("host_probe_us")),
-                                    host_timed(c["mode"], c.get("device", "cuda")), c.get("process_state"))
+                                    host_timed(c["mode"], c.get("device", "cuda")), c.get("process_state"),
+                                    device=c.get("device"))
     version = run.get("method_version")
     if version is not None and (isinstance(version, bool) or not isinstance(version, int)):  # "2" is not 2
         raise results.ResultsError(f"{path}: method_version must be an integer, got {version!r}")
@@ -146,6 +154,7 @@ def _from_pytest_benchmark(path: Path, data: dict) -> RunData:
             extra = b.get("extra_info") or {}
             # the suite's case name when our adapter ran it: pytest and CLI results of a case then line up
             name = extra.get("case") or b.get("fullname") or b["name"]
+            name = stance.cpu_case_name(name) if extra.get("device") == "cpu" else name  # as _from_suite
             where = f"{path}: benchmark {name!r}"
             if name in cases:
                 raise results.ResultsError(f"{where} appears twice")
@@ -162,10 +171,10 @@ def _from_pytest_benchmark(path: Path, data: dict) -> RunData:
                 if not q1 <= median_us <= q3:
                     raise results.ResultsError(f"{where}: the stored q1 <= median <= q3 does not hold")
                 interval = (q1, q3)
-            cases[name] = CaseData(name, extra.get("mode"), True, median_us, samples, interval,
+            cases[name] = CaseData(name, stance.mode_label(extra), True, median_us, samples, interval,
                                    bool(extra.get("throttled")), _probe(extra.get("host_probe_us")),
                                    host_timed(extra.get("mode") or "", extra.get("device") or "cuda"),
-                                   extra.get("process_state"))
+                                   extra.get("process_state"), device=extra.get("device"))
         except (KeyError, TypeError, AttributeError) as e:
             raise results.ResultsError(f"{path}: malformed benchmark entry ({e!r})") from None
     machine = data.get("machine_info")
@@ -353,6 +362,12 @@ def cpu_against_gpu(base: RunData, new: RunData, gb: str, gn: str) -> str | None
             "measure different cases and cannot be compared; compare CPU runs with CPU runs, GPU with GPU")
 
 
+def cpu_numbers(*runs: RunData) -> bool:
+    """Either run holds CPU numbers (stance.py): a CPU fingerprint or CPU-timed cases."""
+    return any(stance.cpu_fingerprint(r.fingerprint) or any(c.device == "cpu" for c in r.cases.values())
+               for r in runs)
+
+
 def _version(run: RunData) -> str:
     return str(run.method_version) if run.method_version is not None else "unknown (a file from before the field)"
 
@@ -383,6 +398,9 @@ def run(args) -> int:
         print(f"error: different GPU models ({gb} vs {gn}); pass --allow-different-hardware to compare anyway",
               file=sys.stderr)
         return EXIT_BAD_INPUT
+    if cpu_numbers(base, new):
+        print(f"BASE {base.path} ({base.kind})\nNEW  {new.path} ({new.kind})")
+        return compare_cpu.report(base, new, EXIT_OK, EXIT_SLOW)
     rows, only = compare_runs(base, new, args.min_effect, args.alpha)
     if not rows:
         shared = base.cases.keys() & new.cases.keys()

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from verifybench.harness.engine import fingerprint, results, topology
+from verifybench.harness.engine import fingerprint, results, stance, topology
+
 
 
 def sweep_times(sweep: dict, backend: str = "nccl") -> dict[str, dict[int, float]]:
@@ -51,12 +52,21 @@ def lost_settings(winner_env: dict[str, str], environ=None) -> list[str]:
     return out
 
 
-def nccl_warnings(sweep_path: Path, environ=None) -> list[str]:
-    """The lost-settings lines for a saved sweep: its winner, then each NCCL_* variable that differs here."""
+def load_sweep(sweep_path: Path) -> dict:
+    """A saved NCCL sweep (allreduce_sweep) result, or ValueError saying in one line what the file is instead."""
     run = results.load_run(sweep_path)
     if run["component"] != "allreduce_sweep":
-        raise ValueError(f"--nccl-from {sweep_path}: a {run['component']} result; give an NCCL sweep's "
-                         "(allreduce_sweep) file")
+        raise ValueError(f"--nccl-from {sweep_path}: a {run['component']} result, not an NCCL sweep result; give the "
+                         "allreduce_sweep-<UTC time>.json file the sweep saved")
+    return run
+
+
+def nccl_warnings(sweep_path: Path, environ=None) -> list[str]:
+    """The lost-settings lines for a saved sweep: its winner, then each NCCL_* variable that differs here; for a
+    CPU sweep one line saying it recommends nothing (stance.py)."""
+    run = load_sweep(sweep_path)
+    if stance.is_cpu_run(run):
+        return [f"NCCL sweep {sweep_path}: a CPU sweep (gloo): {stance.NO_NCCL_ADVICE}"]
     label, env = sweep_winner(run)
     lost = lost_settings(env, environ)
     head = f"NCCL sweep {sweep_path}: winner {label!r}"

@@ -20,8 +20,18 @@ CPU_NOTE = ("NOTE: no GPU here: these figures are CPU numbers (torch CPU code an
 VOLATILE_KEYS = ("created_utc", "loadavg")  # differ run to run: pytest-benchmark would flag the machine as changed
 
 
+def _no_ratio(baseline, value, width) -> str:
+    return " " * width  # the cell pytest-benchmark would fill with "(2.31)" or "(>1000.0)"
+
+
 def pytest_configure(config):
-    """--benchmark-histogram needs pygal, which pytest-benchmark imports only after the whole run: refuse at once."""
+    """--benchmark-histogram needs pygal, which pytest-benchmark imports only after the whole run: refuse at once.
+    Without a GPU the table shows no ratio to the best case: a ratio of CPU numbers carries no conclusion
+    (stance.py); pytest-benchmark has no option for it, so its module-level formatter is replaced (5.2.3-5.3.x)."""
+    if not torch.cuda.is_available():
+        from pytest_benchmark import table
+
+        table.compute_baseline_scale = _no_ratio
     if config.getoption("benchmark_histogram", default=None):
         try:
             import pygal  # noqa: F401

@@ -18,6 +18,10 @@ from pathlib import Path
 from typing import Callable
 
 from verifybench.harness.engine.timing import Measurement
+from verifybench.harness.engine import stance
+# the stance on figures that carry no conclusion lives in stance.py; re-exported for the importers of results
+from verifybench.harness.engine.stance import (  # noqa: F401
+    CPU_MODE_LABELS, CPU_TIMING, WITHHELD, cpu_numbers, is_cpu_run, mode_label, withhold, withhold_on_cpu)
 from verifybench.kernels.config_tables import _remove_stale_temps, write_atomic  # the one atomic writer
 
 SCHEMA = "verifybench.result"
@@ -27,39 +31,6 @@ SCHEMA_VERSION = 1
 # queued behind a 100 us device spin.
 METHOD_VERSION = 2
 DEFAULT_OUT = Path("verifybench-results")  # relative to the working directory: never inside results/ by default
-
-
-WITHHELD = "withheld: CPU numbers"  # in a table cell: a figure CPU timer noise cannot support
-
-
-def cpu_numbers(records: list[dict]) -> bool:
-    """Whether stored case records come from a CPU run (perf_counter samples of torch CPU code): their derived
-    conclusions (fits, ratios, eta, break-even) are withheld in tables and reports."""
-    return any(r.get("device") == "cpu" for r in records)
-
-
-def withhold(rows: list[dict], keys) -> list[dict]:
-    """Table rows with the cells under `keys` (a collection, or a predicate on the column name) replaced by
-    WITHHELD where they hold a value."""
-    hit = keys if callable(keys) else (lambda k: k in keys)
-    return [{k: (WITHHELD if hit(k) and v is not None else v) for k, v in row.items()} for row in rows]
-
-
-def withhold_on_cpu(records: list[dict], rows: list[dict], keys) -> list[dict]:
-    """The one withholding rule: every derived figure (fit, ratio, eta, share, break-even, gain) of a table passes
-    through here; from a CPU run (cpu_numbers) its cells read WITHHELD, from a GPU run they stay."""
-    return withhold(rows, keys) if cpu_numbers(records) else rows
-
-
-# What a mode means when the samples are perf_counter times of CPU code (engine/timing.py's CPU sampler)
-CPU_MODE_LABELS = {"graph": "cpu-loop", "hot": "cpu-hot", "cold": "cpu-cold", "cycle": "cpu-cycle"}
-CPU_TIMING = "CPU: perf_counter; cpu-loop = K calls in a Python loop (no CUDA graph), cpu-cold = 64 MiB written first"
-
-
-def mode_label(record: dict) -> str:
-    """The mode as a table shows it: a GPU record's own; a CPU record's says it was a CPU timing (never `graph`)."""
-    mode = record.get("mode")
-    return CPU_MODE_LABELS.get(mode, f"cpu-{mode}") if record.get("device") == "cpu" else mode
 
 
 class ResultsError(ValueError):
@@ -369,12 +340,6 @@ def check_needs(run: dict, needs, where: str) -> dict:
     return run
 
 
-def is_cpu_run(run: dict) -> bool:
-    """A CPU smoke run: no GPU in its fingerprint, or CPU case records (conclusions from it are withheld)."""
-    fp = run["fingerprint"]
-    return cpu_numbers(run["cases"]) or fp.get("gpu_model") == "cpu" or fp.get("cuda_available") is False
-
-
 def load_run(path: Path, needs: dict[str, tuple[Need, ...]] | None = None, reader: str = "this command",
              gpu_only: bool = False) -> dict:
     """Load and validate one suite result file; raises ResultsError with the reason, never returns bad data.
@@ -386,6 +351,7 @@ def load_run(path: Path, needs: dict[str, tuple[Need, ...]] | None = None, reade
             raise ResultsError(f"{path}: a {run['component']!r} result; {reader} needs a "
                                f"{' or '.join(needs)} result")
         check_needs(run, needs[run["component"]], str(path))
-    if gpu_only and is_cpu_run(run):
-        raise ResultsError(f"{path}: a CPU smoke run; conclusions from CPU numbers are withheld")
+    refused = stance.refusal(run, path) if gpu_only else None
+    if refused:
+        raise ResultsError(refused)
     return run

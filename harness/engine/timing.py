@@ -15,6 +15,7 @@ import torch
 from verifybench.harness.engine import fingerprint
 from verifybench.harness.engine import hostprobe
 from verifybench.harness.engine import modes
+from verifybench.harness.engine import stance
 from verifybench.harness.engine.modes import MODES, cache_bytes, host_timed
 from verifybench.harness.engine.stats import Summary, summarize
 
@@ -67,7 +68,8 @@ class Measurement:
 
     def as_dict(self) -> dict:
         return {
-            "mode": self.mode,
+            # a CPU record says what a person reads in its tables (cpu-loop, never `graph`: no graph ran)
+            "mode": stance.cpu_mode(self.mode) if self.device == "cpu" else self.mode,
             "device": self.device,
             "timer": self.timer,
             "calls_per_sample": self.calls_per_sample,

@@ -9,6 +9,7 @@ from tabulate import tabulate
 
 from verifybench.harness.collectives.allreduce_results import COMPONENT, build_cases, tables
 from verifybench.harness.engine import fingerprint, results
+from verifybench.harness.engine.tables import render
 from verifybench.harness.engine.results import Case
 
 # The file name's prefix names the kind of result: the one-rank `allreduce` component writes allreduce-<stamp>.json,
@@ -68,7 +69,10 @@ class Output:
               f"{self.plan['warmup_calls']}, samples {self.plan['samples']} (isolated {self.plan['isolated_samples']})")
         for title, rows in tables(run["cases"]):
             if rows:
-                print(f"\n{title}\n" + tabulate(rows, headers="keys", floatfmt=".2f", stralign="right"))
+                # CPU-timed rows (gloo): through tables.render, which names a withheld column once above the table
+                withheld = any(results.WITHHELD in row.values() for row in rows)
+                print(f"\n{title}\n" + (render(rows) if withheld else
+                                         tabulate(rows, headers="keys", floatfmt=".2f", stralign="right")))
         for b, why in skipped.items():
             print(f"skipped {b}: {why}")
         if nccl_log and nccl_log.get("transports"):

@@ -2,7 +2,8 @@
 """NCCL setting sweep: each setting (P2P/SHM transport, P2P level, protocol x algorithm, channels, buffer size,
 threads, ...) runs in a fresh torchrun of verifybench.harness.multigpu.allreduce, the transport and algorithm NCCL chose
 are read back from its INFO log, the settings are ranked at verify sizes, the best of each group is run combined,
-and the winner is printed as `export` lines, all inside a time budget.
+and the winner is printed as `export` lines, all inside a time budget. On CPU (gloo) the sweep checks its plumbing
+only: the times per setting, no ranking, no combined run, no winner and no `export` line (engine/stance.py).
 
 Fresh processes, not fresh process groups: NCCL caches most of its parameters the first time it reads them in a
 process (NCCL_PARAM), so a second communicator in the same process would silently keep the first setting.
@@ -25,7 +26,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from verifybench.harness.engine import fingerprint
-from verifybench.harness.engine import results
+from verifybench.harness.engine import results, stance, tables
 from verifybench.harness.multigpu.ranks import SAFE_ENV, force_safe_env
 
 # Knobs that matter for small allreduces on one node, PCIe boxes without NVLink first. "default" is the environment
@@ -55,7 +56,6 @@ ALGO_IDS = {0: "Tree", 1: "Ring", 2: "CollNetDirect", 3: "CollNetChain", 4: "NVL
 PROTO_IDS = {0: "LL", 1: "LL128", 2: "Simple"}
 DEFAULT_BUDGET_S = 1800.0
 COMPONENT = "allreduce_sweep"  # the summary's kind, and the prefix of the sweep's folder
-GAIN_COLUMNS = ("x default", "gain vs default")  # derived from CPU timer noise under gloo: withheld there
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 
 
@@ -282,7 +282,7 @@ def export_lines(env_setting: dict, launched: dict) -> list[str]:
 
 def summary_tables(outcomes: list[dict], cpu: bool = False) -> list[tuple[str, list[dict]]]:
     """Per setting the graph-mode time per size; per size the fastest setting against the default; the ranking.
-    `cpu`: the gains over the default are withheld (CPU numbers)."""
+    `cpu` (or CPU-timed cases): the times only, no fastest setting and no ranking (CPU numbers, stance.py)."""
     times = {o["label"]: _times(o) for o in outcomes}
     keys = sorted({k for t in times.values() for k in t})
     sizes = sorted({s for _, s in keys})
@@ -294,6 +294,9 @@ def summary_tables(outcomes: list[dict], cpu: bool = False) -> list[tuple[str, l
             row.update({f"{s}B": times[o["label"]].get((b, s)) for s in sizes})
             row.update({"transport": transport_summary(o["nccl_log"]), "status": o["status"]})
             grid.append(row)
+    records = [c for o in outcomes if o.get("run") for c in o["run"]["cases"]]
+    if cpu or stance.cpu_numbers(records):  # gloo on CPU: an order between NCCL settings is noise on unread variables
+        return [("graph-mode time (us) per NCCL setting, max over ranks (CPU numbers: not ranked)", grid)]
     base = times.get("default", {})
     best = []
     for b, s in keys:
@@ -304,9 +307,6 @@ def summary_tables(outcomes: list[dict], cpu: bool = False) -> list[tuple[str, l
             row["gain vs default"] = f"{100 * (1 - candidates[0][0] / base[(b, s)]):+.1f}%"
         best.append(row)
     ranking = rank_settings(outcomes)
-    records = [c for o in outcomes if o.get("run") for c in o["run"]["cases"]]
-    if cpu or results.cpu_numbers(records):  # gloo on CPU: a gain between NCCL settings is noise on unread variables
-        best, ranking = results.withhold(best, GAIN_COLUMNS), results.withhold(ranking, GAIN_COLUMNS)
     return [("graph-mode time (us) per NCCL setting, max over ranks", grid), ("fastest setting per size", best),
             ("settings ranked at verify sizes (geomean over sizes and backends)", ranking)]
 
@@ -350,13 +350,14 @@ def run_sweep(args) -> int:
           f"(--sweep-time-limit), at most {args.setting_timeout:.0f} s per setting", flush=True)
     cpu = "gloo" in (args.backend or backends).split(",")
     if cpu:
-        print("NOTE: gloo on CPU: the NCCL variables do nothing here; this checks the sweep's plumbing, and its "
-              "ranking is noise, not a recommendation: CPU numbers, gains withheld.", flush=True)
+        print("NOTE: gloo on CPU: the NCCL variables do nothing here; this checks the sweep's plumbing: CPU numbers, "
+              "no ranking, no winner and no export line.", flush=True)
     forced = {k: launched.get(k) for k, v in SAFE_ENV.items() if launched.get(k) != v}
     if forced:
         was = ", ".join(f"{k} {'unset' if v is None else repr(v)}" for k, v in forced.items())
         print(f"NOTE: every setting runs with {', '.join(f'{k}={SAFE_ENV[k]}' for k in forced)} (launched with {was}): "
-              "multicast off; the export lines leave these out: they name only what the sweep measured", flush=True)
+              "multicast off" + ("" if cpu else "; the export lines leave these out: they name only what the sweep "
+                                 "measured"), flush=True)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         return _sweep(settings, args, nproc, backends, budget_s, root, launched, cpu)
@@ -387,8 +388,10 @@ def _sweep(settings, args, nproc: int, backends: str, budget_s: float, root: Pat
     total = len(settings) + 1
     for i, (label, env) in enumerate(settings):
         run_one(i + 1, total, label, env)
-    combo = combine_winners(outcomes, rank_settings(outcomes))
-    if combo:
+    combo = None if cpu else combine_winners(outcomes, rank_settings(outcomes))  # CPU: nothing won
+    if cpu:
+        print(f"[sweep {total}/{total}] {COMBINED}: not run (CPU numbers: no setting is ranked)", flush=True)
+    elif combo:
         print(f"combining: {' + '.join(combo[0])}")
         run_one(total, total, COMBINED, combo[1])
     else:
@@ -398,7 +401,7 @@ def _sweep(settings, args, nproc: int, backends: str, budget_s: float, root: Pat
 
 
 def _report(outcomes: list[dict], nproc: int, root: Path, launched: dict, cpu: bool) -> int:
-    ranking = rank_settings(outcomes)
+    ranking = [] if cpu else rank_settings(outcomes)  # CPU: no ranking, no winner, no export line (stance.py)
     winner = ranking[0] if ranking else None
     env_of = {o["label"]: o["env"] for o in outcomes}
     exports = export_lines(env_of[winner["setting"]], launched) if winner else []
@@ -409,24 +412,29 @@ def _report(outcomes: list[dict], nproc: int, root: Path, launched: dict, cpu: b
     extra = {"nproc_per_node": nproc, "settings": [{k: v for k, v in o.items() if k != "run"} for o in outcomes],
              "ranking": ranking, "winner": winner and {**winner, "env": env_of[winner["setting"]],
                                                        "exports": exports}}
+    if cpu:
+        extra["recommendation"] = stance.NO_NCCL_ADVICE
     run = results.make_run(COMPONENT, [], fp, extra)
     run["cases"] = cases
     root.mkdir(parents=True, exist_ok=True)
     # beside the folder of per-setting runs, named as every result is (<kind>-<stamp>.json): found with the others
     path = results.write_json_atomic(root.parent / f"{root.name}.json", results.validate_run(run, "sweep summary"))
     for title, rows in summary_tables(outcomes, cpu):
-        if rows:
-            print(f"\n{title}\n" + tabulate(rows, headers="keys", floatfmt=".2f", missingval="-"))
+        if rows:  # CPU: through tables.render, which names a withheld column once above the table
+            print(f"\n{title}\n" + (tables.render(rows) if cpu else
+                                     tabulate(rows, headers="keys", floatfmt=".2f", missingval="-")))
     for o in outcomes:
         if o["status"] not in ("ok",) and not o["status"].startswith("skipped"):
             print(f"\n{o['label']}: {o['status']}; last output:\n  " + "\n  ".join(o["output_tail"]))
-    if winner:
-        note = " (CPU plumbing check: not a recommendation)" if cpu else ""
+    if cpu:
+        print(f"\nno recommendation: {stance.NO_NCCL_ADVICE} (a plumbing check: the table says which settings ran "
+              "and passed)")
+    elif winner:
         if winner["setting"] == "default":
             what = "default (no setting beat the environment as launched)" + (", which sets:" if exports else "")
         else:
             what = f"{winner['setting']}; paste to use it:"
-        print(f"\nfastest at verify sizes{note}: {what}")
+        print(f"\nfastest at verify sizes: {what}")
         if exports:
             print("\n".join(exports))
     else:

@@ -53,6 +53,16 @@ def build_cases(name: str, per_rank: list[list[dict]], plan: dict, world_size: i
     return cases, (results.withhold(rows, DERIVED_COLUMNS) if plan["device"] == "cpu" else rows)
 
 
+def table_text(rows: list[dict], device: str) -> str:
+    """The per-n table; on CPU through tables.render, which names the withheld columns once above the table instead
+    of repeating "withheld: CPU numbers" in every cell."""
+    from tabulate import tabulate
+
+    from verifybench.harness.engine import tables
+
+    return tables.render(rows) if device == "cpu" else tabulate(rows, headers="keys", floatfmt=".1f", stralign="right")
+
+
 class Output:
     """Rank 0's results file, re-saved after each backend so a later crash keeps the earlier numbers."""
 
@@ -116,8 +126,6 @@ class Output:
         return run
 
     def finish(self, skipped: dict) -> None:
-        from tabulate import tabulate
-
         self.save(skipped, complete=True)
         p = self.plan
         for line in self.notes():
@@ -134,7 +142,8 @@ class Output:
         ar = "NO allreduce (debug)" if p["no_allreduce"] else "real allreduce"
         print(f"\n# verify forward, {p['preset']} TP-{p['tp']} rank shapes on {self.info.world_size} ranks, "
               f"{p['layers_run']} layers, context {p['context']}, {self.ranks[0]['ops'] or 'no'} ops; {ar}, "
-              f"2 per layer; time = max over ranks of the per-rank median, graph mode, warm-up {p['warmup_calls']}, "
+              f"2 per layer; time = max over ranks of the per-rank median, "
+              f"{'cpu-loop (no CUDA graph)' if p['device'] == 'cpu' else 'graph mode'}, warm-up {p['warmup_calls']}, "
               f"samples {p['samples']}")
-        print(tabulate(self.rows, headers="keys", floatfmt=".1f", stralign="right"), flush=True)
+        print(table_text(self.rows, p["device"]), flush=True)
 
