@@ -338,3 +338,55 @@ def test_advise_for_vllm_gives_vllms_cuda_graph_caveat_not_sglangs(capsys):
     text = _advise(capsys, "--engine", "vllm")
     graphs = text.split("CUDA graphs: eager -> graph")[1].split("\n", 3)[2]
     assert graphs.startswith("   vllm:") and "SGLang" not in graphs and "capture sizes" in graphs
+
+
+def _with_engine_rows(tmp_path, engine_scale: float, flash_scale: float, plan_us: float) -> Path:
+    """The H200 folder's verify and cycle, and its mla_verify with engine rows added beside ours: SGLang's extend at
+    engine_scale x ours, FlashInfer at flash_scale x our split_kv plus a plan (the arithmetic, not measurements)."""
+    for name in ("verify.json", "cycle.json"):
+        (tmp_path / name).write_bytes((H200 / name).read_bytes())
+    run = results.read_json(H200 / "mla_verify.json")
+    added = []
+    for c in run["cases"]:
+        variant, scale = {"extend": ("sglang.extend", engine_scale), "split_kv": ("flashinfer.mla", flash_scale)}.get(
+            c["params"]["variant"], (None, None))
+        if variant is None or c["params"]["tree"] != "chain":
+            continue
+        e = json.loads(json.dumps(c))
+        e["name"] = c["name"].replace(f"/{c['params']['variant']}/", f"/{variant}/")
+        e["params"]["variant"] = variant
+        e["derived"]["per_forward_us"] = c["derived"]["per_forward_us"] * scale + (plan_us if "flash" in variant else 0)
+        added.append(e)
+    run["cases"] += added
+    (tmp_path / "mla_verify.json").write_text(json.dumps(run))
+    return tmp_path
+
+
+def _pf_ms(variant, d, context):
+    run = results.load_run(H200 / "mla_verify.json")
+    (c,) = [c for c in run["cases"] if c["check"]["ok"] and c["params"]["variant"] == variant
+            and c["params"]["n"] == d and c["params"]["context"] == context and c["params"]["tree"] == "chain"]
+    return c["derived"]["per_forward_us"] / 1e3
+
+
+def test_advise_costs_the_attention_levers_on_the_engines_own_kernels_where_mla_verify_timed_them(tmp_path, capsys):
+    folder = _with_engine_rows(tmp_path, engine_scale=0.5, flash_scale=3.0, plan_us=150.0)
+    assert cli_main(["advise", str(folder)]) == 0
+    text = capsys.readouterr().out
+    ext, spl = _cycle_ms((2, 1, 3), "extend"), _cycle_ms((2, 1, 3), "split_kv")
+    ours, split_pf = _pf_ms("extend", 3, 4096), _pf_ms("split_kv", 3, 4096)
+    engine_cycle = ext - ours + 0.5 * ours  # the cycle with SGLang's own extend in place of our stand-in
+    flash_cycle = spl - split_pf + (3.0 * split_pf + 0.15)
+    assert (f"verify attention: SGLang's Triton extend -> split-KV (ours: what the engine could reach): "
+            f"{engine_cycle:.4g} -> {spl:.4g} ms per cycle") in text
+    assert (f"verify attention: SGLang's Triton extend -> FlashInfer MLA (topk 1 only): {engine_cycle:.4g} -> "
+            f"{flash_cycle:.4g} ms per cycle") in text
+    assert "its plan() on the host included" in text and "extend -> split_kv:" not in text
+    assert "not measured here; measure it with `verifybench mla_verify on a GPU with SGLang and FlashInfer" \
+        not in text
+
+
+def test_advise_without_engine_rows_says_its_extend_is_our_stand_in_and_names_the_flashinfer_measurement(capsys):
+    text = _advise(capsys)
+    assert "extend is our stand-in for the engine's kernel" in text
+    assert "verify attention -> FlashInfer MLA: not measured here" in text

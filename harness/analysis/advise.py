@@ -121,6 +121,45 @@ def _lever(name, before, after, status, files, how, tau=None, decode=None, note=
             "status": status, "files": files, "how": how, "note": note}
 
 
+def _engine_per_forward_ms(runs: dict, variant: str, d: int, context: int) -> float | None:
+    """mla_verify's per-forward time of `variant` at (D, context), or None where it did not run there."""
+    if "mla_verify" not in runs:
+        return None
+    try:
+        return attention_per_forward_ms(runs, variant, d, context)[0]
+    except ValueError:
+        return None
+
+
+def engine_attention_levers(runs, found, config, context, before, after, status, files, engine, tau, decode):
+    """The attention levers on the engine's own kernels, where mla_verify timed them beside ours at this D and
+    context: the cycle with SGLang's extend in place of our stand-in, against our split-KV (what the engine could
+    reach) and against FlashInfer's MLA (SGLang's --attention-backend flashinfer, its plan() included; chains only).
+    [] where mla_verify holds no SGLang extend there (the caller names what would measure FlashInfer's)."""
+    d = config[2]
+    ours, theirs = (_engine_per_forward_ms(runs, v, d, context) for v in ("extend", "sglang.extend"))
+    if ours is None or theirs is None:
+        return []
+    engine_before = before - ours + theirs
+    files = [*files, str(found["mla_verify"])] if str(found["mla_verify"]) not in files else files
+    sm120 = [_engine_per_forward_ms(runs, v, d, context) for v in ("extend@sm120", "sglang.extend@sm120")]
+    tiles = (f"; with the tiles SGLang picks on sm_120 (run here) the engine's extend takes {sm120[1]:.4g} ms per "
+             f"forward, ours {sm120[0]:.4g}" if None not in sm120 else "")
+    common = (f"context {context}: the cycle with SGLang's own extend ({theirs:.4g} ms per forward) in place of our "
+              f"stand-in ({ours:.4g} ms){tiles}")
+    out = [_lever("verify attention: SGLang's Triton extend -> split-KV (ours: what the engine could reach)",
+                  engine_before, after, status, files, setting("attention", engine), tau, decode,
+                  common + "; no engine ships this kernel for MLA on NVIDIA")]
+    split = _engine_per_forward_ms(runs, "split_kv", d, context)
+    flash = _engine_per_forward_ms(runs, "flashinfer.mla", d, context)
+    if flash is not None and split is not None and config[1] == 1:
+        out.append(_lever("verify attention: SGLang's Triton extend -> FlashInfer MLA (topk 1 only)", engine_before,
+                          after - split + flash, status, files, setting("attention", engine), tau, decode,
+                          common + f"; FlashInfer {flash:.4g} ms per forward, its plan() on the host included, in "
+                          f"place of split_kv's {split:.4g}"))
+    return out
+
+
 def levers(runs: dict, found: dict, taus, context: int | None, engine: str) -> list[dict]:
     """Every lever the results can cost, then the missing ones with the command that would measure them."""
     out, missing, said = [], [], []
@@ -144,22 +183,32 @@ def levers(runs: dict, found: dict, taus, context: int | None, engine: str) -> l
         # a torch reference stood in for the kernels: its time says nothing about extend against split_kv
         missing.append(("verify attention", f"{MEASURE['verify attention']} where the kernels run (this cycle's "
                         "rows are a torch reference standing in for them)"))
-    elif split is not None and want == ctx:
-        out.append(_lever("verify attention: extend -> split_kv", base, split["summary"]["median_us"] / 1e3,
-                          "measured", [f_cycle], setting("attention", engine), tau, decode,
-                          f"context {ctx}, both measured in the cycle"))
-    elif split is not None and "mla_verify" in runs:
-        d = config[2]
-        ext_now, how = attention_per_forward_ms(runs, "extend", d, want)
-        spl_now, _ = attention_per_forward_ms(runs, "split_kv", d, want)
-        ext_then, _ = attention_per_forward_ms(runs, "extend", d, ctx)
-        spl_then, _ = attention_per_forward_ms(runs, "split_kv", d, ctx)
-        before = base + ext_now - ext_then
-        after = split["summary"]["median_us"] / 1e3 + spl_now - spl_then
-        out.append(_lever("verify attention: extend -> split_kv", before, after, "projected",
-                          [f_cycle, str(found["mla_verify"])], setting("attention", engine), tau, decode,
-                          f"context {want}: the cycle at {ctx} moved by mla_verify's per-forward attention ({how}): "
-                          f"extend {ext_now:.4g} ms, split_kv {spl_now:.4g} ms per forward at {want}"))
+    elif split is not None and (want == ctx or "mla_verify" in runs):
+        before, after, status, files, note = base, split["summary"]["median_us"] / 1e3, "measured", [f_cycle], \
+            f"context {ctx}, both measured in the cycle"
+        if want != ctx:
+            d = config[2]
+            ext_now, how = attention_per_forward_ms(runs, "extend", d, want)
+            spl_now, _ = attention_per_forward_ms(runs, "split_kv", d, want)
+            ext_then, _ = attention_per_forward_ms(runs, "extend", d, ctx)
+            spl_then, _ = attention_per_forward_ms(runs, "split_kv", d, ctx)
+            before, after, status = base + ext_now - ext_then, after + spl_now - spl_then, "projected"
+            files = [f_cycle, str(found["mla_verify"])]
+            note = (f"context {want}: the cycle at {ctx} moved by mla_verify's per-forward attention ({how}): "
+                    f"extend {ext_now:.4g} ms, split_kv {spl_now:.4g} ms per forward at {want}")
+        engine_levers = engine_attention_levers(runs, found, config, want, before, after, status, files, engine, tau,
+                                                decode)
+        if engine_levers:
+            out += engine_levers
+            before = engine_levers[0]["before_ms"]  # the engine's own kernel in the cycle it pays
+        else:
+            out.append(_lever("verify attention: extend -> split_kv", before, after, status, files,
+                              setting("attention", engine), tau, decode,
+                              note + "; extend is our stand-in for the engine's kernel (no engine rows in mla_verify: "
+                              "with SGLang installed, `verifybench mla_verify` times its own beside ours)"))
+        if config[1] == 1 and not any("FlashInfer" in lv["lever"] for lv in engine_levers):
+            missing.append(("verify attention -> FlashInfer MLA", "verifybench mla_verify on a GPU with SGLang and "
+                            "FlashInfer installed (their kernels beside ours, FlashInfer's plan() timed)"))
         base = before  # the other levers start from the cycle at the user's context
     else:
         missing.append(("verify attention", f"verifybench cycle --contexts {want}" if split is not None else
