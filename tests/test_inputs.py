@@ -232,7 +232,7 @@ def test_advise_uses_a_cycle_file_under_a_users_name_or_through_a_pipe(capsys, t
 
 def test_advise_nccl_from_a_cycle_result_names_what_it_is(capsys):
     refused(capsys, "advise", H200, "--nccl-from", H200 / "cycle.json",
-            needle="'cycle' result where a allreduce_sweep result is due")
+            needle="a cycle result, not an NCCL sweep result")
 
 
 # ---- plan ----

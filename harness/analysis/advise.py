@@ -1,3 +1,4 @@
+# Over 400 lines: the answer, the levers and the command read one results folder the same way (levers.py: the math).
 """`verifybench advise`: the answer first (what the verify forward and cycle are made of), then the levers that
 move a speculative cycle, ranked by ms saved per cycle, each with its engine setting and the files it came from.
 
@@ -18,6 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from verifybench.harness.analysis import inputs, plan
+from verifybench.harness.analysis.levers import attention_per_forward_ms, engine_attention_levers
+from verifybench.harness.analysis.levers import lever as _lever
+from verifybench.harness.analysis.levers import ok_cases as _ok
 from verifybench.harness.analysis.engine_settings import setting
 from verifybench.harness.analysis.fit import linear_fit
 from verifybench.harness.analysis.numbers import TOKEN_COUNT_MAX, context_arg
@@ -70,10 +74,6 @@ def is_cpu(runs: dict[str, dict]) -> bool:
     return stance.any_cpu(runs.values())
 
 
-def _ok(run: dict) -> list[dict]:
-    return [c for c in run["cases"] if c["check"]["ok"]]
-
-
 # ---- the costs ----
 
 def cycle_at(runs: dict, context: int | None) -> tuple[dict, int]:
@@ -92,19 +92,6 @@ def decode_ms(runs: dict) -> float:
     return float(np.median([c["derived"]["decode_ms"] for c in _ok(runs["cycle"])]))
 
 
-def attention_per_forward_ms(runs: dict, variant: str, d: int, context: int) -> tuple[float, str]:
-    """mla_verify's per-forward attention (ms) of a chain of D tokens at `context`: measured there, else linear
-    between the two measured contexts around it (said); outside them refused."""
-    pts = sorted((c["params"]["context"], c["derived"]["per_forward_us"] / 1e3) for c in _ok(runs["mla_verify"])
-                 if c["params"]["variant"] == variant and c["params"]["n"] == d and c["params"]["tree"] == "chain")
-    xs = [p[0] for p in pts]
-    if not pts or not xs[0] <= context <= xs[-1]:
-        raise ValueError(f"mla_verify holds {variant} at D={d} for contexts {xs}; --context {context} is outside")
-    how = "measured" if context in xs else f"interpolated between contexts {max(x for x in xs if x < context)} and " \
-                                           f"{min(x for x in xs if x > context)}"
-    return float(np.interp(context, xs, [p[1] for p in pts])), how
-
-
 def forward_fit(runs: dict):
     full = {c["params"]["tokens"]: c["summary"]["median_us"] / 1e3 for c in _ok(runs["verify"])
             if c["params"]["variant"] == "full"}
@@ -112,53 +99,6 @@ def forward_fit(runs: dict):
 
 
 # ---- the levers ----
-
-def _lever(name, before, after, status, files, how, tau=None, decode=None, note=""):
-    return {"lever": name, "before_ms": before, "after_ms": after,
-            "saved_ms": None if before is None or after is None else before - after,
-            "tau_star": None if after is None else after / decode,
-            "tok_s": None if after is None or tau is None else 1000 * tau / after,
-            "status": status, "files": files, "how": how, "note": note}
-
-
-def _engine_per_forward_ms(runs: dict, variant: str, d: int, context: int) -> float | None:
-    """mla_verify's per-forward time of `variant` at (D, context), or None where it did not run there."""
-    if "mla_verify" not in runs:
-        return None
-    try:
-        return attention_per_forward_ms(runs, variant, d, context)[0]
-    except ValueError:
-        return None
-
-
-def engine_attention_levers(runs, found, config, context, before, after, status, files, engine, tau, decode):
-    """The attention levers on the engine's own kernels, where mla_verify timed them beside ours at this D and
-    context: the cycle with SGLang's extend in place of our stand-in, against our split-KV (what the engine could
-    reach) and against FlashInfer's MLA (SGLang's --attention-backend flashinfer, its plan() included; chains only).
-    [] where mla_verify holds no SGLang extend there (the caller names what would measure FlashInfer's)."""
-    d = config[2]
-    ours, theirs = (_engine_per_forward_ms(runs, v, d, context) for v in ("extend", "sglang.extend"))
-    if ours is None or theirs is None:
-        return []
-    engine_before = before - ours + theirs
-    files = [*files, str(found["mla_verify"])] if str(found["mla_verify"]) not in files else files
-    sm120 = [_engine_per_forward_ms(runs, v, d, context) for v in ("extend@sm120", "sglang.extend@sm120")]
-    tiles = (f"; with the tiles SGLang picks on sm_120 (run here) the engine's extend takes {sm120[1]:.4g} ms per "
-             f"forward, ours {sm120[0]:.4g}" if None not in sm120 else "")
-    common = (f"context {context}: the cycle with SGLang's own extend ({theirs:.4g} ms per forward) in place of our "
-              f"stand-in ({ours:.4g} ms){tiles}")
-    out = [_lever("verify attention: SGLang's Triton extend -> split-KV (ours: what the engine could reach)",
-                  engine_before, after, status, files, setting("attention", engine), tau, decode,
-                  common + "; no engine ships this kernel for MLA on NVIDIA")]
-    split = _engine_per_forward_ms(runs, "split_kv", d, context)
-    flash = _engine_per_forward_ms(runs, "flashinfer.mla", d, context)
-    if flash is not None and split is not None and config[1] == 1:
-        out.append(_lever("verify attention: SGLang's Triton extend -> FlashInfer MLA (topk 1 only)", engine_before,
-                          after - split + flash, status, files, setting("attention", engine), tau, decode,
-                          common + f"; FlashInfer {flash:.4g} ms per forward, its plan() on the host included, in "
-                          f"place of split_kv's {split:.4g}"))
-    return out
-
 
 def levers(runs: dict, found: dict, taus, context: int | None, engine: str) -> list[dict]:
     """Every lever the results can cost, then the missing ones with the command that would measure them."""
@@ -235,7 +175,8 @@ def levers(runs: dict, found: dict, taus, context: int | None, engine: str) -> l
                           setting("allreduce", engine, env=envtxt), tau, decode,
                           f"{per_call_us:.3g} us per call at {size} B x {calls} allreduces per forward "
                           f"({calls_from}) x 1 target forward per cycle; measured on the sweep's "
-                          f"{sweep['fingerprint'].get('gpu_model')} x{sweep['extra'].get('nproc_per_node')}; this cycle's "
+                          f"{sweep['fingerprint'].get('gpu_model')} x{sweep['extra'].get('nproc_per_node')}; "
+                          "this cycle's "
                           f"allreduce is a {base_case['derived'].get('allreduce_stand_in_us')} us stand-in, so the "
                           "saving holds where a call costs what the sweep's default did"))
     else:
