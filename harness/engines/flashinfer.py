@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from verifybench.harness.engines import EngineMissing, import_kernel_module
+from verifybench.harness.engines import EngineMissing, import_kernel_module, requests
 
 WORKSPACE_BYTES = 128 * 1024 * 1024  # the float workspace FlashInfer's docs recommend, as SGLang allocates it
 
@@ -31,11 +31,8 @@ def mla_verify(q, cache, starts, prefix_lens, kv_lora: int, scale: float, backen
     if q.device.type != "cuda":
         raise EngineMissing("FlashInfer's MLA kernels need a CUDA GPU (they compile with nvcc)")
     mla = mla_module()
-    heads, t, dk = q.shape
-    b = starts.numel()
-    d = t // b
+    heads, t, dk, b, d, lens, firsts = requests(q, starts, prefix_lens)
     device = q.device
-    lens, firsts = prefix_lens.tolist(), starts.tolist()
     kv_indices = torch.cat([torch.arange(s, s + n + d, device=device) for s, n in zip(firsts, lens)]).to(torch.int32)
     kv_len = torch.tensor([n + d for n in lens], dtype=torch.int32, device=device)
     kv_indptr = torch.cat([torch.zeros(1, dtype=torch.int32, device=device), kv_len.cumsum(0).to(torch.int32)])
