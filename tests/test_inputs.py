@@ -156,6 +156,11 @@ def test_advise_refuses_an_accept_length_matching_no_shape(capsys):
     refused(capsys, "advise", H200, "--accept-len", "7:3", needle="7 matches no shape")
 
 
+def test_advise_names_the_accept_lengths_matching_no_shape_beside_ones_that_match(capsys):
+    rc, out, _ = cli(capsys, "advise", H200, "--accept-len", "3:2.4,7:3")
+    assert rc == 0 and "note: --accept-len 7 matches no shape" in out and "tok/s" in out
+
+
 def test_advise_refuses_results_of_two_gpu_models(capsys):
     refused(capsys, "advise", H200, H100, needle="different GPU models")
 

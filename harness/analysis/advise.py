@@ -408,7 +408,8 @@ def run(args) -> int:
     if args.accept_len is not None:  # '' is refused by the parser, not read as "not given"
         given = plan.parse_keyed(args.accept_len, "--accept-len", 1, TOKEN_COUNT_MAX)
         taus = lambda c: given.get(c, given.get(c[2]))  # noqa: E731
-        inputs.match_shapes(given, runs)
+        for note in inputs.match_shapes(given, runs):
+            print(note)
     elif args.accept_rates is not None:
         rates = plan.parse_rates(args.accept_rates)
         taus = lambda c: plan.tau_from_rates(rates, c)  # noqa: E731

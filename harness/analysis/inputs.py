@@ -65,13 +65,17 @@ def load(found: dict[str, Path], kinds: tuple[str, ...]) -> dict[str, dict]:
     return out
 
 
-def match_shapes(given: dict, runs: dict) -> None:
-    """Every --accept-len key names a shape of the cycle result (D or steps,topk,D), as plan asks: a key matching
-    none would be dropped without a word."""
+def match_shapes(given: dict, runs: dict) -> list[str]:
+    """--accept-len keys against the shapes of the cycle result (D or steps,topk,D): refused where none matches (the
+    acceptance would be dropped without a word); a note line naming the keys that match none where others do (a
+    README flow gives 3:2.4,6:3.1 to a CPU cycle that ran D = 3 only)."""
     if "cycle" not in runs:
-        return
+        return []
     shapes = {plan._config(c) for c in plan._passing(runs["cycle"])}
     unmatched = [k for k in given if not any(k == s or k == s[2] for s in shapes)]
-    if unmatched:
+    held = f"the cycle result holds {', '.join(map(str, sorted(shapes)))}"
+    if unmatched and len(unmatched) == len(given):
         raise ValueError(f"--accept-len: {', '.join(map(str, unmatched))} matches no shape of the cycle result "
-                         f"(it holds {', '.join(map(str, sorted(shapes)))}): give D or steps,topk,D of those")
+                         f"({held}): give D or steps,topk,D of those")
+    return [f"note: --accept-len {', '.join(map(str, unmatched))} matches no shape ({held}): not used"] if unmatched \
+        else []
