@@ -1,3 +1,4 @@
+# Over 400 lines: tables, their atomic files and the compile-only figures share one cache rule (issue 43 splits it).
 """Per-GPU tuned config tables of the Triton kernels (MoE, skinny GEMM, MLA decode): JSON objects keyed by the GPU's
 name; the shipped ones beside the kernels, the user's (`verifybench tune`) merged over them per GPU name."""
 from __future__ import annotations
