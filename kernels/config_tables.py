@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from verifybench.kernels import interpret
+
 CONFIG_DIR_ENV = "VERIFYBENCH_CONFIG_DIR"  # where `verifybench tune` writes and selection reads the user's tables
 TABLES_ENV = "VERIFYBENCH_CONFIG_TABLES"  # "none": every kernel runs its defaults, as on a GPU nobody tuned
 # Shared memory per block (opt-in maximum) by compute capability, for a device torch cannot ask and for compiling
@@ -328,7 +330,7 @@ def uninterpreted(module: str, function: str, *args):
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = {k: v for k, v in os.environ.items() if k != interpret.ENV}
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     code = (f"import json, sys; from {module} import {function} as f; "
             "print(json.dumps(f(*json.load(sys.stdin))))")

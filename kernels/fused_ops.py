@@ -21,13 +21,13 @@ weight before the wait, so a weight must not be written by the kernel launched j
 """
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from verifybench.kernels import interpret
 from verifybench.kernels import pdl as _pdl
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -35,7 +35,7 @@ MAX_ROW = 16384  # a whole row lives in registers: 16384 fp32 over 16 warps = 32
 MAX_EXPERTS = 8192
 MAX_TOPK = 64  # the selection loop is unrolled k times
 # triton.jit picks the interpreter at decoration time, so dispatch follows the same moment
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_INTERPRET = interpret.active()
 
 
 # ---------------------------------------------------------------------------------------------------- kernels

@@ -26,6 +26,7 @@ from collections import Counter
 
 import torch
 
+from verifybench.kernels import interpret
 from verifybench.kernels import tree_triton as _tt
 from verifybench.kernels.tree_triton import (FLAG_CYCLE, FLAG_DUPLICATE_INDEX,  # noqa: F401 (re-exported)
                                              FLAG_ID_RANGE, FLAG_MISSING_PARENT, FLAG_NAN_SCORE, FLAG_UNSORTED,
@@ -44,7 +45,7 @@ def _resolve(backend: str, like: torch.Tensor) -> str:
         return "kernel" if like.is_cuda else "reference"
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of auto, {', '.join(BACKENDS)}")
-    if backend == "kernel" and not like.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+    if backend == "kernel" and not like.is_cuda and not interpret.active():
         raise ValueError("backend 'kernel' needs CUDA tensors (or TRITON_INTERPRET=1 for CPU tensors)")
     return backend
 

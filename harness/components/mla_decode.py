@@ -12,7 +12,6 @@ Run: pytest --benchmark-only microbench/bench_mla_decode.py; tune this GPU's tab
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -28,6 +27,7 @@ from verifybench.harness.model import presets
 from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers, withhold_on_cpu
 from verifybench.harness.engine.runner import CPU_COPIES, CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
+from verifybench.kernels import interpret
 from verifybench.kernels import mla_decode as md
 from verifybench.kernels import mla_decode_select as mds
 from verifybench.harness.model.forward import TORCH_OPS
@@ -44,7 +44,7 @@ TOL = 1e-2  # bf16 output: a few ulp of bf16 over softmax-weighted fp32 sums
 IMPLS = ("triton", "triton-default", "torch")  # triton: select_config (tuned table); torch: verify_forward's path
 ENGINE_IMPLS = ("sglang.decode",)  # the engines' own kernels (harness/engines), rows of their own beside ours
 # triton.jit picks the interpreter at decoration time: CPU runs of the kernel need TRITON_INTERPRET=1 before import
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+INTERPRET = interpret.active()
 
 
 @dataclass(frozen=True)
