@@ -19,7 +19,7 @@ from verifybench.harness.engine.results import cpu_numbers, withhold_on_cpu
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec
 from verifybench.harness.engine.timing import cuda_available, measure
 from verifybench.harness.model import presets
-from verifybench.harness.model.build import CONTEXT, allreduce_stand_in_us, build_forward, device_wait, release_forwards
+from verifybench.harness.model.build import allreduce_stand_in_us, build_forward, device_wait, release_forwards
 from verifybench.harness.model.cycle import ATTENTION, ENGINE_PHASES, PHASES, Cycle, SpecConfig
 from verifybench.harness.model.draft import draft_shape, weight_bytes
 from verifybench.harness.model.forward import FORWARD_MAX_TOKENS, allocated_bytes
@@ -81,7 +81,7 @@ def _plan(preset: str, tp: int, context: int, cfgs: list[SpecConfig]) -> memory.
                        f"context {context}", "layers", device)
 
 
-def cases(preset: str, tp: int, context: int = CONTEXT, tokens: tuple[int, ...] | None = None,
+def cases(preset: str, tp: int, context: int = presets.CONTEXT, tokens: tuple[int, ...] | None = None,
           configs: str | None = None, attention: str | None = None, contexts: str | None = None) -> list[CaseSpec]:
     """One case per (context, configuration, attention variant); `tokens` keeps the configurations with those
     draft-token counts; `contexts` ("1024,4096") replaces the one context."""

@@ -19,8 +19,7 @@ from verifybench.harness.engine.timing import cuda_available
 from verifybench.harness.model import presets
 from verifybench.kernels import config_tables, pdl
 from verifybench.kernels.moe_int4 import reference_moe_w4a16
-from verifybench.harness.model.build import (CONTEXT, allreduce_stand_in_us, as_checkpoint, build_forward,
-                                             release_forwards)
+from verifybench.harness.model.build import (allreduce_stand_in_us, as_checkpoint, build_forward, release_forwards)
 from verifybench.harness.model.forward import COMPONENTS, FORWARD_MAX_TOKENS, TORCH_OPS, VerifyForward, allocated_bytes
 
 NAME = "verify"
@@ -146,7 +145,7 @@ def _case(preset, tp, layers, context, n, variant: str, comps: frozenset, plan: 
                     {"calls_per_sample": 1, "max_time_s": CASE_MAX_TIME_S})
 
 
-def cases(preset: str, tp: int, context: int = CONTEXT, tokens: tuple[int, ...] | None = None,
+def cases(preset: str, tp: int, context: int = presets.CONTEXT, tokens: tuple[int, ...] | None = None,
           layers: int | None = None) -> list[CaseSpec]:
     """Per n: the full forward, each component alone (isolated) and the forward without it (marginal); where PDL
     can run, the full forward without it too. The layers are planned against the free memory here (listing

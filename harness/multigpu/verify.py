@@ -33,6 +33,7 @@ from verifybench.harness.collectives.backends import (DTYPE, ArOp, Comm, backend
 from verifybench.harness.engine import results
 from verifybench.harness.engine.timing import measure
 from verifybench.harness.model.forward import VerifyForward
+from verifybench.harness.model.presets import CONTEXT, CPU_CONTEXT
 from verifybench.harness.multigpu import report
 from verifybench.harness.multigpu.guard import init_group, maybe_fault, parse_fault, rank_main
 from verifybench.harness.multigpu.ranks import Agreement, announce_safe_env
@@ -265,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "gloo)")
     p.add_argument("--tp", type=positive_int, help="TP degree whose per-rank shapes each rank holds, whatever the number of "
                    "ranks (default 8; 1 on CPU)")
-    p.add_argument("--context", type=context_arg, help="cached tokens per layer (default 4096; 64 on CPU)")
+    p.add_argument("--context", type=context_arg, help=f"cached tokens per layer (default {CONTEXT}; {CPU_CONTEXT} on CPU)")
     p.add_argument("--layers", type=positive_int, help="layers to build (default: the preset's; when they do not fit, the job "
                    "refuses before building and names the --layers that fit)")
     p.add_argument("--tokens", type=tokens_arg, default=tokens_arg("1-8"),
