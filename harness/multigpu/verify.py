@@ -36,7 +36,7 @@ from verifybench.harness.model.forward import VerifyForward
 from verifybench.harness.model.presets import CONTEXT, CPU_CONTEXT
 from verifybench.harness.multigpu import report
 from verifybench.harness.multigpu.guard import init_group, maybe_fault, parse_fault, rank_main
-from verifybench.harness.multigpu.ranks import Agreement, announce_safe_env
+from verifybench.harness.multigpu.ranks import Agreement, announce_safe_env, run_backends
 from verifybench.harness.multigpu.verify_output import Output
 from verifybench.harness.multigpu.verify_setup import (BACKEND_HELP, NO_HEAD, VARIANTS, build_forward,
                                                        make_allreduce_fn, make_plan)
@@ -240,16 +240,9 @@ def run_rank(args, info, store, guard: Watchdog) -> int:
         if cuda:
             torch.cuda.synchronize()
     xchg, fault, counter = TensorExchange(store, info), parse_fault(args.fault), itertools.count()
-    for name in plan["backends"]:
-        if name in skipped:
-            continue
-        records, error = run_backend(name, fwd, plan, comm, agree, xchg, guard, fault, counter)
-        if error:
-            skipped[name] = error
-        gathered = agree.gather(records)
-        guard.mark(f"{name}: save")  # on every rank: the watchdog compares step numbers across ranks
-        if out:
-            out.add(name, gathered, skipped, backend_versions(comm))
+    run_backends(plan["backends"], skipped,
+                 lambda name: run_backend(name, fwd, plan, comm, agree, xchg, guard, fault, counter),
+                 agree, guard, out, lambda: backend_versions(comm))
     guard.mark("finish")
     if out:
         out.finish(skipped)
