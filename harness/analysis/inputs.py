@@ -70,7 +70,7 @@ def match_shapes(given: dict, runs: dict) -> None:
     none would be dropped without a word."""
     if "cycle" not in runs:
         return
-    shapes = {plan._config(c) for c in plan._passing(runs["cycle"])}
+    shapes = {plan.case_config(c) for c in plan.passing_cases(runs["cycle"])}
     unmatched = [k for k in given if not any(k == s or k == s[2] for s in shapes)]
     if unmatched:
         raise ValueError(f"--accept-len: {', '.join(map(str, unmatched))} matches no shape of the cycle result "

@@ -15,6 +15,7 @@ from verifybench.harness.analysis.numbers import context_list, contexts_arg
 from verifybench.harness.analysis.plan import parse_configs as read_configs
 from verifybench.harness.components.mla_verify import variant_config
 from verifybench.harness.engine import memory
+from verifybench.harness.engine.charts import write_png
 from verifybench.harness.engine.results import cpu_numbers, withhold_on_cpu
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec
 from verifybench.harness.engine.timing import cuda_available, measure
@@ -281,8 +282,6 @@ def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from verifybench.harness.components.verify import write_png
-
     rows = _ok(records)
     if not rows:
         return []
@@ -323,8 +322,6 @@ def context_chart_line(records: list[dict], directory: Path, stamp: str) -> str:
 def _context_chart(rows, directory: Path, stamp: str) -> Path:
     """Cycle ms against context, one line per (configuration, attention): extend against split_kv."""
     import matplotlib.pyplot as plt
-
-    from verifybench.harness.components.verify import write_png
 
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     lines: dict[tuple, list] = {}

@@ -28,7 +28,8 @@ import triton
 
 from verifybench.harness import engines
 from verifybench.harness.engine import ceiling, memory
-from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers, withhold_on_cpu, write_new
+from verifybench.harness.engine.charts import write_png
+from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers, withhold_on_cpu
 from verifybench.harness.engine.runner import CPU_COPIES, CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
 from verifybench.harness.model import presets
@@ -365,11 +366,7 @@ def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
     ax.set_title("MLA verify attention: engine-style extend vs split_kv, and the engines' own kernels"
                  + (" (CPU numbers: the plumbing, not a GPU's figures)" if cpu_numbers(records) else ""))
     ax.legend(fontsize=8, ncol=2)
-    path = Path(directory) / f"mla_verify-{stamp}.png"
-    try:
-        return [write_new(path, lambda f: fig.savefig(f, format="png", dpi=120, bbox_inches="tight"))]
-    finally:
-        plt.close(fig)
+    return [write_png(fig, Path(directory) / f"mla_verify-{stamp}.png")]
 
 
 def release() -> None:
