@@ -7,7 +7,7 @@ launch (~1.3 us in a CUDA graph), 3-4 ms per Kimi-K2.5 forward in all. Here each
 
 Semantics (the references are the definition; kernels differ only by fp32 reduction order and fast exp/rsqrt):
 - rmsnorm(x, w): y = (x * rsqrt(mean(x^2) + eps)) rounded to x.dtype, times w, rounded to x.dtype: with w in x's
-  dtype this is bit-for-bit what `(normed).to(x.dtype) * w` does in torch (kernels/verify_forward.py's _rmsnorm).
+  dtype this is bit-for-bit what `(normed).to(x.dtype) * w` does in torch (harness/model/forward.py's _rmsnorm).
 - add_rmsnorm(h, delta, w): h = round_to_h_dtype(h + delta) in place, then y = rmsnorm(new h, w).
 - silu_mul_reference(gate_up [n, 2I]): silu(gate) * up in fp32, rounded once to the input dtype.
 - softmax_topk(logits, k): fp32 softmax over E, the k largest probabilities in descending order; ties go to the lower

@@ -1,4 +1,4 @@
-"""The glue around MLA attention in the verify forward (kernels/verify_forward.py) as one Triton launch per step,
+"""The glue around MLA attention in the verify forward (harness/model/forward.py) as one Triton launch per step,
 with plain-torch fp32 references.
 
 Why: unfused, the steps between the qkv projection and o_proj are 2 RMSNorms, 2 KV-slot copies, bmm + cat for the

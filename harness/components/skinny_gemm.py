@@ -48,7 +48,7 @@ class Shape:
 
 
 def shapes(preset: str = "kimi-k2.5", tp: int = 8) -> list[Shape]:
-    """The bf16 projections of one rank's verify forward (kernels/verify_forward.py), largest share of bytes first."""
+    """The bf16 projections of one rank's verify forward (harness/model/forward.py), largest share of bytes first."""
     p = presets.get(preset, tp)
     latent = p.kv_lora + p.qk_rope
     out = [Shape("q_a_kv_a", p.q_lora + latent, p.hidden, p.layers),
