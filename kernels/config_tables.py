@@ -8,7 +8,6 @@ import hashlib
 import importlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import torch

@@ -27,8 +27,8 @@ from verifybench.harness.collectives.backends import (ALL_BACKENDS, BACKEND_HELP
                                         prepare_for_timing, unavailable_reason)
 from verifybench.harness.collectives.allreduce_results import ENGINE_MODE, MODES
 from verifybench.harness.multigpu.output import Output
-from verifybench.harness.multigpu.guard import init_group, maybe_fault, parse_fault, rank_main
-from verifybench.harness.multigpu.ranks import Agreement, announce_safe_env, run_backends
+from verifybench.harness.multigpu.guard import init_group, maybe_fault, parse_fault, start_ranks
+from verifybench.harness.multigpu.ranks import Agreement, run_backends
 from verifybench.harness.multigpu.watchdog import Watchdog
 from verifybench.harness.engine.results import DEFAULT_OUT
 from verifybench.harness.engine.timing import measure
@@ -296,14 +296,7 @@ def main(argv: list[str] | None = None) -> int:
             print("interrupted: the setting's torchrun is ended; the summary is written only by a whole sweep, the "
                   "finished settings' results stay in its folder", file=sys.stderr)
             return 130
-    announce_safe_env()
-    try:
-        check_arguments(args)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    rank_main(run_rank, args, STORE_TIMEOUT_S)
-    return 0
+    return start_ranks(run_rank, args, STORE_TIMEOUT_S, check_arguments)
 
 
 if __name__ == "__main__":

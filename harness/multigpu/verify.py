@@ -35,8 +35,8 @@ from verifybench.harness.engine.timing import measure
 from verifybench.harness.model.forward import VerifyForward
 from verifybench.harness.model.presets import CONTEXT, CPU_CONTEXT
 from verifybench.harness.multigpu import report
-from verifybench.harness.multigpu.guard import init_group, maybe_fault, parse_fault, rank_main
-from verifybench.harness.multigpu.ranks import Agreement, announce_safe_env, run_backends
+from verifybench.harness.multigpu.guard import init_group, maybe_fault, parse_fault, start_ranks
+from verifybench.harness.multigpu.ranks import Agreement, run_backends
 from verifybench.harness.multigpu.verify_output import Output
 from verifybench.harness.multigpu.verify_setup import (BACKEND_HELP, NO_HEAD, VARIANTS, build_forward,
                                                        make_allreduce_fn, make_plan)
@@ -283,14 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     report.PREFIX = "[verify_dist]"
-    announce_safe_env()
-    try:
-        make_plan(args)  # bad arguments: every rank says so and exits 2, before any rendezvous
-    except (ValueError, MemoryError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    rank_main(run_rank, args, STORE_TIMEOUT_S)
-    return 0
+    # bad arguments (make_plan refuses them): every rank says so and exits 2, before any rendezvous
+    return start_ranks(run_rank, args, STORE_TIMEOUT_S, make_plan, (ValueError, MemoryError))
 
 
 if __name__ == "__main__":
