@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from verifybench.harness.analysis.numbers import MAX_CONTEXT, context_arg, positive_int, tokens_upto
-from verifybench.harness.model.build import CONTEXT
+from verifybench.harness.model.presets import CONTEXT
 from verifybench.harness.model.forward import FORWARD_MAX_TOKENS
 from verifybench.harness.engine import results
 from verifybench.harness.engine.timing import cuda_available, measure

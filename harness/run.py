@@ -17,6 +17,7 @@ from verifybench.harness.analysis import advise
 from verifybench.harness.analysis.numbers import MAX_CONTEXT, context_arg, int_in, out_path, tokens_arg
 from verifybench.harness.engine import fingerprint, hostpin, hostprobe, interpreter, memory, results, tables, timing
 from verifybench.harness.engine.timing import cuda_available
+from verifybench.harness.model.presets import CONTEXT, CPU_CONTEXT
 from verifybench.kernels import config_tables
 
 
@@ -45,7 +46,7 @@ def add_scope_arguments(p: argparse.ArgumentParser, tokens: bool = True) -> None
     p.add_argument("--tp", type=int_in(1), default=None,
                    help="tensor-parallel degree: per-rank shapes (default 8; 1 on CPU)")
     p.add_argument("--context", type=context_arg, default=None,
-                   help=f"tokens already in the KV cache, 1..{MAX_CONTEXT} (default 4096; 64 on CPU)")
+                   help=f"tokens already in the KV cache, 1..{MAX_CONTEXT} (default {CONTEXT}; {CPU_CONTEXT} on CPU)")
     if tokens:  # a component whose shapes hold no token count takes no --tokens (argparse refuses it, exit 2)
         p.add_argument("--tokens", type=tokens_arg, default=None, help="token counts to verify, e.g. 1,2,4,8 or 1-8 "
                        "(default: each component's own set)")

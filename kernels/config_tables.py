@@ -1,20 +1,19 @@
-# Over 400 lines: tables, their atomic files and the compile-only figures share one cache rule (issue 43 splits it).
 """Per-GPU tuned config tables of the Triton kernels (MoE, skinny GEMM, MLA decode): JSON objects keyed by the GPU's
 name; the shipped ones beside the kernels, the user's (`verifybench tune`) merged over them per GPU name."""
 from __future__ import annotations
 
 import contextlib
-import errno
 import functools
 import hashlib
-import glob
 import importlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import torch
+
+from verifybench.kernels import interpret
+from verifybench.kernels.atomic_files import write_atomic
 
 CONFIG_DIR_ENV = "VERIFYBENCH_CONFIG_DIR"  # where `verifybench tune` writes and selection reads the user's tables
 TABLES_ENV = "VERIFYBENCH_CONFIG_TABLES"  # "none": every kernel runs its defaults, as on a GPU nobody tuned
@@ -40,58 +39,6 @@ def load(path: Path | str) -> dict:
             raise ValueError(f"{p}: a config table must be a JSON object, got {type(table).__name__}")
         _TABLES[key] = table
     return _TABLES[key]
-
-
-def _umask() -> int:
-    mask = os.umask(0o22)
-    os.umask(mask)
-    return mask
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's live process
-        return True
-    return True
-
-
-def _remove_stale_temps(path: Path) -> None:
-    """Temp files of `path` left by a writer that was killed (SIGKILL leaves no chance to clean up): their names
-    carry the writer's pid, and a pid that no longer runs will not finish them."""
-    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
-        pid = tmp.name[len(path.name) + 2:].split(".", 1)[0]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
-            tmp.unlink(missing_ok=True)
-
-
-FULL = (errno.EFBIG, errno.ENOSPC, errno.EDQUOT)  # a write the file system refused for its size
-
-
-def write_atomic(path: Path, write) -> Path:
-    """`write(file)` into a temp file beside `path`, fsync, then rename: a reader never sees half a file, a failed
-    write leaves no temp file behind (and one a killed writer left is removed by the next write of that name), and
-    the file is readable by the owner and the group whatever the umask (0644 under the common one)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, (0o666 & ~_umask()) | 0o640)
-        os.replace(tmp, path)
-    except BaseException as e:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(e, OSError) and e.errno in FULL and e.filename is None:  # a bare "File too large" names nothing
-            raise OSError(e.errno, f"{e.strerror}: a file size limit (ulimit -f), quota or full disk stopped this "
-                          "write; nothing of it was kept", str(path)) from None
-        raise
-    return path
 
 
 def save(table: dict, path: Path | str) -> Path:
@@ -329,7 +276,7 @@ def uninterpreted(module: str, function: str, *args):
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = {k: v for k, v in os.environ.items() if k != interpret.ENV}
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     code = (f"import json, sys; from {module} import {function} as f; "
             "print(json.dumps(f(*json.load(sys.stdin))))")

@@ -7,7 +7,7 @@ launch (~1.3 us in a CUDA graph), 3-4 ms per Kimi-K2.5 forward in all. Here each
 
 Semantics (the references are the definition; kernels differ only by fp32 reduction order and fast exp/rsqrt):
 - rmsnorm(x, w): y = (x * rsqrt(mean(x^2) + eps)) rounded to x.dtype, times w, rounded to x.dtype: with w in x's
-  dtype this is bit-for-bit what `(normed).to(x.dtype) * w` does in torch (kernels/verify_forward.py's _rmsnorm).
+  dtype this is bit-for-bit what `(normed).to(x.dtype) * w` does in torch (harness/model/forward.py's _rmsnorm).
 - add_rmsnorm(h, delta, w): h = round_to_h_dtype(h + delta) in place, then y = rmsnorm(new h, w).
 - silu_mul_reference(gate_up [n, 2I]): silu(gate) * up in fp32, rounded once to the input dtype.
 - softmax_topk(logits, k): fp32 softmax over E, the k largest probabilities in descending order; ties go to the lower
@@ -21,13 +21,13 @@ weight before the wait, so a weight must not be written by the kernel launched j
 """
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from verifybench.kernels import interpret
 from verifybench.kernels import pdl as _pdl
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -35,7 +35,7 @@ MAX_ROW = 16384  # a whole row lives in registers: 16384 fp32 over 16 warps = 32
 MAX_EXPERTS = 8192
 MAX_TOPK = 64  # the selection loop is unrolled k times
 # triton.jit picks the interpreter at decoration time, so dispatch follows the same moment
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_INTERPRET = interpret.active()
 
 
 # ---------------------------------------------------------------------------------------------------- kernels

@@ -6,7 +6,7 @@ dims, 576 = 512 + 64 for Kimi/DeepSeek), cache [rows, D] holds one latent vector
 With keys = cache[:length]:
     o[h, i] = softmax(scale * q[h, i] . keys^T) @ keys[:, :kv_lora]      -> [heads, n, kv_lora] in q's dtype
 Every query attends all `length` keys (no causal mask: the verify forward writes its n tokens' slots first and
-lets each of them see all of them, as the torch path in verify_forward.py does). `scale` defaults to D ** -0.5;
+lets each of them see all of them, as the torch path of harness/model/forward.py does). `scale` defaults to D ** -0.5;
 the MLA forward uses (qk_nope + qk_rope) ** -0.5 (192 ** -0.5 for Kimi), so that caller must pass it.
 
 Why a kernel: the torch path (two matmuls + softmax) launches ~6 kernels per layer, materializes fp32 scores and

@@ -8,19 +8,19 @@ shared memory.
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
 
 import torch
 import triton
 
+from verifybench.kernels import interpret
 from verifybench.kernels import config_tables
 from verifybench.kernels import mla_decode_kernels as kernels
 from verifybench.kernels.config_tables import device_name
 from verifybench.kernels.mla_decode_kernels import MAX_SPLITS
 
 # triton.jit picks the interpreter at decoration time: compiling for a target needs a process without it
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_INTERPRET = interpret.active()
 
 # Used without a table entry: the tile the H200 table picks at 4096 keys for n = 1..7 (16 query rows x 64 keys, 4
 # warps, 2 stages; 94,208 B of shared memory compiled for every supported architecture, under sm_120's 101,376 B),

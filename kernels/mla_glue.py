@@ -1,4 +1,4 @@
-"""The glue around MLA attention in the verify forward (kernels/verify_forward.py) as one Triton launch per step,
+"""The glue around MLA attention in the verify forward (harness/model/forward.py) as one Triton launch per step,
 with plain-torch fp32 references.
 
 Why: unfused, the steps between the qkv projection and o_proj are 2 RMSNorms, 2 KV-slot copies, bmm + cat for the
@@ -25,13 +25,13 @@ the reference.
 """
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # PDL (sm_90+; triton >= 3.3)
 
+from verifybench.kernels import interpret
 from verifybench.kernels import pdl as pdl_mod
 from verifybench.kernels.fused_ops import FLOAT_DTYPES, MAX_ROW, rmsnorm_reference
 
@@ -41,7 +41,7 @@ ROWS = 16  # token rows per tl.dot (its minimum M); fewer tokens are masked, mor
 BLOCK_C = 32  # q_absorb latent columns per program: Kimi's 8 heads x 512 / 32 = 128 programs stream w_uk
 BLOCK_V = 16  # v_up output columns per program: 8 heads x 128 / 16 = 64 programs stream w_uv
 # triton.jit picks the interpreter at decoration time, so dispatch follows the same moment
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_INTERPRET = interpret.active()
 
 
 # ---------------------------------------------------------------------------------------------------- kernels

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import math
-import operator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from verifybench.kernels.validators import check_int
 
 PACK = 8  # int4 values per int32 word
 QMIN, QMAX, QOFFSET = -8, 7, 8  # nibble = q + 8, in 0..15
@@ -19,16 +20,6 @@ REF_ACT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 # ---------------------------------------------------------------------------------------------------- format
-
-def _int(name: str, value, lo: int, hi: int | None = None) -> int:
-    """`value` as a Python int in [lo, hi]; floats, bools and tensors are refused."""
-    if isinstance(value, (bool, torch.Tensor)) or not hasattr(value, "__index__"):
-        raise ValueError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    value = operator.index(value)
-    if value < lo or (hi is not None and value > hi):
-        raise ValueError(f"{name} must be in [{lo}, {'inf' if hi is None else hi}], got {value}")
-    return value
-
 
 def _capturing(t: torch.Tensor) -> bool:
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
@@ -286,8 +277,8 @@ def _weights(m: int, topk: int, gen: torch.Generator) -> torch.Tensor:
 def route_uniform(m: int, num_experts: int, topk: int, *, seed: int | None = None, device="cpu"):
     """Each token picks `topk` distinct experts uniformly at random; weights are a softmax of random logits.
     Returns (topk_weights fp32 [m, topk], topk_ids int32 [m, topk])."""
-    m, num_experts = _int("m", m, 0), _int("num_experts", num_experts, 1)
-    topk = _int("topk", topk, 1, num_experts)
+    m, num_experts = check_int("m", m, 0), check_int("num_experts", num_experts, 1)
+    topk = check_int("topk", topk, 1, num_experts)
     gen = _gen(seed)
     ids = torch.rand(m, num_experts, generator=gen).topk(topk, dim=-1).indices
     return _weights(m, topk, gen).to(device), ids.to(torch.int32).to(device)
@@ -298,9 +289,9 @@ def route_skewed(m: int, num_experts: int, topk: int, *, hot_experts: int | None
     """A few hot experts: `hot_experts` (default topk) randomly placed experts are each `hot_factor` times as likely
     to be picked as any other (sampling without replacement). With the defaults at K2.5 shapes about half of all
     picks go to the hot set, so n tokens touch far fewer distinct experts than under uniform routing."""
-    m, num_experts = _int("m", m, 0), _int("num_experts", num_experts, 1)
-    topk = _int("topk", topk, 1, num_experts)
-    hot = _int("hot_experts", topk if hot_experts is None else hot_experts, 0, num_experts)
+    m, num_experts = check_int("m", m, 0), check_int("num_experts", num_experts, 1)
+    topk = check_int("topk", topk, 1, num_experts)
+    hot = check_int("hot_experts", topk if hot_experts is None else hot_experts, 0, num_experts)
     if not (isinstance(hot_factor, (int, float)) and math.isfinite(hot_factor) and hot_factor > 0):
         raise ValueError(f"hot_factor must be a finite number > 0, got {hot_factor!r}")
     gen = _gen(seed)
@@ -348,7 +339,7 @@ def trace_windows(trace: torch.Tensor, m: int, count: int, *, seed: int = 0, dev
     """`count` routings of m consecutive trace rows (windows from evenly spaced starts), each with random softmax
     weights: a list of (topk_weights, topk_ids)."""
     _check_ids("trace", trace)
-    m, count = _int("m", m, 1), _int("count", count, 1)
+    m, count = check_int("m", m, 1), check_int("count", count, 1)
     if trace.shape[0] < m:
         raise ValueError(f"routing trace has {trace.shape[0]} rows, fewer than m={m}")
     gen = _gen(seed)
@@ -360,22 +351,22 @@ def trace_windows(trace: torch.Tensor, m: int, count: int, *, seed: int = 0, dev
 
 def expert_bytes_int4(hidden: int, inter: int, group_size: int = 32) -> int:
     """One expert's packed weights + bf16 scales, gate_up [2I, H] and down [H, I] (3.10 MB at K2.5 TP8)."""
-    hidden, inter = _int("hidden", hidden, 1), _int("inter", inter, 1)
-    if _int("group_size", group_size, PACK) % PACK:
+    hidden, inter = check_int("hidden", hidden, 1), check_int("inter", inter, 1)
+    if check_int("group_size", group_size, PACK) % PACK:
         raise ValueError(f"group_size must be a positive multiple of {PACK}, got {group_size}")
     return 2 * inter * (hidden // 2 + hidden // group_size * 2) + hidden * (inter // 2 + inter // group_size * 2)
 
 
 def expert_bytes_bf16(hidden: int, inter: int) -> int:
-    hidden, inter = _int("hidden", hidden, 1), _int("inter", inter, 1)
+    hidden, inter = check_int("hidden", hidden, 1), check_int("inter", inter, 1)
     return 3 * inter * hidden * 2
 
 
 def expected_distinct_experts(n: int, num_experts: int, topk: int) -> float:
     """E * (1 - (1 - k/E)^n): distinct experts n uniformly routed tokens touch on average (each token picks k
     distinct experts, so a given expert escapes one token with probability 1 - k/E); within [0, E] for 1 <= k <= E."""
-    num_experts = _int("num_experts", num_experts, 1)
-    n, topk = _int("n", n, 0), _int("topk", topk, 1, num_experts)
+    num_experts = check_int("num_experts", num_experts, 1)
+    n, topk = check_int("n", n, 0), check_int("topk", topk, 1, num_experts)
     return num_experts * (1.0 - (1.0 - topk / num_experts) ** n)
 
 
@@ -383,8 +374,8 @@ def moe_bytes(topk_ids: torch.Tensor, hidden: int, bytes_per_expert: int, act_by
     """Bytes one MoE layer call must move: each distinct expert in topk_ids once (never n*k), plus x read, y
     written and the routing (ids and weights, 4 bytes each)."""
     _check_ids("topk_ids", topk_ids)
-    hidden, bytes_per_expert = _int("hidden", hidden, 0), _int("bytes_per_expert", bytes_per_expert, 0)
-    act_bytes = _int("act_bytes", act_bytes, 1)
+    hidden, bytes_per_expert = check_int("hidden", hidden, 0), check_int("bytes_per_expert", bytes_per_expert, 0)
+    act_bytes = check_int("act_bytes", act_bytes, 1)
     distinct = int(torch.unique(topk_ids).numel())
     m, k = topk_ids.shape
     activations = 2 * m * hidden * act_bytes + 2 * m * k * 4

@@ -16,13 +16,13 @@ the blocks do not tile the shapes. The int4 products: moe_int4_dequant.py.
 """
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # PDL (sm_90+; triton >= 3.3)
 
+from verifybench.kernels import interpret
 from verifybench.kernels.moe_int4 import PACK
 from verifybench.kernels.moe_int4_dequant import (DENORMAL_OFFSET, UNDO_DENORMAL, _bf16_bits, _dot_chunk, _group_sum,
                                                   _h2_group_dot, _h2_pair, _k_of, _load_planes, _x_scale)
@@ -262,7 +262,7 @@ def _down_split_kernel(p_ptr, tw_ptr, w_ptr, s_ptr, ids_ptr, out_ptr, num_pairs,
 
 def interpreting() -> bool:
     """Whether TRITON_INTERPRET=1 is set (the interpreter runs no inline PTX and has no PDL)."""
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    return interpret.active()
 
 
 def _pow2(v) -> bool:

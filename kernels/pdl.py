@@ -19,6 +19,8 @@ import os
 
 import torch
 
+from verifybench.kernels import interpret
+
 ENV = "VERIFYBENCH_PDL"
 _FORCED: list[bool] = []
 
@@ -31,7 +33,7 @@ def _capable(index: int) -> bool:
 def capable(device) -> bool:
     """Whether PDL can run on `device`: CUDA, sm_90 or newer, not the interpreter (it has no inline asm)."""
     device = torch.device(device)
-    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+    if device.type != "cuda" or interpret.active():
         return False
     return _capable(device.index if device.index is not None else torch.cuda.current_device())
 

@@ -10,10 +10,10 @@ import (tests); other CPU tensors take the reference (the CPU smoke profile).
 """
 from __future__ import annotations
 
-import os
 
 import torch
 
+from verifybench.kernels import interpret
 from verifybench.kernels import pdl as _pdl
 from verifybench.kernels import skinny_gemm_kernels as kernels
 from verifybench.kernels.fused_ops import silu_mul_reference
@@ -22,7 +22,7 @@ from verifybench.kernels.skinny_gemm_select import cached_config, check_config, 
 MAX_TOKENS = 16
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # triton.jit picks the interpreter at decoration time, so dispatch follows the same moment
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_INTERPRET = interpret.active()
 ACTS = (None, "silu_mul")
 
 

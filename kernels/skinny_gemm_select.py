@@ -3,11 +3,11 @@ user's from `verifybench tune` over it), the tuner's tiles, the shared-memory fi
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 
+from verifybench.kernels import interpret
 from verifybench.kernels import config_tables
 from verifybench.kernels import skinny_gemm_kernels as kernels
 from verifybench.kernels.config_tables import device_name
@@ -30,7 +30,7 @@ DEFAULT_FMA = {"kind": "fma", "BLOCK_N": 4, "BLOCK_K": 1024, "SPLIT_K": None, "r
 DEFAULT_FMA_MAX_TOKENS = 2
 LONG_K = 4096
 # triton.jit picks the interpreter at decoration time: compiling for a target needs a process without it
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_INTERPRET = interpret.active()
 
 
 # ---------------------------------------------------------------------------------------------------- configs

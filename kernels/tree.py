@@ -20,16 +20,17 @@ integer type that holds D bits.
 """
 from __future__ import annotations
 
-import operator
 import os
 from collections import Counter
 
 import torch
 
+from verifybench.kernels import interpret
 from verifybench.kernels import tree_triton as _tt
 from verifybench.kernels.tree_triton import (FLAG_CYCLE, FLAG_DUPLICATE_INDEX,  # noqa: F401 (re-exported)
                                              FLAG_ID_RANGE, FLAG_MISSING_PARENT, FLAG_NAN_SCORE, FLAG_UNSORTED,
                                              MASK_MODES)
+from verifybench.kernels.validators import check_int
 
 BACKENDS = ("reference", "kernel")
 FLAG_NAMES = {"missing parent": FLAG_MISSING_PARENT, "cycle": FLAG_CYCLE, "id out of range": FLAG_ID_RANGE,
@@ -44,19 +45,9 @@ def _resolve(backend: str, like: torch.Tensor) -> str:
         return "kernel" if like.is_cuda else "reference"
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of auto, {', '.join(BACKENDS)}")
-    if backend == "kernel" and not like.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+    if backend == "kernel" and not like.is_cuda and not interpret.active():
         raise ValueError("backend 'kernel' needs CUDA tensors (or TRITON_INTERPRET=1 for CPU tensors)")
     return backend
-
-
-def _int(name: str, value, lo: int, hi: int | None = None) -> int:
-    """`value` as a Python int in [lo, hi]; floats, bools and tensors are refused."""
-    if isinstance(value, (bool, torch.Tensor)) or not hasattr(value, "__index__"):
-        raise ValueError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    value = operator.index(value)
-    if value < lo or (hi is not None and value > hi):
-        raise ValueError(f"{name} must be in [{lo}, {'inf' if hi is None else hi}], got {value}")
-    return value
 
 
 def _tensor(name: str, t, kind: str = "index", shape: tuple | None = None) -> torch.Tensor:
@@ -105,14 +96,14 @@ def _raise_flagged(out_flags: torch.Tensor, what: str, tail: str = "") -> None:
 
 def num_candidates(topk: int, spec_steps: int) -> int:
     """Length of the flattened score list: topk from the first step, topk^2 from each later one."""
-    topk, spec_steps = _int("topk", topk, 1), _int("spec_steps", spec_steps, 1)
+    topk, spec_steps = check_int("topk", topk, 1), check_int("spec_steps", spec_steps, 1)
     return topk + (spec_steps - 1) * topk * topk
 
 
 def bitpack_dtype(num_verify_tokens: int) -> torch.dtype:
     """Narrowest integer type holding one bit per tree node (signed for 16/32 bits: torch's uint16/uint32 lack
     most ops; the bit pattern is what counts)."""
-    num_verify_tokens = _int("num_verify_tokens", num_verify_tokens, 1)
+    num_verify_tokens = check_int("num_verify_tokens", num_verify_tokens, 1)
     for bits, dtype in ((8, torch.uint8), (16, torch.int16), (32, torch.int32)):
         if num_verify_tokens <= bits:
             return dtype
@@ -123,8 +114,8 @@ def bitpack_dtype(num_verify_tokens: int) -> torch.dtype:
 def tree_mask_numel(mask_mode: str, batch: int, num_verify_tokens: int, seq_lens_sum: int) -> int:
     if mask_mode not in MASK_MODES:
         raise ValueError(f"unknown mask_mode {mask_mode!r}; choose one of {', '.join(MASK_MODES)}")
-    batch, seq_lens_sum = _int("batch", batch, 0), _int("seq_lens_sum", seq_lens_sum, 0)
-    d = _int("num_verify_tokens", num_verify_tokens, 1)
+    batch, seq_lens_sum = check_int("batch", batch, 0), check_int("seq_lens_sum", seq_lens_sum, 0)
+    d = check_int("num_verify_tokens", num_verify_tokens, 1)
     if mask_mode == "full":
         return d * seq_lens_sum + batch * d * d
     return batch * d * d if mask_mode == "qlen_only" else batch * d
@@ -176,7 +167,7 @@ def organize_draft_results(score_list, token_list, parents_list, num_verify_toke
     tokens = torch.cat([t.flatten(1) for t in token_list], dim=1)
     parent_list = (torch.cat(list(parents_list[:-1]), dim=1) if len(parents_list) > 1
                    else torch.empty(batch, 0, dtype=torch.int64, device=scores.device))
-    keep = _int("num_verify_tokens", num_verify_tokens, 2) - 1
+    keep = check_int("num_verify_tokens", num_verify_tokens, 2) - 1
     if keep > scores.shape[1]:
         raise ValueError(f"num_verify_tokens={keep + 1} needs {keep} drafted nodes, but the draft has only "
                          f"{scores.shape[1]} candidates")
@@ -212,8 +203,8 @@ def build_tree(verified_id, parent_list, top_scores_index, draft_tokens, seq_len
     mask. Outside CUDA-graph capture the kernel path reads seq_lens.sum() (a device sync) when the mask is full or
     seq_lens_sum is given, and raises if a given one differs; inside capture it trusts seq_lens_sum, which the full
     mask then requires (a wrong one gives a wrong mask, never a store outside it)."""
-    d = _int("num_verify_tokens", num_verify_tokens, 2)
-    topk, spec_steps = _int("topk", topk, 1), _int("spec_steps", spec_steps, 1)
+    d = check_int("num_verify_tokens", num_verify_tokens, 2)
+    topk, spec_steps = check_int("topk", topk, 1), check_int("spec_steps", spec_steps, 1)
     if mask_mode not in MASK_MODES:
         raise ValueError(f"unknown mask_mode {mask_mode!r}; choose one of {', '.join(MASK_MODES)}")
     n_cand = num_candidates(topk, spec_steps)
@@ -231,7 +222,7 @@ def build_tree(verified_id, parent_list, top_scores_index, draft_tokens, seq_len
             or parent_list.shape[1] not in ((0, 1) if spec_steps == 1 else (width,)):
         raise ValueError(f"parent_list has shape {tuple(parent_list.shape)}, expected ({batch}, {width}) = "
                          "[B, topk*(spec_steps-1)+1]")
-    seq_lens_sum = None if seq_lens_sum is None else _int("seq_lens_sum", seq_lens_sum, 0)
+    seq_lens_sum = None if seq_lens_sum is None else check_int("seq_lens_sum", seq_lens_sum, 0)
     _same_device(flags, batch, verified_id=verified_id, parent_list=parent_list, top_scores_index=top_scores_index,
                  draft_tokens=draft_tokens, seq_lens=seq_lens)
     mask_dtype = bitpack_dtype(d) if mask_mode == "qlen_only_bitpacking" else torch.bool
@@ -358,7 +349,7 @@ def verify_tree_greedy(candidates, retrieve_index, retrieve_next_token, retrieve
         _tensor(name, t, shape=(batch, d))
     if _tensor("target_predict", target_predict).numel() != batch * d:
         raise ValueError(f"target_predict has {target_predict.numel()} entries, expected B*D = {batch * d}")
-    num_spec_steps = _int("num_spec_steps", num_spec_steps, 1)
+    num_spec_steps = check_int("num_spec_steps", num_spec_steps, 1)
     _same_device(flags, batch, target_predict=target_predict, **named)
     if _resolve(backend, candidates) == "kernel":
         if d > 1024:
@@ -422,7 +413,7 @@ def assign_req_to_token(req_to_token, req_pool_indices, seq_lens, out_cache_loc,
     """req_to_token[req_pool_indices[b], seq_lens[b] + j] = out_cache_loc[b*D + j] for j < D; returns the table.
     A request whose slots fall outside the table, or whose out_cache_loc the table's dtype cannot hold, is not
     written (reference: ValueError; kernel: FLAG_ID_RANGE)."""
-    d = _int("num_verify_tokens", num_verify_tokens, 1)
+    d = check_int("num_verify_tokens", num_verify_tokens, 1)
     if _tensor("req_to_token", req_to_token).dim() != 2 or not req_to_token.is_contiguous():
         got = f"{tuple(req_to_token.shape)}{'' if req_to_token.is_contiguous() else ' (not contiguous)'}"
         raise ValueError(f"req_to_token must be a contiguous [rows, max_len] table, got {got}")

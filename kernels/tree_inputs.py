@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import torch
 
-from verifybench.kernels.tree import _int, organize_draft_results
+from verifybench.kernels.tree import organize_draft_results
+from verifybench.kernels.validators import check_int
 
 
 def random_draft(batch: int, topk: int, spec_steps: int, vocab: int, *, seed: int = 0, device="cpu"):
     """-> (score_list, token_list, parents_list) as organize_draft_results takes them."""
-    batch, topk, vocab = _int("batch", batch, 0), _int("topk", topk, 1), _int("vocab", vocab, 1)
-    spec_steps = _int("spec_steps", spec_steps, 1)
+    batch, topk, vocab = check_int("batch", batch, 0), check_int("topk", topk, 1), check_int("vocab", vocab, 1)
+    spec_steps = check_int("spec_steps", spec_steps, 1)
     g = torch.Generator().manual_seed(seed)
 
     def prob(*shape):
@@ -49,7 +50,7 @@ def random_target_predict(candidates, next_token, next_sibling, vocab: int, *, a
     every sibling), else a random token. last_child with accept_prob=1 is the longest verification walk."""
     if not 0.0 <= accept_prob <= 1.0:
         raise ValueError(f"accept_prob must be in [0, 1], got {accept_prob!r}")
-    vocab = _int("vocab", vocab, 1)
+    vocab = check_int("vocab", vocab, 1)
     g = torch.Generator().manual_seed(seed)
     batch, d = candidates.shape
     cand, nxt, sib = candidates.tolist(), next_token.tolist(), next_sibling.tolist()
@@ -71,8 +72,8 @@ def random_tree(batch: int, topk: int, spec_steps: int, num_verify_tokens: int, 
     draft = random_draft(batch, topk, spec_steps, vocab, seed=seed, device=device)
     parent_list, top, draft_tokens = organize_draft_results(*draft, num_verify_tokens, backend="reference")
     g = torch.Generator().manual_seed(seed + 1)
-    context = _int("context", context, 0)
-    spread = _int("spread", context // 8 if spread is None else spread, 0, context)  # seq_lens stay >= 0
+    context = check_int("context", context, 0)
+    spread = check_int("spread", context // 8 if spread is None else spread, 0, context)  # seq_lens stay >= 0
     seq_lens = context - torch.randint(0, spread + 1, (batch,), generator=g)
     return {"verified_id": torch.randint(vocab, (batch,), generator=g).to(device), "parent_list": parent_list,
             "top_scores_index": top, "draft_tokens": draft_tokens, "seq_lens": seq_lens.to(device),

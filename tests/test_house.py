@@ -93,7 +93,8 @@ def test_engine_imports_no_component_model_or_application(graph):
     assert not {m: d for m, d in bad.items() if d}
 
 
-# The floors of the house, lowest first: a module imports only from its own room or from a lower floor.
+# The floors of the house, lowest first: a module imports only from its own room or from a lower floor. docs/design.md
+# shows them as its "Code map"; a test holds the two equal.
 FLOORS = (("kernels",), ("harness.engine",), ("harness.engines",), ("harness.collectives",), ("harness.model",),
           ("harness.analysis",), ("harness.components",),
           ("harness.multigpu", "harness.tune", "harness.run", "harness.record"), ("harness.cli",), ("harness.__main__",))
@@ -106,6 +107,29 @@ def _room(module: str) -> tuple[int, str]:
             if rest == room or rest.startswith(room + "."):
                 return floor, room
     return -1, rest
+
+
+def _code_map() -> list[tuple[str, tuple[str, ...], str]]:
+    """(floor, rooms as FLOORS names them, may-import cell) per row of the "Code map" table in docs/design.md, where
+    a room is written as its path (`harness/engine/`, `harness/run.py`)."""
+    text = (REPO / "docs" / "design.md").read_text()
+    assert "\n## Code map\n" in text, "docs/design.md has no '## Code map' section"
+    rows = []
+    for line in text.split("\n## Code map\n", 1)[1].split("\n## ", 1)[0].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].isdigit():
+            paths = re.findall(r"`([^`]+)`", cells[1])
+            rooms = tuple(r.removesuffix("/").removesuffix(".py").replace("/", ".") for r in paths)
+            rows.append((cells[0], rooms, cells[3]))
+    return rows
+
+
+def test_the_design_docs_code_map_is_these_floors():
+    rows = _code_map()
+    assert [r[0] for r in rows] == [str(i) for i in range(len(rows))], "the map's floors: 0, 1, 2, ... lowest first"
+    assert tuple(r[1] for r in rows) == FLOORS, "docs/design.md's code map and FLOORS disagree: change both"
+    may = [r[2] for r in rows]
+    assert may == ["nothing of `harness/`", "floor 0", *(f"floors 0-{i - 1}" for i in range(2, len(rows)))]
 
 
 def test_every_import_runs_down_the_floors_or_stays_in_its_room(graph):

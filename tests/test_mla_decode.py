@@ -45,7 +45,7 @@ def _inputs(heads, n, d, length, dtype, spare=5, seed=0, peak=1.0, device=DEV):
 
 
 def _forward_torch_path(q, cache, length, kv_lora, scale):
-    """attn_core of kernels/verify_forward.py, verbatim in its ops."""
+    """attn_core's torch path with bf16 scores, op for op (harness/model/forward.py's _mla now scores in fp32)."""
     keys = cache[:length]
     scores = torch.matmul(q, keys.t()).float() * scale
     return torch.matmul(torch.softmax(scores, -1).to(q.dtype), keys[:, :kv_lora])

@@ -84,7 +84,7 @@ def cycle_at(runs: dict, context: int | None) -> tuple[dict, int]:
         raise ValueError("the cycle result has no passing case (every check failed): nothing to cost")
     have = sorted({c["params"]["context"] for c in cases})
     ctx = min(have, key=lambda c: abs(c - context)) if context else have[len(have) // 2]
-    return {(plan._config(c), c["params"]["attention"]): c for c in cases if c["params"]["context"] == ctx}, ctx
+    return {(plan.case_config(c), c["params"]["attention"]): c for c in cases if c["params"]["context"] == ctx}, ctx
 
 
 def decode_ms(runs: dict) -> float:
@@ -111,7 +111,7 @@ def levers(runs: dict, found: dict, taus, context: int | None, engine: str) -> l
     base_case = cases.get((ENGINE_CONFIG, "extend")) or next(
         (c for k, c in cases.items() if k[1] == "extend"), None) or next(iter(cases.values()))
     base_att = base_case["params"]["attention"]
-    config = plan._config(base_case)
+    config = plan.case_config(base_case)
     base = base_case["summary"]["median_us"] / 1e3
     tau = taus(config) if taus else None
     want = context or ctx
@@ -299,7 +299,7 @@ def answer(runs: dict, found: dict, context: int | None) -> list[str]:
             c = cases.get((ENGINE_CONFIG, att))
             if c is None:
                 continue
-            d, t = c["derived"], plan._table_ms(c)
+            d, t = c["derived"], plan.table_ms(c)
             beyond = d.get("beyond_bare_ms", {})
             lines.append(f"cycle {ENGINE_CONFIG} {att} at context {ctx}: {c['summary']['median_us'] / 1e3:.4g} ms = "
                          f"forward at D {d['bare_forward_ms']:.3g} + beyond it {d['beyond_bare_total_ms']:.3g} ("

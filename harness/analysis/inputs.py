@@ -71,7 +71,7 @@ def match_shapes(given: dict, runs: dict) -> list[str]:
     README flow gives 3:2.4,6:3.1 to a CPU cycle that ran D = 3 only)."""
     if "cycle" not in runs:
         return []
-    shapes = {plan._config(c) for c in plan._passing(runs["cycle"])}
+    shapes = {plan.case_config(c) for c in plan.passing_cases(runs["cycle"])}
     unmatched = [k for k in given if not any(k == s or k == s[2] for s in shapes)]
     held = f"the cycle result holds {', '.join(map(str, sorted(shapes)))}"
     if unmatched and len(unmatched) == len(given):

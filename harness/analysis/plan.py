@@ -93,14 +93,15 @@ def load_result(given) -> tuple[dict, Path, str]:
     return results.load_run(path, NEEDS, "plan", gpu_only=True), path, note
 
 
-def _passing(run: dict) -> list[dict]:
+def passing_cases(run: dict) -> list[dict]:
+    """The cases of a result file whose check passed."""
     return [c for c in run["cases"] if c["check"]["ok"]]
 
 
 def cycle_cases(run: dict, attention: str = "all", context: int | None = None) -> list[dict]:
     """A cycle result's passing cases of one attention variant ("all", the default: every one), at `context` (None:
     the one context the file holds; `cycle --contexts` files hold several: --context picks one)."""
-    cases = _passing(run)
+    cases = passing_cases(run)
     if not cases:
         raise ValueError("the cycle result has no passing case (every check failed or it holds none): nothing to plan")
     contexts = sorted({c["params"]["context"] for c in cases})
@@ -122,7 +123,8 @@ def cycle_cases(run: dict, attention: str = "all", context: int | None = None) -
     return cases
 
 
-def _config(case: dict) -> tuple[int, int, int]:
+def case_config(case: dict) -> tuple[int, int, int]:
+    """A cycle case's configuration: (steps, topk, draft_tokens)."""
     p = case["params"]
     return p["steps"], p["topk"], p["draft_tokens"]
 
@@ -132,7 +134,8 @@ TABLE_NAMES = {"draft": ("draft",), "verify": ("verify", "target verify"), "reex
                "other": ("other",)}
 
 
-def _table_ms(case: dict) -> dict[str, float]:
+def table_ms(case: dict) -> dict[str, float]:
+    """A cycle case's phases in ms under the plain names (TABLE_NAMES); ValueError naming the case for one missing."""
     t = case["derived"].get("table_ms", {})
     out = {}
     for column, names in TABLE_NAMES.items():
@@ -149,11 +152,11 @@ def cycle_costs(run: dict, attention: str = "all", context: int | None = None) -
     `attention` picks, so one file gives one T_decode."""
     costs = {}
     for c in cycle_cases(run, attention, context):
-        t = _table_ms(c)
-        key = (_config(c), c["params"]["attention"])
+        t = table_ms(c)
+        key = (case_config(c), c["params"]["attention"])
         if key in costs:
             raise ValueError(f"cycle result holds {key} twice")
-        costs[key] = Cost(_config(c), t["draft"], t["verify"], t["reextend"] + max(0.0, t["other"]),
+        costs[key] = Cost(case_config(c), t["draft"], t["verify"], t["reextend"] + max(0.0, t["other"]),
                           c["summary"]["median_us"] / 1e3, "measured")
     return costs, float(np.median([c["derived"]["decode_ms"] for c in cycle_cases(run, "all", context)]))
 
@@ -161,8 +164,8 @@ def cycle_costs(run: dict, attention: str = "all", context: int | None = None) -
 def clipped_other(run: dict, attention: str = "all", context: int | None = None) -> list[str]:
     """The cases whose phases sum past the measured cycle (other < 0: the phase pass and the whole-cycle pass
     disagree by that much), as "label other_ms"."""
-    return [f"({','.join(map(str, _config(c)))}) {c['params']['attention']} {_table_ms(c)['other']:+.2f} ms"
-            for c in cycle_cases(run, attention, context) if _table_ms(c)["other"] < 0]
+    return [f"({','.join(map(str, case_config(c)))}) {c['params']['attention']} {table_ms(c)['other']:+.2f} ms"
+            for c in cycle_cases(run, attention, context) if table_ms(c)["other"] < 0]
 
 
 def newest_cycle(directory: Path) -> Path | None:
@@ -172,7 +175,7 @@ def newest_cycle(directory: Path) -> Path | None:
 
 def verify_points(run: dict) -> tuple[dict[int, float], float]:
     """({n: full forward ms}, T_decode ms = the n = 1 forward) from a verify result."""
-    full = {c["params"]["tokens"]: c["summary"]["median_us"] / 1e3 for c in _passing(run)
+    full = {c["params"]["tokens"]: c["summary"]["median_us"] / 1e3 for c in passing_cases(run)
             if c["params"].get("variant") == "full"}
     if 1 not in full or len(full) < 2:
         raise ValueError("verify result: needs passing full forwards at n = 1 and at least one more n")

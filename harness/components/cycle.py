@@ -15,11 +15,12 @@ from verifybench.harness.analysis.numbers import context_list, contexts_arg
 from verifybench.harness.analysis.plan import parse_configs as read_configs
 from verifybench.harness.components.mla_verify import variant_config
 from verifybench.harness.engine import memory
+from verifybench.harness.engine.charts import write_png
 from verifybench.harness.engine.results import cpu_numbers, withhold_on_cpu
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec
 from verifybench.harness.engine.timing import cuda_available, measure
 from verifybench.harness.model import presets
-from verifybench.harness.model.build import CONTEXT, allreduce_stand_in_us, build_forward, device_wait, release_forwards
+from verifybench.harness.model.build import allreduce_stand_in_us, build_forward, device_wait, release_forwards
 from verifybench.harness.model.cycle import ATTENTION, ENGINE_PHASES, PHASES, Cycle, SpecConfig
 from verifybench.harness.model.draft import draft_shape, weight_bytes
 from verifybench.harness.model.forward import FORWARD_MAX_TOKENS, allocated_bytes
@@ -81,7 +82,7 @@ def _plan(preset: str, tp: int, context: int, cfgs: list[SpecConfig]) -> memory.
                        f"context {context}", "layers", device)
 
 
-def cases(preset: str, tp: int, context: int = CONTEXT, tokens: tuple[int, ...] | None = None,
+def cases(preset: str, tp: int, context: int = presets.CONTEXT, tokens: tuple[int, ...] | None = None,
           configs: str | None = None, attention: str | None = None, contexts: str | None = None) -> list[CaseSpec]:
     """One case per (context, configuration, attention variant); `tokens` keeps the configurations with those
     draft-token counts; `contexts` ("1024,4096") replaces the one context."""
@@ -281,8 +282,6 @@ def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from verifybench.harness.components.verify import write_png
-
     rows = _ok(records)
     if not rows:
         return []
@@ -323,8 +322,6 @@ def context_chart_line(records: list[dict], directory: Path, stamp: str) -> str:
 def _context_chart(rows, directory: Path, stamp: str) -> Path:
     """Cycle ms against context, one line per (configuration, attention): extend against split_kv."""
     import matplotlib.pyplot as plt
-
-    from verifybench.harness.components.verify import write_png
 
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     lines: dict[tuple, list] = {}

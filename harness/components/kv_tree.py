@@ -6,7 +6,6 @@ B in (1, 8)). --tokens n adds a chain tree of n draft tokens (spec_steps n, topk
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -16,6 +15,7 @@ from verifybench.harness.engine.results import cpu_numbers, mode_label, withhold
 from verifybench.harness.model import presets
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec
 from verifybench.harness.engine.timing import Measurement, cuda_available
+from verifybench.kernels import interpret
 from verifybench.kernels import tree
 from verifybench.kernels.tree_inputs import children, random_draft, random_target_predict, random_tree
 
@@ -81,8 +81,8 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
 def _setup(p):
     """The step's setup; a kernel case on CPU with the interpreter off (TRITON_INTERPRET=0 exported) is skipped, so
     the run's count of skipped cases says what its note says: the kernels did not run."""
-    if p["backend"] == "kernel" and p["device"] == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise CaseSkipped(f"Triton kernels not run: TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')!r} turns "
+    if p["backend"] == "kernel" and p["device"] == "cpu" and not interpret.active():
+        raise CaseSkipped(f"Triton kernels not run: TRITON_INTERPRET={interpret.setting()!r} turns "
                           "the interpreter off")
     return _SETUPS[p["step"]](p)
 

@@ -12,7 +12,6 @@ Run: pytest --benchmark-only microbench/bench_mla_decode.py; tune this GPU's tab
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -25,9 +24,11 @@ from verifybench.harness import engines
 from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.engines import sglang
 from verifybench.harness.model import presets
-from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers, withhold_on_cpu
+from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers
+from verifybench.harness.engine.tables import side_by_side
 from verifybench.harness.engine.runner import CPU_COPIES, CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
+from verifybench.kernels import interpret
 from verifybench.kernels import mla_decode as md
 from verifybench.kernels import mla_decode_select as mds
 from verifybench.harness.model.forward import TORCH_OPS
@@ -41,10 +42,10 @@ CPU_CONTEXTS = (256,)
 MAX_N = 8  # caches hold context + MAX_N rows, so every n of one context shares them
 MAX_COPIES = 64
 TOL = 1e-2  # bf16 output: a few ulp of bf16 over softmax-weighted fp32 sums
-IMPLS = ("triton", "triton-default", "torch")  # triton: select_config (tuned table); torch: verify_forward's path
+IMPLS = ("triton", "triton-default", "torch")  # triton: select_config (tuned table); torch: model/forward.py's path
 ENGINE_IMPLS = ("sglang.decode",)  # the engines' own kernels (harness/engines), rows of their own beside ours
 # triton.jit picks the interpreter at decoration time: CPU runs of the kernel need TRITON_INTERPRET=1 before import
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+INTERPRET = interpret.active()
 
 
 @dataclass(frozen=True)
@@ -233,12 +234,9 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
     """Per case (us, GB/s, eta) and per (context, n) the tuned kernel beside the default config, the torch path and
     SGLang's kernel (its median, and ours / its)."""
     ok, per_case = ceiling.streaming_case_rows(records, "mla/")
-    by_key: dict[tuple, dict] = {}
-    for r in ok:
+
+    def fill(row: dict, r: dict, us: float) -> None:
         prm, d = r["params"], r["derived"]
-        row = by_key.setdefault((prm["preset"], prm["tp"], prm["context"], prm["n"]), {
-            "context": prm["context"], "n": prm["n"], "MB": d["bytes_moved"] / 1e6, "floor_us": d["floor_us"]})
-        us = r["summary"]["median_us"]
         if prm["impl"] == "triton":
             row.update({"triton_us": us, "triton_eta": d["eta"], "config": config_str(d.get("config")),
                         "config_source": d.get("config_source"), "programs": d.get("programs")})
@@ -248,14 +246,14 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
             row.update({"sglang_us": us, "engine": prm["engine"]})
         else:
             row.update({"torch_us": us, "torch_eta": d["eta"]})
-    side = list(by_key.values())
-    for row in side:
-        if row.get("triton_us") and row.get("torch_us"):
-            row["speedup"] = row["torch_us"] / row["triton_us"]
-        if row.get("triton_us") and row.get("sglang_us"):
-            row["triton/sglang"] = row["triton_us"] / row["sglang_us"]  # < 1: ours is the faster
-    # a CPU copy ceiling says nothing about a GPU kernel's distance from its own, nor an interpreter of its speed
-    side = withhold_on_cpu(records, side, lambda k: k.endswith("eta") or k in ("floor_us", "speedup", "triton/sglang"))
+
+    side = side_by_side(
+        records, ok, lambda p: (p["preset"], p["tp"], p["context"], p["n"]),
+        lambda r: {"context": r["params"]["context"], "n": r["params"]["n"], "MB": r["derived"]["bytes_moved"] / 1e6,
+                   "floor_us": r["derived"]["floor_us"]}, fill,
+        (("speedup", "torch_us", "triton_us"), ("triton/sglang", "triton_us", "sglang_us")),  # < 1: ours is the faster
+        # a CPU copy ceiling says nothing about a GPU kernel's distance from its own, nor an interpreter of its speed
+        lambda k: k.endswith("eta") or k in ("floor_us", "speedup", "triton/sglang"))
     return [("MLA decode per case (" + (CPU_TIMING if cpu_numbers(records) else "graph mode") + ", caches rotated)",
              per_case),
             ("MLA decode: Triton (tuned / default config) vs the torch path and SGLang's kernel", side)]

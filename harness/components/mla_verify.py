@@ -21,7 +21,6 @@ Run: pytest --benchmark-only microbench/bench_mla_verify.py
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -29,10 +28,12 @@ import triton
 
 from verifybench.harness import engines
 from verifybench.harness.engine import ceiling, memory
-from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers, withhold_on_cpu, write_new
+from verifybench.harness.engine.charts import write_png
+from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers, withhold_on_cpu
 from verifybench.harness.engine.runner import CPU_COPIES, CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
 from verifybench.harness.model import presets
+from verifybench.kernels import interpret
 from verifybench.kernels import mla_verify as mv
 from verifybench.kernels import pdl
 from verifybench.kernels import tree
@@ -55,7 +56,7 @@ TOL = 1e-2  # bf16 output against the fp32 reference
 # combine runs; the default's 256 splits would cost the interpreter seconds per call
 CPU_SPLIT_CONFIG = {"num_splits": 2, "min_split_keys": 16, "block_keys": 16}
 # triton.jit picks the interpreter at decoration time: CPU runs of the kernels need TRITON_INTERPRET=1 before import
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+INTERPRET = interpret.active()
 
 
 def runs_here(spec: CaseSpec) -> bool:
@@ -365,11 +366,7 @@ def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
     ax.set_title("MLA verify attention: engine-style extend vs split_kv, and the engines' own kernels"
                  + (" (CPU numbers: the plumbing, not a GPU's figures)" if cpu_numbers(records) else ""))
     ax.legend(fontsize=8, ncol=2)
-    path = Path(directory) / f"mla_verify-{stamp}.png"
-    try:
-        return [write_new(path, lambda f: fig.savefig(f, format="png", dpi=120, bbox_inches="tight"))]
-    finally:
-        plt.close(fig)
+    return [write_png(fig, Path(directory) / f"mla_verify-{stamp}.png")]
 
 
 def release() -> None:

@@ -15,7 +15,8 @@ import torch
 
 from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.model import presets
-from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers, withhold_on_cpu
+from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers
+from verifybench.harness.engine.tables import side_by_side
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
 from verifybench.kernels import moe_int4 as moe
@@ -240,12 +241,9 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
 def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
     """Per case (us, distinct experts, GB/s, eta, floor), and per (preset, n) the three paths side by side."""
     ok, per_case = ceiling.streaming_case_rows(records, "moe/", with_mode=True)
-    by_key: dict[tuple, dict] = {}
-    for r in ok:
+
+    def fill(row: dict, r: dict, us: float) -> None:
         prm = r["params"]
-        row = by_key.setdefault((prm["preset"], prm["tp"], prm["n"]), {
-            "preset": f"{prm['preset']}-tp{prm['tp']}", "n": prm["n"]})
-        us = r["summary"]["median_us"]
         if prm["impl"] == "triton" and prm["routing"] == "uniform":
             row.update({"distinct": r["derived"]["distinct_experts"], "triton_us": us, "eta": r["derived"]["eta"],
                         "floor_us": r["derived"]["floor_us"]})
@@ -255,17 +253,15 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
             row["torch_dense_us"] = us
         else:
             row["reference_us"] = us
-    side = []
-    for row in by_key.values():
-        if row.get("triton_us") and row.get("torch_dense_us"):
-            row["dense/int4"] = row["torch_dense_us"] / row["triton_us"]
-            row["of_ideal_3.56x"] = row["dense/int4"] / IDEAL_INT4_GAIN
-        if row.get("triton_us") and row.get("reference_us"):
-            row["ref/triton"] = row["reference_us"] / row["triton_us"]
-        side.append(row)
+
+    side = side_by_side(
+        records, ok, lambda p: (p["preset"], p["tp"], p["n"]),
+        lambda r: {"preset": f"{r['params']['preset']}-tp{r['params']['tp']}", "n": r["params"]["n"]}, fill,
+        (("dense/int4", "torch_dense_us", "triton_us"), ("of_ideal_3.56x", "torch_dense_us", "triton_us",
+                                                          IDEAL_INT4_GAIN), ("ref/triton", "reference_us", "triton_us")),
+        # CPU timings of torch paths and the interpreter: no eta, no verdict on the INT4 gain
+        ("eta", "floor_us", "dense/int4", "of_ideal_3.56x", "ref/triton"))
     side.sort(key=lambda r: (r["preset"], r["n"]))
-    # CPU timings of torch paths and the interpreter: no eta, no verdict on the INT4 gain
-    side = withhold_on_cpu(records, side, ("eta", "floor_us", "dense/int4", "of_ideal_3.56x", "ref/triton"))
     return [("INT4 MoE layer per case (" + (CPU_TIMING if cpu_numbers(records) else
                                              "cold: weights rotated through the graph") + ")", per_case),
             (f"INT4 MoE layer side by side (uniform routing unless named; dense = {_dense_ran(ok)})", side)]

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.model import presets
-from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers, withhold_on_cpu
+from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers
+from verifybench.harness.engine.tables import side_by_side
 from verifybench.harness.engine.runner import CPU_COPIES, CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
 from verifybench.kernels import skinny_gemm as sg
@@ -47,7 +48,7 @@ class Shape:
 
 
 def shapes(preset: str = "kimi-k2.5", tp: int = 8) -> list[Shape]:
-    """The bf16 projections of one rank's verify forward (kernels/verify_forward.py), largest share of bytes first."""
+    """The bf16 projections of one rank's verify forward (harness/model/forward.py), largest share of bytes first."""
     p = presets.get(preset, tp)
     latent = p.kv_lora + p.qk_rope
     out = [Shape("q_a_kv_a", p.q_lora + latent, p.hidden, p.layers),
@@ -177,22 +178,21 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
 def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
     """Per case (us, GB/s, eta) and per (shape, n) the Triton kernel beside F.linear."""
     ok, per_case = ceiling.streaming_case_rows(records, "skinny/")
-    by_key: dict[tuple, dict] = {}
     sources = {r["derived"].get("config_source") for r in ok if r["params"]["impl"] == "triton"}
-    for r in ok:
+
+    def fill(row: dict, r: dict, us: float) -> None:
         prm, d = r["params"], r["derived"]
-        row = by_key.setdefault((prm["preset"], prm["tp"], prm["shape"], prm["n"]), {
-            "shape": prm["shape"], "N,K": f"{prm['N']},{prm['K']}", "n": prm["n"]})
-        row[f"{prm['impl']}_us"] = r["summary"]["median_us"]
+        row[f"{prm['impl']}_us"] = us
         if prm["impl"] == "triton":  # the source once in the title when every config has the same one
             row["config"] = config_str(d.get("config")) + (f" ({d.get('config_source')})" if len(sources) > 1 else "")
-    side = list(by_key.values())
+
+    side = side_by_side(records, ok, lambda p: (p["preset"], p["tp"], p["shape"], p["n"]),
+                        lambda r: {"shape": r["params"]["shape"], "N,K": f"{r['params']['N']},{r['params']['K']}",
+                                   "n": r["params"]["n"]}, fill,
+                        (("speedup", "torch_us", "triton_us"),),
+                        ("speedup",))  # an interpreter's time says nothing of a GPU kernel's speed
     for row in side:
-        if row.get("triton_us") and row.get("torch_us"):
-            row["speedup"] = row["torch_us"] / row["triton_us"]
         row["config"] = row.pop("config", None)  # last: the widest column
-    # an interpreter's time says nothing of a GPU kernel's speed
-    side = withhold_on_cpu(records, side, ("speedup",))
     # MB, eta and floor are per case in the first table: repeated here they made this one too wide to print whole
     source = f"; every config {next(iter(sources))}" if len(sources) == 1 else ""
     return [("Skinny GEMM per case (" + (CPU_TIMING if cpu_numbers(records) else "graph mode") + ", weights rotated)",

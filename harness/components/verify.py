@@ -1,4 +1,3 @@
-# Over 400 lines: the verify component's cases, checks, tables and charts read as one (issue 43 moves write_png out).
 """Synthetic verify forward of one TP rank at n = 1..8 tokens (CPU: 1..3; --tokens sets them), whole and per
 component (isolated: only that component; marginal: the forward without it), each captured as one CUDA graph per n.
 
@@ -12,15 +11,17 @@ import torch
 
 from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.analysis import decompose
+# the deployment's drafting and re-extend + bookkeeping per cycle: the report's break-even uses them beside the
+# measured forward where no cycle result measured them, labelled as assumptions
 from verifybench.harness.analysis.breakeven import ASSUMED_DRAFT_MS, ASSUMED_OVERHEAD_MS, DEPLOYMENT
-from verifybench.harness.engine.results import cpu_numbers, stamp, withhold_on_cpu, write_new
+from verifybench.harness.engine.charts import write_png
+from verifybench.harness.engine.results import cpu_numbers, stamp, withhold_on_cpu
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cuda_available
 from verifybench.harness.model import presets
 from verifybench.kernels import config_tables, pdl
 from verifybench.kernels.moe_int4 import reference_moe_w4a16
-from verifybench.harness.model.build import (CONTEXT, allreduce_stand_in_us, as_checkpoint, build_forward,
-                                             release_forwards)
+from verifybench.harness.model.build import (allreduce_stand_in_us, as_checkpoint, build_forward, release_forwards)
 from verifybench.harness.model.forward import COMPONENTS, FORWARD_MAX_TOKENS, TORCH_OPS, VerifyForward, allocated_bytes
 
 NAME = "verify"
@@ -48,10 +49,6 @@ def fused_vs_torch(fwd: VerifyForward, n: int) -> float:
     finally:
         fwd.layers, fwd.ops = layers, fused
     return rel_error(h_fused, h_torch)
-# the deployment's drafting and re-extend + bookkeeping per cycle (Kimi-K2.5 on 8x RTX PRO 6000 Blackwell, PCIe,
-# SGLang EAGLE-3: a 27 ms cycle at 3 draft tokens, 25.6 ms of it verify), used beside the measured forward in the
-# report's break-even where no cycle result measured them; labelled as assumptions there
-
 
 
 def plan_layers(preset: str, tp: int, layers: int | None, context: int) -> memory.Plan:
@@ -146,7 +143,7 @@ def _case(preset, tp, layers, context, n, variant: str, comps: frozenset, plan: 
                     {"calls_per_sample": 1, "max_time_s": CASE_MAX_TIME_S})
 
 
-def cases(preset: str, tp: int, context: int = CONTEXT, tokens: tuple[int, ...] | None = None,
+def cases(preset: str, tp: int, context: int = presets.CONTEXT, tokens: tuple[int, ...] | None = None,
           layers: int | None = None) -> list[CaseSpec]:
     """Per n: the full forward, each component alone (isolated) and the forward without it (marginal); where PDL
     can run, the full forward without it too. The layers are planned against the free memory here (listing
@@ -238,17 +235,6 @@ def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
     ax.legend(fontsize=8)
     paths.append(write_png(fig, Path(directory) / f"verify_measured_vs_predicted-{stamp}.png"))
     return paths
-
-
-def write_png(fig, path: Path) -> Path:
-    """A matplotlib figure saved as a new file (engine.results.write_new: never over another run's chart of the
-    same second), then closed; returns the path written."""
-    import matplotlib.pyplot as plt
-
-    try:
-        return write_new(path, lambda f: fig.savefig(f, format="png", dpi=120, bbox_inches="tight"))
-    finally:
-        plt.close(fig)
 
 
 def component_eta(records: list[dict]) -> list[dict]:

@@ -9,13 +9,16 @@ from __future__ import annotations
 import os
 import sys
 
-ENV = "TRITON_INTERPRET"
+from verifybench.kernels import interpret
+from verifybench.kernels.interpret import ENV
+
 KERNELS_PACKAGE = "verifybench.kernels"
 _STATE: dict[str, str] = {}  # "how": who set the interpreter (set_here, user, off, too_late, gpu)
 
 
 def _kernels_imported() -> bool:
-    return any(m.startswith(KERNELS_PACKAGE + ".") for m in sys.modules)
+    # the switch's own reader decorates no kernel
+    return any(m.startswith(KERNELS_PACKAGE + ".") and m != interpret.__name__ for m in sys.modules)
 
 
 def enable_without_gpu() -> bool:
@@ -26,7 +29,7 @@ def enable_without_gpu() -> bool:
     if torch.cuda.is_available():
         _STATE["how"] = "gpu"
         return False
-    given = os.environ.get(ENV)
+    given = interpret.setting()
     if given is not None:
         _STATE["how"] = "user" if given == "1" else "off"
         return given == "1"
@@ -40,7 +43,7 @@ def enable_without_gpu() -> bool:
 
 def active() -> bool:
     """Whether Triton kernels of this process run in the interpreter (as far as the environment says)."""
-    return os.environ.get(ENV) == "1"
+    return interpret.active()
 
 
 def version_trap() -> str | None:
@@ -70,5 +73,5 @@ def describe() -> str:
     if how == "too_late":
         return ("Triton kernels NOT run: a kernel module was imported before TRITON_INTERPRET could be set; their "
                 "cases are skipped.")
-    return (f"Triton kernels NOT run: {ENV}={os.environ.get(ENV)!r} in the environment turns the interpreter off; "
+    return (f"Triton kernels NOT run: {ENV}={interpret.setting()!r} in the environment turns the interpreter off; "
             "their cases are skipped.")

@@ -17,6 +17,8 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
+from verifybench.harness.engine.env_vars import positive_float
+
 CAP_ENV = "VERIFYBENCH_MEMORY_CAP_GIB"
 MARGIN = 0.05
 RESERVE_BYTES = {"cuda": 1 << 30, "cpu": 64 << 20}
@@ -29,13 +31,7 @@ def cap_bytes() -> int | None:
     text = os.environ.get(CAP_ENV)
     if text is None or not text.strip():
         return None
-    try:
-        gib = float(text)
-    except ValueError:
-        gib = math.nan
-    if not math.isfinite(gib) or gib <= 0:
-        raise ValueError(f"{CAP_ENV} must be a number of GiB > 0 (e.g. 94 to act like a 96 GB card), got {text!r}")
-    return int(gib * GIB)
+    return int(positive_float(CAP_ENV, text, "GiB", " (e.g. 94 to act like a 96 GB card)") * GIB)
 
 
 def apply_cap() -> dict | None:

@@ -22,7 +22,7 @@ from verifybench.harness.engine import stance
 # the stance on figures that carry no conclusion lives in stance.py; re-exported for the importers of results
 from verifybench.harness.engine.stance import (  # noqa: F401
     CPU_MODE_LABELS, CPU_TIMING, WITHHELD, cpu_numbers, is_cpu_run, mode_label, withhold, withhold_on_cpu)
-from verifybench.kernels.config_tables import _remove_stale_temps, write_atomic  # the one atomic writer
+from verifybench.kernels.atomic_files import remove_stale_temps, write_atomic  # the one atomic writer
 
 SCHEMA = "verifybench.result"
 SCHEMA_VERSION = 1
@@ -178,7 +178,7 @@ def write_new(path: Path, data, inputs=(), option: str = "output") -> Path:
     refuse_inputs(path, inputs, option)
     write = data if callable(data) else (lambda f: f.write(data))
     path.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temps(path)  # what a killed writer of this name left
+    remove_stale_temps(path)  # what a killed writer of this name left
     staging = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")  # write_atomic's temp name
     try:
         write_atomic(staging, write)

@@ -9,6 +9,7 @@ import textwrap
 from tabulate import tabulate
 
 from verifybench.harness.engine.results import WITHHELD
+from verifybench.harness.engine.stance import withhold_on_cpu
 
 MAX_WIDTH_CHARS = 120
 MAX_KEY_COLUMNS = 3  # leading label columns repeated in every part of a split table
@@ -107,3 +108,19 @@ def render(rows: list[dict], tablefmt: str = "simple", width: int = MAX_WIDTH_CH
         current.append(c)
     parts.append(current)
     return head + "\n\n".join(_render(keys, cells, numeric, key_cols + p, tablefmt) for p in parts)
+
+
+def side_by_side(records: list[dict], ok: list[dict], key, start, fill, ratios: tuple, withheld) -> list[dict]:
+    """A component's "Triton vs torch" table: one row per key(params) of the passing records `ok`, in the order first
+    seen, begun by start(record) and given each record's columns by fill(row, record, median_us); then each ratio
+    (column, numerator, denominator[, divisor]) where both ran; from a CPU run the `withheld` cells (stance.py)."""
+    rows: dict = {}
+    for r in ok:
+        row = rows.setdefault(key(r["params"]), start(r))
+        fill(row, r, r["summary"]["median_us"])
+    for row in rows.values():
+        for name, num, den, *divisor in ratios:
+            if row.get(num) and row.get(den):
+                value = row[num] / row[den]
+                row[name] = value / divisor[0] if divisor else value
+    return withhold_on_cpu(records, list(rows.values()), withheld)

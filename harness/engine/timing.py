@@ -16,6 +16,7 @@ from verifybench.harness.engine import fingerprint
 from verifybench.harness.engine import hostprobe
 from verifybench.harness.engine import modes
 from verifybench.harness.engine import stance
+from verifybench.harness.engine.env_vars import positive_float
 from verifybench.harness.engine.modes import MODES, cache_bytes, host_timed
 from verifybench.harness.engine.stats import Summary, summarize
 
@@ -93,13 +94,7 @@ def max_time_from_env() -> float:
     text = os.environ.get(MAX_TIME_ENV)
     if text is None:
         return DEFAULT_MAX_TIME_S
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{MAX_TIME_ENV} must be a number of seconds > 0, got {text!r}")
-    return value
+    return positive_float(MAX_TIME_ENV, text, "seconds")
 
 
 def process_state() -> dict:

@@ -14,7 +14,6 @@ from verifybench.harness.model import presets
 from verifybench.harness.model.forward import TORCH_OPS, VerifyForward, fused_ops
 from verifybench.kernels.moe_int4 import reference_moe_w4a16
 
-CONTEXT = 4096  # tokens already in the KV cache, the default of every verify command
 # The stand-in allreduce when no measured figure is given: NCCL's all_reduce_perf, graph mode, 2xH200
 REFERENCE_ALLREDUCE_US = 7.7
 

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+# tokens already in the KV cache when a command is given no --context: on a GPU, and in the CPU smoke profile
+CONTEXT, CPU_CONTEXT = 4096, 64
+
 
 @dataclass(frozen=True)
 class Preset:
@@ -105,4 +108,4 @@ def get(name: str, tp: int = 1, layers: int | None = None) -> Preset:
 def default_scope(gpu: bool) -> tuple[str, int, int]:
     """(preset, tp, context) when none is given: the deployment's model on a GPU; the tiny preset at TP 1 and a
     64-token context on a CPU (the smoke profile: it checks the plumbing, its numbers are CPU numbers)."""
-    return ("kimi-k2.5", 8, 4096) if gpu else ("tiny", 1, 64)
+    return ("kimi-k2.5", 8, CONTEXT) if gpu else ("tiny", 1, CPU_CONTEXT)

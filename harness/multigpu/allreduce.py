@@ -27,8 +27,8 @@ from verifybench.harness.collectives.backends import (ALL_BACKENDS, BACKEND_HELP
                                         prepare_for_timing, unavailable_reason)
 from verifybench.harness.collectives.allreduce_results import ENGINE_MODE, MODES
 from verifybench.harness.multigpu.output import Output
-from verifybench.harness.multigpu.guard import init_group, maybe_fault, parse_fault, rank_main
-from verifybench.harness.multigpu.ranks import Agreement, announce_safe_env
+from verifybench.harness.multigpu.guard import init_group, maybe_fault, parse_fault, start_ranks
+from verifybench.harness.multigpu.ranks import Agreement, run_backends
 from verifybench.harness.multigpu.watchdog import Watchdog
 from verifybench.harness.engine.results import DEFAULT_OUT
 from verifybench.harness.engine.timing import measure
@@ -96,16 +96,9 @@ def run_rank(args, info, store, guard: Watchdog) -> int:
     fault = parse_fault(args.fault)
     counter = itertools.count()
     out = Output(args, info, plan, device.type, ranks) if info.rank == 0 else None
-    for name in plan["backends"]:
-        if name in skipped:
-            continue
-        records, error = _run_backend(name, _comm_for(name, comm), plan, guard, agree, fault, counter)
-        if error:
-            skipped[name] = error
-        gathered = agree.gather(records)
-        guard.mark(f"{name}: save")  # on every rank: the watchdog compares step numbers across ranks
-        if out:
-            out.add(name, gathered, skipped, backend_versions(comm))
+    run_backends(plan["backends"], skipped,
+                 lambda name: _run_backend(name, _comm_for(name, comm), plan, guard, agree, fault, counter),
+                 agree, guard, out, lambda: backend_versions(comm))
     guard.mark("finish")
     if out:
         out.finish(skipped, nccl_log_dir, added_env=(*NCCL_LOG_VARS, "NCCL_DEBUG_FILE") if nccl_log_dir else ())
@@ -303,14 +296,7 @@ def main(argv: list[str] | None = None) -> int:
             print("interrupted: the setting's torchrun is ended; the summary is written only by a whole sweep, the "
                   "finished settings' results stay in its folder", file=sys.stderr)
             return 130
-    announce_safe_env()
-    try:
-        check_arguments(args)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    rank_main(run_rank, args, STORE_TIMEOUT_S)
-    return 0
+    return start_ranks(run_rank, args, STORE_TIMEOUT_S, check_arguments)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from verifybench.harness.multigpu.ranks import RankInfo, open_store, rank_info
+from verifybench.harness.multigpu.ranks import RankInfo, announce_safe_env, open_store, rank_info
 from verifybench.harness.multigpu.report import (EXIT_BAD_INPUT, EXIT_FAULT, EXIT_RANK_ERROR, hard_exit,
                                                  log_prefix)
 from verifybench.harness.multigpu.watchdog import Watchdog, check_hang_timeout
@@ -53,6 +53,19 @@ def check_edge(args, info: RankInfo) -> None:
         from verifybench.harness.engine.results import check_writable
 
         check_writable(args.out)  # ResultsError, a ValueError
+
+
+def start_ranks(run_rank, args, store_timeout_s: float, check, refused=(ValueError,)) -> int:
+    """A torchrun job's entry, on every rank: multicast off (announce_safe_env), `check(args)` before any rendezvous
+    (a `refused` exception: its line on stderr, EXIT_BAD_INPUT on every rank), then rank_main."""
+    announce_safe_env()
+    try:
+        check(args)
+    except refused as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    rank_main(run_rank, args, store_timeout_s)
+    return 0
 
 
 def rank_main(run_rank, args, store_timeout_s: float) -> None:

@@ -109,6 +109,22 @@ class Agreement:
         return json.loads(self.store.get(self._key(root)))
 
 
+def run_backends(backends, skipped: dict, run, agree: Agreement, guard, out, versions) -> None:
+    """The torchrun jobs' loop, on every rank: each backend not in `skipped`, in order, by run(name) -> (records,
+    error); an error puts it in `skipped`; its records gathered to rank 0's `out` (None on the others) with
+    versions(), the backends' versions as they stand after it ran."""
+    for name in backends:
+        if name in skipped:
+            continue
+        records, error = run(name)
+        if error:
+            skipped[name] = error
+        gathered = agree.gather(records)
+        guard.mark(f"{name}: save")  # on every rank: the watchdog compares step numbers across ranks
+        if out:
+            out.add(name, gathered, skipped, versions())
+
+
 def announce_safe_env() -> None:
     """force_safe_env() for this process, saying on stderr what it overrode."""
     overridden = force_safe_env()

@@ -33,9 +33,10 @@ from verifybench.harness.collectives.backends import (DTYPE, ArOp, Comm, backend
 from verifybench.harness.engine import results
 from verifybench.harness.engine.timing import measure
 from verifybench.harness.model.forward import VerifyForward
+from verifybench.harness.model.presets import CONTEXT, CPU_CONTEXT
 from verifybench.harness.multigpu import report
-from verifybench.harness.multigpu.guard import init_group, maybe_fault, parse_fault, rank_main
-from verifybench.harness.multigpu.ranks import Agreement, announce_safe_env
+from verifybench.harness.multigpu.guard import init_group, maybe_fault, parse_fault, start_ranks
+from verifybench.harness.multigpu.ranks import Agreement, run_backends
 from verifybench.harness.multigpu.verify_output import Output
 from verifybench.harness.multigpu.verify_setup import (BACKEND_HELP, NO_HEAD, VARIANTS, build_forward,
                                                        make_allreduce_fn, make_plan)
@@ -239,16 +240,9 @@ def run_rank(args, info, store, guard: Watchdog) -> int:
         if cuda:
             torch.cuda.synchronize()
     xchg, fault, counter = TensorExchange(store, info), parse_fault(args.fault), itertools.count()
-    for name in plan["backends"]:
-        if name in skipped:
-            continue
-        records, error = run_backend(name, fwd, plan, comm, agree, xchg, guard, fault, counter)
-        if error:
-            skipped[name] = error
-        gathered = agree.gather(records)
-        guard.mark(f"{name}: save")  # on every rank: the watchdog compares step numbers across ranks
-        if out:
-            out.add(name, gathered, skipped, backend_versions(comm))
+    run_backends(plan["backends"], skipped,
+                 lambda name: run_backend(name, fwd, plan, comm, agree, xchg, guard, fault, counter),
+                 agree, guard, out, lambda: backend_versions(comm))
     guard.mark("finish")
     if out:
         out.finish(skipped)
@@ -265,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "gloo)")
     p.add_argument("--tp", type=positive_int, help="TP degree whose per-rank shapes each rank holds, whatever the number of "
                    "ranks (default 8; 1 on CPU)")
-    p.add_argument("--context", type=context_arg, help="cached tokens per layer (default 4096; 64 on CPU)")
+    p.add_argument("--context", type=context_arg, help=f"cached tokens per layer (default {CONTEXT}; {CPU_CONTEXT} on CPU)")
     p.add_argument("--layers", type=positive_int, help="layers to build (default: the preset's; when they do not fit, the job "
                    "refuses before building and names the --layers that fit)")
     p.add_argument("--tokens", type=tokens_arg, default=tokens_arg("1-8"),
@@ -289,14 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     report.PREFIX = "[verify_dist]"
-    announce_safe_env()
-    try:
-        make_plan(args)  # bad arguments: every rank says so and exits 2, before any rendezvous
-    except (ValueError, MemoryError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    rank_main(run_rank, args, STORE_TIMEOUT_S)
-    return 0
+    # bad arguments (make_plan refuses them): every rank says so and exits 2, before any rendezvous
+    return start_ranks(run_rank, args, STORE_TIMEOUT_S, make_plan, (ValueError, MemoryError))
 
 
 if __name__ == "__main__":
