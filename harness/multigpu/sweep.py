@@ -296,7 +296,8 @@ def summary_tables(outcomes: list[dict], cpu: bool = False) -> list[tuple[str, l
             grid.append(row)
     records = [c for o in outcomes if o.get("run") for c in o["run"]["cases"]]
     if cpu or stance.cpu_numbers(records):  # gloo on CPU: an order between NCCL settings is noise on unread variables
-        return [("graph-mode time (us) per NCCL setting, max over ranks (CPU numbers: not ranked)", grid)]
+        return [("cpu-loop time (us) per NCCL setting, max over ranks (CPU numbers: K calls in a Python loop, no CUDA "
+                 "graph; not ranked)", grid)]
     base = times.get("default", {})
     best = []
     for b, s in keys:
