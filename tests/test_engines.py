@@ -120,7 +120,7 @@ def test_flashinfer_mla_planned_as_sglang_plans_target_verify_matches_the_chain_
     starts_t, lens_t = (torch.tensor(x, dtype=torch.int32, device="cuda") for x in (starts, lens))
     chain = torch.ones(d, d, dtype=torch.bool).tril().expand(len(lens), d, d).contiguous().cuda()
     ref = mv.mla_verify_reference(q.float(), cache.float(), starts_t, lens_t, chain, kv_lora, 192 ** -0.5)
-    run, plan = flashinfer.mla_verify(q, cache, starts_t, lens_t, kv_lora, 192 ** -0.5)
-    out = run()
+    wrapper, plan = flashinfer.verify_planner(starts_t, lens_t, d, heads, kv_lora, rope, 192 ** -0.5, torch.bfloat16)
+    out = flashinfer.mla_verify(q, cache, kv_lora, wrapper)()
     assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
     assert flashinfer.plan_host_us(plan, calls=3) > 0

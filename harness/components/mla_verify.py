@@ -10,9 +10,9 @@ SGLang is installed, its own extend kernel ("sglang.extend", harness/engines/sgl
 inputs, check and timing. On a GPU other than sm_120, "...@sm120" rows run ours and the engine's with the tiles SGLang
 picks for sm_120 (the users' RTX PRO 6000), compiled for this GPU. Where FlashInfer is installed, "flashinfer.mla" is
 the kernel of SGLang's --attention-backend flashinfer for target verify (chains only: it ignores the tree mask), its
-run() timed like ours and its plan(), which SGLang calls once per verify forward, timed on the host (plan_host_us). Graph
-mode, every call reading another cache (>= 4 caches totalling >= 4x L2), as a forward reads each layer's cache once;
-per_forward_us is the median times the preset's layers: what the engine's kernel choice costs per forward.
+run() timed like ours and its plan(), which SGLang calls once per verify forward, timed on the host (plan_host_us).
+Graph mode, every call reading another cache (>= 4 caches totalling >= 4x L2), as a forward reads each layer's cache
+once; per_forward_us is the median times the preset's layers: what the engine's kernel choice costs per forward.
 CPU (preset tiny, under TRITON_INTERPRET=1): the given context (64 by default, at most 4096), fp16 (bf16 arithmetic
 is wrong in the interpreter) and a split config sized to the tiny shapes, since the interpreter runs every launched
 program.
@@ -125,20 +125,23 @@ def variants(device: str) -> tuple[str, ...]:
     return VARIANTS
 
 
-def _calls(variant, cfg, launch_pdl, starts, lens, mask, kv_lora, scale):
+def _calls(variant, cfg, launch_pdl, starts, lens, mask, kv_lora, scale, q_shape=None, dtype=None):
     """call(q, cache) -> the variant's output [heads, T, kv_lora]: ours, or the engine's kernel with its inputs built
     from ours at the first call for each cache (outside the timed region: setup and the check make them first)."""
     if variant == "flashinfer.mla":
         from verifybench.harness.engines import flashinfer
 
+        heads, rope = q_shape
+        d = mask.shape[-1]  # the chain's D (FlashInfer runs chains only)
+        wrapper, plan = flashinfer.verify_planner(starts, lens, d, heads, kv_lora, rope, scale, dtype)
         built: dict = {}
 
         def call(q, cache):
             key = (id(q), id(cache))
             if key not in built:
-                built[key] = flashinfer.mla_verify(q, cache, starts, lens, kv_lora, scale)
-            return built[key][0]()
-        call.plans = built
+                built[key] = flashinfer.mla_verify(q, cache, kv_lora, wrapper)
+            return built[key]()
+        call.plan = plan
         return call
     if not variant.startswith("sglang."):
         return lambda q, cache: mv.mla_verify(q, cache, starts, lens, mask, kv_lora, scale, "split_kv" if
@@ -206,7 +209,8 @@ def make_case(preset: str, tp: int, context: int, n: int, tree_shape, variant: s
                 tiles = sglang.extend_tiles(SM120 if variant.endswith("@sm120") else None)
             except engines.EngineMissing as e:
                 raise engines.skipped(e) from None
-            cfg, source = tiles, f"{engines.label('sglang')}'s launcher" + (" as on sm_120" * variant.endswith("@sm120"))
+            on = " as on sm_120" if variant.endswith("@sm120") else ""
+            cfg, source = tiles, f"{engines.label('sglang')}'s launcher{on}"
         else:
             cfg, source = variant_config(variant, device)
         caches, plan = planned_caches(context + SPARE_ROWS, dk, device, dtype)
@@ -214,7 +218,7 @@ def make_case(preset: str, tp: int, context: int, n: int, tree_shape, variant: s
         starts = torch.zeros(1, dtype=torch.int32, device=device)
         lens = torch.full((1,), context, dtype=torch.int32, device=device)
         mask = tree_mask(n, tree_shape, context, device)
-        call = _calls(variant, cfg, launch_pdl, starts, lens, mask, kv_lora, scale)
+        call = _calls(variant, cfg, launch_pdl, starts, lens, mask, kv_lora, scale, (heads, rope), dtype)
         qs = [torch.randn(heads, n, dk, device=device).to(dtype) for _ in caches]  # one q per layer
         fns = [lambda q=q, c=c: call(q, c) for q, c in zip(qs, caches)]
         for fn in fns if engine else ():
@@ -243,7 +247,7 @@ def make_case(preset: str, tp: int, context: int, n: int, tree_shape, variant: s
             if variant == "flashinfer.mla":  # SGLang plans once per verify forward, on the host, before the replay
                 from verifybench.harness.engines import flashinfer
 
-                d["plan_host_us"] = flashinfer.plan_host_us(next(iter(call.plans.values()))[1])
+                d["plan_host_us"] = flashinfer.plan_host_us(call.plan)
                 d["per_forward_us"] += d["plan_host_us"]  # the lever's cost is the kernels plus the plan
             return d
 
