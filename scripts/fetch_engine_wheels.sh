@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # Downloads, here, the engine wheels a GPU session carries (the device reaches no package index): the released SGLang
-# whose Triton kernels the engines layer calls, the FlashInfer it pins with FlashInfer's FFI, and the two of SGLang's
-# import-time dependencies that the device's image lacks. Into .whl/engines (ignored by git); the GPU step `engines`
+# whose Triton kernels the engines layer calls, the FlashInfer it pins with FlashInfer's FFI, and SGLang's import-time
+# dependencies that the device's image lacks. Into .whl/engines (ignored by git); the GPU step `engines`
 # of scripts/gpu_session.sh installs them there with --no-index --no-deps. usage: scripts/fetch_engine_wheels.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=.whl/engines
 mkdir -p "$dest"
-# the device runs Python 3.12 on x86_64 Linux
+# The device runs Python 3.12 on x86_64 Linux. Besides the engines: what SGLang's kernel modules import (its utilities
+# pull in the serving stack) that the device's image lacks, at the versions that import together here
+# (tests/test_engines.py runs them in CI); the image has torch, torchvision, aiohttp, requests, pillow, tqdm, psutil.
 python3 -m pip download -q --no-deps -d "$dest" --python-version 3.12 --platform manylinux2014_x86_64 \
-  --only-binary=:all: sglang==0.5.10.post1 flashinfer-python==0.6.7.post3 apache-tvm-ffi pybase64 starlette
+  --only-binary=:all: sglang==0.5.10.post1 flashinfer-python==0.6.7.post3 apache-tvm-ffi pybase64 starlette \
+  ipython==8.12.3 asttokens==3.0.1 backcall==0.2.0 decorator==5.2.1 executing==2.2.1 jedi==0.20.0 parso==0.8.7 \
+  pexpect==4.8.0 pickleshare==0.7.5 prompt_toolkit==3.0.52 ptyprocess==0.7.0 pure_eval==0.2.3 stack-data==0.6.3 \
+  traitlets==5.15.0 wcwidth==0.7.0 pydantic==2.13.4 pydantic_core==2.46.4 annotated-types==0.7.0 \
+  typing-inspection==0.4.2 orjson sniffio==1.3.1
 ls -la "$dest"
