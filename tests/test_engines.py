@@ -121,6 +121,27 @@ def test_flashinfer_mla_planned_as_sglang_plans_target_verify_matches_the_chain_
     chain = torch.ones(d, d, dtype=torch.bool).tril().expand(len(lens), d, d).contiguous().cuda()
     ref = mv.mla_verify_reference(q.float(), cache.float(), starts_t, lens_t, chain, kv_lora, 192 ** -0.5)
     wrapper, plan = flashinfer.verify_planner(starts_t, lens_t, d, heads, kv_lora, rope, 192 ** -0.5, torch.bfloat16)
-    out = flashinfer.mla_verify(q, cache, kv_lora, wrapper)()
+    out = flashinfer.mla_run(q, cache, kv_lora, wrapper)()
     assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
     assert flashinfer.plan_host_us(plan, calls=3) > 0
+
+
+@pytest.mark.gpu
+def test_flashinfer_mla_decode_planned_as_sglang_plans_decode_matches_the_reference():
+    from verifybench.harness.engines import flashinfer
+    from verifybench.kernels.mla_decode import mla_decode_reference
+
+    try:
+        flashinfer.mla_module()
+    except engines.EngineMissing as e:
+        pytest.skip(str(e))
+    gen = torch.Generator().manual_seed(12)
+    heads, kv_lora, dk, length, g = 8, 512, 576, 4100, 3
+    cache = torch.randn(length + 8, dk, generator=gen).bfloat16().cuda()
+    q = torch.randn(heads, g, dk, generator=gen).bfloat16().cuda()
+    starts = torch.zeros(1, dtype=torch.int32, device="cuda")
+    lens = torch.full((1,), length, dtype=torch.int32, device="cuda")
+    ref = mla_decode_reference(q.float(), cache.float(), length, kv_lora, 192 ** -0.5)
+    wrapper, _ = flashinfer.decode_planner(starts, lens, g, heads, kv_lora, dk - kv_lora, 192 ** -0.5, torch.bfloat16)
+    out = flashinfer.mla_run(q, cache, kv_lora, wrapper)()
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2

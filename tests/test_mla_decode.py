@@ -372,7 +372,7 @@ def test_bench_cpu_cases_run_and_tables_pair_the_impls(monkeypatch):
     assert all(r["check"]["ok"] for r in records)
     # the interpreter is slow: a CPU case rotates over a few copies, not the cold rule's 64
     assert {r["derived"]["rotation"] for r in records} == {CPU_COPIES}
-    title = "MLA decode: Triton (tuned / default config) vs the torch path and SGLang's kernel"
+    title = "MLA decode: Triton (tuned / default config) vs the torch path and the engines' kernels"
     side = dict(bench.tables(records))[title]
     assert len(side) == 1 and side[0]["speedup"] == WITHHELD and side[0]["default_us"] > 0
     (gpu,) = dict(bench.tables([{**r, "device": "cuda"} for r in records]))[title]
@@ -398,7 +398,7 @@ def test_bench_sglang_row_runs_beside_ours_and_passes_its_check(monkeypatch):
     assert engine["name"] == "mla/tiny-tp1/ctx64/sglang.decode/n2" and engine["check"]["ok"], engine["check"]
     assert engine["params"]["engine"] == engines.label("sglang") and engine["derived"]["rotation"] == CPU_COPIES
     assert engine["params"]["dtype"] == ours["params"]["dtype"] == "float16"
-    title = "MLA decode: Triton (tuned / default config) vs the torch path and SGLang's kernel"
+    title = "MLA decode: Triton (tuned / default config) vs the torch path and the engines' kernels"
     (side,) = dict(bench.tables(records))[title]
     assert side["sglang_us"] == engine["summary"]["median_us"] > 0 and side["triton/sglang"] == WITHHELD
     (gpu,) = dict(bench.tables([{**r, "device": "cuda"} for r in records]))[title]
@@ -421,6 +421,16 @@ def test_bench_sglang_rows_are_listed_by_their_own_name_and_skipped_in_one_line_
     rec = bench.make_case(bench.attn_shape("tiny", 1), 1, 64, "sglang.decode", "cpu", {}, "tiny", 1).run().as_dict()
     assert rec["skipped"] == "the engine's rows: sglang is not installed (pip show sglang: not found)"
     assert "summary" not in rec
+
+
+def test_bench_flashinfer_rows_are_listed_and_say_in_one_line_why_they_cannot_run_without_a_gpu(monkeypatch):
+    from verifybench.harness.components import mla_decode as bench
+
+    monkeypatch.setattr(bench, "INTERPRET", True)
+    names = {c.name for c in bench.cases("tiny", 1, 64)}
+    assert "mla/tiny-tp1/ctx256/flashinfer.decode/n4" in names
+    rec = bench.make_case(bench.attn_shape("tiny", 1), 1, 64, "flashinfer.decode", "cpu", {}, "tiny", 1).run().as_dict()
+    assert rec["skipped"].startswith("the engine's rows: ") and "\n" not in rec["skipped"] and "summary" not in rec
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke path")

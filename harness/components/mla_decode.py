@@ -5,8 +5,9 @@ forward used before (q @ keys.T in bf16 -> float -> * scale -> softmax -> bf16 -
 call reads another cache, >= 4 caches totalling >= 4x L2, inside the graph, as a forward reads each layer's cache
 once. Each kernel case records its config and config_source (tuned, default, or why a tuned entry was not used).
 Beside them, where SGLang can be imported, its own Triton decode kernel called as its backend calls it
-(harness/engines/sglang.py), on the same caches and queries, checked and timed the same way; skipped with the
-reason where it cannot.
+(harness/engines/sglang.py), and on a GPU with FlashInfer installed FlashInfer's MLA decode as SGLang's flashinfer_mla
+backend plans it (harness/engines/flashinfer.py; its plan() host-timed beside), on the same caches and queries,
+checked and timed the same way; skipped with the reason where they cannot.
 
 Run: pytest --benchmark-only microbench/bench_mla_decode.py; tune this GPU's table: verifybench tune
 """
@@ -43,7 +44,8 @@ MAX_N = 8  # caches hold context + MAX_N rows, so every n of one context shares 
 MAX_COPIES = 64
 TOL = 1e-2  # bf16 output: a few ulp of bf16 over softmax-weighted fp32 sums
 IMPLS = ("triton", "triton-default", "torch")  # triton: select_config (tuned table); torch: model/forward.py's path
-ENGINE_IMPLS = ("sglang.decode",)  # the engines' own kernels (harness/engines), rows of their own beside ours
+# the engines' own kernels (harness/engines), rows of their own beside ours
+ENGINE_IMPLS = ("sglang.decode", "flashinfer.decode")
 # triton.jit picks the interpreter at decoration time: CPU runs of the kernel need TRITON_INTERPRET=1 before import
 INTERPRET = interpret.active()
 
@@ -124,19 +126,30 @@ def impl_fn(impl: str, a: Attn, length: int, cfg: dict | None):
     return lambda q, c: md.mla_decode(q, c, length, a.kv_lora, a.scale, config=cfg)
 
 
-def engine_fns(a: Attn, n: int, length: int, qs: list, caches: tuple) -> tuple:
-    """SGLang's decode over the rotation, one run() per layer sharing one forward's metadata (as its backend shares
-    it), and the call the check makes; CaseSkipped with the one-line reason where SGLang cannot be imported."""
+def engine_fns(impl: str, a: Attn, n: int, length: int, qs: list, caches: tuple) -> tuple:
+    """The engine's decode over the rotation, one run() per layer sharing one forward's metadata or plan (as the
+    backend shares it), the call the check makes, and FlashInfer's plan (None for SGLang); CaseSkipped with the
+    one-line reason where the engine cannot run here."""
+    device = caches[0].device
+    starts = torch.zeros(1, dtype=torch.int32, device=device)  # our one request: n tokens over rows [0, length)
+    lens = torch.full((1,), length, dtype=torch.int32, device=device)
+    if impl == "flashinfer.decode":
+        from verifybench.harness.engines import flashinfer
+
+        try:
+            wrapper, plan = flashinfer.decode_planner(starts, lens, n, a.heads, a.kv_lora, a.d - a.kv_lora, a.scale,
+                                                      caches[0].dtype)
+        except engines.EngineMissing as e:
+            raise engines.skipped(e) from None
+        runs = [flashinfer.mla_run(q, c, a.kv_lora, wrapper) for q, c in zip(qs, caches)]
+        return runs, lambda q, c: flashinfer.mla_run(q, c, a.kv_lora, wrapper)(), plan
     try:
         sglang.decode_module()
     except engines.EngineMissing as e:
         raise engines.skipped(e) from None
-    device = caches[0].device
-    starts = torch.zeros(1, dtype=torch.int32, device=device)  # our one request: n tokens over rows [0, length)
-    lens = torch.full((1,), length, dtype=torch.int32, device=device)
     meta = sglang.decode_metadata(starts, lens, n, a.heads, a.kv_lora)
     runs = [sglang.mla_decode(q, c, starts, lens, a.kv_lora, a.scale, meta) for q, c in zip(qs, caches)]
-    return runs, lambda q, c: sglang.mla_decode(q, c, starts, lens, a.kv_lora, a.scale, meta)()
+    return runs, lambda q, c: sglang.mla_decode(q, c, starts, lens, a.kv_lora, a.scale, meta)(), None
 
 
 def _check(fn, a: Attn, n: int, length: int, cache: torch.Tensor) -> tuple[bool, str]:
@@ -166,7 +179,7 @@ def make_case(a: Attn, n: int, context: int, impl: str, device: str, measure_kw:
     length = context + n  # the verify forward writes its n tokens' slots, then attends all of them
     params = {"preset": preset, "tp": tp, "heads": a.heads, "D": a.d, "kv_lora": a.kv_lora, "n": n,
               "context": context, "length": length, "impl": impl, "device": device,
-              "dtype": str(dtype).split(".")[1], **({"engine": engines.label("sglang")} if engine else {})}
+              "dtype": str(dtype).split(".")[1], **({"engine": engines.label(impl.split(".")[0])} if engine else {})}
     name = f"mla/{preset}-tp{tp}/ctx{context}/{impl}/n{n}"
 
     def setup():
@@ -174,7 +187,7 @@ def make_case(a: Attn, n: int, context: int, impl: str, device: str, measure_kw:
         qs = [torch.randn(a.heads, n, a.d, device=device).to(dtype) for _ in caches]  # one q per layer
         if engine:
             cfg, source = None, None
-            fns, fn = engine_fns(a, n, length, qs, caches)
+            fns, fn, plan_call = engine_fns(impl, a, n, length, qs, caches)
         else:
             cfg, source = _config(impl, a, n, length, device, dtype)
             fn = impl_fn(impl, a, length, cfg)
@@ -191,8 +204,12 @@ def make_case(a: Attn, n: int, context: int, impl: str, device: str, measure_kw:
                 d["config"], d["config_source"] = cfg, source
                 d["splits_run"] = splits_run(cfg, length)
                 d["programs"] = programs(cfg, a, n, length)
-            if engine:
+            if impl == "sglang.decode":
                 d["max_kv_splits"] = sglang.MAX_KV_SPLITS
+            if impl == "flashinfer.decode":  # planned once per decode forward, on the host, before the replay
+                from verifybench.harness.engines import flashinfer
+
+                d["plan_host_us"] = flashinfer.plan_host_us(plan_call)
             return d
 
         return fns, (lambda: _check(fn, a, n, length, caches[0])), derive
@@ -244,6 +261,8 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
             row["default_us"] = us
         elif prm["impl"] == "sglang.decode":
             row.update({"sglang_us": us, "engine": prm["engine"]})
+        elif prm["impl"] == "flashinfer.decode":
+            row.update({"flashinfer_us": us, "flashinfer_plan_host_us": r["derived"].get("plan_host_us")})
         else:
             row.update({"torch_us": us, "torch_eta": d["eta"]})
 
@@ -251,12 +270,13 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
         records, ok, lambda p: (p["preset"], p["tp"], p["context"], p["n"]),
         lambda r: {"context": r["params"]["context"], "n": r["params"]["n"], "MB": r["derived"]["bytes_moved"] / 1e6,
                    "floor_us": r["derived"]["floor_us"]}, fill,
-        (("speedup", "torch_us", "triton_us"), ("triton/sglang", "triton_us", "sglang_us")),  # < 1: ours is the faster
+        (("speedup", "torch_us", "triton_us"), ("triton/sglang", "triton_us", "sglang_us"),  # < 1: ours is the faster
+         ("triton/flashinfer", "triton_us", "flashinfer_us")),
         # a CPU copy ceiling says nothing about a GPU kernel's distance from its own, nor an interpreter of its speed
-        lambda k: k.endswith("eta") or k in ("floor_us", "speedup", "triton/sglang"))
+        lambda k: k.endswith("eta") or k in ("floor_us", "speedup", "triton/sglang", "triton/flashinfer"))
     return [("MLA decode per case (" + (CPU_TIMING if cpu_numbers(records) else "graph mode") + ", caches rotated)",
              per_case),
-            ("MLA decode: Triton (tuned / default config) vs the torch path and SGLang's kernel", side)]
+            ("MLA decode: Triton (tuned / default config) vs the torch path and the engines' kernels", side)]
 
 
 def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
