@@ -23,6 +23,16 @@ def _sglang():
     return sglang
 
 
+def _flashinfer():
+    from verifybench.harness.engines import flashinfer
+
+    try:
+        flashinfer.mla_module()
+    except engines.EngineMissing as e:
+        pytest.skip(f"FlashInfer's MLA module cannot be imported here: {e}")
+    return flashinfer
+
+
 def test_a_missing_engine_is_named_in_one_line_with_the_reason():
     with pytest.raises(engines.EngineMissing) as e:
         engines.import_kernel_module("vllm", "vllm.surely_not_a_module")
@@ -107,12 +117,7 @@ def test_the_fingerprint_records_every_engine_package_found_without_importing_it
 
 @pytest.mark.gpu
 def test_flashinfer_mla_planned_as_sglang_plans_target_verify_matches_the_chain_reference():
-    from verifybench.harness.engines import flashinfer
-
-    try:
-        flashinfer.mla_module()
-    except engines.EngineMissing as e:
-        pytest.skip(str(e))
+    flashinfer = _flashinfer()
     gen = torch.Generator().manual_seed(11)
     heads, kv_lora, rope, d, lens, starts = 8, 512, 64, 4, [1000, 37], [0, 1100]
     cache = torch.randn(starts[1] + lens[1] + d, kv_lora + rope, generator=gen).bfloat16().cuda()
@@ -128,13 +133,9 @@ def test_flashinfer_mla_planned_as_sglang_plans_target_verify_matches_the_chain_
 
 @pytest.mark.gpu
 def test_flashinfer_mla_decode_planned_as_sglang_plans_decode_matches_the_reference():
-    from verifybench.harness.engines import flashinfer
     from verifybench.kernels.mla_decode import mla_decode_reference
 
-    try:
-        flashinfer.mla_module()
-    except engines.EngineMissing as e:
-        pytest.skip(str(e))
+    flashinfer = _flashinfer()
     gen = torch.Generator().manual_seed(12)
     heads, kv_lora, dk, length, g = 8, 512, 576, 4100, 3
     cache = torch.randn(length + 8, dk, generator=gen).bfloat16().cuda()

@@ -46,10 +46,3 @@ def import_kernel_module(engine: str, module: str):
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise EngineMissing(f"{label(engine)}: import {module} failed: {type(e).__name__}: {first}") from None
 
-
-def requests(q, starts, prefix_lens) -> tuple[int, int, int, int, int, list[int], list[int]]:
-    """Our verify inputs' geometry, read once on the host where an adapter builds the engine's inputs:
-    (heads, T, DK, B, D, prefix lengths, first rows) of q [heads, T = B * D, DK] and starts / prefix_lens [B]."""
-    heads, t, dk = q.shape
-    b = starts.numel()
-    return heads, t, dk, b, t // b, prefix_lens.tolist(), starts.tolist()

@@ -10,7 +10,7 @@ import contextlib
 
 import torch
 
-from verifybench.harness.engines import EngineMissing, import_kernel_module, requests
+from verifybench.harness.engines import EngineMissing, import_kernel_module
 
 EXTEND_MODULE = "sglang.srt.layers.attention.triton_ops.extend_attention"
 
@@ -62,8 +62,10 @@ def extend_verify(q, cache, starts, prefix_lens, mask, kv_lora: int, scale: floa
     (prefix columns all set) with mask_indptr = cumsum(D * (L_b + D)); max_len_extend = D; causal (the custom mask
     decides). cc: the tiles as SGLang picks them on sm_<cc> (None: for this GPU)."""
     module = extend_module()
-    heads, t, dk, b, d, lens, firsts = requests(q, starts, prefix_lens)
-    device = q.device
+    heads, t, dk = q.shape
+    b = starts.numel()
+    d, device = t // b, q.device
+    lens, firsts = prefix_lens.tolist(), starts.tolist()
     kv_indices = torch.cat([torch.arange(s, s + n, device=device) for s, n in zip(firsts, lens)]).to(torch.int64)
     tree_rows = torch.cat([torch.arange(s + n, s + n + d, device=device) for s, n in zip(firsts, lens)])
     k_extend = cache[tree_rows].view(t, 1, dk).contiguous()
