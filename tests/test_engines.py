@@ -2,6 +2,7 @@
 Triton kernels in the interpreter): the engine's kernel is called as the engine calls it and checked against our
 plain-torch reference; our tile tables are held against the installed engine's launcher. conftest.py puts .ci/engines
 on the path."""
+import importlib
 import os
 
 import pytest
@@ -13,24 +14,22 @@ from verifybench.kernels import mla_verify as mv
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _sglang():
-    from verifybench.harness.engines import sglang
-
+def _adapter(engine: str, module_call: str):
+    """The adapter module of `engine`, skipping the test where the engine's kernel module cannot be imported."""
+    adapter = importlib.import_module(f"verifybench.harness.engines.{engine}")
     try:
-        sglang.extend_module()
+        getattr(adapter, module_call)()
     except engines.EngineMissing as e:
-        pytest.skip(f"SGLang's kernels cannot be imported here: {e}")
-    return sglang
+        pytest.skip(f"{engine}'s kernels cannot be imported here: {e}")
+    return adapter
+
+
+def _sglang():
+    return _adapter("sglang", "extend_module")
 
 
 def _flashinfer():
-    from verifybench.harness.engines import flashinfer
-
-    try:
-        flashinfer.mla_module()
-    except engines.EngineMissing as e:
-        pytest.skip(f"FlashInfer's MLA module cannot be imported here: {e}")
-    return flashinfer
+    return _adapter("flashinfer", "mla_module")
 
 
 def test_a_missing_engine_is_named_in_one_line_with_the_reason():
