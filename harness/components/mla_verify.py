@@ -125,38 +125,37 @@ def variants(device: str) -> tuple[str, ...]:
     return VARIANTS
 
 
+def _per_input(make):
+    """call(q, cache) -> make(q, cache)(), made once per (q, cache): an engine's inputs are built from ours outside
+    the timed region (setup and the check call it first); the pair is held, so its ids cannot be reused meanwhile."""
+    built: dict = {}
+
+    def call(q, cache):
+        key = (id(q), id(cache))
+        if key not in built:
+            built[key] = (q, cache, make(q, cache))
+        return built[key][2]()
+    return call
+
+
 def _calls(variant, cfg, launch_pdl, starts, lens, mask, kv_lora, scale, q_shape=None, dtype=None):
-    """call(q, cache) -> the variant's output [heads, T, kv_lora]: ours, or the engine's kernel with its inputs built
-    from ours at the first call for each cache (outside the timed region: setup and the check make them first)."""
+    """call(q, cache) -> the variant's output [heads, T, kv_lora]: ours, or the engine's kernel (_per_input)."""
     if variant == "flashinfer.mla":
         from verifybench.harness.engines import flashinfer
 
         heads, rope = q_shape
         d = mask.shape[-1]  # the chain's D (FlashInfer runs chains only)
         wrapper, plan = flashinfer.verify_planner(starts, lens, d, heads, kv_lora, rope, scale, dtype)
-        built: dict = {}
-
-        def call(q, cache):
-            key = (id(q), id(cache))
-            if key not in built:
-                built[key] = flashinfer.mla_run(q, cache, kv_lora, wrapper)
-            return built[key]()
+        call = _per_input(lambda q, cache: flashinfer.mla_run(q, cache, kv_lora, wrapper))
         call.plan = plan
         return call
-    if not variant.startswith("sglang."):
-        return lambda q, cache: mv.mla_verify(q, cache, starts, lens, mask, kv_lora, scale, "split_kv" if
-                                              variant == "split_kv" else "extend", cfg, pdl=launch_pdl)
-    from verifybench.harness.engines import sglang
+    if variant.startswith("sglang."):
+        from verifybench.harness.engines import sglang
 
-    cc = SM120 if variant.endswith("@sm120") else None
-    built: dict = {}
-
-    def call(q, cache):
-        key = (id(q), id(cache))
-        if key not in built:
-            built[key] = sglang.extend_verify(q, cache, starts, lens, mask, kv_lora, scale, cc=cc)
-        return built[key]()
-    return call
+        cc = SM120 if variant.endswith("@sm120") else None
+        return _per_input(lambda q, cache: sglang.extend_verify(q, cache, starts, lens, mask, kv_lora, scale, cc=cc))
+    ours = "split_kv" if variant == "split_kv" else "extend"
+    return lambda q, cache: mv.mla_verify(q, cache, starts, lens, mask, kv_lora, scale, ours, cfg, pdl=launch_pdl)
 
 
 def split_counts(cfg: dict, heads: int, n: int, context: int, device: str) -> tuple[int, int]:
