@@ -84,6 +84,9 @@ for s in ${STEPS:-install env}; do
     engines) # the engines' own kernels beside ours: wheels fetched by scripts/fetch_engine_wheels.sh, carried in .whl/
       step engines-install 120 python3 -m pip install -q --no-index --no-deps --target "$WORK/engines" .whl/engines/*.whl
       export PYTHONPATH="$WORK/engines${PYTHONPATH:+:$PYTHONPATH}"
+      # SGLang's utilities import torchvision's JPEG decoder at import time; where the image's torchvision does not
+      # load with its torch, the tests' stand-in (tests/engine_stubs) serves that import and nothing else
+      python3 -c "import torchvision" 2>/dev/null || export PYTHONPATH="$PYTHONPATH:$PWD/tests/engine_stubs"
       step engines-tests 300 python3 -m pytest -q tests/test_engines.py tests/test_mla_verify.py -k "engine or registers"
       step engines-mla_verify "${LIMIT:-400}" verifybench mla_verify --out "$WORK/run" ;;
     savecache) tar -czf "$OUT/triton-cache.tar.gz" -C "$cache" . && ls -la "$OUT/triton-cache.tar.gz" ;;
