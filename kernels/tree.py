@@ -1,4 +1,4 @@
-# Over 400 lines: one kernel family's public API with every check before a launch (issue 43 splits kernels/ by family).
+# Over 400 lines: one kernel family's public API with every argument check before a launch.
 """EAGLE draft-tree construction and greedy verification (SGLang's semantics): organize the draft,
 build the tree (mask, positions, child/sibling lists), verify greedily, write the KV slots, full-vocabulary argmax.
 

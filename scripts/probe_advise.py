@@ -1,6 +1,6 @@
 """Probes of advise and results folders, the list arguments (tokens, batches, contexts, configs) of every command and
 torchrun job, plan's inputs, limits on numbers and the environment, the tree kernels' edges, and signals and full
-disks through a real process: the classes issue 45's probe set added.
+disks through a real process: the classes added to the probe set last.
 
 Each is written to pass once its fault is fixed: a bad input refused in one line naming it (exit 2), or a valid one
 answered with what it asks (a check on the output).

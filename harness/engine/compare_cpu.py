@@ -2,16 +2,19 @@
 SAME/FAST/SLOW, no change figure, exit 0 unless a check failed in NEW."""
 from __future__ import annotations
 
-import numpy as np
 from tabulate import tabulate
 
 from verifybench.harness.engine import stance
+from verifybench.harness.engine.stats import summarize
 
 
 def _spread(c) -> str:
     """q1..q3 of the samples (the stored interval when a file has only summaries)."""
-    lo, hi = (np.percentile(c.samples_us, [25, 75]) if c.samples_us is not None and len(c.samples_us)
-              else c.interval_us or (None, None))
+    if c.samples_us is not None and len(c.samples_us):
+        s = summarize(c.samples_us)
+        lo, hi = s.q1_us, s.q3_us
+    else:
+        lo, hi = c.interval_us or (None, None)
     return "-" if lo is None else f"{_us(lo)}..{_us(hi)}"
 
 
