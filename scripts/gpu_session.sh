@@ -16,6 +16,12 @@ export VERIFYBENCH_GIT_COMMIT=${VERIFYBENCH_GIT_COMMIT:-$(git rev-parse HEAD 2>/
 BASE=results/baselines/nvidia-h200-x1
 # Triton's compile cache from an earlier call, when one was carried (a fresh machine compiles everything again)
 cache=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
+# FlashInfer's JIT-built modules (about a minute of nvcc each) likewise, under $FLASHINFER_WORKSPACE_BASE
+export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-$HOME}
+if [ -f .cache-carry/flashinfer-cache.tar.gz ]; then
+  mkdir -p "$FLASHINFER_WORKSPACE_BASE/.cache" && tar -xzf .cache-carry/flashinfer-cache.tar.gz -C "$FLASHINFER_WORKSPACE_BASE/.cache" \
+    && echo "flashinfer cache restored"
+fi
 if [ -f .cache-carry/triton-cache.tar.gz ]; then
   mkdir -p "$cache" && tar -xzf .cache-carry/triton-cache.tar.gz -C "$cache" && echo "triton cache restored"
 fi
@@ -87,9 +93,14 @@ for s in ${STEPS:-install env}; do
       # SGLang's utilities import torchvision's JPEG decoder at import time; where the image's torchvision does not
       # load with its torch, the tests' stand-in (tests/engine_stubs) serves that import and nothing else
       python3 -c "import torchvision" 2>/dev/null || export PYTHONPATH="$PYTHONPATH:$PWD/tests/engine_stubs"
-      step engines-tests 300 python3 -m pytest -q tests/test_engines.py tests/test_mla_verify.py -k "engine or registers"
-      step engines-mla_verify "${LIMIT:-400}" verifybench mla_verify --out "$WORK/run" ;;
-    savecache) tar -czf "$OUT/triton-cache.tar.gz" -C "$cache" . && ls -la "$OUT/triton-cache.tar.gz" ;;
+      step engines-mla_verify "${MLA_VERIFY_LIMIT:-300}" verifybench mla_verify --out "$WORK/run"
+      step engines-mla_decode "${MLA_DECODE_LIMIT:-150}" verifybench mla_decode --out "$WORK/run"
+      # the GPU tests last, in what is left of a one-command budget ($BUDGET_S), so the timings above come back first
+      left=$(( ${BUDGET_S:-540} - SECONDS )); [ "$left" -lt 30 ] && left=30
+      step engines-tests "$left" python3 -m pytest -q tests/test_engines.py tests/test_mla_verify.py -k "engine or registers" ;;
+    savecache) tar -czf "$OUT/triton-cache.tar.gz" -C "$cache" . && ls -la "$OUT/triton-cache.tar.gz"
+               [ -d "$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer" ] && tar -czf "$OUT/flashinfer-cache.tar.gz" \
+                 -C "$FLASHINFER_WORKSPACE_BASE/.cache" flashinfer && ls -la "$OUT/flashinfer-cache.tar.gz" ;;
     *) echo "unknown step $s" ;;
   esac
 done
