@@ -106,4 +106,4 @@ for s in ${STEPS:-install env}; do
 done
 printf '%s\n' "${summary[@]}" | tee "$WORK/summary.txt"
 # a recorded trace is too big to come back
-tar -czf "$OUT/bundle.tgz" --exclude=OUT.json.gz -C "$WORK" . && ls -la "$OUT/bundle.tgz"
+tar -czf "$OUT/bundle.tgz" --exclude=OUT.json.gz --exclude=./engines -C "$WORK" . && ls -la "$OUT/bundle.tgz"
