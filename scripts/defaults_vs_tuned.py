@@ -23,7 +23,7 @@ import torch
 from verifybench.harness.engine import fingerprint, results
 from verifybench.harness.engine.timing import cuda_available, measure
 from verifybench.harness.model.build import allreduce_stand_in_us, build_forward
-from verifybench.kernels import config_tables
+from verifybench.kernels.common import config_tables
 
 NS = tuple(range(1, 9))
 SIDES = ("tuned", "default")  # plus "retuned" with --user-dir

@@ -10,12 +10,12 @@ import pytest
 import torch
 import triton
 
-from verifybench.kernels import config_tables
-from verifybench.kernels import mla_decode_select as mds
-from verifybench.kernels import mla_verify as mv
-from verifybench.kernels import moe_int4_kernels as mk
-from verifybench.kernels import moe_int4_select as ms
-from verifybench.kernels import skinny_gemm_select as sgs
+from verifybench.kernels.common import config_tables
+from verifybench.kernels.mla_decode import configs as mds
+from verifybench.kernels.mla_verify import api as mv
+from verifybench.kernels.moe_int4 import kernels as mk
+from verifybench.kernels.moe_int4 import configs as ms
+from verifybench.kernels.skinny_gemm import configs as sgs
 
 CCS = (80, 86, 89, 90, 100, 120)
 LIMITS = config_tables.SMEM_LIMIT_BYTES

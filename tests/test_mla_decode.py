@@ -1,6 +1,6 @@
 """Over 400 lines: the kernel, its config selection and its component (with the engine's row) share these helpers.
 
-MLA decode attention (kernels/mla_decode*.py): the reference against float64 and the forward's torch path, the
+MLA decode attention (kernels/mla_decode/): the reference against float64 and the forward's torch path, the
 Triton kernel against the fp32 reference (interpreter on CPU, fp16/fp32: bf16 arithmetic is wrong in the
 interpreter), every error path; on a GPU the Kimi-K2.5 shapes in bf16 and a CUDA-graph capture. Config selection
 from the tuned table (hit, length buckets, fallbacks, malformed tables) and the tune smoke path. The component's
@@ -25,10 +25,10 @@ if CI_ENGINES.is_dir() and str(CI_ENGINES) not in sys.path:
 
 from verifybench.harness.engine.results import WITHHELD  # noqa: E402
 from verifybench.harness.engine.runner import CPU_COPIES, rel_error  # noqa: E402
-from verifybench.kernels import mla_decode_kernels as mdk  # noqa: E402
-from verifybench.kernels import mla_decode_select as mds  # noqa: E402
-from verifybench.kernels.mla_decode import mla_decode, mla_decode_reference  # noqa: E402
-from verifybench.kernels.mla_decode_select import DEFAULT_CONFIG, default_num_splits  # noqa: E402
+from verifybench.kernels.mla_decode import kernels as mdk  # noqa: E402
+from verifybench.kernels.mla_decode import configs as mds  # noqa: E402
+from verifybench.kernels.mla_decode.api import mla_decode, mla_decode_reference  # noqa: E402
+from verifybench.kernels.mla_decode.configs import DEFAULT_CONFIG, default_num_splits  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 KIMI_SCALE = 192 ** -0.5  # (qk_nope + qk_rope) ** -0.5, what the verify forward passes

@@ -11,8 +11,8 @@ import torch
 from verifybench.harness import cli
 from verifybench.harness import tune
 from verifybench.harness.tune import common
-from verifybench.kernels import config_tables
-from verifybench.kernels import skinny_gemm_select as sgs
+from verifybench.kernels.common import config_tables
+from verifybench.kernels.skinny_gemm import configs as sgs
 
 
 @pytest.fixture
@@ -164,7 +164,7 @@ def test_defaults_notice_names_each_gpus_default_kernels_once(monkeypatch):
 
 
 def test_defaults_notice_names_the_kernels_that_ran_with_tables_hidden(monkeypatch):
-    from verifybench.kernels import config_tables as ct
+    from verifybench.kernels.common import config_tables as ct
 
     monkeypatch.setattr(ct, "device_name", lambda device: "Fake GPU")
     monkeypatch.setattr(ct, "_LOOKUPS", {})

@@ -14,9 +14,9 @@ from verifybench.harness.engine.timing import cuda_available, measure
 from verifybench.harness.components.mla_decode import (Attn, MAX_N, TOL, attn_shape, bytes_moved, cache_copies,
                                                         config_str, impl_fn, programs, splits_run)
 from verifybench.harness.tune.common import merged_table, report_tune
-from verifybench.kernels import config_tables
-from verifybench.kernels import mla_decode as md
-from verifybench.kernels import mla_decode_select as mds
+from verifybench.kernels.common import config_tables
+from verifybench.kernels.mla_decode import api as md
+from verifybench.kernels.mla_decode import configs as mds
 
 TUNE_NS = tuple(range(1, 9))
 TUNE_CONTEXTS = (4096, 32768)  # table buckets: a length uses the largest bucket <= it

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import torch
 
-from verifybench.kernels import interpret
-from verifybench.kernels import config_tables
-from verifybench.kernels import skinny_gemm_kernels as kernels
-from verifybench.kernels.config_tables import device_name
-from verifybench.kernels.skinny_gemm_kernels import DEFAULT_SMS, DOT_BLOCK_M, auto_split_k
+from verifybench.kernels.common import interpret
+from verifybench.kernels.common import config_tables
+from verifybench.kernels.skinny_gemm import kernels
+from verifybench.kernels.common.config_tables import device_name
+from verifybench.kernels.skinny_gemm.kernels import DEFAULT_SMS, DOT_BLOCK_M, auto_split_k
 
 CONFIG_PATH = Path(__file__).with_name("skinny_gemm_configs.json")
 FMA_MAX_TOKENS = 8  # the fma kernel unrolls one accumulator per token, 8 at most

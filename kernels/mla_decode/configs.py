@@ -13,11 +13,11 @@ from pathlib import Path
 import torch
 import triton
 
-from verifybench.kernels import interpret
-from verifybench.kernels import config_tables
-from verifybench.kernels import mla_decode_kernels as kernels
-from verifybench.kernels.config_tables import device_name
-from verifybench.kernels.mla_decode_kernels import MAX_SPLITS
+from verifybench.kernels.common import interpret
+from verifybench.kernels.common import config_tables
+from verifybench.kernels.mla_decode import kernels
+from verifybench.kernels.common.config_tables import device_name
+from verifybench.kernels.mla_decode.kernels import MAX_SPLITS
 
 # triton.jit picks the interpreter at decoration time: compiling for a target needs a process without it
 _INTERPRET = interpret.active()

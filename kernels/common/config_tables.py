@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from verifybench.kernels import interpret
-from verifybench.kernels.atomic_files import write_atomic
+from verifybench.kernels.common import interpret
+from verifybench.kernels.common.atomic_files import write_atomic
 
 CONFIG_DIR_ENV = "VERIFYBENCH_CONFIG_DIR"  # where `verifybench tune` writes and selection reads the user's tables
 TABLES_ENV = "VERIFYBENCH_CONFIG_TABLES"  # "none": every kernel runs its defaults, as on a GPU nobody tuned

@@ -12,11 +12,11 @@ from pathlib import Path
 import torch
 from triton.runtime.jit import JITFunction
 
-from verifybench.kernels import config_tables
-from verifybench.kernels import moe_int4_kernels as kernels
-from verifybench.kernels.config_tables import device_name
-from verifybench.kernels.moe_int4 import MoeShape
-from verifybench.kernels.moe_int4_kernels import check_config, interpreting
+from verifybench.kernels.common import config_tables
+from verifybench.kernels.moe_int4 import kernels
+from verifybench.kernels.common.config_tables import device_name
+from verifybench.kernels.moe_int4.reference import MoeShape
+from verifybench.kernels.moe_int4.kernels import check_config, interpreting
 
 CONFIG_PATH = Path(__file__).with_name("moe_int4_configs.json")
 # Used on a GPU without a table entry: the winning family (half2 dequant, split kernels; no pdl, which needs sm_90+)
