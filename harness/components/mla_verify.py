@@ -34,7 +34,7 @@ from verifybench.harness.engine.runner import CPU_COPIES, CaseSkipped, CaseSpec,
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
 from verifybench.harness.model import presets
 from verifybench.kernels.common import interpret
-from verifybench.kernels.common import config_tables
+from verifybench.kernels.common import devices
 from verifybench.kernels.mla_verify import api as mv
 from verifybench.kernels.common import pdl
 from verifybench.kernels.tree import api as tree
@@ -99,7 +99,7 @@ def tree_mask(n: int, tree_shape: tuple[int, int, int] | None, context: int, dev
 
 
 def _capability() -> int:
-    return config_tables.device_limits(torch.device("cuda", torch.cuda.current_device()))[0]  # as 90
+    return devices.device_limits(torch.device("cuda", torch.cuda.current_device()))[0]  # as 90
 
 
 def variant_config(variant: str, device: str) -> tuple[dict, str]:

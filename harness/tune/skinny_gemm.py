@@ -13,7 +13,7 @@ from verifybench.harness.engine.runner import rel_error
 from verifybench.harness.engine.timing import cuda_available, measure
 from verifybench.harness.components.skinny_gemm import Shape, TOL, config_str, shapes, weight_copies
 from verifybench.harness.tune.common import merged_table, report_tune
-from verifybench.kernels.common import config_tables
+from verifybench.kernels.common import devices
 from verifybench.kernels.skinny_gemm import api as sg
 from verifybench.kernels.skinny_gemm import kernels as sgk
 from verifybench.kernels.skinny_gemm import configs as sgs
@@ -24,7 +24,7 @@ SMOKE_SHAPES = [Shape("smoke_split", 48, 256, 1), Shape("smoke_wide", 128, 64, 1
 
 def fitting(cfgs: list[dict], device: str, log) -> list[dict]:
     """The configs that fit this GPU's shared memory per block (all of them off CUDA); the rest named in the log."""
-    limits = config_tables.device_limits(device)
+    limits = devices.device_limits(device)
     if limits is None:
         return cfgs
     out = []

@@ -25,11 +25,11 @@ import math
 import torch
 import triton
 
-from verifybench.kernels.common import config_tables
+from verifybench.kernels.common import compiler
 from verifybench.kernels.mla_verify import kernels_extend as extend
 from verifybench.kernels.mla_verify import kernels_split_kv as split_kv
 from verifybench.kernels.common import pdl as _pdl
-from verifybench.kernels.common.config_tables import SMEM_LIMIT_BYTES  # noqa: F401 (per block, for callers)
+from verifybench.kernels.common.devices import SMEM_LIMIT_BYTES  # noqa: F401 (per block, for callers)
 
 VARIANTS = ("split_kv", "extend")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -264,19 +264,19 @@ def shared_memory_bytes(cases, *, heads: int = 8, d: int = 4, kv_lora: int = 512
                         dtype: str = "bfloat16", mask_words: bool = False, num_splits: int = 32) -> list[dict]:
     """Per (variant, config or None, cc) in `cases`: {kernel name: shared memory per block, bytes} of the kernels the
     variant launches with that config (completed from DEFAULT_CONFIGS) at these shapes, compiled for sm_<cc> without
-    a GPU (compare with SMEM_LIMIT_BYTES[cc]), through config_tables.compiled_shared (its cache serves repeats).
+    a GPU (compare with SMEM_LIMIT_BYTES[cc]), through compiler.compiled_shared (its cache serves repeats).
     Pointers and 16-multiple ints get the divisibility hints a launch gives."""
     from triton.runtime.jit import JITFunction
 
     cases = [(v, c, int(cc)) for v, c, cc in cases]
     shape = [heads, d, kv_lora, rope, dtype, mask_words, num_splits]
     if not isinstance(split_kv._split_kernel, JITFunction):  # the interpreter's kernels cannot be compiled
-        return config_tables.uninterpreted(__name__, "_shared_of_cases", cases, *shape)
+        return compiler.uninterpreted(__name__, "_shared_of_cases", cases, *shape)
     return _shared_of_cases(cases, *shape)
 
 
 def _shared_of_cases(cases, heads, d, kv_lora, rope, dtype, mask_words, num_splits) -> list[dict]:
-    return [{fn.__name__: config_tables.compiled_shared(fn, types, consts, opts, cc)
+    return [{fn.__name__: compiler.compiled_shared(fn, types, consts, opts, cc)
              for fn, types, consts, opts in _compiles(variant, config, heads, d, kv_lora, rope, dtype, mask_words,
                                                       num_splits)} for variant, config, cc in cases]
 
@@ -302,16 +302,16 @@ def _compiles(variant, config, heads, d, kv_lora, rope, dtype, mask_words, num_s
 def compiled_resources(variant: str, config: dict | None, cc: int, *, heads: int = 8, d: int = 3,
                        kv_lora: int = 512, rope: int = 64, dtype: str = "bfloat16") -> dict[str, dict]:
     """{kernel name: {'registers', 'stack_bytes', 'shared_bytes'}} of `variant` with `config` compiled in full for
-    sm_<cc> without a GPU (config_tables.compiled_resources): whether ptxas gave the kernel the registers its tiles
+    sm_<cc> without a GPU (compiler.compiled_resources): whether ptxas gave the kernel the registers its tiles
     need, which decides its speed more than anything the timing of another GPU shows."""
     from triton.runtime.jit import JITFunction
 
     args = [variant, config, int(cc), heads, d, kv_lora, rope, dtype]
     if not isinstance(extend._extend_kernel, JITFunction):  # the interpreter's kernels cannot be compiled
-        return config_tables.uninterpreted(__name__, "_resources", *args)
+        return compiler.uninterpreted(__name__, "_resources", *args)
     return _resources(*args)
 
 
 def _resources(variant, config, cc, heads, d, kv_lora, rope, dtype) -> dict[str, dict]:
-    return {fn.__name__: config_tables.compiled_resources(fn, types, consts, opts, cc)
+    return {fn.__name__: compiler.compiled_resources(fn, types, consts, opts, cc)
             for fn, types, consts, opts in _compiles(variant, config, heads, d, kv_lora, rope, dtype, False, 32)}
