@@ -18,7 +18,7 @@ from verifybench.harness.analysis.numbers import MAX_CONTEXT, context_arg, int_i
 from verifybench.harness.engine import fingerprint, hostpin, hostprobe, interpreter, memory, results, tables, timing
 from verifybench.harness.engine.timing import cuda_available
 from verifybench.harness.model.presets import CONTEXT, CPU_CONTEXT
-from verifybench.kernels import config_tables
+from verifybench.kernels.common import config_tables
 
 
 def cpu_banner() -> str:
@@ -273,7 +273,7 @@ def check_environment(gpu: bool) -> None:
     """Every VERIFYBENCH_* setting a run reads, checked before anything is measured (ValueError naming it and what
     it allows)."""
     from verifybench.harness.model import build
-    from verifybench.kernels import pdl
+    from verifybench.kernels.common import pdl
 
     timing.max_time_from_env()
     build.allreduce_stand_in_us()

@@ -23,7 +23,7 @@ import torch
 from verifybench.harness.engine import fingerprint, results
 from verifybench.harness.engine.timing import cuda_available, measure
 from verifybench.harness.model.build import allreduce_stand_in_us, build_forward
-from verifybench.kernels import config_tables
+from verifybench.kernels.common import config_tables, devices
 
 NS = tuple(range(1, 9))
 SIDES = ("tuned", "default")  # plus "retuned" with --user-dir
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as empty:
         dirs = {"tuned": empty, **({"retuned": str(args.user_dir)} if args.user_dir else {})}
         rows = compare(fwd, args.rounds, args.max_time_s, dirs)
-    gpu = config_tables.device_name("cuda")
+    gpu = devices.device_name("cuda")
     written = results.write_json_new(args.out, {"gpu": gpu, "preset": args.preset, "tp": args.tp, "context": args.context,
                                                "layers": len(fwd.layers), "rounds": args.rounds, "mode": "graph",
                                                "user_dir": str(args.user_dir) if args.user_dir else None,

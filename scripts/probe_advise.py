@@ -175,20 +175,20 @@ def kernel_edge_cases() -> list[Case]:
 
     def meta():
         import torch
-        from verifybench.kernels import tree
+        from verifybench.kernels.tree import api as tree
         m = lambda *s: torch.empty(*s, device="meta", dtype=torch.int64)  # noqa: E731
         return tree.build_tree(m(2), m(2, 1), m(2, 2), m(2, 2), m(2), 1, 3, 3, "full")
 
     def beyond_int32():
         import torch
-        from verifybench.kernels import tree
+        from verifybench.kernels.tree import api as tree
         return tree.verify_tree_greedy(torch.tensor([[1, 2]]), torch.tensor([[0, 1]]), torch.tensor([[1, -1]]),
                                        torch.tensor([[-1, -1]]), torch.tensor([2**40, 3]), 2)
 
     def assign(slot, seq, backend):
         def fn():
             import torch
-            from verifybench.kernels import tree
+            from verifybench.kernels.tree import api as tree
             t = torch.zeros(2, 16, dtype=torch.int32)
             tree.assign_req_to_token(t, torch.tensor([0]), torch.tensor([seq]), torch.tensor([slot, 1, 2]), 3,
                                      backend=backend)

@@ -180,8 +180,9 @@ def kernel_input_cases() -> list[Case]:
     def tree_input(backend, what):
         def fn():
             import torch
-            from verifybench.kernels import moe_int4, tree
-            from verifybench.kernels.tree_inputs import random_tree
+            from verifybench.kernels.moe_int4 import reference as moe_int4
+            from verifybench.kernels.tree import api as tree
+            from verifybench.kernels.tree.inputs import random_tree
             inp = random_tree(2, 2, 3, 6, 50, seed=0, context=40)
             if what == "huge seq_lens":
                 inp["seq_lens"] = torch.full((2,), 2**38 * 3, dtype=torch.int64)

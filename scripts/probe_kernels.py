@@ -12,8 +12,8 @@ def tree_cases() -> list[Case]:
     def tree_call(backend, change, **extra):
         def fn():
             import torch
-            from verifybench.kernels import tree
-            from verifybench.kernels.tree_inputs import random_tree
+            from verifybench.kernels.tree import api as tree
+            from verifybench.kernels.tree.inputs import random_tree
             inp = {**random_tree(2, 2, 3, 6, 50, seed=0, context=40), "mask_mode": "qlen_only"}
             key, new = change
             if key:
@@ -65,7 +65,7 @@ def tree_cases() -> list[Case]:
         if backend == "kernel":
             for name, change, bit in (("duplicate", dup, "FLAG_UNSORTED"), ("unsorted", unsorted, "FLAG_UNSORTED")):
                 def flagged(change=change, bit=bit):
-                    from verifybench.kernels import tree
+                    from verifybench.kernels.tree import api as tree
                     flags = torch.zeros(2, dtype=torch.int32)
                     tree_call("kernel", ("top_scores_index", change), flags=flags)()
                     return [bool(f & getattr(tree, bit)) for f in flags.tolist()]
@@ -74,16 +74,16 @@ def tree_cases() -> list[Case]:
 
         def wrong_sum(backend=backend):
             import torch  # noqa: F401
-            from verifybench.kernels import tree
-            from verifybench.kernels.tree_inputs import random_tree
+            from verifybench.kernels.tree import api as tree
+            from verifybench.kernels.tree.inputs import random_tree
             inp = random_tree(2, 2, 3, 6, 50, seed=0, context=40)
             return tree.build_tree(**inp, mask_mode="full", backend=backend, seq_lens_sum=int(inp["seq_lens"].sum()) + 1)
         out.append(api(cls, f"build_tree[{backend}] seq_lens_sum disagrees with seq_lens", wrong_sum, "seq_lens_sum"))
 
         def organize(change, backend=backend, **kw):
             def fn():
-                from verifybench.kernels import tree
-                from verifybench.kernels.tree_inputs import random_draft
+                from verifybench.kernels.tree import api as tree
+                from verifybench.kernels.tree.inputs import random_draft
                 s, t, p = random_draft(2, 2, 3, 50)
                 s, t, p, d = change(s, t, p, 6)
                 return [x.shape for x in tree.organize_draft_results(s, t, p, d, backend=backend, **kw)]
@@ -109,8 +109,8 @@ def tree_cases() -> list[Case]:
         def verify_call(pos, change, backend=backend):
             def fn():
                 import torch
-                from verifybench.kernels import tree
-                from verifybench.kernels.tree_inputs import random_tree
+                from verifybench.kernels.tree import api as tree
+                from verifybench.kernels.tree.inputs import random_tree
                 _, _, index, nxt, sib, tokens = tree.build_tree(**random_tree(2, 2, 3, 6, 50, seed=0, context=40),
                                                                 mask_mode="qlen_only", backend="reference")
                 args = [tokens.view(2, 6), index, nxt, sib, torch.zeros(12, dtype=torch.int64), 4]
@@ -129,7 +129,7 @@ def tree_cases() -> list[Case]:
 
         def argmax_call(logits_fn, backend=backend):
             def fn():
-                from verifybench.kernels import tree
+                from verifybench.kernels.tree import api as tree
                 return tree.argmax(logits_fn(), backend=backend).shape
             return fn
 
@@ -145,7 +145,7 @@ def moe_cases() -> list[Case]:
 
     def m(name, call, needle="", **kw):
         def fn():
-            from verifybench.kernels import moe_int4 as moe
+            from verifybench.kernels.moe_int4 import reference as moe
             return call(moe)
         out.append(api(cls, name, fn, needle, **kw))
 

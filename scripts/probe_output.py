@@ -99,7 +99,7 @@ def output_cases(work: Path) -> list[Case]:
         return results.write_json_atomic(work / "mode" / "r.json", {"a": 1})
 
     def table_write():
-        from verifybench.kernels import config_tables
+        from verifybench.kernels.common import config_tables
         return config_tables.save({"a": {}}, work / "tables" / "t.json")
 
     for name, fn in (("result file", results_write), ("config table", table_write)):
@@ -110,7 +110,7 @@ def output_cases(work: Path) -> list[Case]:
     tdir.mkdir()
 
     def table_killed_then_saved():
-        from verifybench.kernels import config_tables
+        from verifybench.kernels.common import config_tables
         pid = os.fork()
         if pid == 0:
             import json as _json

@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from verifybench.kernels import moe_int4 as moe
-from verifybench.kernels import tree
-from verifybench.kernels.tree_inputs import random_draft, random_tree
+from verifybench.kernels.moe_int4 import reference as moe
+from verifybench.kernels.tree import api as tree
+from verifybench.kernels.tree.inputs import random_draft, random_tree
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 BACKENDS = ("reference", "kernel")

@@ -10,15 +10,15 @@ import pytest
 import torch
 import triton
 
-from verifybench.kernels import config_tables
-from verifybench.kernels import mla_decode_select as mds
-from verifybench.kernels import mla_verify as mv
-from verifybench.kernels import moe_int4_kernels as mk
-from verifybench.kernels import moe_int4_select as ms
-from verifybench.kernels import skinny_gemm_select as sgs
+from verifybench.kernels.common import compiler, config_tables, devices
+from verifybench.kernels.mla_decode import configs as mds
+from verifybench.kernels.mla_verify import api as mv
+from verifybench.kernels.moe_int4 import kernels as mk
+from verifybench.kernels.moe_int4 import configs as ms
+from verifybench.kernels.skinny_gemm import configs as sgs
 
 CCS = (80, 86, 89, 90, 100, 120)
-LIMITS = config_tables.SMEM_LIMIT_BYTES
+LIMITS = devices.SMEM_LIMIT_BYTES
 
 pytestmark = pytest.mark.skipif("nvidia" not in triton.backends.backends,
                                 reason="this triton has no NVIDIA backend to compile for")
@@ -65,7 +65,7 @@ def compiled() -> dict:
     jobs += [("skinny_fp32_default", sgs, fp32, cc, "float32") for cc in CCS]
     calls = [[module.__name__, "shared_memory_bytes" if module is mv else "compiled_shared_bytes", *args]
              for _, module, *args in jobs]
-    shared = config_tables.uninterpreted(config_tables.__name__, "compile_many", calls)
+    shared = compiler.uninterpreted(compiler.__name__, "compile_many", calls)
     assert len(shared) == len(calls)
     out = {}
     for (kernel, _, *args), b in zip(jobs, shared):
@@ -80,7 +80,7 @@ def _tile(c: dict) -> tuple:
 def _select_with(monkeypatch, module, shared: dict, cc: int):
     """Selection as on a GPU of compute capability `cc` with that architecture's limit, answering compiles from
     `shared` (the figures compiled above)."""
-    monkeypatch.setattr(config_tables, "device_limits", lambda device: (cc, LIMITS[cc]))
+    monkeypatch.setattr(devices, "device_limits", lambda device: (cc, LIMITS[cc]))
     monkeypatch.setattr(module, "compiled_shared_bytes", lambda c, cc_, *a, **k: shared[(_tile(module_tile(c)), cc_)])
 
 
@@ -183,7 +183,7 @@ class _Kernel:
 
 
 def _stand_in(name: str) -> int:
-    return config_tables.compiled_shared(_Kernel(name), {}, {}, {}, 80)
+    return compiler.compiled_shared(_Kernel(name), {}, {}, {}, 80)
 
 
 def _thread() -> str:
@@ -199,18 +199,18 @@ def test_compile_many_compiles_only_what_the_cache_lacks(tmp_path, monkeypatch):
         compiled.append((source.name, _thread()))
         return 16 * len(source.name)
 
-    monkeypatch.setattr(config_tables, "_shared_at_llir", compile_)
+    monkeypatch.setattr(compiler, "_shared_at_llir", compile_)
     monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", concurrent.futures.ThreadPoolExecutor)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     names = ["a" * i for i in range(1, 7)]
     calls = [[__name__, "_stand_in", n] for n in names]
     here = _thread()
 
-    assert config_tables.compile_many(calls[:2]) == [16, 32]  # 2 misses: too few for 2 workers
+    assert compiler.compile_many(calls[:2]) == [16, 32]  # 2 misses: too few for 2 workers
     assert sorted(compiled) == [("a", here), ("aa", here)]
     compiled.clear()
-    figures = config_tables.compile_many(calls)  # 4 misses: on the workers
+    figures = compiler.compile_many(calls)  # 4 misses: on the workers
     assert figures == [16 * len(n) for n in names]
     assert sorted(n for n, _ in compiled) == names[2:] and all(t != here for _, t in compiled)
     compiled.clear()
-    assert config_tables.compile_many(calls) == figures and not compiled  # all cached: no worker
+    assert compiler.compile_many(calls) == figures and not compiled  # all cached: no worker

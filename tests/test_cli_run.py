@@ -145,7 +145,7 @@ def test_the_report_and_the_output_name_the_kernels_that_ran_on_defaults(tmp_pat
     """A GPU without tables (or with them hidden): the notice heads the report as well as the console."""
     from verifybench.harness import run
     from verifybench.harness.cli import main
-    from verifybench.kernels import config_tables
+    from verifybench.kernels.common import config_tables
 
     monkeypatch.delenv("VERIFYBENCH_MAX_TIME_S", raising=False)
     line = "NOTE: Some GPU: no tuned table for skinny_gemm: running defaults; `verifybench tune` tunes this GPU"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from verifybench.harness import engines
-from verifybench.kernels import mla_verify as mv
+from verifybench.kernels.mla_verify import api as mv
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -51,8 +51,8 @@ def test_engine_extend_tables_match_the_installed_sglang_launcher():
 @pytest.mark.parametrize("tree_shape", [None, (3, 2, 4)], ids=["chain", "tree"])
 @pytest.mark.parametrize("cc", [None, 120], ids=["own-tiles", "sm120-tiles"])
 def test_sglang_extend_called_for_target_verify_matches_the_reference(tree_shape, cc):
-    from verifybench.kernels import tree
-    from verifybench.kernels.tree_inputs import random_tree
+    from verifybench.kernels.tree import api as tree
+    from verifybench.kernels.tree.inputs import random_tree
 
     sglang = _sglang()
     device = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
@@ -84,7 +84,7 @@ def test_sglang_mla_decode_matches_the_reference(tokens_per_request):
     """SGLang's decode at the MLA head (576 = 512 + 64, its split-rope path), B = 2 requests of different lengths
     in one cache: one split for the short request, several for the long one; g tokens per request as draft decode
     lays them out."""
-    from verifybench.kernels.mla_decode import mla_decode_reference
+    from verifybench.kernels.mla_decode.api import mla_decode_reference
 
     sglang = _sglang()
     device = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
@@ -132,7 +132,7 @@ def test_flashinfer_mla_planned_as_sglang_plans_target_verify_matches_the_chain_
 
 @pytest.mark.gpu
 def test_flashinfer_mla_decode_planned_as_sglang_plans_decode_matches_the_reference():
-    from verifybench.kernels.mla_decode import mla_decode_reference
+    from verifybench.kernels.mla_decode.api import mla_decode_reference
 
     flashinfer = _flashinfer()
     gen = torch.Generator().manual_seed(12)

@@ -1,4 +1,4 @@
-"""Fused verify-forward ops (kernels/fused_ops.py): each Triton kernel against its fp32 torch reference on fresh
+"""Fused verify-forward ops (kernels/fused_ops/): each Triton kernel against its fp32 torch reference on fresh
 random inputs (interpreter on CPU, fp16/fp32: bf16 arithmetic is wrong in the interpreter; bf16 at Kimi-K2.5 shapes
 and CUDA-graph capture on GPU), strided views, the in-place residual update, every error path.
 """
@@ -20,9 +20,9 @@ TOL = {torch.bfloat16: 1e-2, torch.float16: 1e-3, torch.float32: 1e-3}
 
 @pytest.fixture(scope="module")
 def fo():
-    """kernels.fused_ops with its kernels interpreted on a CPU-only machine, even when another test module imported
+    """kernels/fused_ops/ with its kernels interpreted on a CPU-only machine, even when another test module imported
     it before TRITON_INTERPRET was set (triton.jit decides at decoration time)."""
-    module = importlib.import_module("verifybench.kernels.fused_ops")
+    module = importlib.import_module("verifybench.kernels.fused_ops.api")
     if not torch.cuda.is_available() and not module._INTERPRET:
         os.environ["TRITON_INTERPRET"] = "1"
         module = importlib.reload(module)

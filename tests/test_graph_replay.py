@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from verifybench.harness.analysis.fit import linear_fit
-from verifybench.kernels.graph_replay import LayerShapes, ModelStack, straight_line
+from verifybench.kernels.graph_replay.api import LayerShapes, ModelStack, straight_line
 from verifybench.harness.components import graph_replay as gr
 
 GPU_MODE = {"cpu-loop": "graph", "cpu-hot": "hot", "cpu-cold": "cold"}  # a CPU record read as a GPU run would store it

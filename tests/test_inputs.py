@@ -21,7 +21,7 @@ from verifybench.harness.cli import main
 from verifybench.harness.components import kv_tree
 from verifybench.harness.engine import results
 from verifybench.harness.engine.runner import CaseSkipped
-from verifybench.kernels import tree
+from verifybench.kernels.tree import api as tree
 
 REPO = Path(__file__).resolve().parent.parent
 H200 = REPO / "results" / "baselines" / "nvidia-h200-x1"

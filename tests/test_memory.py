@@ -148,7 +148,7 @@ def test_moe_uses_fewer_layer_sets_when_short(free):
 
 def test_graph_replay_model_stack_shrinks_to_what_fits(free):
     p = presets.get("tiny", 1)
-    from verifybench.kernels.graph_replay import LayerShapes
+    from verifybench.kernels.graph_replay.api import LayerShapes
 
     per_layer = LayerShapes(p.projections()).weight_bytes * (1 if DEVICE == "cuda" else 2)  # bf16; fp32 on CPU
     free(_fits_exactly(per_layer, DEVICE))

@@ -1,6 +1,6 @@
 """Over 400 lines: the kernel, its config selection and its component (with the engine's row) share these helpers.
 
-MLA decode attention (kernels/mla_decode*.py): the reference against float64 and the forward's torch path, the
+MLA decode attention (kernels/mla_decode/): the reference against float64 and the forward's torch path, the
 Triton kernel against the fp32 reference (interpreter on CPU, fp16/fp32: bf16 arithmetic is wrong in the
 interpreter), every error path; on a GPU the Kimi-K2.5 shapes in bf16 and a CUDA-graph capture. Config selection
 from the tuned table (hit, length buckets, fallbacks, malformed tables) and the tune smoke path. The component's
@@ -25,10 +25,10 @@ if CI_ENGINES.is_dir() and str(CI_ENGINES) not in sys.path:
 
 from verifybench.harness.engine.results import WITHHELD  # noqa: E402
 from verifybench.harness.engine.runner import CPU_COPIES, rel_error  # noqa: E402
-from verifybench.kernels import mla_decode_kernels as mdk  # noqa: E402
-from verifybench.kernels import mla_decode_select as mds  # noqa: E402
-from verifybench.kernels.mla_decode import mla_decode, mla_decode_reference  # noqa: E402
-from verifybench.kernels.mla_decode_select import DEFAULT_CONFIG, default_num_splits  # noqa: E402
+from verifybench.kernels.mla_decode import kernels as mdk  # noqa: E402
+from verifybench.kernels.mla_decode import configs as mds  # noqa: E402
+from verifybench.kernels.mla_decode.api import mla_decode, mla_decode_reference  # noqa: E402
+from verifybench.kernels.mla_decode.configs import DEFAULT_CONFIG, default_num_splits  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 KIMI_SCALE = 192 ** -0.5  # (qk_nope + qk_rope) ** -0.5, what the verify forward passes
@@ -96,7 +96,7 @@ def _check_kernel(heads, n, d, kv_lora, length, dtype, num_splits, peak=1.0, sca
     (1, 130, 2),
 ])
 def test_kernel_matches_reference_at_the_mla_head_dims(dtype, n, length, num_splits):
-    limits = mds.config_tables.device_limits(DEV)
+    limits = mds.devices.device_limits(DEV)
     if dtype == torch.float32 and limits and not mds.fits(mds.FP32_CONFIGS[-1], *limits, "float32", heads=2, n=n)[0]:
         with pytest.raises(ValueError, match="fp32 at D=576.*use bf16 or fp16"):  # e.g. sm_120's 101,376 B
             _check_kernel(2, n, 576, 512, length, dtype, num_splits, scale=KIMI_SCALE)
@@ -244,7 +244,7 @@ def test_select_config_hits_the_table_at_the_largest_bucket_not_above_length():
 
 
 def test_fp32_defaults_take_the_first_tile_that_fits_and_refuse_when_none_does(monkeypatch):
-    monkeypatch.setattr(mds.config_tables, "device_limits", lambda device: (120, 101376))
+    monkeypatch.setattr(mds.devices, "device_limits", lambda device: (120, 101376))
     sizes = iter([(False, 176128), (True, 90000), (True, 80000)])
     monkeypatch.setattr(mds, "fits", lambda *a, **k: next(sizes))
     assert mds.default_config(1, 8, 4096, dtype=torch.float32)["block_keys"] == mds.FP32_CONFIGS[1]["block_keys"]
@@ -340,7 +340,7 @@ def test_a_split_count_alone_takes_the_default_tile_of_the_dtype(monkeypatch):
             return launch
 
     monkeypatch.setattr(mdk, "_split_kernel", Kernel())
-    monkeypatch.setattr(mds.config_tables, "device_limits", lambda device: (90, 232448))
+    monkeypatch.setattr(mds.devices, "device_limits", lambda device: (90, 232448))
     for dtype in (torch.bfloat16, torch.float32):
         q, cache = _inputs(2, 1, 576, 130, dtype, device="cpu")
         with pytest.raises(Stop):

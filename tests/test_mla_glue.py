@@ -1,4 +1,4 @@
-"""MLA glue kernels (kernels/mla_glue.py): mla_prep, q_absorb and v_up against their fp32 torch references on fresh
+"""MLA glue kernels (kernels/mla_glue/): mla_prep, q_absorb and v_up against their fp32 torch references on fresh
 random inputs (interpreter on CPU, fp16/fp32: bf16 arithmetic is wrong in the interpreter; bf16 at Kimi-K2.5 shapes,
 CUDA-graph replay and PDL on GPU), strided views, cache rows left alone, every error path.
 """
@@ -23,9 +23,9 @@ KIMI_CONTEXT = 4096
 
 @pytest.fixture(scope="module")
 def mg():
-    """kernels.mla_glue with its kernels interpreted on a CPU-only machine, even when another test module imported
+    """kernels/mla_glue/ with its kernels interpreted on a CPU-only machine, even when another test module imported
     it before TRITON_INTERPRET was set (triton.jit decides at decoration time)."""
-    module = importlib.import_module("verifybench.kernels.mla_glue")
+    module = importlib.import_module("verifybench.kernels.mla_glue.api")
     if not torch.cuda.is_available() and not module._INTERPRET:
         os.environ["TRITON_INTERPRET"] = "1"
         module = importlib.reload(module)

@@ -1,4 +1,4 @@
-"""MLA verify attention with a tree mask (kernels/mla_verify.py): the reference against float64 dense attention, both
+"""MLA verify attention with a tree mask (kernels/mla_verify/): the reference against float64 dense attention, both
 Triton variants against the reference (interpreter on CPU, fp16/fp32: bf16 arithmetic is wrong in the interpreter)
 on chain and random trees, bool and bit-packed masks, empty and unequal prefixes, masked keys without effect, every
 error path; on a GPU the Kimi-K2.5 TP8 shapes in bf16 and a CUDA-graph replay with new lengths and masks.
@@ -12,10 +12,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels module is first imported (conftest too)
 
 from verifybench.harness.engine.runner import rel_error  # noqa: E402
-from verifybench.kernels import mla_verify as mv  # noqa: E402
-from verifybench.kernels import tree  # noqa: E402
-from verifybench.kernels.mla_verify import mla_verify, mla_verify_reference  # noqa: E402
-from verifybench.kernels.tree_inputs import random_tree  # noqa: E402
+from verifybench.kernels.mla_verify import api as mv  # noqa: E402
+from verifybench.kernels.tree import api as tree  # noqa: E402
+from verifybench.kernels.mla_verify.api import mla_verify, mla_verify_reference  # noqa: E402
+from verifybench.kernels.tree.inputs import random_tree  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 FAR = 1e4  # cache rows outside every request: a kernel that reads one gives inf / NaN or a large error

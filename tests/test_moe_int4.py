@@ -15,9 +15,9 @@ if not torch.cuda.is_available():
 
 import early_jobs  # noqa: E402
 from verifybench.harness.engine.runner import rel_error  # noqa: E402
-from verifybench.kernels import moe_int4 as moe  # noqa: E402
-from verifybench.kernels import moe_int4_kernels as mk  # noqa: E402
-from verifybench.kernels import moe_int4_select as ms  # noqa: E402
+from verifybench.kernels.moe_int4 import reference as moe  # noqa: E402
+from verifybench.kernels.moe_int4 import kernels as mk  # noqa: E402
+from verifybench.kernels.moe_int4 import configs as ms  # noqa: E402
 
 E, H, I, TOPK = 8, 64, 32, 2
 # few, large blocks: the interpreter's cost is per program
@@ -27,17 +27,17 @@ SMALL_CFG = {"gate_up": {"BLOCK_N": 16, "num_warps": 1}, "down": {"BLOCK_N": 32,
 
 @pytest.fixture(scope="module")
 def mt():
-    """kernels.moe_int4_triton with its kernels interpreted on a CPU-only machine, even when another test module
+    """kernels/moe_int4/api.py with its kernels interpreted on a CPU-only machine, even when another test module
     imported them before TRITON_INTERPRET was set (triton.jit decides at decoration time): then the family's modules
     are reloaded in place, bottom up, so mk and ms see the interpreted kernels too."""
-    module = importlib.import_module("verifybench.kernels.moe_int4_triton")
+    module = importlib.import_module("verifybench.kernels.moe_int4.api")
     if not torch.cuda.is_available():
         from triton.runtime.interpreter import InterpretedFunction
 
         if not isinstance(mk._gate_up_split_kernel, InterpretedFunction):
             os.environ["TRITON_INTERPRET"] = "1"
-            for name in ("moe_int4_dequant", "moe_int4_kernels", "moe_int4_select", "moe_int4_triton"):
-                importlib.reload(importlib.import_module(f"verifybench.kernels.{name}"))
+            for name in ("kernels_dequant", "kernels", "configs", "api"):
+                importlib.reload(importlib.import_module(f"verifybench.kernels.moe_int4.{name}"))
     return module
 
 
@@ -524,7 +524,7 @@ def test_fused_bf16_on_gpu_matches_reference(mt):
 
 
 def test_checkpoint_from_planar_inverts_the_repack():
-    from verifybench.kernels.moe_int4_triton import checkpoint_from_planar, repack_planar
+    from verifybench.kernels.moe_int4.api import checkpoint_from_planar, repack_planar
 
     packed = torch.randint(-2**31, 2**31 - 1, (3, 5, 64 // 8), dtype=torch.int32)
     planar = repack_planar(packed, 32)

@@ -1,9 +1,9 @@
-"""kernels/pdl.py: when the forward's kernels launch with programmatic dependent launch (never off CUDA or in the
+"""kernels/common/pdl.py: when the forward's kernels launch with programmatic dependent launch (never off CUDA or in the
 interpreter; VERIFYBENCH_PDL and forced() on a capable GPU), and the wrappers' `pdl` argument."""
 import pytest
 import torch
 
-from verifybench.kernels import pdl
+from verifybench.kernels.common import pdl
 
 
 def test_off_on_cpu_whatever_is_asked(monkeypatch):

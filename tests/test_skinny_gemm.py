@@ -1,4 +1,4 @@
-"""Skinny GEMM (kernels/skinny_gemm*.py): both kernels and both split-K reductions against the fp32 reference
+"""Skinny GEMM (kernels/skinny_gemm/): both kernels and both split-K reductions against the fp32 reference
 (interpreter on CPU, fp16/fp32: bf16 arithmetic is wrong in the interpreter), the fused residual add in every path,
 config selection, every error path, the bench's CPU path and the tune smoke; bf16 at the real Kimi-K2.5 TP8 shapes,
 CUDA-graph capture, and PDL launches (a chain of two linears in a graph) on a GPU.
@@ -13,11 +13,11 @@ if not torch.cuda.is_available():
 
 from verifybench.harness.engine.results import WITHHELD  # noqa: E402
 from verifybench.harness.engine.runner import CPU_COPIES, rel_error  # noqa: E402
-from verifybench.kernels import pdl  # noqa: E402
-from verifybench.kernels import skinny_gemm as sg  # noqa: E402
-from verifybench.kernels import skinny_gemm_kernels as sgk  # noqa: E402
-from verifybench.kernels import skinny_gemm_select as sgs  # noqa: E402
-from verifybench.kernels.fused_ops import silu_mul_reference  # noqa: E402
+from verifybench.kernels.common import pdl  # noqa: E402
+from verifybench.kernels.skinny_gemm import api as sg  # noqa: E402
+from verifybench.kernels.skinny_gemm import kernels as sgk  # noqa: E402
+from verifybench.kernels.skinny_gemm import configs as sgs  # noqa: E402
+from verifybench.kernels.fused_ops.api import silu_mul_reference  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 N, K = 48, 320  # 5 steps of BLOCK_K 64: SPLIT_K 3 runs as splits of 2, 2 and 1 steps

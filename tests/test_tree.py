@@ -1,12 +1,12 @@
-"""EAGLE draft tree (kernels/tree.py): hand-worked trees, kernel == reference on random valid trees, invalid trees.
+"""EAGLE draft tree (kernels/tree/): hand-worked trees, kernel == reference on random valid trees, invalid trees.
 
 Without CUDA the Triton kernels run in the interpreter (tests/conftest.py sets TRITON_INTERPRET=1 first).
 """
 import pytest
 import torch
 
-from verifybench.kernels import tree
-from verifybench.kernels.tree_inputs import random_draft, random_target_predict, random_tree
+from verifybench.kernels.tree import api as tree
+from verifybench.kernels.tree.inputs import random_draft, random_target_predict, random_tree
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 MODES = ("full", "qlen_only", "qlen_only_bitpacking")

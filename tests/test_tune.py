@@ -11,8 +11,8 @@ import torch
 from verifybench.harness import cli
 from verifybench.harness import tune
 from verifybench.harness.tune import common
-from verifybench.kernels import config_tables
-from verifybench.kernels import skinny_gemm_select as sgs
+from verifybench.kernels.common import config_tables, devices
+from verifybench.kernels.skinny_gemm import configs as sgs
 
 
 @pytest.fixture
@@ -148,7 +148,7 @@ def test_defaults_notice_names_each_gpus_default_kernels_once(monkeypatch):
     monkeypatch.setattr(config_tables, "_LOOKUPS", {})
     monkeypatch.setattr(config_tables, "_NO_ENTRY", set())
     monkeypatch.setattr(config_tables, "_REPORTED", set())
-    monkeypatch.setattr(config_tables, "device_name", lambda device: "NVIDIA H200")
+    monkeypatch.setattr(devices, "device_name", lambda device: "NVIDIA H200")
     for n in (3, 5):
         config_tables.record("mla_decode", "cuda", f"n={n}", "default")
     config_tables.record("mla_decode", "cuda", "n=1", "tuned")
@@ -164,9 +164,9 @@ def test_defaults_notice_names_each_gpus_default_kernels_once(monkeypatch):
 
 
 def test_defaults_notice_names_the_kernels_that_ran_with_tables_hidden(monkeypatch):
-    from verifybench.kernels import config_tables as ct
+    from verifybench.kernels.common import config_tables as ct
 
-    monkeypatch.setattr(ct, "device_name", lambda device: "Fake GPU")
+    monkeypatch.setattr(devices, "device_name", lambda device: "Fake GPU")
     monkeypatch.setattr(ct, "_LOOKUPS", {})
     monkeypatch.setattr(ct, "_NO_ENTRY", set())
     monkeypatch.setattr(ct, "_REPORTED", set())

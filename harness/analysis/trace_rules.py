@@ -28,7 +28,7 @@ DEFAULT_RULES: tuple[tuple[str, str], ...] = (
     (r"^_(dot|fma|reduce)_kernel$|^_serial_reduce$", "projections"),
     (r"^_(q_absorb|v_up)_kernel$", "projections"),  # the kv_b absorption GEMMs: the suite counts them in attn_proj
     (r"^_(gate_up|down)(_split)?_kernel$", "moe"),
-    (r"^_(split|combine|extend)_kernel$", "attention"),  # kernels/mla_decode_kernels.py, mla_verify_*.py
+    (r"^_(split|combine|extend)_kernel$", "attention"),  # kernels/mla_decode/, kernels/mla_verify/
     (r"^_(rmsnorm|mla_prep)_kernel$", "misc"),
     (r"^_softmax_topk_kernel$", "router"),
     (r"^_(organize|build_tree|verify|assign|argmax)_kernel$", "tree_sampling"),

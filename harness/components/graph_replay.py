@@ -16,7 +16,7 @@ from verifybench.harness.analysis.fit import LinearFit, linear_fit
 from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers, mode_label, withhold_on_cpu
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cuda_available
-from verifybench.kernels.graph_replay import LayerShapes, ModelStack, straight_line, tiny_kernel
+from verifybench.kernels.graph_replay.api import LayerShapes, ModelStack, straight_line, tiny_kernel
 from verifybench.harness.engine.capture import graph_capture
 
 NAME = "graph_replay"

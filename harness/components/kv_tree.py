@@ -15,9 +15,9 @@ from verifybench.harness.engine.results import cpu_numbers, mode_label, withhold
 from verifybench.harness.model import presets
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec
 from verifybench.harness.engine.timing import Measurement, cuda_available
-from verifybench.kernels import interpret
-from verifybench.kernels import tree
-from verifybench.kernels.tree_inputs import children, random_draft, random_target_predict, random_tree
+from verifybench.kernels.common import interpret
+from verifybench.kernels.tree import api as tree
+from verifybench.kernels.tree.inputs import children, random_draft, random_target_predict, random_tree
 
 NAME = "kv_tree"
 HELP = "EAGLE draft tree: organize, build_tree (3 mask layouts), greedy verify, KV slots, argmax; kernel vs reference"

@@ -1,6 +1,6 @@
 """MLA decode attention of the verify forward (attn_core) at one rank's shape (Kimi-K2.5 TP8: 8 heads,
 n = 1..8 query tokens, D = 576 = 512 latent + 64 rope, over context + n keys, bf16): the Triton flash-decoding kernel
-(kernels/mla_decode.py) with the tuned table's config and with the untuned default, beside the plain-torch path the
+(kernels/mla_decode/) with the tuned table's config and with the untuned default, beside the plain-torch path the
 forward used before (q @ keys.T in bf16 -> float -> * scale -> softmax -> bf16 -> @ keys[:, :512]). Cold: every
 call reads another cache, >= 4 caches totalling >= 4x L2, inside the graph, as a forward reads each layer's cache
 once. Each kernel case records its config and config_source (tuned, default, or why a tuned entry was not used).
@@ -29,9 +29,9 @@ from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers
 from verifybench.harness.engine.tables import side_by_side
 from verifybench.harness.engine.runner import CPU_COPIES, CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
-from verifybench.kernels import interpret
-from verifybench.kernels import mla_decode as md
-from verifybench.kernels import mla_decode_select as mds
+from verifybench.kernels.common import interpret
+from verifybench.kernels.mla_decode import api as md
+from verifybench.kernels.mla_decode import configs as mds
 from verifybench.harness.model.forward import TORCH_OPS
 
 NAME = "mla_decode"

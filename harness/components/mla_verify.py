@@ -33,12 +33,12 @@ from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers, withhold
 from verifybench.harness.engine.runner import CPU_COPIES, CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
 from verifybench.harness.model import presets
-from verifybench.kernels import interpret
-from verifybench.kernels import config_tables
-from verifybench.kernels import mla_verify as mv
-from verifybench.kernels import pdl
-from verifybench.kernels import tree
-from verifybench.kernels.tree_inputs import random_tree
+from verifybench.kernels.common import interpret
+from verifybench.kernels.common import devices
+from verifybench.kernels.mla_verify import api as mv
+from verifybench.kernels.common import pdl
+from verifybench.kernels.tree import api as tree
+from verifybench.kernels.tree.inputs import random_tree
 
 NAME = "mla_verify"
 HELP = "MLA verify attention with the tree mask: engine-style serial extend vs split-KV, per context and per forward"
@@ -99,7 +99,7 @@ def tree_mask(n: int, tree_shape: tuple[int, int, int] | None, context: int, dev
 
 
 def _capability() -> int:
-    return config_tables.device_limits(torch.device("cuda", torch.cuda.current_device()))[0]  # as 90
+    return devices.device_limits(torch.device("cuda", torch.cuda.current_device()))[0]  # as 90
 
 
 def variant_config(variant: str, device: str) -> tuple[dict, str]:

@@ -19,9 +19,9 @@ from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers
 from verifybench.harness.engine.tables import side_by_side
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
-from verifybench.kernels import moe_int4 as moe
-from verifybench.kernels import moe_int4_triton as mt
-from verifybench.kernels import moe_int4_select as ms
+from verifybench.kernels.moe_int4 import reference as moe
+from verifybench.kernels.moe_int4 import api as mt
+from verifybench.kernels.moe_int4 import configs as ms
 
 NAME = "moe_int4"
 HELP = "INT4 W4A16 MoE layer at 1..8 (16, 32) tokens: Triton vs the fp32 reference vs bf16 torch"

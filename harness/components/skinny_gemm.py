@@ -1,6 +1,6 @@
 """Skinny bf16 GEMMs of the verify forward, y = x @ w.T with x [n, K] at n = 1..8 tokens and the per-rank weight shapes
 of a preset (Kimi-K2.5 TP8: q_a/kv_a, q_b, o_proj, router, shared expert, layer-0 dense MLP, lm_head): the Triton
-kernel (kernels/skinny_gemm.py, tuned table or default config; each case records which and why as config_source) and
+kernel (kernels/skinny_gemm/, tuned table or default config; each case records which and why as config_source) and
 F.linear (cuBLAS) side by side, cold: every call reads another weight copy, >= 4 copies totalling >= 4x L2, inside
 the graph.
 
@@ -22,9 +22,9 @@ from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers
 from verifybench.harness.engine.tables import side_by_side
 from verifybench.harness.engine.runner import CPU_COPIES, CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
-from verifybench.kernels import skinny_gemm as sg
-from verifybench.kernels import skinny_gemm_kernels as sgk
-from verifybench.kernels import skinny_gemm_select as sgs
+from verifybench.kernels.skinny_gemm import api as sg
+from verifybench.kernels.skinny_gemm import kernels as sgk
+from verifybench.kernels.skinny_gemm import configs as sgs
 
 NAME = "skinny_gemm"
 HELP = "bf16 projections at n <= 16 tokens: Triton weight-streaming GEMM vs cuBLAS (F.linear), cold"

@@ -19,8 +19,8 @@ from verifybench.harness.engine.results import cpu_numbers, stamp, withhold_on_c
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cuda_available
 from verifybench.harness.model import presets
-from verifybench.kernels import config_tables, pdl
-from verifybench.kernels.moe_int4 import reference_moe_w4a16
+from verifybench.kernels.common import config_tables, pdl
+from verifybench.kernels.moe_int4.reference import reference_moe_w4a16
 from verifybench.harness.model.build import (allreduce_stand_in_us, as_checkpoint, build_forward, release_forwards)
 from verifybench.harness.model.forward import COMPONENTS, FORWARD_MAX_TOKENS, TORCH_OPS, VerifyForward, allocated_bytes
 
@@ -63,7 +63,7 @@ def plan_layers(preset: str, tp: int, layers: int | None, context: int) -> memor
 
 
 def _case(preset, tp, layers, context, n, variant: str, comps: frozenset, plan: memory.Plan | None = None) -> CaseSpec:
-    """variant "full-nopdl": the whole forward with programmatic dependent launch off (kernels/pdl.py; the other
+    """variant "full-nopdl": the whole forward with programmatic dependent launch off (kernels/common/pdl.py; the other
     variants follow VERIFYBENCH_PDL), measured beside "full" to show what the overlap buys; its check: the residual
     stream equals the PDL forward's bit for bit (every kernel is deterministic, so a difference is a race).
     `plan`: the memory plan (fewer layers than wanted: named in the case name, params and derived figures)."""

@@ -20,7 +20,7 @@ def series(seconds: float, gpu: bool) -> list[dict]:
     if gpu:
         import torch
 
-        from verifybench.kernels.graph_replay import tiny_kernel
+        from verifybench.kernels.graph_replay.api import tiny_kernel
 
         x = torch.zeros(1, dtype=torch.int64, device="cuda")
         graph = torch.cuda.CUDAGraph()

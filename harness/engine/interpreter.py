@@ -9,16 +9,19 @@ from __future__ import annotations
 import os
 import sys
 
-from verifybench.kernels import interpret
-from verifybench.kernels.interpret import ENV
+from verifybench.kernels.common import interpret
+from verifybench.kernels.common.interpret import ENV
 
 KERNELS_PACKAGE = "verifybench.kernels"
 _STATE: dict[str, str] = {}  # "how": who set the interpreter (set_here, user, off, too_late, gpu)
 
 
+# the switch's own reader and the package it lies in decorate no kernel
+_NOT_KERNELS = {interpret.__name__, interpret.__name__.rpartition(".")[0]}
+
+
 def _kernels_imported() -> bool:
-    # the switch's own reader decorates no kernel
-    return any(m.startswith(KERNELS_PACKAGE + ".") and m != interpret.__name__ for m in sys.modules)
+    return any(m.startswith(KERNELS_PACKAGE + ".") and m not in _NOT_KERNELS for m in sys.modules)
 
 
 def enable_without_gpu() -> bool:

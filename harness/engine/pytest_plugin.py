@@ -13,7 +13,7 @@ import torch
 from verifybench.harness.engine import fingerprint, hostpin, hostprobe, memory, timing
 from verifybench.harness.engine.results import METHOD_VERSION, Case
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec
-from verifybench.kernels import config_tables
+from verifybench.kernels.common import config_tables
 
 CPU_NOTE = ("NOTE: no GPU here: these figures are CPU numbers (torch CPU code and the Triton interpreter, timed "
             "with perf_counter), not device times")

@@ -22,7 +22,7 @@ from verifybench.harness.engine import stance
 # the stance on figures that carry no conclusion lives in stance.py; re-exported for the importers of results
 from verifybench.harness.engine.stance import (  # noqa: F401
     CPU_MODE_LABELS, CPU_TIMING, WITHHELD, cpu_numbers, is_cpu_run, mode_label, withhold, withhold_on_cpu)
-from verifybench.kernels.atomic_files import remove_stale_temps, write_atomic  # the one atomic writer
+from verifybench.kernels.common.atomic_files import remove_stale_temps, write_atomic  # the one atomic writer
 
 SCHEMA = "verifybench.result"
 SCHEMA_VERSION = 1

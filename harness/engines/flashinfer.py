@@ -54,7 +54,7 @@ def decode_planner(starts, lens, tokens_per_request: int, heads: int, kv_lora: i
                    backend: str = "fa2"):
     """(wrapper, plan) for decode as SGLang's flashinfer_mla backend plans it: one query per row, each over its
     request's rows (qo_indptr = arange(0, rows + 1), kv_len = the request's length, not causal); a request's
-    tokens_per_request tokens are that many rows over the same rows, as kernels/mla_decode.py lays them out."""
+    tokens_per_request tokens are that many rows over the same rows, as kernels/mla_decode/ lays them out."""
     firsts = starts.repeat_interleave(tokens_per_request).tolist()
     rows = lens.repeat_interleave(tokens_per_request).tolist()
     return _planner(1, firsts, rows, heads, kv_lora, rope, scale, dtype, starts.device, False, backend)

@@ -132,7 +132,7 @@ def mla_decode(q, cache, starts, lens, kv_lora: int, scale: float, metadata: dic
     [T, heads, kv_lora]).
 
     Ours: q [heads, T, DK], T = B * g: request b's g tokens each attend all its rows [start_b, start_b + len_b) of
-    cache [rows, DK] (no causal mask, as kernels/mla_decode.py). The engine's: q [T, heads, DK]; k_buffer [rows, 1,
+    cache [rows, DK] (no causal mask, as kernels/mla_decode/). The engine's: q [T, heads, DK]; k_buffer [rows, 1,
     DK] and v_buffer its first kv_lora values (one view, as MLATokenToKVPool.get_value_buffer gives it); o [T,
     heads, kv_lora]; the forward's metadata (decode_metadata; pass one to share it across layers, as the backend
     does); sm_scale = scale, k_scale = v_scale = 1 (no quantized cache), logit_cap 0."""

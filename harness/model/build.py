@@ -12,7 +12,7 @@ import torch
 from verifybench.harness.engine.timing import cuda_available, measure
 from verifybench.harness.model import presets
 from verifybench.harness.model.forward import TORCH_OPS, VerifyForward, fused_ops
-from verifybench.kernels.moe_int4 import reference_moe_w4a16
+from verifybench.kernels.moe_int4.reference import reference_moe_w4a16
 
 # The stand-in allreduce when no measured figure is given: NCCL's all_reduce_perf, graph mode, 2xH200
 REFERENCE_ALLREDUCE_US = 7.7
@@ -28,7 +28,7 @@ def device_wait(us: float):
 
 
 def chain_verify(device: str):
-    from verifybench.kernels.tree import verify_tree_greedy
+    from verifybench.kernels.tree.api import verify_tree_greedy
 
     backend = "kernel" if device == "cuda" else "reference"
     lists = {}
@@ -49,8 +49,8 @@ def moe_fn(device: str):
     """The routed experts. On CUDA the Triton kernel reads the random weights as already repacked (`prepacked`):
     a whole rank's experts (~71 GB for K2.5 TP8) then fit once, with no cached second copy."""
     if device == "cuda":
-        from verifybench.kernels.moe_int4_select import select_config
-        from verifybench.kernels.moe_int4_triton import fused_moe_w4a16
+        from verifybench.kernels.moe_int4.configs import select_config
+        from verifybench.kernels.moe_int4.api import fused_moe_w4a16
 
         def moe(x, *rest):  # the tuned config for this n, in the layout the weights were generated in
             cfg = {**select_config(x.shape[0], x.device), "layout": "planar"}
@@ -64,7 +64,7 @@ def as_checkpoint(packed, device: str, group_size: int):
     """The reference reads the checkpoint nibble order; on CUDA the forward's weights are in the kernel's."""
     if device != "cuda":
         return packed
-    from verifybench.kernels.moe_int4_triton import checkpoint_from_planar
+    from verifybench.kernels.moe_int4.api import checkpoint_from_planar
 
     return checkpoint_from_planar(packed, group_size)
 

@@ -28,8 +28,8 @@ import torch
 
 from verifybench.harness.model.draft import DraftModel
 from verifybench.harness.model.forward import COMPONENTS, VerifyForward
-from verifybench.kernels import tree
-from verifybench.kernels.mla_verify import VARIANTS, mla_verify, mla_verify_reference
+from verifybench.kernels.tree import api as tree
+from verifybench.kernels.mla_verify.api import VARIANTS, mla_verify, mla_verify_reference
 from verifybench.harness.engine.capture import graph_capture
 
 PHASES = ("draft", "tree", "verify", "sync", "bookkeeping", "reextend")

@@ -13,7 +13,7 @@ The small ops come from an `Ops` set: `TORCH_OPS` is plain torch (one kernel per
 with the KV write, the kv_b absorption on each side of attention, MLA decode attention (split + combine), and a
 weight-streaming GEMM for the n <= 16 projections (the router and the shared expert's gate_up share one, as both
 read the same x); 18 launches per MoE layer (19 where a tuned GEMM reduces its split-K in a second launch), chained
-with programmatic dependent launch (kernels/pdl.py) so that each kernel's launch and weight loads overlap the one
+with programmatic dependent launch (kernels/common/pdl.py) so that each kernel's launch and weight loads overlap the one
 before. On a GPU the kernel count costs milliseconds, so the report says which set ran.
 """
 from __future__ import annotations
@@ -102,11 +102,11 @@ TORCH_OPS = Ops("torch", F.linear, lambda x, w, r: F.linear(x, w) + r, _rmsnorm,
 
 def fused_ops() -> Ops:
     """The engine-style fused kernels (Triton; CUDA tensors, or CPU tensors under TRITON_INTERPRET=1); each launches
-    with programmatic dependent launch where kernels.pdl.enabled."""
-    from verifybench.kernels import fused_ops as fo
-    from verifybench.kernels import mla_glue
-    from verifybench.kernels.mla_decode import mla_decode
-    from verifybench.kernels.skinny_gemm import linear
+    with programmatic dependent launch where pdl.enabled."""
+    from verifybench.kernels.fused_ops import api as fo
+    from verifybench.kernels.mla_glue import api as mla_glue
+    from verifybench.kernels.mla_decode.api import mla_decode
+    from verifybench.kernels.skinny_gemm.api import linear
 
     return Ops("fused", linear, lambda x, w, r: linear(x, w, add=r), fo.rmsnorm, fo.add_rmsnorm, fo.softmax_topk,
                mla_glue.mla_prep, mla_glue.q_absorb,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from verifybench.harness.analysis.numbers import finite_float
 from verifybench.harness.engine.timing import cuda_available
-from verifybench.kernels import config_tables
+from verifybench.kernels.common import config_tables
 
 TUNERS = ("skinny_gemm", "mla_decode", "moe_int4")
 MAX_BUDGET_S = 24 * 3600.0
@@ -46,9 +46,9 @@ def table_path(name: str, out: Path | None) -> Path:
     return (out / shipped.name) if out is not None else config_tables.user_path(shipped)
 
 
-_KERNELS = {"skinny_gemm": "verifybench.kernels.skinny_gemm_select",  # the module of each shipped table (CONFIG_PATH)
-            "mla_decode": "verifybench.kernels.mla_decode_select",
-            "moe_int4": "verifybench.kernels.moe_int4_select"}
+_KERNELS = {"skinny_gemm": "verifybench.kernels.skinny_gemm.configs",  # the module of each shipped table (CONFIG_PATH)
+            "mla_decode": "verifybench.kernels.mla_decode.configs",
+            "moe_int4": "verifybench.kernels.moe_int4.configs"}
 
 
 def tune_one(name: str, path: Path, share_s: float, preset: str, tp: int, log) -> bool:

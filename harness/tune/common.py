@@ -6,7 +6,7 @@ import copy
 import time
 from pathlib import Path
 
-from verifybench.kernels import config_tables
+from verifybench.kernels.common import config_tables
 
 
 def merged_table(path: Path | str, shipped: Path | str, gpu: str) -> tuple[dict, dict]:

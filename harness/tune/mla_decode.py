@@ -14,9 +14,9 @@ from verifybench.harness.engine.timing import cuda_available, measure
 from verifybench.harness.components.mla_decode import (Attn, MAX_N, TOL, attn_shape, bytes_moved, cache_copies,
                                                         config_str, impl_fn, programs, splits_run)
 from verifybench.harness.tune.common import merged_table, report_tune
-from verifybench.kernels import config_tables
-from verifybench.kernels import mla_decode as md
-from verifybench.kernels import mla_decode_select as mds
+from verifybench.kernels.common import devices
+from verifybench.kernels.mla_decode import api as md
+from verifybench.kernels.mla_decode import configs as mds
 
 TUNE_NS = tuple(range(1, 9))
 TUNE_CONTEXTS = (4096, 32768)  # table buckets: a length uses the largest bucket <= it
@@ -32,7 +32,7 @@ SMOKE_TILES = [(16, 32, 4, 2), (16, 16, 4, 3)]
 
 def _fits(a: Attn, n: int, tile, device: str, log) -> bool:
     """Whether the tile fits this GPU's shared memory per block (always off CUDA); a miss is named in the log."""
-    limits = config_tables.device_limits(device)
+    limits = devices.device_limits(device)
     if limits is None:
         return True
     ok, need = mds.fits(mds.tile_config(tile), *limits, heads=a.heads, n=n, d=a.d, kv_lora=a.kv_lora)

@@ -11,10 +11,10 @@ import torch
 from verifybench.harness.model import presets
 from verifybench.harness.engine.runner import rel_error
 from verifybench.harness.engine.timing import cuda_available, measure
-from verifybench.kernels import moe_int4 as moe
-from verifybench.kernels import moe_int4_triton as mt
-from verifybench.kernels import moe_int4_kernels as mtk
-from verifybench.kernels import moe_int4_select as ms
+from verifybench.kernels.moe_int4 import reference as moe
+from verifybench.kernels.moe_int4 import api as mt
+from verifybench.kernels.moe_int4 import kernels as mtk
+from verifybench.kernels.moe_int4 import configs as ms
 from verifybench.harness.components.moe_int4 import TOL, make_case, preset_shape
 from verifybench.harness.tune.common import merged_table
 from verifybench.harness.engine.capture import graph_capture

@@ -13,10 +13,10 @@ from verifybench.harness.engine.runner import rel_error
 from verifybench.harness.engine.timing import cuda_available, measure
 from verifybench.harness.components.skinny_gemm import Shape, TOL, config_str, shapes, weight_copies
 from verifybench.harness.tune.common import merged_table, report_tune
-from verifybench.kernels import config_tables
-from verifybench.kernels import skinny_gemm as sg
-from verifybench.kernels import skinny_gemm_kernels as sgk
-from verifybench.kernels import skinny_gemm_select as sgs
+from verifybench.kernels.common import devices
+from verifybench.kernels.skinny_gemm import api as sg
+from verifybench.kernels.skinny_gemm import kernels as sgk
+from verifybench.kernels.skinny_gemm import configs as sgs
 
 TUNE_NS = (1, 2, 4, 8)  # table buckets; n <= 16 beyond them gets bucket 16 (the best dot config)
 SMOKE_SHAPES = [Shape("smoke_split", 48, 256, 1), Shape("smoke_wide", 128, 64, 1)]
@@ -24,7 +24,7 @@ SMOKE_SHAPES = [Shape("smoke_split", 48, 256, 1), Shape("smoke_wide", 128, 64, 1
 
 def fitting(cfgs: list[dict], device: str, log) -> list[dict]:
     """The configs that fit this GPU's shared memory per block (all of them off CUDA); the rest named in the log."""
-    limits = config_tables.device_limits(device)
+    limits = devices.device_limits(device)
     if limits is None:
         return cfgs
     out = []

@@ -19,7 +19,7 @@ import os
 
 import torch
 
-from verifybench.kernels import interpret
+from verifybench.kernels.common import interpret
 
 ENV = "VERIFYBENCH_PDL"
 _FORCED: list[bool] = []

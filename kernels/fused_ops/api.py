@@ -1,6 +1,6 @@
 """Fused elementwise ops of the verify forward as one Triton kernel each, the way serving engines run
 them (SGLang/vLLM fused_add_rmsnorm, a fused softmax + top-k router), with plain-torch fp32 references. silu_and_mul
-has no launch of its own: kernels.skinny_gemm computes it as the down projection loads its input (act="silu_mul").
+has no launch of its own: kernels/skinny_gemm/ computes it as the down projection loads its input (act="silu_mul").
 
 Why: as separate torch ops an RMSNorm is ~8 kernels and softmax + topk + casts ~4; at n <= 8 tokens each costs its
 launch (~1.3 us in a CUDA graph), 3-4 ms per Kimi-K2.5 forward in all. Here each op is one launch.
@@ -16,7 +16,7 @@ Every wrapper checks shapes, dtypes and strides on the host only (no device sync
 all are CUDA-graph capturable once compiled. Rows are [n, H] with last-dim stride 1; the row stride is free (column
 slices of a wider tensor need no copy). Kernels run for CUDA tensors, and for CPU tensors when TRITON_INTERPRET=1 was
 set before import (tests); other CPU tensors take the reference (the CPU smoke profile).
-pdl (every op; None: kernels.pdl.enabled): programmatic dependent launch, see kernels/pdl.py. The norms load their
+pdl (every op; None: pdl.enabled): programmatic dependent launch, see kernels/common/pdl.py. The norms load their
 weight before the wait, so a weight must not be written by the kernel launched just before.
 """
 from __future__ import annotations
@@ -27,8 +27,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from verifybench.kernels import interpret
-from verifybench.kernels import pdl as _pdl
+from verifybench.kernels.common import interpret
+from verifybench.kernels.common import pdl as _pdl
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_ROW = 16384  # a whole row lives in registers: 16384 fp32 over 16 warps = 32 values per thread

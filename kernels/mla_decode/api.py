@@ -11,10 +11,10 @@ the MLA forward uses (qk_nope + qk_rope) ** -0.5 (192 ** -0.5 for Kimi), so that
 
 Why a kernel: the torch path (two matmuls + softmax) launches ~6 kernels per layer, materializes fp32 scores and
 may copy the strided keys[:, :kv_lora] slice; ~30 us per layer where the cache bytes need ~1 us. The Triton
-flash-decoding kernels (mla_decode_kernels.py) split the context across programs and combine the splits.
+flash-decoding kernels (kernels.py) split the context across programs and combine the splits.
 No host syncs and no data-dependent host logic (`length` is a Python int, fixed per captured graph), so a call is
 CUDA-graph capturable; the scratch comes from torch's caching allocator (the graph's pool when capturing).
-Launch configs: mla_decode_select.py (the per-GPU tables, the defaults, the shared-memory fit).
+Launch configs: configs.py (the per-GPU tables, the defaults, the shared-memory fit).
 """
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ import operator
 
 import torch
 
-from verifybench.kernels import config_tables
-from verifybench.kernels import mla_decode_kernels as kernels
-from verifybench.kernels import pdl as _pdl
-from verifybench.kernels.mla_decode_select import (cached_config, check_config, default_config, default_num_splits,
+from verifybench.kernels.common import config_tables
+from verifybench.kernels.mla_decode import kernels
+from verifybench.kernels.common import pdl as _pdl
+from verifybench.kernels.mla_decode.configs import (cached_config, check_config, default_config, default_num_splits,
                                                    sm_count)
 
 LOG2E = 1.4426950408889634
@@ -78,11 +78,11 @@ def mla_decode(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, ou
     forward passes (qk_nope + qk_rope) ** -0.5). q [heads, n, D] and cache [rows >= length, D] need unit stride
     along D (other strides are free). num_splits: context splits (it is lowered so that no split is empty).
     out: optional [heads, n, kv_lora] tensor of q's dtype to write. config: overrides of the DEFAULT_CONFIG
-    of mla_decode_select (block_rows, block_keys: powers of two >= 16; num_warps, num_stages; num_splits, which the
+    of configs.py (block_rows, block_keys: powers of two >= 16; num_warps, num_stages; num_splits, which the
     argument overrides). Neither num_splits nor config given: select_config (the tuned table for this GPU, else the
     defaults); num_splits alone: default_config's tile; config without num_splits: default_num_splits for its
-    block_rows. pdl (None: kernels.pdl.enabled): both launches with programmatic dependent launch
-    (kernels/pdl.py); each waits before reading anything."""
+    block_rows. pdl (None: pdl.enabled): both launches with programmatic dependent launch
+    (kernels/common/pdl.py); each waits before reading anything."""
     length, scale = _check(q, cache, length, kv_lora, scale)
     heads, n, d = q.shape
     if q.stride(2) != 1 or cache.stride(1) != 1:

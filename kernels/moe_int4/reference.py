@@ -1,6 +1,6 @@
 """INT4 (W4A16) MoE experts: the checkpoint format, a plain-torch fp32 reference, routing helpers and byte counts.
 
-The Triton fast path lives in kernels/moe_int4_triton.py; this module is what it is checked against.
+The Triton fast path lives in api.py beside it; this module is what it is checked against.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from verifybench.kernels.validators import check_int
+from verifybench.kernels.common.validators import check_int
 
 PACK = 8  # int4 values per int32 word
 QMIN, QMAX, QOFFSET = -8, 7, 8  # nibble = q + 8, in 0..15

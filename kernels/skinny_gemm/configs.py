@@ -7,11 +7,11 @@ from pathlib import Path
 
 import torch
 
-from verifybench.kernels import interpret
-from verifybench.kernels import config_tables
-from verifybench.kernels import skinny_gemm_kernels as kernels
-from verifybench.kernels.config_tables import device_name
-from verifybench.kernels.skinny_gemm_kernels import DEFAULT_SMS, DOT_BLOCK_M, auto_split_k
+from verifybench.kernels.common import interpret
+from verifybench.kernels.common import compiler, config_tables, devices
+from verifybench.kernels.skinny_gemm import kernels
+from verifybench.kernels.common.devices import device_name
+from verifybench.kernels.skinny_gemm.kernels import DEFAULT_SMS, DOT_BLOCK_M, auto_split_k
 
 CONFIG_PATH = Path(__file__).with_name("skinny_gemm_configs.json")
 FMA_MAX_TOKENS = 8  # the fma kernel unrolls one accumulator per token, 8 at most
@@ -172,7 +172,7 @@ def compiled_shared_bytes(config: dict, cc: int, dtype: str = "bfloat16") -> int
     key = (*tile.values(), int(cc), dtype)
     if key not in _SHARED:
         if _INTERPRET:
-            _SHARED[key] = config_tables.uninterpreted(__name__, "compiled_shared_bytes", tile, int(cc), dtype)
+            _SHARED[key] = compiler.uninterpreted(__name__, "compiled_shared_bytes", tile, int(cc), dtype)
             return _SHARED[key]
         ty = _TRITON_TYPES[dtype]
         types = {"x_ptr": f"*{ty}", "w_ptr": f"*{ty}", "y_ptr": f"*{ty}", "add_ptr": f"*{ty}", "p_ptr": "*fp32",
@@ -183,7 +183,7 @@ def compiled_shared_bytes(config: dict, cc: int, dtype: str = "bfloat16") -> int
                       SPLIT=True, SERIAL=True, EVEN_K=True, ADD=True,
                       **({"IEEE": dtype == "float32"} if dot else {"VEC": 16 // _itemsize(dtype)}))
         opts = {"num_warps": c["num_warps"], "num_stages": c["num_stages"]}
-        _SHARED[key] = max(config_tables.compiled_shared(kernels._dot_kernel if dot else kernels._fma_kernel, types,
+        _SHARED[key] = max(compiler.compiled_shared(kernels._dot_kernel if dot else kernels._fma_kernel, types,
                                                          {**consts, "ACT": act, "PDL": cc >= 90}, opts, int(cc))
                            for act in (False, True))
     return _SHARED[key]
@@ -241,7 +241,7 @@ def select(n: int, N: int, K: int, device, table: dict | None = None,
             cfg = check_config({k: v for k, v in buckets[str(b)].items() if k in DEFAULT_DOT}, n)
         except ValueError:
             cfg = None
-        limits = config_tables.device_limits(device)
+        limits = devices.device_limits(device)
         if cfg is not None and limits is not None:
             ok, need = fits(cfg, *limits, str(dtype).split(".")[1])
             if not ok:

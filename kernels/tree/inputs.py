@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from verifybench.kernels.tree import organize_draft_results
-from verifybench.kernels.validators import check_int
+from verifybench.kernels.tree.api import organize_draft_results
+from verifybench.kernels.common.validators import check_int
 
 
 def random_draft(batch: int, topk: int, spec_steps: int, vocab: int, *, seed: int = 0, device="cpu"):

@@ -1,4 +1,4 @@
-"""The int4 x activation products of the fused W4A16 MoE (moe_int4_kernels.py), as Triton device functions: nibbles
+"""The int4 x activation products of the fused W4A16 MoE (kernels.py), as Triton device functions: nibbles
 read without int->float conversions, the planar activation loads, and the group sums, in two dequant variants.
 
 Dequantization without int->float conversions: "half2" (CUDA, inline PTX) reads two nibbles at once as an fp16
@@ -9,7 +9,7 @@ x * 2^(64 - 4p); the -8 offset is applied once per group as 8 * sum(x).
 Register layout: every tile is 2-D [rows, words] with 4 consecutive words (one 32-value group, a 16-byte load) per
 thread and the rows wrapped inside each thread, and the activations are [1, words] tiles in that same layout
 (contiguity hints where the compiler cannot see it): triton 3.6 otherwise routes them through shared memory.
-The weights are in the planar nibble order (moe_int4_triton.repack_planar): inside each group nibble i of word w
+The weights are in the planar nibble order (api.repack_planar): inside each group nibble i of word w
 holds k = 32 g + 4 i + w, so each of the 8 nibble planes multiplies 4 consecutive activations, one vector load.
 """
 from __future__ import annotations

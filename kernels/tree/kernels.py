@@ -1,7 +1,7 @@
 """Triton kernels of the EAGLE draft-tree component: one program per request, one launch per call.
 
 Every loop is bounded (by spec_steps, D or the mask's size), so an invalid tree is flagged in `flags`, never
-followed forever; a program indexes only its own request's rows. Host-side checks live in tree.py.
+followed forever; a program indexes only its own request's rows. Host-side checks live in api.py.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-# Bits OR-ed into the per-request `flags` output (0 = valid). tree.py re-exports them.
+# Bits OR-ed into the per-request `flags` output (0 = valid). api.py re-exports them.
 FLAG_ID_RANGE = 1  # an index outside its range (candidate id, list entry, retrieve index, table slot)
 FLAG_MISSING_PARENT = 2  # a node's parent candidate is not among the drafted nodes
 FLAG_CYCLE = 4  # a parent chain that does not reach the root within spec_steps, or a node reached twice
@@ -270,7 +270,7 @@ def organize(scores, tokens, num_keep, flags=None):
 
 def build_tree(verified_id, parent_list, top_index, draft_tokens, seq_lens, topk, spec_steps, d, mask_mode,
                mask_numel, mask_dtype, seq_lens_sum, flags=None):
-    """Launch on inputs tree.py has shape-checked; the mask's size comes from the host's seq_lens_sum (no device
+    """Launch on inputs api.py has shape-checked; the mask's size comes from the host's seq_lens_sum (no device
     sync). Returns the tuple of tree.build_tree."""
     batch = verified_id.shape[0]
     dev = verified_id.device

@@ -12,11 +12,11 @@ from pathlib import Path
 import torch
 from triton.runtime.jit import JITFunction
 
-from verifybench.kernels import config_tables
-from verifybench.kernels import moe_int4_kernels as kernels
-from verifybench.kernels.config_tables import device_name
-from verifybench.kernels.moe_int4 import MoeShape
-from verifybench.kernels.moe_int4_kernels import check_config, interpreting
+from verifybench.kernels.common import compiler, config_tables, devices
+from verifybench.kernels.moe_int4 import kernels
+from verifybench.kernels.common.devices import device_name
+from verifybench.kernels.moe_int4.reference import MoeShape
+from verifybench.kernels.moe_int4.kernels import check_config, interpreting
 
 CONFIG_PATH = Path(__file__).with_name("moe_int4_configs.json")
 # Used on a GPU without a table entry: the winning family (half2 dequant, split kernels; no pdl, which needs sm_90+)
@@ -71,7 +71,7 @@ def _entry_config(entry: dict, tuned: dict, default: dict) -> dict:
 def misfit(config: dict, device, shape: MoeShape = K25_TP8) -> tuple[int, int] | None:
     """(bytes needed, bytes allowed) when `config`'s kernels do not fit the shared memory per block of `device`;
     None when they do, and always off CUDA (the interpreter has no shared memory to fit)."""
-    limits = None if interpreting() else config_tables.device_limits(device)
+    limits = None if interpreting() else devices.device_limits(device)
     if limits is None:
         return None
     need = compiled_shared_bytes(config, limits[0], shape)
@@ -124,7 +124,7 @@ def compiled_shared_bytes(config: dict, cc: int, shape: MoeShape = K25_TP8) -> i
     kernel the first time; repeats come from a cache per kernel and from Triton's. Under the interpreter (whose
     kernels, and triton's own jit helpers, cannot be compiled) a subprocess without it compiles."""
     if not isinstance(kernels._gate_up_split_kernel, JITFunction):
-        return config_tables.uninterpreted(__name__, "_shared_bytes_json", config, int(cc), dataclasses.asdict(shape))
+        return compiler.uninterpreted(__name__, "_shared_bytes_json", config, int(cc), dataclasses.asdict(shape))
     cfg = {**DEFAULT_CONFIG, **config}
     check_config(cfg, shape, torch.device("cpu"))
     pdl = bool(cfg.get("pdl")) and cc >= 90
@@ -145,7 +145,7 @@ _ARG_TYPES = {"x_ptr": "*bf16", "out_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*
 
 @functools.lru_cache(maxsize=None)
 def _kernel_shared(name: str, consts: tuple, opts: tuple, cc: int) -> int:
-    return config_tables.compiled_shared(getattr(kernels, name), _ARG_TYPES, dict(consts), dict(opts), cc)
+    return compiler.compiled_shared(getattr(kernels, name), _ARG_TYPES, dict(consts), dict(opts), cc)
 
 
 def selectable_configs(table: dict | None = None) -> list[dict]:

@@ -6,7 +6,7 @@ a 512- plus a 64-wide dot; each key tile loaded twice, for the scores and as val
 views of one cache). Both loops run to bounds known only at run time, as the engine's do: with the tree loop's bound a
 compile-time D (one iteration, unrolled into the code after the prefix loop) ptxas gave the kernel 32-40 registers and
 4 KB of stack at 32 x 32 tiles, and it ran 5x slower than the engine's kernel on them (docs/FINDINGS.md, 2026-12-05).
-Semantics, checks and the reference: mla_verify.py, which calls `launch` with checked inputs.
+Semantics, checks and the reference: api.py, which calls `launch` with checked inputs.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from verifybench.kernels import pdl as _pdl
+from verifybench.kernels.common import pdl as _pdl
 
 
 @triton.jit

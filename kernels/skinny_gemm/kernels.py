@@ -1,4 +1,4 @@
-"""The Triton kernels of the skinny GEMM (skinny_gemm.py): y = x @ w.T for n <= 16 tokens, w streamed once, split
+"""The Triton kernels of the skinny GEMM (api.py): y = x @ w.T for n <= 16 tokens, w streamed once, split
 over K where the column blocks are too few to fill the SMs; `launch` runs them for a checked call and a complete config.
 
 Design: a program owns BLOCK_N rows of w (output columns) and one K range. Where cdiv(N, BLOCK_N) programs are too
@@ -22,7 +22,7 @@ and rounded once with it, so e.g. the shared expert's down projection writes rou
 launch. Kind "torch" is F.linear then a torch add: rounded twice there.
 act="silu_mul" (optional): x is gate_up [n, 2K] and each x tile is silu(gate) * up, computed in fp32 as it loads and
 rounded once to x's dtype, so the MLP's activation needs no launch of its own (the tuned tables were timed without it).
-PDL (kernels/pdl.py; pdl=None follows pdl.enabled): every Triton launch of a call gets launch_pdl and a PDL constexpr.
+PDL (common/pdl.py; pdl=None follows pdl.enabled): every Triton launch of a call gets launch_pdl and a PDL constexpr.
 Only w (static weights) loads before gdc_wait(), then gdc_launch_dependents(); nothing is stored and no counter is
 touched before the wait (the previous kernel may still read y's memory, the counters or x). "dot" issues its first
 w tile before the wait (that step peeled off the pipelined loop, whose cp.async pipelining is unchanged; for
@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from verifybench.kernels import pdl as _pdl
+from verifybench.kernels.common import pdl as _pdl
 
 DOT_BLOCK_M = 16  # tl.dot needs every dimension >= 16: tokens are padded to 16
 DEFAULT_SMS = 132  # H200; used where no CUDA device reports its count

@@ -3,7 +3,7 @@
 build the tree (mask, positions, child/sibling lists), verify greedily, write the KV slots, full-vocabulary argmax.
 
 Each step has backend="reference" (plain torch, any device; an invalid tree raises ValueError naming the request)
-and backend="kernel" (Triton, tree_triton.py: one launch per call; an invalid request is flagged).
+and backend="kernel" (Triton, kernels.py: one launch per call; an invalid request is flagged).
 Kernel flags: pass `flags`, an int32 [B] tensor (zeros), and the kernel ORs the FLAG_* bits of each bad request into
 it; in-band, a flagged build_tree request has positions -1 and no children, a flagged verify request
 accept_token_num -1 and predicts / accept_index -1.
@@ -25,12 +25,12 @@ from collections import Counter
 
 import torch
 
-from verifybench.kernels import interpret
-from verifybench.kernels import tree_triton as _tt
-from verifybench.kernels.tree_triton import (FLAG_CYCLE, FLAG_DUPLICATE_INDEX,  # noqa: F401 (re-exported)
+from verifybench.kernels.common import interpret
+from verifybench.kernels.tree import kernels as _tt
+from verifybench.kernels.tree.kernels import (FLAG_CYCLE, FLAG_DUPLICATE_INDEX,  # noqa: F401 (re-exported)
                                              FLAG_ID_RANGE, FLAG_MISSING_PARENT, FLAG_NAN_SCORE, FLAG_UNSORTED,
                                              MASK_MODES)
-from verifybench.kernels.validators import check_int
+from verifybench.kernels.common.validators import check_int
 
 BACKENDS = ("reference", "kernel")
 FLAG_NAMES = {"missing parent": FLAG_MISSING_PARENT, "cycle": FLAG_CYCLE, "id out of range": FLAG_ID_RANGE,

@@ -1,11 +1,11 @@
 """Fused W4A16 MoE for few tokens (n <= 32) in Triton: `fused_moe_w4a16`, the reference's signature in two CUDA-graph
-capturable launches (moe_int4_kernels.py), and the planar weight layout its kernels read.
+capturable launches (kernels.py), and the planar weight layout its kernels read.
 
 Weight layout: the kernels read the "planar" nibble order, made once per weight tensor by a repack
 (`kernel_weights`, cached; or `repack_planar` at load with prepacked=True): inside each group nibble i of word w
 holds k = 32 g + 4 i + w (checkpoint: 32 g + 8 w + i), so each of the 8 nibble planes multiplies 4 consecutive
 activations, one vector load. Same shapes and bytes as the checkpoint. Configs and their selection:
-moe_int4_select.py; the int4 products: moe_int4_dequant.py.
+configs.py; the int4 products: kernels_dequant.py.
 """
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import weakref
 
 import torch
 
-from verifybench.kernels import pdl as _pdl
-from verifybench.kernels.moe_int4 import PACK, check_moe_inputs, pack_nibbles, unpack_nibbles
-from verifybench.kernels.moe_int4_kernels import check_config, interpreting, launches
-from verifybench.kernels.moe_int4_select import default_config, select_config
+from verifybench.kernels.common import pdl as _pdl
+from verifybench.kernels.moe_int4.reference import PACK, check_moe_inputs, pack_nibbles, unpack_nibbles
+from verifybench.kernels.moe_int4.kernels import check_config, interpreting, launches
+from verifybench.kernels.moe_int4.configs import default_config, select_config
 
 
 # ---------------------------------------------------------------------------------------------------- layout
@@ -79,7 +79,7 @@ def fused_moe_w4a16(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weight
     "down": {"BLOCK_N", "ROW_ITERS", "num_stages", "num_warps" (default topk * I/256)}, "pdl"}. Kernel 1 writes fp32
     partial gate and up sums per split, kernel 2 adds them (fixed order: deterministic, no atomics, no memset) and
     applies SiLU. "pdl": True (sm_90+) lets kernel 2 start and load its first weight tile while kernel 1 finishes
-    (programmatic dependent launch; off in the interpreter); where kernels.pdl.enabled, kernel 1 is launched with
+    (programmatic dependent launch; off in the interpreter); where pdl.enabled, kernel 1 is launched with
     PDL too (it waits for the kernel before it first) and kernel 2 lets the kernel after the MoE start early. A
     config the shapes cannot run raises ValueError.
     "denormal" is exact for fp16 x, and for bf16 x with |x| in [2^-41, 2^64] (smaller values lose bits; larger

@@ -1,4 +1,4 @@
-"""The Triton flash-decoding kernels of MLA decode attention (mla_decode.py): stage 1 streams a split of the latent
+"""The Triton flash-decoding kernels of MLA decode attention (api.py): stage 1 streams a split of the latent
 cache for every query row, stage 2 combines the splits; `launch` runs them for a checked call and a complete config.
 
 Stage 1, grid (row blocks, splits): the heads x n query rows are one [heads * n, D] matrix (every head reads the
@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from verifybench.kernels import pdl as _pdl
+from verifybench.kernels.common import pdl as _pdl
 
 MAX_SPLITS = 256
 COMBINE_SPLITS = MAX_SPLITS  # splits stage 2 reads per step: all of them, so its loops run once (two L2 round trips)

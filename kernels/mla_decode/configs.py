@@ -13,11 +13,11 @@ from pathlib import Path
 import torch
 import triton
 
-from verifybench.kernels import interpret
-from verifybench.kernels import config_tables
-from verifybench.kernels import mla_decode_kernels as kernels
-from verifybench.kernels.config_tables import device_name
-from verifybench.kernels.mla_decode_kernels import MAX_SPLITS
+from verifybench.kernels.common import interpret
+from verifybench.kernels.common import compiler, config_tables, devices
+from verifybench.kernels.mla_decode import kernels
+from verifybench.kernels.common.devices import device_name
+from verifybench.kernels.mla_decode.kernels import MAX_SPLITS
 
 # triton.jit picks the interpreter at decoration time: compiling for a target needs a process without it
 _INTERPRET = interpret.active()
@@ -117,7 +117,7 @@ def default_config(n: int, heads: int, length: int, device="cpu", dtype: torch.d
     a ValueError naming the bytes when none does), default_num_splits."""
     tile = DEFAULT_CONFIG
     if dtype == torch.float32:
-        limits = config_tables.device_limits(device)
+        limits = devices.device_limits(device)
         sized = [(c, fits(c, *limits, "float32", heads=heads, n=n, d=d, kv_lora=kv_lora)) for c in FP32_CONFIGS] \
             if limits is not None else [(FP32_CONFIGS[0], (True, 0))]
         fitting = [c for c, (ok, _) in sized if ok]
@@ -157,7 +157,7 @@ def compiled_shared_bytes(config: dict, cc: int, dtype: str = "bfloat16", heads:
     key = (*tile.values(), int(cc), dtype, heads, n, d, kv_lora)
     if key not in _SHARED:
         if _INTERPRET:
-            _SHARED[key] = config_tables.uninterpreted(__name__, "compiled_shared_bytes", tile, int(cc), dtype,
+            _SHARED[key] = compiler.uninterpreted(__name__, "compiled_shared_bytes", tile, int(cc), dtype,
                                                        heads, n, d, kv_lora)
             return _SHARED[key]
         ty = _TRITON_TYPES[dtype]
@@ -169,7 +169,7 @@ def compiled_shared_bytes(config: dict, cc: int, dtype: str = "bfloat16", heads:
                       BLOCK_DR=max(16, triton.next_power_of_2(d - kv_lora)) if d > kv_lora else 0)
         opts = {"num_warps": c["num_warps"], "num_stages": c["num_stages"]}
         split_kernel = kernels._split_kernel
-        _SHARED[key] = max(config_tables.compiled_shared(split_kernel, types, {**consts, "SINGLE": one, "PDL": on},
+        _SHARED[key] = max(compiler.compiled_shared(split_kernel, types, {**consts, "SINGLE": one, "PDL": on},
                                                          opts, int(cc))
                            for one in (False, True) for on in (cc >= 90,))
     return _SHARED[key]
@@ -226,7 +226,7 @@ def select(n: int, heads: int, length: int, device, table: dict | None = None, *
                          f"got {str(gpu)[:200]}")
     cfg, source = _lookup(gpu.get("shapes", {}).get(key), length, dtype, f"MLA decode config table: {name!r} shape "
                           f"{key!r}"), "default"
-    limits = config_tables.device_limits(device)
+    limits = devices.device_limits(device)
     if cfg is not None and limits is not None:
         ok, need = fits(cfg, *limits, str(dtype).split(".")[1], heads=heads, n=n, d=d, kv_lora=kv_lora)
         if not ok:

@@ -12,7 +12,7 @@ Launch 2, one program per (token, ROW_ITERS blocks of BLOCK_N rows of H): the co
 Pairs of different tokens that share an expert run side by side (pair / token index varies fastest in the grid),
 so the second read of those weights hits L2: DRAM streams each distinct expert about once (the SM work is per pair).
 Scales are applied once per (row, group) after an in-thread sum over the group's 4 words; masks exist only where
-the blocks do not tile the shapes. The int4 products: moe_int4_dequant.py.
+the blocks do not tile the shapes. The int4 products: kernels_dequant.py.
 """
 from __future__ import annotations
 
@@ -22,10 +22,11 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # PDL (sm_90+; triton >= 3.3)
 
-from verifybench.kernels import interpret
-from verifybench.kernels.moe_int4 import PACK
-from verifybench.kernels.moe_int4_dequant import (DENORMAL_OFFSET, UNDO_DENORMAL, _bf16_bits, _dot_chunk, _group_sum,
-                                                  _h2_group_dot, _h2_pair, _k_of, _load_planes, _x_scale)
+from verifybench.kernels.common import interpret
+from verifybench.kernels.moe_int4.reference import PACK
+from verifybench.kernels.moe_int4.kernels_dequant import (DENORMAL_OFFSET, UNDO_DENORMAL, _bf16_bits, _dot_chunk,
+                                                          _group_sum, _h2_group_dot, _h2_pair, _k_of, _load_planes,
+                                                          _x_scale)
 
 DEQUANTS = ("half2", "denormal")  # half2: group 32, CUDA only (inline PTX)
 
@@ -106,7 +107,7 @@ def _gate_up_split_kernel(x_ptr, w_ptr, s_ptr, ids_ptr, p_ptr, tw_ptr, num_pairs
     pair = pid % num_pairs
     ks = (pid // num_pairs) % SPLIT_K
     nb = pid // (num_pairs * SPLIT_K)
-    if WAIT:  # launched with PDL itself (kernels/pdl.py): x, ids and weights come from the kernels before
+    if WAIT:  # launched with PDL itself (kernels/common/pdl.py): x, ids and weights come from the kernels before
         gdc_wait()
     if PDL:  # kernel 2 may start (and stream its weights) once every program of this one has started
         gdc_launch_dependents()

@@ -4,7 +4,7 @@ keys are cut into splits on the device (one captured graph serves any prefix), a
 A request's L_b + D keys are cut into at most num_splits splits of whole key tiles and >= min_split_keys keys; the tree
 keys fall in the last split. Programs write normalized partial o and log2-sum-exp; the combine kernel merges the
 splits each request used (one split: the first kernel writes o itself). Semantics, checks and the reference:
-mla_verify.py, which calls `launch` with checked inputs and a complete config.
+api.py, which calls `launch` with checked inputs and a complete config.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from verifybench.kernels import pdl as _pdl
+from verifybench.kernels.common import pdl as _pdl
 
 COMBINE_COLS = 128  # kv_lora columns per combine program, at most
 COMBINE_TILE = 8192  # fp32 partial values a combine program holds at once

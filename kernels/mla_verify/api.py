@@ -10,9 +10,9 @@ in q's dtype, fp32 accumulation. mask: bool [B, D, D] (or flat, build_tree's "ql
 per query, bit j = column j, [B * D] or [B, D] ("qlen_only_bitpacking": uint8 / int16 / int32; int64 for D <= 64).
 A query that sees no key (L_b = 0 and an empty mask row) gets NaN, as a softmax over nothing does.
 
-"extend" (mla_verify_extend.py) is what SGLang's Triton backend runs for verify (its prefill kernel): one head per
+"extend" (kernels_extend.py) is what SGLang's Triton backend runs for verify (its prefill kernel): one head per
 program, a serial loop over the whole prefix, then one over the D tree keys with the mask. "split_kv"
-(mla_verify_split_kv.py, mla_decode's verify form): a request's heads x D rows form one query matrix, BLOCK_M rows per
+(kernels_split_kv.py, mla_decode's verify form): a request's heads x D rows form one query matrix, BLOCK_M rows per
 program; its L_b + D keys are cut on the device into splits of whole key tiles (so one captured graph serves any L_b),
 and a combine kernel merges the splits each request used. This module checks the inputs, completes the config and
 picks the variant; the kernels' files hold their grids and launches.
@@ -25,11 +25,11 @@ import math
 import torch
 import triton
 
-from verifybench.kernels import config_tables
-from verifybench.kernels import mla_verify_extend as extend
-from verifybench.kernels import mla_verify_split_kv as split_kv
-from verifybench.kernels import pdl as _pdl
-from verifybench.kernels.config_tables import SMEM_LIMIT_BYTES  # noqa: F401 (per block, for callers)
+from verifybench.kernels.common import compiler
+from verifybench.kernels.mla_verify import kernels_extend as extend
+from verifybench.kernels.mla_verify import kernels_split_kv as split_kv
+from verifybench.kernels.common import pdl as _pdl
+from verifybench.kernels.common.devices import SMEM_LIMIT_BYTES  # noqa: F401 (per block, for callers)
 
 VARIANTS = ("split_kv", "extend")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -224,7 +224,7 @@ def mla_verify(q, cache, starts, prefix_lens, mask, kv_lora, scale, variant="spl
     q [heads, T, DK], cache [rows, DK] (unit stride along DK), starts / prefix_lens int32/int64 [B] on q's device,
     mask bool [B, D, D] or bit-packed words, kv_lora, scale (a Python float). variant: "split_kv" or "extend".
     config: overrides of DEFAULT_CONFIGS[variant] (check_config). out: optional [heads, T, kv_lora] tensor of q's
-    dtype with unit last stride. pdl (None: kernels.pdl.enabled): launch with programmatic dependent launch; every
+    dtype with unit last stride. pdl (None: pdl.enabled): launch with programmatic dependent launch; every
     kernel waits before reading anything.
     CUDA-graph capturable: shapes, kv_lora, scale, variant and config are host values fixed per graph; starts,
     prefix_lens, mask, q and cache are read on the device, so a replay takes new values in the same tensors (split_kv
@@ -264,19 +264,19 @@ def shared_memory_bytes(cases, *, heads: int = 8, d: int = 4, kv_lora: int = 512
                         dtype: str = "bfloat16", mask_words: bool = False, num_splits: int = 32) -> list[dict]:
     """Per (variant, config or None, cc) in `cases`: {kernel name: shared memory per block, bytes} of the kernels the
     variant launches with that config (completed from DEFAULT_CONFIGS) at these shapes, compiled for sm_<cc> without
-    a GPU (compare with SMEM_LIMIT_BYTES[cc]), through config_tables.compiled_shared (its cache serves repeats).
+    a GPU (compare with SMEM_LIMIT_BYTES[cc]), through compiler.compiled_shared (its cache serves repeats).
     Pointers and 16-multiple ints get the divisibility hints a launch gives."""
     from triton.runtime.jit import JITFunction
 
     cases = [(v, c, int(cc)) for v, c, cc in cases]
     shape = [heads, d, kv_lora, rope, dtype, mask_words, num_splits]
     if not isinstance(split_kv._split_kernel, JITFunction):  # the interpreter's kernels cannot be compiled
-        return config_tables.uninterpreted(__name__, "_shared_of_cases", cases, *shape)
+        return compiler.uninterpreted(__name__, "_shared_of_cases", cases, *shape)
     return _shared_of_cases(cases, *shape)
 
 
 def _shared_of_cases(cases, heads, d, kv_lora, rope, dtype, mask_words, num_splits) -> list[dict]:
-    return [{fn.__name__: config_tables.compiled_shared(fn, types, consts, opts, cc)
+    return [{fn.__name__: compiler.compiled_shared(fn, types, consts, opts, cc)
              for fn, types, consts, opts in _compiles(variant, config, heads, d, kv_lora, rope, dtype, mask_words,
                                                       num_splits)} for variant, config, cc in cases]
 
@@ -302,16 +302,16 @@ def _compiles(variant, config, heads, d, kv_lora, rope, dtype, mask_words, num_s
 def compiled_resources(variant: str, config: dict | None, cc: int, *, heads: int = 8, d: int = 3,
                        kv_lora: int = 512, rope: int = 64, dtype: str = "bfloat16") -> dict[str, dict]:
     """{kernel name: {'registers', 'stack_bytes', 'shared_bytes'}} of `variant` with `config` compiled in full for
-    sm_<cc> without a GPU (config_tables.compiled_resources): whether ptxas gave the kernel the registers its tiles
+    sm_<cc> without a GPU (compiler.compiled_resources): whether ptxas gave the kernel the registers its tiles
     need, which decides its speed more than anything the timing of another GPU shows."""
     from triton.runtime.jit import JITFunction
 
     args = [variant, config, int(cc), heads, d, kv_lora, rope, dtype]
     if not isinstance(extend._extend_kernel, JITFunction):  # the interpreter's kernels cannot be compiled
-        return config_tables.uninterpreted(__name__, "_resources", *args)
+        return compiler.uninterpreted(__name__, "_resources", *args)
     return _resources(*args)
 
 
 def _resources(variant, config, cc, heads, d, kv_lora, rope, dtype) -> dict[str, dict]:
-    return {fn.__name__: config_tables.compiled_resources(fn, types, consts, opts, cc)
+    return {fn.__name__: compiler.compiled_resources(fn, types, consts, opts, cc)
             for fn, types, consts, opts in _compiles(variant, config, heads, d, kv_lora, rope, dtype, False, 32)}

@@ -2,8 +2,8 @@
 tokens, w [N, K] streamed from DRAM once. cuBLAS runs these as weight-streaming GEMV-like GEMMs at ~1/3 of copy
 bandwidth for the per-rank Kimi-K2.5 shapes; here each shape and token bucket gets a tuned launch.
 
-The kernels and their launch (dot, fma, split-K reduces, PDL): skinny_gemm_kernels.py; the configs, tables and
-selection: skinny_gemm_select.py. This module checks the inputs, picks the config and holds the reference.
+The kernels and their launch (dot, fma, split-K reduces, PDL): kernels.py; the configs, tables and
+selection: configs.py. This module checks the inputs, picks the config and holds the reference.
 The wrapper checks shapes on the host only (no device sync; outputs from torch.empty), so it is CUDA-graph
 capturable once compiled. Kernels run for CUDA tensors, and for CPU tensors when TRITON_INTERPRET=1 was set before
 import (tests); other CPU tensors take the reference (the CPU smoke profile).
@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import torch
 
-from verifybench.kernels import interpret
-from verifybench.kernels import pdl as _pdl
-from verifybench.kernels import skinny_gemm_kernels as kernels
-from verifybench.kernels.fused_ops import silu_mul_reference
-from verifybench.kernels.skinny_gemm_select import cached_config, check_config, sm_count
+from verifybench.kernels.common import interpret
+from verifybench.kernels.common import pdl as _pdl
+from verifybench.kernels.skinny_gemm import kernels
+from verifybench.kernels.fused_ops.api import silu_mul_reference
+from verifybench.kernels.skinny_gemm.configs import cached_config, check_config, sm_count
 
 MAX_TOKENS = 16
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -87,13 +87,13 @@ def linear(x: torch.Tensor, w: torch.Tensor, config: dict | None = None, *, add:
     contiguous, same dtype -> y [n, N] in x's dtype, fp32 accumulation.
 
     config (default: select_config(n, N, K, device)): {"kind": "dot" | "fma" | "torch", "BLOCK_N", "BLOCK_K", "SPLIT_K"
-    (None: from the shape), "reduce": "serial" | "kernel", "num_warps", "num_stages"}; see skinny_gemm_kernels.py.
+    (None: from the shape), "reduce": "serial" | "kernel", "num_warps", "num_stages"}; see kernels.py.
     add: [n, N] in x's dtype and device, last-dim stride 1, any row stride; added in fp32 before the one rounding
     (kind "torch": rounded twice). y is a new tensor, so add never aliases it.
     act "silu_mul": x is gate_up [n, 2K] (gate columns, then up) and y = (silu(gate) * up) @ w.T (+ add), the
     activation computed as each x tile loads (fp32, rounded once to x's dtype: fused_ops.silu_mul_reference):
     the shared expert's and dense MLP's down projections without a separate activation launch.
-    pdl: launch with programmatic dependent launch (None: kernels.pdl.enabled(x.device)); True where PDL cannot
+    pdl: launch with programmatic dependent launch (None: pdl.enabled(x.device)); True where PDL cannot
     run (CPU, the interpreter, pre-sm_90, VERIFYBENCH_PDL=0) silently runs without it; kind "torch" ignores it."""
     _check_inputs(x, w, act)
     n, K = x.shape[0], w.shape[1]

@@ -9,7 +9,7 @@ Semantics (the references are the definition; kernels differ only by fp32 reduct
 - mla_prep(qkv [n, q_lora + kv_lora + rope], q_ln, kv_ln, cache, pos, q_lora, kv_lora) -> q_a [n, q_lora]:
   q_a = rmsnorm(qkv[:, :q_lora], q_ln); cache[pos + i, :kv_lora] = rmsnorm(qkv[i, q_lora:q_lora + kv_lora], kv_ln);
   cache[pos + i, kv_lora:] = qkv[i, q_lora + kv_lora:] (the rope part, copied). rmsnorm is
-  kernels.fused_ops.rmsnorm_reference (normalize in fp32, round to the dtype, times the weight, round again). Cache
+  kernels/fused_ops/'s rmsnorm_reference (normalize in fp32, round to the dtype, times the weight, round again). Cache
   rows outside [pos, pos + n) are not touched.
 - q_absorb(qh [n, heads, nope + rope], w_uk [heads, nope, kv_lora], rope) -> q [heads, n, kv_lora + rope]:
   q[h, i, :kv_lora] = qh[i, h, :nope] @ w_uk[h] (fp32 sum, rounded once to qh's dtype); q[h, i, kv_lora:] =
@@ -18,8 +18,8 @@ Semantics (the references are the definition; kernels differ only by fp32 reduct
   o[i, h * v_head + j] = sum_c o_lat[h, i, c] * w_uv[h, c, j] (fp32 sum, rounded once to o_lat's dtype).
 Every wrapper checks shapes, dtypes, strides and devices on the host only (no device sync, outputs from torch.empty),
 so all are CUDA-graph capturable once compiled. Activations need last-dim stride 1 only (views of a wider linear
-output need no copy); weights are contiguous. `pdl` (None: kernels.pdl.enabled) launches with programmatic
-dependent launch: each program loads only its weights before gdc_wait() (kernels/pdl.py's rules). Kernels run for
+output need no copy); weights are contiguous. `pdl` (None: pdl.enabled) launches with programmatic
+dependent launch: each program loads only its weights before gdc_wait() (kernels/common/pdl.py's rules). Kernels run for
 CUDA tensors, and for CPU tensors when TRITON_INTERPRET=1 was set before import (tests); other CPU tensors take
 the reference.
 """
@@ -31,9 +31,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # PDL (sm_90+; triton >= 3.3)
 
-from verifybench.kernels import interpret
-from verifybench.kernels import pdl as pdl_mod
-from verifybench.kernels.fused_ops import FLOAT_DTYPES, MAX_ROW, rmsnorm_reference
+from verifybench.kernels.common import interpret
+from verifybench.kernels.common import pdl as pdl_mod
+from verifybench.kernels.fused_ops.api import FLOAT_DTYPES, MAX_ROW, rmsnorm_reference
 
 MAX_NOPE = 256  # q_absorb holds a head's whole [nope, BLOCK_C] w_uk tile in registers
 MAX_KV_LORA = 1024  # v_up holds a head's whole [kv_lora, BLOCK_V] w_uv tile in registers
