@@ -196,6 +196,12 @@ def test_sglang_w4a16_layout_is_our_nibbles_low_first_and_sglangs_own_conversion
     assert torch.equal(layer.w13_weight_packed, engine) and torch.equal(layer.w13_weight_scale, engine_scales)
 
 
+def test_the_moe_adapter_mirrors_the_installed_sglang():
+    sglang = _sglang_moe()
+    assert engines.label("sglang") == sglang.MOE_MIRRORS, \
+        "moe_w4a16 follows another SGLang's fused_experts_impl: check its calls against the installed one and rename"
+
+
 def test_torch_block_alignment_keeps_sglangs_contract():
     sglang = _sglang_moe()
     # the example in SGLang's moe_align_block_size docstring (experts 1..4 of 5; expert 0 gets no pairs)

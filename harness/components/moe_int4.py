@@ -331,8 +331,9 @@ def _engine_ran(records: list[dict]) -> str:
     engine = next((r for r in records if r["params"]["impl"] == SGLANG), None)
     if engine is None:
         return ""
-    return (f"; sglang = {engine['derived']['kernel']}'s Triton W4A16 MoE, block alignment (torch) outside the "
-            "timed region, SiLU*up in torch")
+    kernel = engine["derived"].get("kernel", "sglang")
+    return (f"; sglang = {kernel}'s Triton W4A16 MoE, block alignment (torch) outside the timed region, SiLU*up in "
+            "torch")
 
 
 def _dense_ran(records: list[dict]) -> str:
