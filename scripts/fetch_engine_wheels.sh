@@ -16,4 +16,11 @@ python3 -m pip download -q --no-deps -d "$dest" --python-version 3.12 --platform
   pexpect==4.8.0 pickleshare==0.7.5 prompt_toolkit==3.0.52 ptyprocess==0.7.0 pure_eval==0.2.3 stack-data==0.6.3 \
   traitlets==5.15.0 wcwidth==0.7.0 pydantic==2.13.4 pydantic_core==2.46.4 annotated-types==0.7.0 \
   typing-inspection==0.4.2 orjson sniffio==1.3.1
+# SGLang's fused-MoE Triton module imports its serving stack; what the image lacks of it (pyzmq's wheel wants
+# manylinux_2_26), and the transformers SGLang pins with its hub and tokenizers (15 MB of the 18: drop those three
+# where the image's transformers imports sglang.srt.utils.hf_transformers_utils)
+python3 -m pip download -q --no-deps -d "$dest" --python-version 3.12 --platform manylinux2014_x86_64 \
+  --platform manylinux_2_28_x86_64 --only-binary=:all: pyzmq==27.3.0 openai==2.6.1 distro==1.9.0 \
+  partial-json-parser==0.2.1.1.post7 dill==0.4.1 compressed-tensors==0.20.1 loguru==0.7.3 gguf==0.19.0 \
+  msgspec==0.23.0 transformers==5.3.0 tokenizers==0.22.2 huggingface_hub==1.33.0
 ls -la "$dest"

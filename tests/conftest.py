@@ -14,10 +14,17 @@ if not torch.cuda.is_available():
 # The released engine packages .ci/run fetches (nothing installs them for a user): the engine adapters' tests and the
 # components' engine rows import them from there, whichever test files run
 CI_ENGINES = Path(__file__).resolve().parent.parent / ".ci" / "engines"
+# what SGLang's MoE kernel modules import beyond what the extend and decode kernels need (its serving stack's
+# imports: transformers, openai, pyzmq, ...); .ci/run fetches it apart from the engines
+CI_ENGINES_EXTRA = CI_ENGINES.parent / "engines-extra"
 if CI_ENGINES.is_dir() and str(CI_ENGINES) not in sys.path:
     sys.path.append(str(CI_ENGINES))
+    if CI_ENGINES_EXTRA.is_dir():
+        sys.path.append(str(CI_ENGINES_EXTRA))
     if importlib.util.find_spec("torchvision") is None:
         sys.path.append(str(Path(__file__).parent / "engine_stubs"))  # see engine_stubs/torchvision/__init__.py
+    if importlib.util.find_spec("sgl_kernel") is None:  # see engine_stubs/no_sgl_kernel/sgl_kernel/__init__.py
+        sys.path.append(str(Path(__file__).parent / "engine_stubs" / "no_sgl_kernel"))
 # A shell starts a background job (`cmd &` in a script) with SIGINT ignored, and every child inherits that: the tests
 # that stop a child with SIGINT, as Ctrl-C would, need the children to get it at its default
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:

@@ -145,3 +145,138 @@ def test_flashinfer_mla_decode_planned_as_sglang_plans_decode_matches_the_refere
     wrapper, _ = flashinfer.decode_planner(starts, lens, g, heads, kv_lora, dk - kv_lora, 192 ** -0.5, torch.bfloat16)
     out = flashinfer.mla_run(q, cache, kv_lora, wrapper)()
     assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+# ---------------------------------------------------------------------------------------------------- MoE W4A16
+
+def _sglang_moe():
+    return _adapter("sglang", "moe_modules")
+
+
+def _moe_weights(e=8, h=64, inter=32, seed=0):
+    from verifybench.kernels.moe_int4 import reference as moe
+
+    gen = torch.Generator().manual_seed(seed)
+    w13, w2 = torch.randn(e, 2 * inter, h, generator=gen) * 0.1, torch.randn(e, h, inter, generator=gen) * 0.1
+    return (*moe.quantize_w4a16(w13), *moe.quantize_w4a16(w2))
+
+
+def _sglang_moe_out(sglang, layers, x, tw, ids, group=32, flip_nibbles=False):
+    w13p, w13s, w2p, w2s = layers
+    e, two_i, _ = w13p.shape
+    picked = sglang.moe_w4a16_config(x.shape[0], e, x.shape[1], two_i // 2, ids.shape[1], group)
+    (w13, s13), (w2, s2) = sglang.w4a16_weights(w13p, w13s), sglang.w4a16_weights(w2p, w2s)
+    if flip_nibbles:  # the high nibble first: what a wrong byte order would feed the kernel
+        w13, w2 = ((w >> 4) | ((w & 0xF) << 4) for w in (w13, w2))
+    return sglang.moe_w4a16(x, w13, s13, w2, s2, tw, ids, group, picked)()
+
+
+def test_sglang_w4a16_layout_is_our_nibbles_low_first_and_sglangs_own_conversion():
+    from verifybench.kernels.moe_int4 import reference as moe
+
+    sglang = _sglang_moe()
+    packed, scales, *_ = _moe_weights()
+    engine, engine_scales = sglang.w4a16_weights(packed, scales)
+    assert engine.dtype == torch.uint8 and engine.shape == (*packed.shape[:2], packed.shape[2] * 4)
+    unpacked = torch.stack([engine & 0xF, engine >> 4], -1).flatten(-2).to(torch.int32)  # element 2j low, 2j+1 high
+    assert torch.equal(unpacked, moe.unpack_nibbles(packed))
+    assert engine_scales.shape == scales.shape
+    # SGLang's own conversion, from the layout its loader stores a compressed-tensors checkpoint in (transposed)
+    try:
+        schemes = importlib.import_module(
+            "sglang.srt.layers.quantization.compressed_tensors.schemes.compressed_tensors_wNa16_moe")
+    except Exception as e:  # its scheme module imports more than the kernels
+        pytest.skip(f"SGLang's compressed-tensors MoE scheme cannot be imported here: {type(e).__name__}: {e}")
+    layer = torch.nn.Module()
+    for name, t in (("w13_weight_packed", packed), ("w2_weight_packed", packed),
+                    ("w13_weight_scale", scales), ("w2_weight_scale", scales)):
+        layer.register_parameter(name, torch.nn.Parameter(t.transpose(1, 2).contiguous(), requires_grad=False))
+    method = schemes.CompressedTensorsWNA16TritonMoE
+    method.process_weights_after_loading(object.__new__(method), layer)
+    assert torch.equal(layer.w13_weight_packed, engine) and torch.equal(layer.w13_weight_scale, engine_scales)
+
+
+def test_the_moe_adapter_mirrors_the_installed_sglang():
+    sglang = _sglang_moe()
+    assert engines.label("sglang") == sglang.MOE_MIRRORS, \
+        "moe_w4a16 follows another SGLang's fused_experts_impl: check its calls against the installed one and rename"
+
+
+def test_torch_block_alignment_keeps_sglangs_contract():
+    sglang = _sglang_moe()
+    # the example in SGLang's moe_align_block_size docstring (experts 1..4 of 5; expert 0 gets no pairs)
+    ids = torch.tensor([[2, 3, 4], [1, 2, 4], [1, 3, 4], [1, 2, 3]], dtype=torch.int32)
+    sorted_ids, expert_ids, post = sglang.align_block_size(ids, 4, 5)
+    assert post.tolist() == [16] and post.dtype == torch.int32
+    assert sorted_ids[:16].tolist() == [3, 6, 9, 12, 0, 4, 10, 12, 1, 7, 11, 12, 2, 5, 8, 12]
+    assert expert_ids[:4].tolist() == [1, 2, 3, 4] and (expert_ids[4:] == -1).all()
+    gen = torch.Generator().manual_seed(3)
+    for m, topk, e, block in ((1, 8, 384, 16), (8, 8, 384, 16), (5, 2, 16, 16), (32, 8, 16, 64), (7, 3, 4, 4)):
+        ids = torch.rand(m, e, generator=gen).topk(topk, -1).indices.to(torch.int32)
+        numel = m * topk
+        sorted_ids, expert_ids, post = sglang.align_block_size(ids, block, e)
+        cap = numel * block if numel < e + 1 else numel + (e + 1) * (block - 1)
+        assert sorted_ids.shape == (cap,) and expert_ids.shape == (-(-cap // block),)
+        total = int(post)
+        assert total % block == 0 and (sorted_ids[total:] == numel).all()
+        real = sorted_ids[:total][sorted_ids[:total] < numel]
+        assert sorted(real.tolist()) == list(range(numel))  # every pair once
+        for b in range(total // block):  # every block one expert's pairs, the padding after them
+            chunk = sorted_ids[b * block:(b + 1) * block]
+            pairs = chunk[chunk < numel].long()
+            assert (ids.flatten()[pairs] == expert_ids[b]).all() and pairs.tolist() == sorted(pairs.tolist())
+            assert torch.equal(chunk < numel, torch.arange(block) < len(pairs))
+        counts = torch.bincount(ids.flatten().long(), minlength=e)
+        assert total == int(((counts + block - 1) // block * block).sum())
+
+
+@pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(), reason="the kernels need a GPU or the interpreter")
+@pytest.mark.parametrize("m,topk", [(1, 2), (3, 2), (2, 1), (3, 3)], ids=["m1", "m3", "topk1", "topk3"])
+def test_sglang_w4a16_moe_called_as_fused_experts_matches_the_reference(m, topk):
+    from verifybench.kernels.moe_int4 import reference as moe
+
+    sglang = _sglang_moe()
+    device = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16  # bf16 arithmetic is wrong in the interpreter
+    layers = tuple(w.to(device) for w in _moe_weights())
+    x = torch.randn(m, 64, generator=torch.Generator().manual_seed(m)).to(dtype).to(device)
+    tw, ids = moe.route_uniform(m, 8, topk, seed=m + topk, device=device)
+    ref = moe.reference_moe_w4a16(x.float(), *layers, tw, ids)
+    out = _sglang_moe_out(sglang, layers, x, tw, ids)
+    assert out.shape == ref.shape and out.dtype == dtype
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
+    if m == 3 and topk == 2:  # the check the component makes sees a wrong nibble order
+        bad = _sglang_moe_out(sglang, layers, x, tw, ids, flip_nibbles=True)
+        assert ((bad.float() - ref).norm() / ref.norm()).item() > 0.1
+
+
+def test_the_moe_engine_row_is_skipped_in_one_line_without_sglang(monkeypatch):
+    import importlib.util
+
+    from verifybench.harness.components import moe_int4
+    from verifybench.harness.engine.runner import CaseSkipped
+    from verifybench.harness.model import presets
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(engines, "version", lambda engine: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sglang" else real(name, *a))
+    monkeypatch.setattr(moe_int4.interpret, "active", lambda: True)
+    with pytest.raises(CaseSkipped) as e:
+        moe_int4._sglang_setup(presets.get("tiny", 1), 1, "cpu")
+    assert str(e.value).startswith("the engine's rows: sglang is not installed") and "\n" not in str(e.value)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 8])
+def test_sglang_w4a16_moe_at_the_kimi_tp8_shape_matches_the_reference(n):
+    from verifybench.harness.components import moe_int4
+    from verifybench.kernels.moe_int4 import reference as moe
+
+    sglang = _sglang_moe()
+    p = moe_int4.preset_shape("kimi-k2.5", 8)
+    layers = moe_int4.int4_layers("kimi-k2.5", 8, "cuda", 1)[0]
+    x = torch.randn(n, p.hidden, device="cuda").bfloat16()
+    tw, ids = moe.route_uniform(n, p.experts, p.topk, seed=n, device="cuda")
+    ref = moe.reference_moe_w4a16(x.float(), *layers, tw, ids)
+    out = _sglang_moe_out(sglang, layers, x, tw, ids, group=p.expert_group_size)
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2

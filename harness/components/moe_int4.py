@@ -1,6 +1,14 @@
 """INT4 (W4A16) routed-expert MoE layer at 1..8 (16, 32) tokens: the Triton kernel, the fp32 torch reference and
 dense bf16 weights through plain torch, side by side, cold (weights rotated over >= 4 layers inside the graph).
 
+Where SGLang is installed, its own Triton W4A16 MoE ("sglang.triton", harness/engines/sglang.py) runs beside ours
+with the same weights (its layout is a view of ours), check and timing: the calls fused_experts_impl makes with
+--moe-runner-backend triton, its config from try_get_optimal_moe_config, with the block alignment computed in torch
+outside the timed region (SGLang runs an sgl-kernel op there) and SiLU * up in torch (sgl-kernel's silu_and_mul in
+SGLang). On CUDA, SGLang 0.5.10.post1 serves compressed-tensors W4A16 MoE with Marlin instead (its Triton method is
+chosen on ROCm); this row is what its Triton runner costs on these weights. CPU: one case at the smallest n, in
+the interpreter (the kernels run there only under TRITON_INTERPRET=1).
+
 Run: verifybench moe_int4   or   pytest --benchmark-only microbench/bench_moe_int4.py. Tune: verifybench tune.
 """
 from __future__ import annotations
@@ -13,12 +21,14 @@ from pathlib import Path
 
 import torch
 
+from verifybench.harness import engines
 from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.model import presets
 from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers
 from verifybench.harness.engine.tables import side_by_side
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
+from verifybench.kernels.common import interpret
 from verifybench.kernels.moe_int4 import reference as moe
 from verifybench.kernels.moe_int4 import api as mt
 from verifybench.kernels.moe_int4 import configs as ms
@@ -31,6 +41,7 @@ CPU_NS = (1, 4, 8)
 LAYERS = 4  # distinct full weight sets in every rotation (a verify forward never re-reads a layer)
 MAX_SLOTS = 32
 TRACE_ENV = "VERIFYBENCH_MOE_TRACE"  # a routing trace file (moe.load_routing_trace formats) adds "trace" cases
+SGLANG = "sglang.triton"  # SGLang's Triton W4A16 MoE, timed beside ours
 IDEAL_INT4_GAIN = 2 / (0.5 + 2 / 32)  # bf16 bytes / int4+scale bytes per weight = 3.56
 TOL = 1e-2
 
@@ -129,6 +140,41 @@ def _slots(p: presets.Preset, n: int, device: str) -> int:
 
 # ---------------------------------------------------------------------------------------------------- cases
 
+class _Engine:
+    """SGLang's W4A16 MoE for one case: its config for n tokens, and call(layer, x, tw, ids) that builds the engine's
+    per-input state once per input (outside the timed region: setup and the check call it first) and runs it."""
+
+    def __init__(self, sglang, picked: dict, group_size: int):
+        self.sglang, self.picked, self.group_size, self.built = sglang, picked, group_size, {}
+        self.record = {"kernel": engines.label("sglang"), "config": picked["config"],
+                       "down_config": picked["down_config"], "config_source": picked["source"],
+                       "engine_note": ("fused_experts_impl's calls; block alignment in torch outside the timed "
+                                       "region (sgl-kernel op in SGLang), SiLU*up in torch (sgl-kernel in SGLang)")}
+
+    def call(self, layer: tuple, x, tw, ids):
+        key = (id(layer[0]), id(x), id(tw), id(ids))
+        if key not in self.built:
+            w13, w13s = self.sglang.w4a16_weights(layer[0], layer[1])
+            w2, w2s = self.sglang.w4a16_weights(layer[2], layer[3])
+            run = self.sglang.moe_w4a16(x, w13, w13s, w2, w2s, tw, ids, self.group_size, self.picked)
+            self.built[key] = (layer, x, tw, ids, run)  # held: the ids cannot be reused meanwhile
+        return self.built[key][-1]()
+
+
+def _sglang_setup(p: presets.Preset, n: int, device: str) -> _Engine:
+    """SGLang's kernels for this case, or the engine row's skip (one line, with the reason)."""
+    if device != "cuda" and not interpret.active():
+        raise CaseSkipped("the Triton kernels need a GPU, or TRITON_INTERPRET=1 set before import on CPU")
+    try:
+        from verifybench.harness.engines import sglang
+
+        picked = sglang.moe_w4a16_config(n, p.experts, p.hidden, p.expert_intermediate, p.topk,
+                                         p.expert_group_size)
+    except engines.EngineMissing as e:
+        raise engines.skipped(e) from None
+    return _Engine(sglang, picked, p.expert_group_size)
+
+
 def _config_record(impl: str, n: int, device: str, config: dict | None) -> dict:
     """The Triton kernel's config and where it came from (the tuned table, the default, or given by the case)."""
     if impl != "triton":
@@ -144,7 +190,7 @@ def make_case(preset: str, tp: int, impl: str, n: int, routing: str, device: str
     p = preset_shape(preset, tp)
     act_dtype = torch.bfloat16 if device == "cuda" else torch.float32
     dense_dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    if impl == "triton":
+    if impl in ("triton", SGLANG):  # fp16 in the interpreter: its bf16 arithmetic is wrong
         act_dtype = torch.bfloat16 if device == "cuda" else torch.float16
     weight_format = f"int4-g{p.expert_group_size}" if impl != "torch-dense" else str(dense_dtype).split(".")[1]
     params = {"preset": preset, "tp": tp, "impl": impl, "n": n, "routing": routing, "device": device,
@@ -153,6 +199,9 @@ def make_case(preset: str, tp: int, impl: str, n: int, routing: str, device: str
     name = f"moe/{preset}-tp{tp}/{impl if impl != 'torch-dense' else 'torch-' + weight_format}/n{n}/{routing}"
 
     def setup():
+        engine = None
+        if impl == SGLANG:
+            engine = _sglang_setup(p, n, device)
         layers, plan = planned_layers(preset, tp, device)
         dense, notes = None, [plan.note] if plan.reduced else []
         if impl == "torch-dense":
@@ -164,6 +213,8 @@ def make_case(preset: str, tp: int, impl: str, n: int, routing: str, device: str
                             moe.expert_bytes_int4(p.hidden, p.expert_intermediate, p.expert_group_size))
 
         def call(layer: int, x, tw, ids, *, check_ids: bool):
+            if engine is not None:
+                return engine.call(layers[layer], x, tw, ids)
             if impl == "triton":
                 return mt.fused_moe_w4a16(x, *layers[layer], tw, ids, config=config, check_ids=check_ids)
             if impl == "reference":
@@ -176,6 +227,8 @@ def make_case(preset: str, tp: int, impl: str, n: int, routing: str, device: str
             tw, ids = _routing(routing, n, p, seed=1000 * n + s, device=device)
             counts.append(moe.moe_bytes(ids, p.hidden, bytes_per_expert, act_dtype.itemsize))
             fns.append(lambda layer=s % sets, x=x, tw=tw, ids=ids: call(layer, x, tw, ids, check_ids=False))
+        for fn in fns if engine is not None else ():
+            fn()  # the engine's per-input setup (its block alignment) done before the timed region
 
         def check():
             x = torch.randn(n, p.hidden, device=device).to(act_dtype)
@@ -196,7 +249,7 @@ def make_case(preset: str, tp: int, impl: str, n: int, routing: str, device: str
                     "eta": ceiling.eta(mean["bytes_moved"], m.median_us, copy),
                     "floor_us": mean["bytes_moved"] / (copy * 1e3), "copy_gbps": copy, "rotation": len(fns),
                     "layer_sets": sets, **({"memory_note": "; ".join(notes)} if notes else {}),
-                    **_config_record(impl, n, device, config)}
+                    **_config_record(impl, n, device, config), **(engine.record if engine is not None else {})}
 
         return fns, check, derive
 
@@ -226,12 +279,14 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
             raise ValueError(f"preset {preset!r} needs a GPU (1.19 GB per K2.5 layer); use preset 'tiny' on CPU")
         return [make_case(preset, tp, impl, n, "uniform", "cpu", mode, {})
                 for impl, mode in (("reference", "cold"), ("torch-dense", "graph")) for n in tokens or CPU_NS] + [
-            _skipped_triton_case(preset, tp, min(tokens or CPU_NS))]
+            _skipped_triton_case(preset, tp, min(tokens or CPU_NS)),
+            make_case(preset, tp, SGLANG, min(tokens or CPU_NS), "uniform", "cpu", "graph", {})]
     routings = ["uniform", "skewed"] + (["trace"] if os.environ.get(TRACE_ENV) else [])
     ns = tokens or GPU_NS
     ref_ns = [n for n in ns if n in REF_NS] or [min(ns)]
     out = [make_case(preset, tp, "triton", n, r, "cuda", "graph", {"max_time_s": 1.0}) for r in routings for n in ns]
     out += [make_case(preset, tp, "torch-dense", n, "uniform", "cuda", "graph", {"max_time_s": 1.0}) for n in ns]
+    out += [make_case(preset, tp, SGLANG, n, "uniform", "cuda", "graph", {"max_time_s": 1.0}) for n in ns]
     out += [make_case(preset, tp, "reference", n, "uniform", "cuda", "hot", {"max_time_s": 1.0}) for n in ref_ns]
     return out
 
@@ -251,6 +306,8 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
             row[f"triton_{prm['routing']}_us"] = us
         elif prm["impl"] == "torch-dense":
             row["torch_dense_us"] = us
+        elif prm["impl"] == SGLANG:
+            row["sglang_us"] = us
         else:
             row["reference_us"] = us
 
@@ -258,13 +315,25 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
         records, ok, lambda p: (p["preset"], p["tp"], p["n"]),
         lambda r: {"preset": f"{r['params']['preset']}-tp{r['params']['tp']}", "n": r["params"]["n"]}, fill,
         (("dense/int4", "torch_dense_us", "triton_us"), ("of_ideal_3.56x", "torch_dense_us", "triton_us",
-                                                          IDEAL_INT4_GAIN), ("ref/triton", "reference_us", "triton_us")),
+                                                          IDEAL_INT4_GAIN), ("ref/triton", "reference_us", "triton_us"),
+         ("triton/sglang", "triton_us", "sglang_us")),
         # CPU timings of torch paths and the interpreter: no eta, no verdict on the INT4 gain
-        ("eta", "floor_us", "dense/int4", "of_ideal_3.56x", "ref/triton"))
+        ("eta", "floor_us", "dense/int4", "of_ideal_3.56x", "ref/triton", "triton/sglang"))
     side.sort(key=lambda r: (r["preset"], r["n"]))
     return [("INT4 MoE layer per case (" + (CPU_TIMING if cpu_numbers(records) else
                                              "cold: weights rotated through the graph") + ")", per_case),
-            (f"INT4 MoE layer side by side (uniform routing unless named; dense = {_dense_ran(ok)})", side)]
+            (f"INT4 MoE layer side by side (uniform routing unless named; dense = {_dense_ran(ok)}{_engine_ran(ok)})",
+             side)]
+
+
+def _engine_ran(records: list[dict]) -> str:
+    """The engine rows' kernel, from their own records: '; sglang = sglang 0.5.10.post1 Triton W4A16 ...'."""
+    engine = next((r for r in records if r["params"]["impl"] == SGLANG), None)
+    if engine is None:
+        return ""
+    kernel = engine["derived"].get("kernel", "sglang")
+    return (f"; sglang = {kernel}'s Triton W4A16 MoE, block alignment (torch) outside the timed region, SiLU*up in "
+            "torch")
 
 
 def _dense_ran(records: list[dict]) -> str:

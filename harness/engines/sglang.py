@@ -155,3 +155,171 @@ def mla_decode(q, cache, starts, lens, kv_lora: int, scale: float, metadata: dic
         return out.transpose(0, 1)
 
     return run
+
+
+# ---------------------------------------------------------------------------------------------------- MoE (W4A16)
+
+MOE_KERNELS_MODULE = "sglang.srt.layers.moe.fused_moe_triton.fused_moe_triton_kernels"
+MOE_CONFIG_MODULE = "sglang.srt.layers.moe.fused_moe_triton.fused_moe_triton_config"
+MOE_SERVER_ARGS_MODULE = "sglang.srt.server_args"
+# the release whose fused_experts_impl moe_w4a16 follows call by call (tests hold the installed one to it)
+MOE_MIRRORS = "sglang 0.5.10.post1"
+
+
+def moe_modules():
+    """(kernels, config) modules of SGLang's fused-MoE Triton path; EngineMissing where they cannot be imported."""
+    return import_kernel_module("sglang", MOE_KERNELS_MODULE), import_kernel_module("sglang", MOE_CONFIG_MODULE)
+
+
+def w4a16_weights(packed: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Our INT4 expert weights (packed int32 [E, N, K/8], nibble i of a word = element 8w + i stored as q + 8;
+    scales bf16 [E, N, K/group]) in the layout SGLang's Triton W4A16 MoE reads: uint8 [E, N, K/2] with element k in
+    byte k // 2, the low nibble for even k, still q + 8 (the kernel subtracts 8 where no zero points are given);
+    scales [E, N, K/group].
+
+    SGLang loads a compressed-tensors checkpoint transposed ([E, K/8, N] int32, [E, K/group, N] scales) and its
+    CompressedTensorsWNA16TritonMoE transposes both back and views the words as bytes (little-endian: a word's
+    nibbles 0-1 are byte 0). Ours is that checkpoint layout untransposed, so the result is the same bytes: a view,
+    no copy (tests/test_engines.py holds it against SGLang's own conversion where that module imports)."""
+    if packed.dtype != torch.int32 or packed.dim() != 3 or not packed.is_contiguous():
+        raise ValueError(f"packed must be contiguous int32 [E, N, K/8], got {packed.dtype} {tuple(packed.shape)}")
+    if scales.dim() != 3 or scales.shape[:2] != packed.shape[:2]:
+        raise ValueError(f"scales {tuple(scales.shape)} do not match packed {tuple(packed.shape)}")
+    return packed.view(torch.uint8), scales.contiguous()
+
+
+def align_block_size(topk_ids: torch.Tensor, block_size: int, num_experts: int):
+    """SGLang's moe_align_block_size contract, computed in torch (its op is an sgl-kernel CUDA kernel): the M x topk
+    (token, slot) pairs, numbered i = token * topk + slot, grouped by expert (experts in order, pairs of an expert in
+    increasing i), each expert's group padded to a multiple of block_size with the fill value M * topk.
+    Returns (sorted_token_ids int32 [cap], expert_ids int32 [cdiv(cap, block_size)], num_tokens_post_padded int32
+    [1]): cap as SGLang's wrapper sizes it (M*topk*block_size while M*topk <= num_experts, else
+    M*topk + (num_experts + 1) * (block_size - 1)); expert_ids[b] is the expert of block b for the first
+    num_tokens_post_padded / block_size blocks and -1 after them (the kernel stops at num_tokens_post_padded)."""
+    flat = topk_ids.reshape(-1).long()
+    numel, device = flat.numel(), topk_ids.device
+    cap = numel * block_size if numel < num_experts + 1 else numel + (num_experts + 1) * (block_size - 1)
+    counts = torch.bincount(flat, minlength=num_experts)
+    padded = (counts + block_size - 1) // block_size * block_size
+    order = torch.argsort(flat, stable=True)
+    experts = flat[order]
+    rank = torch.arange(numel, device=device) - (torch.cumsum(counts, 0) - counts)[experts]
+    sorted_ids = torch.full((cap,), numel, dtype=torch.int32, device=device)
+    sorted_ids[(torch.cumsum(padded, 0) - padded)[experts] + rank] = order.to(torch.int32)
+    blocks = padded // block_size
+    expert_ids = torch.full(((cap + block_size - 1) // block_size,), -1, dtype=torch.int32, device=device)
+    used = int(blocks.sum())
+    expert_ids[:used] = torch.repeat_interleave(torch.arange(num_experts, device=device), blocks).to(torch.int32)
+    return sorted_ids, expert_ids, padded.sum().view(1).to(torch.int32)
+
+
+def _default_server_args(server_args_module):
+    """A ServerArgs holding every field's default, built without its __post_init__ (which resolves a model):
+    SGLang's config lookup reads two of its flags (deterministic inference, fused sum-all-reduce), both off by
+    default."""
+    import dataclasses
+
+    cls = server_args_module.ServerArgs
+    args = object.__new__(cls)
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            setattr(args, f.name, f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            setattr(args, f.name, f.default_factory())
+    return args
+
+
+@contextlib.contextmanager
+def default_server_args():
+    """Inside the block SGLang's global server args are the defaults (where none are set, as outside a server)."""
+    module = import_kernel_module("sglang", MOE_SERVER_ARGS_MODULE)
+    if module._global_server_args is not None:
+        yield
+        return
+    module._global_server_args = _default_server_args(module)
+    try:
+        yield
+    finally:
+        module._global_server_args = None
+
+
+@contextlib.contextmanager
+def _device_name(config_module, name: str):
+    """SGLang names its tuned-config files by the GPU's name and reads it from torch; without a GPU it has none, so
+    the lookup is made under `name` (no such file: SGLang's default config, as on any GPU without a tuned file)."""
+    saved = config_module.get_device_name
+    config_module.get_device_name = lambda device_id=0: saved(device_id) or name
+    try:
+        yield
+    finally:
+        config_module.get_device_name = saved
+
+
+def moe_w4a16_config(tokens: int, experts: int, hidden: int, inter: int, topk: int, group_size: int) -> dict:
+    """What fused_experts_impl gets from try_get_optimal_moe_config for a W4A16 layer of this shape and token count
+    on this GPU: {"config", "down_config" (None: the up config serves both), "use_tma", "source"} (source: the file
+    it read, or SGLang's default)."""
+    kernels, config_module = moe_modules()
+    w1_shape, w2_shape = (experts, 2 * inter, hidden // 2), (experts, hidden, inter // 2)
+    dtype = config_module.get_config_dtype_str(torch.bfloat16, use_int4_w4a16=True)
+    with default_server_args(), _device_name(config_module, "cpu"):
+        cfg, (down, _) = config_module.try_get_optimal_moe_config(
+            w1_shape, w2_shape, topk, dtype, tokens, block_shape=[0, group_size], per_channel_quant=False,
+            return_down_config=True)
+        name = config_module.get_config_file_name(experts, w2_shape[2], dtype, [0, group_size])
+        found = config_module.get_moe_configs(experts, w2_shape[2], dtype, 0, group_size) is not None
+    use_tma = bool(kernels.support_tensor_descriptor() and down is not None and down.pop("USE_TMA", False))
+    return {"config": dict(cfg), "down_config": down, "use_tma": use_tma,
+            "source": f"SGLang's {'tuned file ' + name if found else 'default config (no file ' + name + ')'}"}
+
+
+def moe_w4a16(x, w13, w13_scales, w2, w2_scales, topk_weights, topk_ids, group_size: int, picked: dict):
+    """The calls SGLang's fused_experts_impl makes for a W4A16 layer with --moe-runner-backend triton and plain TP
+    (every expert local, so no expert filtering, no combine fusion, routed scaling 1), its per-input setup done
+    here once, outside the timed call: returns run() -> [M, H] in x's dtype.
+
+    w13/w2, scales: SGLang's layout (w4a16_weights). picked: moe_w4a16_config's. Setup: the block alignment for the
+    up config's BLOCK_SIZE_M (align_block_size: in torch, where SGLang runs an sgl-kernel op, so its time is not in
+    the row). run(): the gate_up GEMM (invoke_fused_moe_kernel -> fused_moe_kernel_gptq_awq) into SGLang's shared
+    intermediate buffer; SiLU(gate) * up in torch (SGLang calls sgl-kernel's silu_and_mul there); the down GEMM with
+    the routed weights; the sum over top-k as SGLang does it for <= 32 tokens (torch.sum, which SGLang wraps in
+    torch.compile; topk 2: torch.add; topk 1: the down GEMM writes the output)."""
+    import triton.language as tl
+
+    kernels, _ = moe_modules()
+    m, hidden = x.shape
+    e, n, _ = w13.shape
+    topk = topk_ids.shape[1]
+    cfg, down, use_tma = picked["config"], picked["down_config"], picked["use_tma"]
+    block_shape = [0, group_size]
+    sorted_ids, expert_ids, post_padded = align_block_size(topk_ids, cfg["BLOCK_SIZE_M"], e)
+    compute_type = tl.bfloat16 if x.dtype == torch.bfloat16 else tl.float16
+    padded = min(m * topk, e + 1) * (cfg["BLOCK_SIZE_M"] - 1) if use_tma else 0
+    total = m * topk + padded
+
+    def run():
+        cache = torch.empty(total * max(n, hidden), device=x.device, dtype=x.dtype)
+        cache3 = cache[:m * topk * hidden].view(m, topk, hidden)  # aliases cache1, as in SGLang: read before written
+        cache1 = cache[:total * n].view(total, n)
+        cache2 = torch.empty(total, n // 2, device=x.device, dtype=x.dtype)
+        out = torch.empty_like(x)
+        kernels.invoke_fused_moe_kernel(
+            x, w13, None, cache1, None, w13_scales, None, topk_weights, topk_ids, sorted_ids, expert_ids,
+            post_padded, False, topk, cfg, compute_type=compute_type, use_fp8_w8a8=False, use_int8_w8a8=False,
+            use_int8_w8a16=False, use_int4_w4a16=True, per_channel_quant=False, block_shape=block_shape,
+            c_sorted=use_tma, filter_expert=False)
+        gate_up = cache1.view(-1, n)
+        cache2.copy_(torch.nn.functional.silu(gate_up[..., :n // 2]) * gate_up[..., n // 2:])
+        kernels.invoke_fused_moe_kernel(
+            cache2, w2, None, cache3 if topk != 1 else out.unsqueeze(0), None, w2_scales, None, topk_weights,
+            topk_ids, sorted_ids, expert_ids, post_padded, True, 1, down or cfg, compute_type=compute_type,
+            use_fp8_w8a8=False, use_int8_w8a8=False, use_int8_w8a16=False, use_int4_w4a16=True,
+            per_channel_quant=False, block_shape=block_shape, a_use_tma=use_tma, b_use_tma=use_tma,
+            filter_expert=False, fuse_sum_all_reduce=False, router_topk=topk)
+        if topk == 2:
+            torch.add(cache3[:, 0], cache3[:, 1], out=out)
+        elif topk > 2:
+            torch.sum(cache3, dim=1, out=out)
+        return out
+
+    return run
