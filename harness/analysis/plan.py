@@ -310,12 +310,12 @@ def _costs(args, configs) -> tuple[dict, float, list[str], str | None]:
     if run is not None and run["component"] == "cycle":
         from verifybench.harness.analysis import batches
 
-        held = batches.batches(run)
-        if args.batch is not None and args.batch not in held:
-            raise ValueError(f"--batch {args.batch}: the cycle result holds batches {held}")
-        if args.batch is None and len(held) > 1:
+        sizes = batches.batches(run)
+        if args.batch is not None and args.batch not in sizes:
+            raise ValueError(f"--batch {args.batch}: the cycle result holds batches {sizes}")
+        if args.batch is None and len(sizes) > 1:
             args.per_batch = run
-        run = {**run, "cases": [c for c in run["cases"] if batches.batch_of(c) == (args.batch or min(held))]}
+        run = {**run, "cases": [c for c in run["cases"] if batches.batch_of(c) == (args.batch or min(sizes))]}
         extra = [f"--{k}" for k, v in given.items() if v is not None] + (["--verify-ms"] if args.verify_ms else [])
         if extra:
             raise ValueError(f"{' '.join(extra)}: the cycle result's measured phases are used; cost flags go with a "
@@ -328,7 +328,7 @@ def _costs(args, configs) -> tuple[dict, float, list[str], str | None]:
                 raise ValueError(f"--configs: {missing} not in {args.result} (it holds "
                                  f"{sorted({k[0] for k in costs})})")
             costs = {k: v for k, v in costs.items() if k[0] in configs}
-        at = (f" at batch {args.batch or min(held)} (--batch picks another)" if len(held) > 1 or min(held) > 1
+        at = (f" at batch {args.batch or min(sizes)} (--batch picks another)" if len(sizes) > 1 or min(sizes) > 1
               else "")
         notes, line_note = [f"costs: measured cycle (median) and phases of {args.result}{at}"], None
         if args.attention != "all":
