@@ -358,6 +358,12 @@ def run_one(args) -> int:
         from verifybench.harness.components import cycle
 
         print(cycle.context_chart_line(result["cases"], out_dir, results.stamp(result)))
+    if args.command == "cycle" and len(scope.get("batch") or ()) > 1:  # tau* over B, one line per context
+        from verifybench.harness.analysis import batches
+
+        png = batches.chart(result, out_dir, results.stamp(result))
+        print(f"chart: {png}" if png else "no chart of tau* over B on CPU: CPU numbers draw no comparison; `verifybench "
+              "advise` on a GPU run's folder draws it (with --accept-len: the speedup over B)")
     config_tables.print_defaults_notice()
     print("\n== summary" + (f" (CPU smoke profile: CPU numbers) {interpreter.describe()}" if scope["cpu"] else ""))
     for line in summary_lines({args.command: result}, time.monotonic() - started, None):

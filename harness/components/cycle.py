@@ -335,7 +335,10 @@ def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
     out = [write_png(fig, Path(directory) / f"cycle_phases-{stamp}.png")]
     if _several_contexts(rows) and not cpu_numbers(records):
         out.append(_context_chart(rows, directory, stamp))
-    return out
+    from verifybench.harness.analysis import batches
+
+    over_b = batches.chart({"cases": records}, directory, stamp)  # tau* over B (advise: speedup at an acceptance)
+    return out + ([over_b] if over_b else [])
 
 
 def context_chart_line(records: list[dict], directory: Path, stamp: str) -> str:
