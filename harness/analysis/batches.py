@@ -12,11 +12,19 @@ from pathlib import Path
 
 import numpy as np
 
-from verifybench.harness.analysis import plan
 from verifybench.harness.engine import stance
 from verifybench.harness.model import presets
 
 HIDDEN_BYTES = 2  # bf16 activations: one allreduce carries B * D rows of the hidden size at 2 bytes
+
+
+def passing_cases(run: dict) -> list[dict]:
+    return [c for c in run["cases"] if c["check"]["ok"]]
+
+
+def case_config(case: dict) -> tuple[int, int, int]:
+    p = case["params"]
+    return p["steps"], p["topk"], p["draft_tokens"]
 
 
 def batch_of(case: dict) -> int:
@@ -26,7 +34,7 @@ def batch_of(case: dict) -> int:
 
 def batches(run: dict) -> list[int]:
     """The batch sizes a cycle result's passing cases ran."""
-    return sorted({batch_of(c) for c in plan.passing_cases(run)})
+    return sorted({batch_of(c) for c in passing_cases(run)})
 
 
 def smallest_batch(run: dict) -> dict:
@@ -39,14 +47,14 @@ def rows(run: dict, tau_of=None) -> list[dict]:
     """One row per passing case: context, B, shape, attention, cycle and decode ms, tau*; with `tau_of(config)` (tau
     or None) also tok/s per request and in total, plain decode's total tok/s at B, the speedup and whether it pays.
     T_decode(B) is the median of the plain decode over the cases at that (context, B)."""
-    cases = plan.passing_cases(run)
+    cases = passing_cases(run)
     decode: dict[tuple, list[float]] = {}
     for c in cases:
         decode.setdefault((c["params"]["context"], batch_of(c)), []).append(c["derived"]["decode_ms"])
     out = []
     for c in cases:
         p, b = c["params"], batch_of(c)
-        config = plan.case_config(c)
+        config = case_config(c)
         cycle_ms = c["summary"]["median_us"] / 1e3
         dec = float(np.median(decode[(p["context"], b)]))
         nbytes = c["derived"].get("allreduce_bytes") or (
@@ -111,7 +119,7 @@ def allreduce_line(table: list[dict], sweep: Path | None) -> list[str]:
 def would_rank(run: dict) -> list[str]:
     """On CPU numbers: what the per-batch answer would give on a GPU, with no figure and no order."""
     bs = ", ".join(map(str, batches(run)))
-    ctx = ", ".join(str(c) for c in sorted({c["params"]["context"] for c in plan.passing_cases(run)}))
+    ctx = ", ".join(str(c) for c in sorted({c["params"]["context"] for c in passing_cases(run)}))
     return ["", f"## Per batch, on a GPU (not ranked here: B = {bs}; context {ctx})", stance.CPU_STANCE,
             "- per (steps, topk, D) and B: cycle ms, break-even tau* against plain decode at the same B, tok/s per "
             "request and in total, speedup over plain decode at the same B; the best shape per B",

@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 from tabulate import tabulate
 
+from verifybench.harness.analysis import batches
 from verifybench.harness.analysis.breakeven import ASSUMED_DRAFT_STEP_MS, ASSUMED_OTHER_MS, ASSUMED_REEXTEND_MS
 from verifybench.harness.analysis.numbers import (FORWARD_ROWS_MAX, MAX_STEP_MS, TOKEN_COUNT_MAX, context_arg,
                                                   finite_float, int_in, out_path,
@@ -308,8 +309,6 @@ def _costs(args, configs) -> tuple[dict, float, list[str], str | None]:
         args.result = None
     args.per_batch = None
     if run is not None and run["component"] == "cycle":
-        from verifybench.harness.analysis import batches
-
         sizes = batches.batches(run)
         if args.batch is not None and args.batch not in sizes:
             raise ValueError(f"--batch {args.batch}: the cycle result holds batches {sizes}")
@@ -410,8 +409,6 @@ def run(args) -> int:
     print(tabulate([{TABLE_COLUMNS[k]: r[k] for k in TABLE_COLUMNS} for r in rows], headers="keys", floatfmt=".4g"))
     print("\n".join(lines))
     if args.per_batch is not None:
-        from verifybench.harness.analysis import batches
-
         print("\n".join(batches.lines(args.per_batch, tau_of)))
     if args.json:
         written = results.write_json_new(args.json, {"command": "plan", "source": str(args.result or "numbers"),
