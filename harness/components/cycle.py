@@ -33,6 +33,9 @@ TAKES_BATCH = True  # --batch: requests per cycle
 HELP = "the whole EAGLE-3 cycle (draft, tree, verify with the tree mask, sync, bookkeeping, re-extend) per phase"
 GPU_CONFIGS = "2,1,3;3,1,4;5,1,6;5,4,8"  # (steps, topk, draft tokens): SGLang's chain default for Kimi and beyond
 CPU_CONFIGS = "2,1,3;2,2,3"
+# several batches on a GPU: the deployment's two draft-token counts (D = 3 and 6, the --accept-len 3:..,6:.. profile),
+# so that 4 batches x 2 contexts x 2 attention variants fit one GPU session's call
+BATCH_CONFIGS = "2,1,3;5,1,6"
 CASE_MAX_TIME_S = 1.5
 PART_MAX_TIME_S = 0.4  # each forward measured beside the cycle
 ROOT_TOKEN = 7  # the checks' last verified token
@@ -44,8 +47,8 @@ PHASES_AGREE = 0.03
 def add_arguments(p) -> None:
     p.add_argument("--configs", type=nonempty("configurations"), default=None,
                    help="(steps,topk,draft_tokens) triples separated by ';' (default "
-                   f"{GPU_CONFIGS} on a GPU, {CPU_CONFIGS} on CPU); draft tokens include the root, at most "
-                   f"{FORWARD_MAX_TOKENS}")
+                   f"{GPU_CONFIGS} on a GPU, {BATCH_CONFIGS} with several --batch sizes, {CPU_CONFIGS} on CPU); "
+                   f"draft tokens include the root, at most {FORWARD_MAX_TOKENS}")
     p.add_argument("--attention", type=nonempty("attention variants"), default=None,
                    help="verify attention variants, comma-separated: extend (the "
                    "engine's serial prefill kernel), split_kv (ours) (default both on a GPU; CPU: the torch reference)")
@@ -99,7 +102,9 @@ def cases(preset: str, tp: int, context: int = presets.CONTEXT, tokens: tuple[in
     for name, text in (("--configs", configs), ("--attention", attention), ("--contexts", contexts)):
         if isinstance(text, str) and not text.strip():
             raise ValueError(f"{name}: an empty list; leave the option out for the defaults")
-    cfgs = parse_configs(configs if configs is not None else (GPU_CONFIGS if gpu else CPU_CONFIGS))
+    several_batches = len(batch or ()) > 1
+    cfgs = parse_configs(configs if configs is not None else (CPU_CONFIGS if not gpu else BATCH_CONFIGS
+                                                              if several_batches else GPU_CONFIGS))
     if tokens:
         cfgs = [c for c in cfgs if c.draft_tokens in tokens]
         if not cfgs:

@@ -119,7 +119,19 @@ def fused_ops() -> Ops:
     from verifybench.kernels import mla_glue
     from verifybench.kernels.mla_decode import mla_decode
     from verifybench.kernels.mla_verify import mla_verify
-    from verifybench.kernels.skinny_gemm import linear
+    from verifybench.kernels.skinny_gemm import MAX_TOKENS
+    from verifybench.kernels.skinny_gemm import linear as skinny
+
+    def linear(x, w, add=None, act=None):
+        """The weight-streaming GEMM up to its MAX_TOKENS rows; past them (B requests' B * D tokens) torch's GEMM,
+        as engines switch to a tiled GEMM at larger row counts."""
+        if x.shape[0] <= MAX_TOKENS:
+            return skinny(x, w, add=add) if act is None else skinny(x, w, add=add, act=act)
+        if act == "silu_mul":
+            g, u = x.chunk(2, dim=-1)
+            x = F.silu(g) * u
+        y = F.linear(x, w)
+        return y if add is None else y + add
 
     return Ops("fused", linear, lambda x, w, r: linear(x, w, add=r), fo.rmsnorm, fo.add_rmsnorm, fo.softmax_topk,
                mla_glue.mla_prep, mla_glue.q_absorb,
