@@ -104,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
         module = components.load(name)
         q = sub.add_parser(name, help=f"component: {module.HELP}", description=module.__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-        run.add_scope_arguments(q, tokens=getattr(module, "TAKES_TOKENS", True))
+        run.add_scope_arguments(q, tokens=getattr(module, "TAKES_TOKENS", True),
+                                batch=getattr(module, "TAKES_BATCH", False))
         if hasattr(module, "add_arguments"):  # the component's own options, passed to its cases
             module.add_arguments(q)
         q.set_defaults(func=run.run_one)

@@ -14,7 +14,8 @@ import torch
 
 from verifybench.harness import components
 from verifybench.harness.analysis import advise
-from verifybench.harness.analysis.numbers import MAX_CONTEXT, context_arg, int_in, out_path, tokens_arg
+from verifybench.harness.analysis.numbers import (FORWARD_ROWS_MAX, MAX_CONTEXT, context_arg, int_in, out_path,
+                                                  request_batches_arg, tokens_arg)
 from verifybench.harness.engine import fingerprint, hostpin, hostprobe, interpreter, memory, results, tables, timing
 from verifybench.harness.engine.timing import cuda_available
 from verifybench.harness.model.presets import CONTEXT, CPU_CONTEXT
@@ -40,7 +41,7 @@ def print_table(title: str, rows: list[dict]) -> None:
     print(f"\n{title}\n" + tables.render(rows))
 
 
-def add_scope_arguments(p: argparse.ArgumentParser, tokens: bool = True) -> None:
+def add_scope_arguments(p: argparse.ArgumentParser, tokens: bool = True, batch: bool = False) -> None:
     p.add_argument("--preset", default=None, help="model preset: kimi-k2.5, deepseek-v3, tiny (default kimi-k2.5 "
                    "with a GPU; without one only tiny runs, the CPU smoke profile)")
     p.add_argument("--tp", type=int_in(1), default=None,
@@ -50,12 +51,22 @@ def add_scope_arguments(p: argparse.ArgumentParser, tokens: bool = True) -> None
     if tokens:  # a component whose shapes hold no token count takes no --tokens (argparse refuses it, exit 2)
         p.add_argument("--tokens", type=tokens_arg, default=None, help="token counts to verify, e.g. 1,2,4,8 or 1-8 "
                        "(default: each component's own set)")
+    if batch:  # requests per step, each over its own context; a component without batches takes no --batch
+        p.add_argument("--batch", type=request_batches_arg, default=None,
+                       help=f"requests at once, e.g. 1,2,4,8 (default 1), each with its own KV cache of --context "
+                       f"tokens; B x tokens per request at most {FORWARD_ROWS_MAX}. `run`: the components that take "
+                       f"it ({', '.join(batch_components())}); the others run one request")
     p.add_argument("--out", type=out_path, default=None,
                    help=f"results folder (default ./{results.DEFAULT_OUT}/<machine>/, outside the checkout's results/)")
     p.add_argument("--allreduce-from", metavar="RESULT[:BACKEND]", default=None,
                    help="one GPU: the allreduce stand-in waits the latency measured in this allreduce or NCCL-sweep "
                    "result (the named backend, else the fastest; graph mode, nearest size) instead of the reference "
                    "7.7 us; the same as VERIFYBENCH_ALLREDUCE_FROM")
+
+
+def batch_components() -> list[str]:
+    """The registered components whose cases take --batch (TAKES_BATCH)."""
+    return [n for n in components.REGISTRY if getattr(components.load(n), "TAKES_BATCH", False)]
 
 
 def resolve_scope(args) -> dict:
@@ -87,7 +98,7 @@ def resolve_scope(args) -> dict:
                 os.environ["VERIFYBENCH_ALLREDUCE_FROM"] = before
             raise
     return {"preset": preset, "tp": tp, "context": context, "out": out, "tokens": getattr(args, "tokens", None),
-            "cpu": not gpu, "options": component_options(args)}
+            "batch": getattr(args, "batch", None), "cpu": not gpu, "options": component_options(args)}
 
 
 def component_options(args) -> dict:
@@ -102,7 +113,10 @@ def component_options(args) -> dict:
 
 def _cases(name: str, scope: dict) -> list:
     options = scope.get("options", {}) if scope.get("component") == name else {}
-    return components.load(name).cases(scope["preset"], scope["tp"], scope["context"], scope["tokens"], **options)
+    module = components.load(name)
+    if scope.get("batch") and getattr(module, "TAKES_BATCH", False):
+        options = {**options, "batch": scope["batch"]}
+    return module.cases(scope["preset"], scope["tp"], scope["context"], scope["tokens"], **options)
 
 
 def check_cases(names: list[str], scope: dict) -> None:
@@ -134,7 +148,8 @@ def run_component(name: str, scope: dict, out_dir: Path, quiet: bool = False) ->
         if cuda_available():
             torch.cuda.empty_cache()
     run = results.make_run(name, cases, fp, extra={k: v for k, v in scope.items() if k in ("preset", "tp", "context",
-                                                                                          "tokens", "options")})
+                                                                                          "tokens", "batch",
+                                                                                          "options")})
     path = results.save_run(run, out_dir)
     run["saved_path"] = str(path)  # in memory only: the summary and the report name the file
     if not quiet:
@@ -305,7 +320,7 @@ def prepare(scope: dict) -> Path:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_scope_arguments(p)
+    add_scope_arguments(p, batch=True)
     p.add_argument("--components", default=None,
                    help=f"comma-separated subset (default all, in this order: {', '.join(components.REGISTRY)})")
 
@@ -343,6 +358,12 @@ def run_one(args) -> int:
         from verifybench.harness.components import cycle
 
         print(cycle.context_chart_line(result["cases"], out_dir, results.stamp(result)))
+    if args.command == "cycle" and len(scope.get("batch") or ()) > 1:  # tau* over B, one line per context
+        from verifybench.harness.analysis import batches
+
+        png = batches.chart(result, out_dir, results.stamp(result))
+        print(f"chart: {png}" if png else "no chart of tau* over B on CPU: CPU numbers draw no comparison; `verifybench "
+              "advise` on a GPU run's folder draws it (with --accept-len: the speedup over B)")
     config_tables.print_defaults_notice()
     print("\n== summary" + (f" (CPU smoke profile: CPU numbers) {interpreter.describe()}" if scope["cpu"] else ""))
     for line in summary_lines({args.command: result}, time.monotonic() - started, None):

@@ -148,3 +148,99 @@ def test_aux_layers_are_distinct_and_inside_the_model():
     assert aux_layers(61) == (2, 30, 58)
     assert aux_layers(3) == (0, 1, 2)
     assert all(0 <= i < 2 for i in aux_layers(2))
+
+
+# ---- B requests at once ----
+
+@pytest.fixture(scope="module")
+def fwd2():
+    torch.set_num_threads(1)
+    return build_forward("tiny", 1, None, 64, 0.0, 2)
+
+
+def _request_alone(fwd, r, run):
+    """`run()` with request r's cache rows moved into request 0's place (a batch-1 forward reads those)."""
+    saved = [L["kv_cache"][: fwd.region].clone() for L in fwd.layers]
+    for L in fwd.layers:
+        L["kv_cache"][: fwd.region].copy_(L["kv_cache"][r * fwd.region: (r + 1) * fwd.region])
+    try:
+        return run()
+    finally:
+        for L, rows in zip(fwd.layers, saved):
+            L["kv_cache"][: fwd.region].copy_(rows)
+
+
+def test_batched_forward_gives_each_request_what_it_gets_alone(fwd2):
+    import dataclasses
+
+    from verifybench.harness.model.forward import _mla_batch
+
+    def alone_attention(q, cache, length, kv_lora, scale):  # one request through the batched reference's math
+        n = q.shape[1]
+        return _mla_batch(q, cache, torch.zeros(1, dtype=torch.int32), torch.tensor([length - n], dtype=torch.int32),
+                          torch.ones(1, n, n, dtype=torch.bool), kv_lora, scale)
+
+    batched, one = fwd2.at_batch(2), fwd2.at_batch(1)
+    one.ops = dataclasses.replace(one.ops, mla=alone_attention)
+    for n in (1, 3):
+        batched.forward(n)
+        h = batched.buf[n]["h"].clone()
+        for r in range(2):
+            one.buf[n]["h0"].copy_(batched.buf[n]["h0"][r * n: (r + 1) * n])
+            _request_alone(fwd2, r, lambda: one.forward(n))
+            assert torch.equal(one.buf[n]["h"], h[r * n: (r + 1) * n]), (n, r)
+    assert batched.buf[3]["h"].shape[0] == 6 and batched.weight_bytes(3, [1])["kv"] == 2 * one.weight_bytes(3, [1])["kv"]
+
+
+def test_batched_cycle_accepts_per_request_as_each_request_alone(fwd2):
+    cyc = Cycle(fwd2.at_batch(2), SpecConfig(3, 1, 4), "split_kv", lambda t: None, graphs=False)
+    assert cyc.attention_error() <= 1e-6
+    greedy = cyc.greedy_continuation(11)
+    assert len(greedy) == 2 and greedy[0] != greedy[1]  # two contexts, two continuations
+    got = cyc.run_check(11, [g[:3] for g in greedy])
+    for r in range(2):
+        def alone():
+            one = Cycle(fwd2.at_batch(1), SpecConfig(3, 1, 4), "split_kv", lambda t: None, graphs=False)
+            g = one.greedy_continuation(11)
+            return g, one.run_check(11, g[:3])
+        g, (accepted, emitted) = _request_alone(fwd2, r, alone)
+        assert g == greedy[r] and got[r] == (accepted, emitted) == (3, g)
+    wrong = cyc.run_check(5, [[(cyc.greedy_continuation(5)[r][0] + 1) % cyc.full_vocab] * 3 for r in range(2)])
+    assert [n for n, _ in wrong] == [0, 0]
+    seen = []
+    cyc.step(seen.append)
+    assert tuple(seen) == PHASES and cyc.accepted == 6 and cyc.cycles == 3
+
+
+def test_cycle_cases_carry_batch_and_keep_the_batch_one_names():
+    plain = component.cases("tiny", 1, 64)
+    both = component.cases("tiny", 1, 64, batch=(1, 2))
+    assert [c.name for c in both[: len(plain)]] == [c.name for c in plain]
+    assert all(c.params["batch"] == 1 for c in plain)
+    assert [c.params["batch"] for c in both[len(plain):]] == [2] * len(plain)
+    assert all("/B2/" in c.name for c in both[len(plain):])
+    with pytest.raises(ValueError, match="--batch 32 x --configs D 3 = 96 tokens per verify forward"):
+        component.cases("tiny", 1, 64, batch=(1, 32))
+
+
+@pytest.mark.parametrize("given, says", [("0", "must be in 1..64"), ("x", "takes positive integers"),
+                                         ("1,1", "lists a batch size twice"), ("", "an empty item"),
+                                         ("32", "--batch 32 x --configs D 3 = 96 tokens")])
+def test_cycle_refuses_a_bad_batch_in_one_line(given, says, capsys, tmp_path):
+    from verifybench.harness.cli import main
+
+    assert main(["cycle", "--batch", given, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_cycle_batch_on_cpu_withholds_and_advise_says_what_it_would_rank(tmp_path, capsys):
+    from verifybench.harness.cli import main
+
+    assert main(["cycle", "--batch", "1,2", "--configs", "2,1,3", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "withheld" in out and "B" in out and not list(tmp_path.glob("cycle_batches-*.png"))
+    assert main(["advise", str(tmp_path), "--accept-len", "3:2.4,6:3.1"]) == 0
+    out = capsys.readouterr().out
+    assert "## Per batch, on a GPU (not ranked here: B = 1, 2; context 64)" in out
+    assert "largest B" in out and "tok/s in total" not in out and "chart:" not in out

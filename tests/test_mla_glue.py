@@ -302,3 +302,23 @@ def test_ops_replay_in_a_cuda_graph(mg, pdl):
         assert torch.equal(cache[KIMI_CONTEXT + n:], want_cache[KIMI_CONTEXT + n:])
         assert rel_error(q, mg.q_absorb_reference(q_a.view(n, k["heads"], -1), w_uk, k["rope"])) <= 1e-2
         assert rel_error(o, mg.v_up_reference(q[:, :, :k["kv_lora"]], w_uv)) <= 1e-2
+
+
+def test_mla_prep_writes_each_request_after_its_own_prefix(mg):
+    """B requests of D tokens: request b's rows at pos + b * stride (the batched verify forward's layout)."""
+    q_lora, kv_lora, rope, b, d, pos, stride = 32, 64, 16, 3, 2, 5, 11
+    qkv = _qkv(b * d, q_lora, kv_lora, rope, torch.float32)
+    q_ln, kv_ln = torch.rand(q_lora, device=DEV) + 0.5, torch.rand(kv_lora, device=DEV) + 0.5
+    cache = torch.randn(pos + b * stride, kv_lora + rope, device=DEV)
+    want_cache = cache.clone()
+    want = mg.mla_prep_reference(qkv, q_ln, kv_ln, want_cache, pos, q_lora, kv_lora, per_request=d,
+                                 request_stride=stride)
+    got = mg.mla_prep(qkv, q_ln, kv_ln, cache, pos, q_lora, kv_lora, per_request=d, request_stride=stride)
+    assert rel_error(got, want) <= TOL[torch.float32] and rel_error(cache, want_cache) <= TOL[torch.float32]
+    for r in range(b):  # each request's rope part copied to its own rows, nothing between them touched
+        assert torch.equal(cache[pos + r * stride: pos + r * stride + d, kv_lora:], qkv[r * d: (r + 1) * d,
+                                                                                         q_lora + kv_lora:])
+    with pytest.raises(ValueError, match="per_request must divide n"):
+        mg.mla_prep(qkv, q_ln, kv_ln, cache, pos, q_lora, kv_lora, per_request=4, request_stride=stride)
+    with pytest.raises(ValueError, match="pos must be an int"):
+        mg.mla_prep(qkv, q_ln, kv_ln, cache, pos + stride, q_lora, kv_lora, per_request=d, request_stride=stride)

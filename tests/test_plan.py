@@ -280,3 +280,70 @@ def test_verify_break_even_ignores_a_cpu_cycle_result_and_says_so():
     rows = bench_verify.break_even_rows(_verify_table(), cycle)
     assert len(rows) == 6 and not any("draft+overhead" in r for r in rows)  # ASSUMED for all: in the title
     assert "CPU numbers, not used" in bench_verify.break_even_title(cycle)
+
+
+# ---- B requests at once (cycle --batch): per batch, the largest B where a shape still pays ----
+
+def _batch_case(b, context, steps, topk, d, attention, cycle_ms, decode_ms):
+    case = _cycle_case(steps, topk, d, attention, draft=1.0, verify=cycle_ms - 1.5, reextend=0.3, other=0.2,
+                       decode=decode_ms)
+    case["name"] = f"cycle/kimi-k2.5-tp8/ctx{context}/" + (f"B{b}/" if b > 1 else "") + f"s{steps}k{topk}d{d}/{attention}"
+    case["params"].update(batch=b, context=context)
+    case["derived"].update(allreduce_bytes=b * d * 7168 * 2, beyond_bare_total_ms=1.0, beyond_bare_ms={"sync": 0.1},
+                           attention_per_forward_ms={"tree": 0.5, "decode (forward's)": 0.4})
+    return case
+
+
+def _batch_folder(tmp_path):
+    """A GPU cycle file at B = 1, 2, 4, 8 and two contexts. Plain decode grows slowly with B (weights dominate), the
+    cycle faster (B * D tokens): at tau 2.4, (2,1,3) pays up to B 4 at context 1024 and up to B 2 at 8192; (5,1,6) at
+    tau 3.1 pays up to B 2 at 1024, at no B at 8192."""
+    cases = []
+    for ctx, grow in ((1024, 1.0), (8192, 1.6)):
+        for b in (1, 2, 4, 8):
+            decode = 10.0 + 0.5 * b * grow
+            for (steps, topk, d), cycle in (((2, 1, 3), decode * {1: 1.5, 2: 1.8, 4: 2.2, 8: 2.9}[b] * grow ** 0.5),
+                                            ((5, 1, 6), decode * {1: 2.0, 2: 2.5, 4: 3.3, 8: 4.4}[b] * grow)):
+                for att, f in (("extend", 1.0), ("split_kv", 0.95)):
+                    cases.append(_batch_case(b, ctx, steps, topk, d, att, cycle * f, decode))
+    _save(tmp_path, _cycle_run(cases))
+    return tmp_path
+
+
+def test_batches_name_the_largest_paying_b_per_shape_and_context(tmp_path):
+    from verifybench.harness.analysis import batches
+
+    run = results.load_run(next(_batch_folder(tmp_path).glob("cycle-*.json")))
+    taus = {3: 2.4, 6: 3.1}
+    table = batches.rows(run, lambda c: taus[c[2]])
+    largest = {(e["context"], e["attention"], e["config"]): e["largest_B"] for e in batches.largest_paying(table)}
+    for ctx in (1024, 8192):  # the largest B where tau * T_decode(B) > T_cycle(B), computed here from the rows
+        for r in table:
+            assert r["speedup"] == pytest.approx(r["tau"] * r["decode_ms"] / r["cycle_ms"])
+            assert r["tok_s_total"] == pytest.approx(r["B"] * r["tok_s_request"])
+    assert largest[(1024, "extend", (2, 1, 3))] == 4 and largest[(8192, "extend", (2, 1, 3))] == 2
+    assert largest[(1024, "extend", (5, 1, 6))] == 2 and largest[(8192, "extend", (5, 1, 6))] is None
+    best = {(r["context"], r["B"]): r for r in batches.best_per_batch(table)}
+    assert best[(1024, 1)]["attention"] == "split_kv" and set(best) == {(c, b) for c in (1024, 8192)
+                                                                        for b in (1, 2, 4, 8)}
+
+
+def test_advise_per_batch_on_gpu_results_ranks_each_b_and_draws_the_chart(tmp_path, capsys):
+    folder = _batch_folder(tmp_path)
+    assert cli_main(["advise", str(folder), "--accept-len", "3:2.4,6:3.1"]) == 0
+    out = capsys.readouterr().out
+    assert "## Per batch" in out and "context 1024, B 8: best" in out
+    assert "context 1024, (2,1,3) extend: B 4" in out and "context 8192, (5,1,6) extend: at no B measured" in out
+    assert "B 8 x D 6 = 48 rows: 672 KiB per allreduce" in out
+    assert list(folder.glob("cycle_batches-*.png")) and "chart: " in out
+
+
+def test_plan_on_a_batched_cycle_ranks_the_smallest_batch_then_each_b(tmp_path, capsys):
+    folder = _batch_folder(tmp_path)
+    assert cli_main(["plan", str(folder), "--context", "1024", "--accept-len", "3:2.4,6:3.1"]) == 0
+    out = capsys.readouterr().out
+    assert "at batch 1 (--batch picks another)" in out and "largest B where each shape still pays" in out
+    assert cli_main(["plan", str(folder), "--context", "1024", "--batch", "4", "--accept-len", "3:2.4,6:3.1"]) == 0
+    assert "at batch 4" in capsys.readouterr().out
+    assert cli_main(["plan", str(folder), "--context", "1024", "--batch", "3", "--accept-len", "3:2.4"]) == 2
+    assert "--batch 3: the cycle result holds batches [1, 2, 4, 8]" in capsys.readouterr().err

@@ -54,3 +54,35 @@ def test_bench_check_compares_the_first_layers_and_restores_the_forward(forward)
     layers, ops = forward.layers, forward.ops
     assert bench_verify.fused_vs_torch(forward, 2) <= bench_verify.FORWARD_TOLERANCE
     assert forward.layers is layers and forward.ops is ops
+
+
+@pytest.mark.parametrize("b, n", [(2, 3), (8, 3)])
+def test_fused_kernels_at_b_requests_match_torch_each_request_over_its_own_rows(b, n):
+    """The batched forward's kernels (mla_prep's per-request rows, split_kv over each request's cache; past the
+    skinny GEMM's 16 rows torch's GEMM) against the torch ops; the cache rows each request wrote lie after its own
+    prefix, the rest untouched."""
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    fwd = VerifyForward(presets.get("tiny", 1), 64, dev, moe_fn("cpu"), lambda t: None, chain_verify(dev),
+                        max_tokens=3, ops=fused_ops(), dtype=torch.float16, batch=b).at_batch(b)
+    before = fwd.layers[0]["kv_cache"].clone()
+    fused = fwd.forward(n, BODY).clone()
+    after = fwd.layers[0]["kv_cache"].clone()
+    written = torch.zeros(before.shape[0], dtype=torch.bool)
+    for r in range(b):
+        written[r * fwd.region + 64: r * fwd.region + 64 + n] = True
+    assert torch.equal(after[~written], before[~written]) and not torch.equal(after[written], before[written])
+    fwd.ops = TORCH_OPS
+    plain = fwd.forward(n, BODY).clone()
+    assert fused.shape[0] == b * n and _rel(fused, plain) <= 1e-2
+
+
+def test_verify_cases_carry_batch_and_keep_the_batch_one_names():
+    from verifybench.harness.components import verify as component
+
+    plain = component.cases("tiny", 1, 64, (1, 2))
+    both = component.cases("tiny", 1, 64, (1, 2), batch=(1, 4))
+    assert [c.name for c in both[: len(plain)]] == [c.name for c in plain]
+    assert {c.params["batch"] for c in plain} == {1} and {c.params["batch"] for c in both[len(plain):]} == {4}
+    assert all(c.name.startswith("verify/tiny-tp1/B4/") for c in both[len(plain):])
+    with pytest.raises(ValueError, match="--batch 16 x --tokens 8 = 128 tokens per verify forward"):
+        component.cases("tiny", 1, 64, tuple(range(1, 9)), batch=(16,))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from verifybench.harness.analysis import inputs, plan
+from verifybench.harness.analysis import batches, inputs, plan
 from verifybench.harness.analysis.levers import attention_per_forward_ms, engine_attention_levers
 from verifybench.harness.analysis.levers import lever as _lever
 from verifybench.harness.analysis.levers import ok_cases as _ok
@@ -339,12 +339,20 @@ def lines_for(runs: dict, found: dict, taus=None, context: int | None = None, en
     """The answer, then the ranked levers, then lost settings: plain lines for the terminal and the report.
     CPU numbers (stance.any_cpu): the answer's figures withheld, and the levers listed unranked (would_rank)."""
     cpu = is_cpu(runs)
+    per_batch = []
+    if "cycle" in runs and len(batches.batches(runs["cycle"])) > 1 or any(
+            batches.batch_of(c) > 1 for c in runs.get("cycle", {}).get("cases", [])):
+        # the answer and the levers are one request's; B requests at once get their own section
+        per_batch = batches.lines(runs["cycle"], taus, found.get("allreduce_sweep"))
+        runs = {**runs, "cycle": batches.smallest_batch(runs["cycle"])}
+    if "verify" in runs:  # its fit is one request's
+        runs = {**runs, "verify": batches.smallest_batch(runs["verify"])}
     out = ["## The answer"] + (["(CPU numbers: every figure below is withheld)"] if cpu else [])
     ans = answer(runs, found, context)
     out += [f"{re.split(r'[0-9(:=]', a)[0].strip()}: {results.WITHHELD}" if cpu else a for a in ans]
     if cpu:
-        return out + would_rank(runs) + (["", "## Lost settings"] + env.nccl_warnings(nccl_from)
-                                         if nccl_from is not None else [])
+        return out + would_rank(runs) + per_batch + (["", "## Lost settings"] + env.nccl_warnings(nccl_from)
+                                                     if nccl_from is not None else [])
     out += ["", "## Levers, ranked by ms saved per cycle (each alone, against the engine's cycle)"]
     for i, lv in enumerate(levers(runs, found, taus, context, engine), 1):
         if "missing" in lv:
@@ -359,6 +367,7 @@ def lines_for(runs: dict, found: dict, taus=None, context: int | None = None, en
                    + f" [{lv['status']}: {', '.join(lv['files'])}]")
         out.append(f"   {lv['note']}")
         out.append(f"   {lv['how']}")
+    out += per_batch
     if nccl_from is not None:
         out += ["", "## Lost settings"] + env.nccl_warnings(nccl_from)
     return out
@@ -416,4 +425,8 @@ def run(args) -> int:
     if taus is not None:
         taus = _checked(taus)
     print("\n".join(lines_for(runs, found, taus, args.context, args.engine, args.nccl_from)))
+    if "cycle" in runs:  # B requests at once: the chart beside the cycle result (GPU numbers, several batches)
+        png = batches.chart(runs["cycle"], Path(found["cycle"]).parent, results.stamp(runs["cycle"]), taus)
+        if png is not None:
+            print(f"chart: {png}")
     return 0

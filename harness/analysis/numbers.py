@@ -1,6 +1,6 @@
 """Command-line parsing every command and torchrun job shares: argument types for numbers (written plainly, finite,
 in range, named in the error: Python's int() reads "1_0" as 10), one parser per kind of list (tokens, batches,
-contexts), their limits, and the parser that refuses in one line, exit 2."""
+requests per forward, contexts), their limits, and the parser that refuses in one line, exit 2."""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +13,7 @@ DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|[+-]?(n
 from verifybench.harness.engine.exits import EXIT_BAD_INPUT
 
 TOKEN_COUNT_MAX = 64  # the largest token count any --tokens takes (tokens per verify), so the largest accept length
+FORWARD_ROWS_MAX = TOKEN_COUNT_MAX  # B requests x D tokens in one verify forward (what SGLang captures per batch size)
 BATCH_MAX = 4096  # requests per batch: past any serving batch, and a range up to it stays small
 MAX_CONTEXT = 1 << 20  # tokens in the KV cache; K2.5's window is 262144
 MAX_STEP_MS = 60_000.0  # a time per step given by hand: past a minute it is a unit slip (and sums of it stay finite)
@@ -119,6 +120,21 @@ def batch_counts(text: str, name: str = "--batches") -> tuple[int, ...]:
     return count_list(text, name, BATCH_MAX)
 
 
+def request_batches(text: str, name: str = "--batch") -> tuple[int, ...]:
+    """Requests per verify forward (`--batch 1,2,4,8`): each at most FORWARD_ROWS_MAX, as B requests of at least one
+    token each carry B rows; the product with the token counts is checked by check_forward_rows."""
+    return count_list(text, name, FORWARD_ROWS_MAX, noun="batch size")
+
+
+def check_forward_rows(batches, tokens, what: str = "--tokens") -> None:
+    """B requests x D tokens each: the rows one verify forward carries, at most FORWARD_ROWS_MAX (ValueError naming
+    the largest pair)."""
+    b, d = max(batches), max(tokens)
+    if b * d > FORWARD_ROWS_MAX:
+        raise ValueError(f"--batch {b} x {what} {d} = {b * d} tokens per verify forward; at most {FORWARD_ROWS_MAX} "
+                         "(B x D)")
+
+
 def context_list(text: str, name: str = "--contexts") -> tuple[int, ...]:
     """Contexts (tokens in the KV cache), no ranges: '1024,4096'."""
     return count_list(text, name, MAX_CONTEXT, ranges=False, noun="context")
@@ -155,6 +171,7 @@ def tokens_upto(high: int, one: bool = False):
 
 batches_arg = _arg(batch_counts, "batch sizes")
 contexts_arg = _arg(context_list, "contexts")
+request_batches_arg = _arg(request_batches, "batch sizes")
 context_arg = int_in(1, MAX_CONTEXT)
 
 

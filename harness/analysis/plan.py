@@ -26,6 +26,9 @@ Acceptance, one of:
       tau = 1 + sum_{k=1..L} prod_{j<=k} p_j with L = min(steps, D-1), exact under this model for a chain
       (topk 1); for a tree (topk > 1) the same rates are applied to its best path, depth limited by steps and by
       D-1: an APPROXIMATION (a tree accepts more per depth and reaches less deep); measure its tau, use --accept-len.
+A cycle result of several batch sizes (`cycle --batch 1,2,4,8`): the ranking above at its smallest batch (--batch N
+picks another), then per batch (analysis/batches.py): per shape and B the cycle, tau* against plain decode at the
+same B, tok/s per request and in total, the speedup, and the largest B where each shape still pays, per context.
 Results from a CPU smoke run are refused: conclusions from CPU numbers are withheld.
 """
 from __future__ import annotations
@@ -37,8 +40,10 @@ from pathlib import Path
 import numpy as np
 from tabulate import tabulate
 
+from verifybench.harness.analysis import batches
 from verifybench.harness.analysis.breakeven import ASSUMED_DRAFT_STEP_MS, ASSUMED_OTHER_MS, ASSUMED_REEXTEND_MS
-from verifybench.harness.analysis.numbers import (MAX_STEP_MS, TOKEN_COUNT_MAX, context_arg, finite_float, out_path,
+from verifybench.harness.analysis.numbers import (FORWARD_ROWS_MAX, MAX_STEP_MS, TOKEN_COUNT_MAX, context_arg,
+                                                  finite_float, int_in, out_path,
                                                   parse_configs, parse_keyed, parse_rates, RATES_HELP)  # noqa: F401  (plan.*)
 from verifybench.harness.engine import results
 from verifybench.harness.engine import result_files
@@ -175,8 +180,9 @@ def newest_cycle(directory: Path) -> Path | None:
 
 def verify_points(run: dict) -> tuple[dict[int, float], float]:
     """({n: full forward ms}, T_decode ms = the n = 1 forward) from a verify result."""
+    least = min((c["params"].get("batch", 1) for c in passing_cases(run)), default=1)  # one request's forward
     full = {c["params"]["tokens"]: c["summary"]["median_us"] / 1e3 for c in passing_cases(run)
-            if c["params"].get("variant") == "full"}
+            if c["params"].get("variant") == "full" and c["params"].get("batch", 1) == least}
     if 1 not in full or len(full) < 2:
         raise ValueError("verify result: needs passing full forwards at n = 1 and at least one more n")
     return full, full[1]
@@ -270,6 +276,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "variant the file holds, ranked together)")
     p.add_argument("--context", type=context_arg, default=None,
                    help="cycle result of `cycle --contexts`: the context to plan at (one of those it holds)")
+    p.add_argument("--batch", type=int_in(1, FORWARD_ROWS_MAX), default=None,
+                   help="cycle result of `cycle --batch`: the batch size to rank at (default its smallest, then the "
+                   "per-batch answer for every batch it holds)")
     p.add_argument("--decode-ms", type=finite_float(0, MAX_STEP_MS, exclusive=True), default=None,
                    help="one plain decode step (ms); overrides a result file's")
     p.add_argument("--verify-ms", default=None, help="verify time per D: 'D:ms,...' (ms > 0)")
@@ -298,7 +307,14 @@ def _costs(args, configs) -> tuple[dict, float, list[str], str | None]:
             print(note)
     else:
         args.result = None
+    args.per_batch = None
     if run is not None and run["component"] == "cycle":
+        sizes = batches.batches(run)
+        if args.batch is not None and args.batch not in sizes:
+            raise ValueError(f"--batch {args.batch}: the cycle result holds batches {sizes}")
+        if args.batch is None and len(sizes) > 1:
+            args.per_batch = run
+        run = {**run, "cases": [c for c in run["cases"] if batches.batch_of(c) == (args.batch or min(sizes))]}
         extra = [f"--{k}" for k, v in given.items() if v is not None] + (["--verify-ms"] if args.verify_ms else [])
         if extra:
             raise ValueError(f"{' '.join(extra)}: the cycle result's measured phases are used; cost flags go with a "
@@ -311,7 +327,9 @@ def _costs(args, configs) -> tuple[dict, float, list[str], str | None]:
                 raise ValueError(f"--configs: {missing} not in {args.result} (it holds "
                                  f"{sorted({k[0] for k in costs})})")
             costs = {k: v for k, v in costs.items() if k[0] in configs}
-        notes, line_note = [f"costs: measured cycle (median) and phases of {args.result}"], None
+        at = (f" at batch {args.batch or min(sizes)} (--batch picks another)" if len(sizes) > 1 or min(sizes) > 1
+              else "")
+        notes, line_note = [f"costs: measured cycle (median) and phases of {args.result}{at}"], None
         if args.attention != "all":
             others = [a for a in held if a != args.attention]
             notes.append(f"attention: {args.attention} only" + (f"; the file also holds {', '.join(others)} "
@@ -323,6 +341,8 @@ def _costs(args, configs) -> tuple[dict, float, list[str], str | None]:
             notes.append("other shown as 0 where the phases sum past the measured cycle (the two timing passes "
                          f"disagree): {'; '.join(clipped)}")
     else:
+        if args.batch is not None:
+            raise ValueError("--batch picks one batch of a cycle result (cycle --batch); this source has none")
         if args.context is not None:
             raise ValueError("--context picks one context of a cycle result (cycle --contexts); this source has one")
         if run is not None and run["component"] != "verify":
@@ -388,6 +408,8 @@ def run(args) -> int:
     print("\n".join(notes))
     print(tabulate([{TABLE_COLUMNS[k]: r[k] for k in TABLE_COLUMNS} for r in rows], headers="keys", floatfmt=".4g"))
     print("\n".join(lines))
+    if args.per_batch is not None:
+        print("\n".join(batches.lines(args.per_batch, tau_of)))
     if args.json:
         written = results.write_json_new(args.json, {"command": "plan", "source": str(args.result or "numbers"),
                                                       "decode_ms": decode, "notes": notes, "answer": lines,

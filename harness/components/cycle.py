@@ -2,6 +2,9 @@
 the cycle's own: draft steps / target verify / draft re-extend / other, and what the verify costs beyond the forward.
 
 Run: verifybench cycle [--configs "2,1,3;3,1,4;5,1,6;5,4,8"] [--attention extend,split_kv] [--contexts 1024,4096]
+                      [--batch 1,2,4,8]
+With --batch, B requests at once, each over its own context: draft, tree, verify and re-extend carry B times the rows,
+the plain decode it is held against runs B tokens; a case of B > 1 names its batch (B1 names are unchanged).
 """
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from verifybench.harness.analysis.numbers import context_list, contexts_arg
+from verifybench.harness.analysis.numbers import check_forward_rows, context_list, contexts_arg
 from verifybench.harness.analysis.plan import parse_configs as read_configs
 from verifybench.harness.components.mla_verify import variant_config
 from verifybench.harness.engine import memory
@@ -26,9 +29,13 @@ from verifybench.harness.model.draft import draft_shape, weight_bytes
 from verifybench.harness.model.forward import FORWARD_MAX_TOKENS, allocated_bytes
 
 NAME = "cycle"
+TAKES_BATCH = True  # --batch: requests per cycle
 HELP = "the whole EAGLE-3 cycle (draft, tree, verify with the tree mask, sync, bookkeeping, re-extend) per phase"
 GPU_CONFIGS = "2,1,3;3,1,4;5,1,6;5,4,8"  # (steps, topk, draft tokens): SGLang's chain default for Kimi and beyond
 CPU_CONFIGS = "2,1,3;2,2,3"
+# several batches on a GPU: the deployment's two draft-token counts (D = 3 and 6, the --accept-len 3:..,6:.. profile),
+# so that 4 batches x 2 contexts x 2 attention variants fit one GPU session's call
+BATCH_CONFIGS = "2,1,3;5,1,6"
 CASE_MAX_TIME_S = 1.5
 PART_MAX_TIME_S = 0.4  # each forward measured beside the cycle
 ROOT_TOKEN = 7  # the checks' last verified token
@@ -40,8 +47,8 @@ PHASES_AGREE = 0.03
 def add_arguments(p) -> None:
     p.add_argument("--configs", type=nonempty("configurations"), default=None,
                    help="(steps,topk,draft_tokens) triples separated by ';' (default "
-                   f"{GPU_CONFIGS} on a GPU, {CPU_CONFIGS} on CPU); draft tokens include the root, at most "
-                   f"{FORWARD_MAX_TOKENS}")
+                   f"{GPU_CONFIGS} on a GPU, {BATCH_CONFIGS} with several --batch sizes, {CPU_CONFIGS} on CPU); "
+                   f"draft tokens include the root, at most {FORWARD_MAX_TOKENS}")
     p.add_argument("--attention", type=nonempty("attention variants"), default=None,
                    help="verify attention variants, comma-separated: extend (the "
                    "engine's serial prefill kernel), split_kv (ours) (default both on a GPU; CPU: the torch reference)")
@@ -72,25 +79,32 @@ def nonempty(name: str):
     return parse
 
 
-def _plan(preset: str, tp: int, context: int, cfgs: list[SpecConfig]) -> memory.Plan:
+def _plan(preset: str, tp: int, context: int, cfgs: list[SpecConfig], batch: int = 1) -> memory.Plan:
+    """The layers that fit: the target forward and the draft with `batch` requests' caches (the largest batch of
+    the run: every batch at a context runs the same layers, so they compare)."""
     full = presets.get(preset, tp)
     rows = max(max(c.topk, c.steps + 1) for c in cfgs)
-    extra = weight_bytes(draft_shape(full), context, rows)
+    extra = weight_bytes(draft_shape(full), context, rows, batch=batch)
     device = "cuda" if cuda_available() else "cpu"
-    return memory.plan(lambda n: allocated_bytes(presets.get(preset, tp, n), context, FORWARD_MAX_TOKENS) + extra,
-                       full.layers, full.dense_layers + 1, f"the {preset} TP{tp} target forward and draft model at "
-                       f"context {context}", "layers", device)
+    return memory.plan(lambda n: allocated_bytes(presets.get(preset, tp, n), context, FORWARD_MAX_TOKENS, batch)
+                       + extra, full.layers, full.dense_layers + 1, f"the {preset} TP{tp} target forward and draft "
+                       f"model at context {context}" + (f" for {batch} requests" if batch > 1 else ""), "layers",
+                       device)
 
 
 def cases(preset: str, tp: int, context: int = presets.CONTEXT, tokens: tuple[int, ...] | None = None,
-          configs: str | None = None, attention: str | None = None, contexts: str | None = None) -> list[CaseSpec]:
-    """One case per (context, configuration, attention variant); `tokens` keeps the configurations with those
-    draft-token counts; `contexts` ("1024,4096") replaces the one context."""
+          configs: str | None = None, attention: str | None = None, contexts: str | None = None,
+          batch: tuple[int, ...] | None = None) -> list[CaseSpec]:
+    """One case per (context, batch, configuration, attention variant); `tokens` keeps the configurations with those
+    draft-token counts; `contexts` ("1024,4096") replaces the one context; `batch` the requests per cycle (default
+    1), each with its own cache of the context."""
     gpu = cuda_available()
     for name, text in (("--configs", configs), ("--attention", attention), ("--contexts", contexts)):
         if isinstance(text, str) and not text.strip():
             raise ValueError(f"{name}: an empty list; leave the option out for the defaults")
-    cfgs = parse_configs(configs if configs is not None else (GPU_CONFIGS if gpu else CPU_CONFIGS))
+    several_batches = len(batch or ()) > 1
+    cfgs = parse_configs(configs if configs is not None else (CPU_CONFIGS if not gpu else BATCH_CONFIGS
+                                                              if several_batches else GPU_CONFIGS))
     if tokens:
         cfgs = [c for c in cfgs if c.draft_tokens in tokens]
         if not cfgs:
@@ -104,11 +118,14 @@ def cases(preset: str, tp: int, context: int = presets.CONTEXT, tokens: tuple[in
     bad = [v for v in variants if v not in ATTENTION]
     if bad or len(set(variants)) != len(variants):
         raise ValueError(f"--attention takes distinct names of {', '.join(ATTENTION)}, got {attention!r}")
+    batches = tuple(batch or (1,))
+    check_forward_rows(batches, [c.draft_tokens for c in cfgs], "--configs D")
     several = contexts is not None
     out = []
     for ctx in parse_contexts(contexts) if several else [context]:
-        plan = _plan(preset, tp, ctx, cfgs)
-        out += [_case(preset, tp, ctx, c, v, plan, several) for c in cfgs for v in variants]
+        plan = _plan(preset, tp, ctx, cfgs, max(batches))
+        out += [_case(preset, tp, ctx, c, v, plan, several, b, max(batches)) for b in batches for c in cfgs
+                for v in variants]
     return out
 
 
@@ -127,8 +144,13 @@ def make_cycle(fwd, cfg: SpecConfig, attention: str, allreduce_us: float) -> tup
     return cyc, att_cfg, att_source
 
 
+def as_requests(batch: int, value) -> list:
+    """A cycle's per-request answer as a list of requests (batch 1 answers for its one request)."""
+    return [value] if batch == 1 else list(value)
+
+
 def _case(preset: str, tp: int, context: int, cfg: SpecConfig, attention: str, plan: memory.Plan,
-          named_context: bool = False) -> CaseSpec:
+          named_context: bool = False, batch: int = 1, max_batch: int = 1) -> CaseSpec:
     ar_us, ar_source = allreduce_stand_in_us()
     layers = plan.units if plan.reduced else None
     total = presets.get(preset, tp).layers
@@ -136,7 +158,7 @@ def _case(preset: str, tp: int, context: int, cfg: SpecConfig, attention: str, p
     def setup():
         if plan.units == 0:
             raise CaseSkipped(plan.skip)
-        fwd = build_forward(preset, tp, layers, context, ar_us)
+        fwd = build_forward(preset, tp, layers, context, ar_us, max_batch).at_batch(batch)
         cyc, att_cfg, att_source = make_cycle(fwd, cfg, attention, ar_us)
         d = cfg.draft_tokens
 
@@ -144,16 +166,21 @@ def _case(preset: str, tp: int, context: int, cfg: SpecConfig, attention: str, p
             err = cyc.attention_error()
             ok = err <= 1e-2
             detail = [f"tree attention vs masked torch reference rel_err {err:.2e}"]
-            greedy = cyc.greedy_continuation(ROOT_TOKEN)
+            greedy = as_requests(batch, cyc.greedy_continuation(ROOT_TOKEN))
+            each = "" if batch == 1 else f" in each of {batch} requests"
             if cfg.topk == 1:  # a chain: the target's own continuation is a path the tree holds
-                n, emitted = cyc.run_check(ROOT_TOKEN, greedy[: d - 1])
-                ok = ok and n == d - 1 and emitted == greedy
-                detail.append(f"oracle draft accepted {n} of {d - 1}, emitted the target's greedy tokens: "
-                              f"{emitted == greedy}")
-            wrong = [(greedy[0] + 1) % cyc.full_vocab] * (d - 1)
-            n, emitted = cyc.run_check(ROOT_TOKEN, wrong)
-            ok = ok and n == 0 and emitted == greedy[:1]
-            detail.append(f"wrong draft accepted {n}, emitted the bonus token only: {emitted == greedy[:1]}")
+                got = as_requests(batch, cyc.run_check(ROOT_TOKEN, [g[: d - 1] for g in greedy]
+                                                       if batch > 1 else greedy[0][: d - 1]))
+                good = all(n == d - 1 and e == g for (n, e), g in zip(got, greedy))
+                ok = ok and good
+                detail.append(f"oracle draft accepted {min(n for n, _ in got)} of {d - 1}{each}, emitted the "
+                              f"target's greedy tokens: {good}")
+            wrong = [[(g[0] + 1) % cyc.full_vocab] * (d - 1) for g in greedy]
+            got = as_requests(batch, cyc.run_check(ROOT_TOKEN, wrong if batch > 1 else wrong[0]))
+            good = all(n == 0 and e == g[:1] for (n, e), g in zip(got, greedy))
+            ok = ok and good
+            detail.append(f"wrong draft accepted {max(n for n, _ in got)}{each}, emitted the bonus token only: "
+                          f"{good}")
             cyc.accepted = cyc.cycles = 0
             return ok, "; ".join(detail)
 
@@ -164,15 +191,17 @@ def _case(preset: str, tp: int, context: int, cfg: SpecConfig, attention: str, p
         return cyc.step, check, derive
 
     label = f"{preset}-tp{tp}" + (f"-L{plan.units}" if plan.reduced else "")
-    return CaseSpec(f"cycle/{label}/" + (f"ctx{context}/" if named_context else "") + f"{cfg.label}/{attention}",
-                    {"preset": preset, "tp": tp, "context": context, "layers": layers, "steps": cfg.steps,
+    return CaseSpec(f"cycle/{label}/" + (f"ctx{context}/" if named_context else "")
+                    + (f"B{batch}/" if batch > 1 else "") + f"{cfg.label}/{attention}",
+                    {"preset": preset, "tp": tp, "context": context, "batch": batch, "layers": layers,
+                     "steps": cfg.steps,
                      "topk": cfg.topk, "draft_tokens": cfg.draft_tokens, "attention": attention}, "cycle", setup,
                     {"phases": PHASES, "max_time_s": CASE_MAX_TIME_S})
 
 
 def _derive(m, fwd, cyc: Cycle, cfg: SpecConfig, attention, ar_us, ar_source, total, plan) -> dict:
     d = cfg.draft_tokens
-    accepted = cyc.accepted / max(1, cyc.cycles)
+    accepted = cyc.accepted / max(1, cyc.cycles * cyc.batch)  # per request
 
     def forward_us(fn) -> float:
         return measure(fn, mode="graph", calls_per_sample=1, max_time_s=PART_MAX_TIME_S).median_us
@@ -201,7 +230,10 @@ def _derive(m, fwd, cyc: Cycle, cfg: SpecConfig, attention, ar_us, ar_source, to
            "accepted_mean": accepted, "allreduce_stand_in_us": ar_us, "allreduce_source": ar_source,
            "logits_gather": f"device wait of {ar_us} us (the allreduce stand-in's latency)" if fwd.device == "cuda"
            else "none (one rank)", "attention_ran": attention if fwd.device == "cuda" else "torch reference",
-           "graphs": cyc.graphs, "layers_run": len(fwd.layers), "layers_total": total}
+           "graphs": cyc.graphs, "layers_run": len(fwd.layers), "layers_total": total, "batch": cyc.batch,
+           # what one allreduce of the verify carries (B * D rows of the hidden size, bf16): the size advise reads
+           # a measured allreduce at
+           "allreduce_bytes": cyc.batch * d * fwd.s.hidden * 2}
     if plan.reduced:
         out["memory_note"] = plan.note
     return out
@@ -211,17 +243,21 @@ def _ok(records):
     return [r for r in records if r["check"]["ok"] and "phases_ms" in r.get("derived", {})]
 
 
-def _key(r, contexts: bool = False) -> dict:
+def _key(r, contexts: bool = False, batches: bool = False) -> dict:
     """The row's configuration; its attention label says what ran (on CPU the torch reference stands in)."""
     p = r["params"]
     ran = r.get("derived", {}).get("attention_ran", p["attention"])
-    return {**({"context": p["context"]} if contexts else {}),
+    return {**({"context": p["context"]} if contexts else {}), **({"B": p.get("batch", 1)} if batches else {}),
             "steps,topk,D": f"{p['steps']},{p['topk']},{p['draft_tokens']}",
             "attention": p["attention"] if ran == p["attention"] else f"torch reference (not {p['attention']})"}
 
 
 def _several_contexts(rows) -> bool:
     return len({r["params"]["context"] for r in rows}) > 1
+
+
+def _several_batches(rows) -> bool:
+    return len({r["params"].get("batch", 1) for r in rows}) > 1
 
 
 def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
@@ -231,7 +267,7 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
     cpu = cpu_numbers(records)
     engine, fine, beyond, vs = [], [], [], []
     for r in rows:
-        dv, key = r["derived"], _key(r, _several_contexts(rows))
+        dv, key = r["derived"], _key(r, _several_contexts(rows), _several_batches(rows))
         cyc = dv["cycle_ms"]
         row = {**key, **{f"{k}_ms": v for k, v in dv["table_ms"].items()},
                **{f"{k}_%": 100 * v / cyc for k, v in dv["table_ms"].items()}, "cycle_ms": cyc}
@@ -249,7 +285,7 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
     # other = the cycle minus the phases, and the shares: derived from two passes, withheld on CPU
     engine = withhold_on_cpu(records, engine, lambda k: k.endswith("_%") or k == "other_ms")
     fine = withhold_on_cpu(records, fine, ("sum_vs_cycle_%",))
-    beyond = withhold_on_cpu(records, beyond, lambda k: k not in ("context", "steps,topk,D", "attention",
+    beyond = withhold_on_cpu(records, beyond, lambda k: k not in ("context", "B", "steps,topk,D", "attention",
                                                                   "bare_forward_ms", "verify_in_cycle_ms"))
     vs = withhold_on_cpu(records, vs, ("break-even accept len",))
     first = rows[0]["derived"] if rows else {}
@@ -285,7 +321,8 @@ def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
     rows = _ok(records)
     if not rows:
         return []
-    labels = ["\n".join(f"{v}" for v in _key(r, _several_contexts(rows)).values()) for r in rows]  # what ran
+    labels = ["\n".join(f"{v}" for v in _key(r, _several_contexts(rows), _several_batches(rows)).values())
+              for r in rows]  # what ran
     fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(rows)), 4.5))
     bottom = [0.0] * len(rows)
     for p in PHASES:
@@ -303,7 +340,10 @@ def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
     out = [write_png(fig, Path(directory) / f"cycle_phases-{stamp}.png")]
     if _several_contexts(rows) and not cpu_numbers(records):
         out.append(_context_chart(rows, directory, stamp))
-    return out
+    from verifybench.harness.analysis import batches
+
+    over_b = batches.chart({"cases": records}, directory, stamp)  # tau* over B (advise: speedup at an acceptance)
+    return out + ([over_b] if over_b else [])
 
 
 def context_chart_line(records: list[dict], directory: Path, stamp: str) -> str:
@@ -323,6 +363,8 @@ def _context_chart(rows, directory: Path, stamp: str) -> Path:
     """Cycle ms against context, one line per (configuration, attention): extend against split_kv."""
     import matplotlib.pyplot as plt
 
+    least = min(r["params"].get("batch", 1) for r in rows)  # over batches: the batch chart (analysis/batches.py)
+    rows = [r for r in rows if r["params"].get("batch", 1) == least]
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     lines: dict[tuple, list] = {}
     for r in rows:
@@ -336,7 +378,7 @@ def _context_chart(rows, directory: Path, stamp: str) -> Path:
     ax.get_xaxis().set_major_formatter(plt.FuncFormatter(lambda v, _: f"{int(v)}"))
     ax.set_xlabel("context (tokens in the KV cache)")
     ax.set_ylabel("ms per cycle")
-    ax.set_title("EAGLE-3 cycle against context: extend vs split_kv")
+    ax.set_title("EAGLE-3 cycle against context: extend vs split_kv" + (f" ({least} requests)" if least > 1 else ""))
     ax.legend(fontsize=8)
     return write_png(fig, Path(directory) / f"cycle_contexts-{stamp}.png")
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from verifybench.harness.analysis.numbers import check_forward_rows
 from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.analysis import decompose
 # the deployment's drafting and re-extend + bookkeeping per cycle: the report's break-even uses them beside the
@@ -25,6 +26,7 @@ from verifybench.harness.model.build import (allreduce_stand_in_us, as_checkpoin
 from verifybench.harness.model.forward import COMPONENTS, FORWARD_MAX_TOKENS, TORCH_OPS, VerifyForward, allocated_bytes
 
 NAME = "verify"
+TAKES_BATCH = True  # --batch: B requests per forward, each over its own context (B > 1 cases name their batch)
 HELP = "synthetic one-rank verify forward per token count n and its decomposition"  # n: what ran, said beside it
 TOKENS = tuple(range(1, 9))
 TOKENS_CPU = (1, 2, 3)  # the CPU smoke run: the torch reference MoE is slow; three points still make a fit
@@ -51,18 +53,21 @@ def fused_vs_torch(fwd: VerifyForward, n: int) -> float:
     return rel_error(h_fused, h_torch)
 
 
-def plan_layers(preset: str, tp: int, layers: int | None, context: int) -> memory.Plan:
+def plan_layers(preset: str, tp: int, layers: int | None, context: int, batch: int = 1) -> memory.Plan:
     """How many layers of the forward fit the free memory (engine/memory.py's rule; the forward's bytes from
     forward.allocated_bytes): all (or `layers`), else fewer down to the dense layers plus one MoE layer."""
     full = presets.get(preset, tp)
     wanted = layers or full.layers
     least = min(wanted, max(full.dense_layers + 1, CHECK_LAYERS))
     device = "cuda" if cuda_available() else "cpu"
-    return memory.plan(lambda n_layers: allocated_bytes(presets.get(preset, tp, n_layers), context, FORWARD_MAX_TOKENS),
-                       wanted, least, f"the {preset} TP{tp} verify forward at context {context}", "layers", device)
+    return memory.plan(lambda n_layers: allocated_bytes(presets.get(preset, tp, n_layers), context, FORWARD_MAX_TOKENS,
+                                                        batch),
+                       wanted, least, f"the {preset} TP{tp} verify forward at context {context}"
+                       + (f" for {batch} requests" if batch > 1 else ""), "layers", device)
 
 
-def _case(preset, tp, layers, context, n, variant: str, comps: frozenset, plan: memory.Plan | None = None) -> CaseSpec:
+def _case(preset, tp, layers, context, n, variant: str, comps: frozenset, plan: memory.Plan | None = None,
+          batch: int = 1, max_batch: int = 1) -> CaseSpec:
     """variant "full-nopdl": the whole forward with programmatic dependent launch off (kernels/common/pdl.py; the other
     variants follow VERIFYBENCH_PDL), measured beside "full" to show what the overlap buys; its check: the residual
     stream equals the PDL forward's bit for bit (every kernel is deterministic, so a difference is a race).
@@ -77,7 +82,7 @@ def _case(preset, tp, layers, context, n, variant: str, comps: frozenset, plan: 
     def setup():
         if plan is not None and plan.units == 0:
             raise CaseSkipped(plan.skip)
-        fwd = build_forward(preset, tp, layers, context, ar_us)
+        fwd = build_forward(preset, tp, layers, context, ar_us, max_batch).at_batch(batch)
 
         def run():
             if not no_pdl:
@@ -97,7 +102,7 @@ def _case(preset, tp, layers, context, n, variant: str, comps: frozenset, plan: 
                 return True, "runs"
             predicts, accept_index, accepted = out
             s, L = fwd.s, fwd.layers[-1]
-            x = torch.randn(n, s.hidden, device=fwd.device, dtype=torch.bfloat16)
+            x = torch.randn(n * batch, s.hidden, device=fwd.device, dtype=torch.bfloat16)
             b = fwd.buf[n]
             e = int(b["topk_ids"][0, 0])  # every pair on one expert: the fp32 reference stays small
             ids = torch.full_like(b["topk_ids"], e)
@@ -115,7 +120,8 @@ def _case(preset, tp, layers, context, n, variant: str, comps: frozenset, plan: 
             return ok, detail
 
         def derive(m):
-            d = {"tokens": n, "variant": variant, "allreduce_stand_in_us": ar_us, "allreduce_source": ar_source,
+            d = {"tokens": n, "batch": batch, "allreduce_bytes": batch * n * fwd.s.hidden * 2,
+                 "variant": variant, "allreduce_stand_in_us": ar_us, "allreduce_source": ar_source,
                  "ops": fwd.ops.name}
             d["pdl"] = not no_pdl and pdl.enabled(fwd.device)
             d["config_source"] = config_tables.sources(fwd.device)  # per kernel: tuned / default
@@ -138,13 +144,14 @@ def _case(preset, tp, layers, context, n, variant: str, comps: frozenset, plan: 
 
         return run, check, derive
 
-    return CaseSpec(f"verify/{label}/{variant}/n{n}", {"preset": preset, "tp": tp, "tokens": n,
-                    "context": context, "layers": layers, "variant": variant}, "graph", setup,
+    return CaseSpec(f"verify/{label}/" + (f"B{batch}/" if batch > 1 else "") + f"{variant}/n{n}",
+                    {"preset": preset, "tp": tp, "tokens": n, "batch": batch,
+                     "context": context, "layers": layers, "variant": variant}, "graph", setup,
                     {"calls_per_sample": 1, "max_time_s": CASE_MAX_TIME_S})
 
 
 def cases(preset: str, tp: int, context: int = presets.CONTEXT, tokens: tuple[int, ...] | None = None,
-          layers: int | None = None) -> list[CaseSpec]:
+          layers: int | None = None, batch: tuple[int, ...] | None = None) -> list[CaseSpec]:
     """Per n: the full forward, each component alone (isolated) and the forward without it (marginal); where PDL
     can run, the full forward without it too. The layers are planned against the free memory here (listing
     allocates nothing; the components before have released theirs): fewer layers when short, every case skipped
@@ -152,17 +159,38 @@ def cases(preset: str, tp: int, context: int = presets.CONTEXT, tokens: tuple[in
     ns = tokens or (TOKENS if cuda_available() else TOKENS_CPU)
     if max(ns) > FORWARD_MAX_TOKENS:
         raise ValueError(f"--tokens: the verify forward runs n = 1..{FORWARD_MAX_TOKENS}, got {max(ns)}")
-    plan = plan_layers(preset, tp, layers, context)
+    batches = tuple(batch or (1,))
+    check_forward_rows(batches, ns)
+    top = max(batches)
+    plan = plan_layers(preset, tp, layers, context, top)
     out = []
     gpu = cuda_available()
-    for n in ns:
-        out.append(_case(preset, tp, layers, context, n, "full", frozenset(COMPONENTS), plan))
+    for b, n in ((b, n) for b in batches for n in ns):
+        def add(variant, comps):
+            out.append(_case(preset, tp, layers, context, n, variant, comps, plan, b, top))
+        add("full", frozenset(COMPONENTS))
         if gpu and pdl.enabled("cuda"):  # PDL on: its cost is shown beside it
-            out.append(_case(preset, tp, layers, context, n, "full-nopdl", frozenset(COMPONENTS), plan))
+            add("full-nopdl", frozenset(COMPONENTS))
         for c in COMPONENTS:
-            out.append(_case(preset, tp, layers, context, n, f"only-{c}", frozenset({c}), plan))
-            out.append(_case(preset, tp, layers, context, n, f"without-{c}", frozenset(COMPONENTS) - {c}, plan))
+            add(f"only-{c}", frozenset({c}))
+            add(f"without-{c}", frozenset(COMPONENTS) - {c})
     return out
+
+
+def one_batch(records: list[dict]) -> list[dict]:
+    """The records of the smallest batch the run holds: the decomposition, fit and break-even are one request's."""
+    least = min((r["params"].get("batch", 1) for r in records), default=1)
+    return [r for r in records if r["params"].get("batch", 1) == least]
+
+
+def batch_rows(records: list[dict]) -> list[dict]:
+    """The full forward per batch B and tokens n per request: B * n tokens per forward, its time and per token."""
+    rows = [{"B": r["params"].get("batch", 1), "n": r["params"]["tokens"], "tokens_per_forward":
+             r["params"].get("batch", 1) * r["params"]["tokens"], "forward_us": r["summary"]["median_us"],
+             "distinct_experts_mean": r["derived"].get("distinct_experts_mean"),
+             "allreduce_KiB": r["derived"].get("allreduce_bytes", 0) / 1024}
+            for r in records if r["check"]["ok"] and r["params"]["variant"] == "full"]
+    return sorted(rows, key=lambda row: (row["B"], row["n"]))
 
 
 def decomposition(records: list[dict]) -> dict:
@@ -193,6 +221,7 @@ def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    records = one_batch(records)
     dec = decomposition(records)
     rows = dec["table"]
     cpu = cpu_numbers(records)
@@ -351,6 +380,9 @@ def tables(records: list[dict], cycle: dict | None = None,
     and overhead measured by `cycle`, a loaded cycle result, where given) and the token fit. From a CPU run (the
     smoke profile) the conclusions CPU timer noise cannot support (roofline ratios, the parts' error, marginal
     costs, eta, break-even accept length, the fit) are withheld in their cells; the times stay."""
+    several = len({r["params"].get("batch", 1) for r in records}) > 1
+    per_batch = batch_rows(records) if several else []
+    records = one_batch(records)
     dec = decomposition(records)
     cpu = cpu_numbers(records)
     short = [{k: v for k, v in row.items() if not k.endswith("_marginal_us")} for row in dec["table"]]
@@ -379,6 +411,9 @@ def tables(records: list[dict], cycle: dict | None = None,
            ("bytes and eta of each component (isolated time vs copy bandwidth)", etas)]
     out.append(("break-even accept length per n: withheld, CPU numbers (no assumed draft or overhead is added to "
                 "CPU times)" if cpu else break_even_title(cycle, cycle_name), be))
+    if per_batch:
+        out.append((f"the full forward at B requests of n tokens each (the tables above: B = "
+                    f"{records[0]['params'].get('batch', 1)}); distinct experts = mean over MoE layers", per_batch))
     if "fit" in dec:
         f = dec["fit"]
         row = {"a_us": f["a"], "a_ci_us": f["a_halfwidth"], "b_us": f["b"], "b_ci_us": f["b_halfwidth"],

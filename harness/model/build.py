@@ -34,12 +34,12 @@ def chain_verify(device: str):
     lists = {}
 
     def verify(candidates, predict):
-        n = candidates.shape[1]
-        if n not in lists:
-            idx = torch.arange(n, device=device).view(1, n)
-            nxt = torch.cat([idx[:, 1:], torch.full((1, 1), -1, device=device)], dim=1)
-            lists[n] = (idx, nxt, torch.full_like(idx, -1))
-        idx, nxt, sib = lists[n]
+        b, n = candidates.shape  # B requests' chains, each over its own rows of predict
+        if (b, n) not in lists:
+            idx = torch.arange(b * n, device=device).view(b, n)
+            step = torch.arange(1, n + 1, device=device).view(1, n).expand(b, n)
+            lists[b, n] = (idx, torch.where(step < n, step, -1).contiguous(), torch.full_like(idx, -1))
+        idx, nxt, sib = lists[b, n]
         return verify_tree_greedy(candidates, idx, nxt, sib, predict, n, backend=backend)
 
     return verify
@@ -70,13 +70,15 @@ def as_checkpoint(packed, device: str, group_size: int):
 
 
 @lru_cache(maxsize=1)
-def build_forward(preset: str, tp: int, layers: int | None, context: int, allreduce_us: float) -> VerifyForward:
-    """The forward of one rank of `preset` at TP `tp` (`layers` layers, None: all) over `context` cached tokens, on
-    this machine's device; one at a time is kept (a K2.5 TP8 rank holds ~75 GB)."""
+def build_forward(preset: str, tp: int, layers: int | None, context: int, allreduce_us: float,
+                  batch: int = 1) -> VerifyForward:
+    """The forward of one rank of `preset` at TP `tp` (`layers` layers, None: all) over `context` cached tokens of
+    each of up to `batch` requests (at_batch picks fewer), on this machine's device; one at a time is kept (a K2.5 TP8
+    rank holds ~75 GB)."""
     device = "cuda" if cuda_available() else "cpu"
     ar = device_wait(allreduce_us) if device == "cuda" else (lambda t: None)
     return VerifyForward(presets.get(preset, tp, layers), context, device, moe_fn(device), ar, chain_verify(device),
-                         ops=forward_ops(device))
+                         ops=forward_ops(device), batch=batch)
 
 
 def release_forwards() -> None:

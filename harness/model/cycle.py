@@ -1,5 +1,7 @@
-"""One EAGLE-3 speculative cycle of one tensor-parallel rank, phase by phase as SGLang's EAGLE worker runs it (batch 1,
-page size 1): draft, tree, verify, sync, bookkeeping, re-extend; graph-captured where the engine captures.
+"""One EAGLE-3 speculative cycle of one tensor-parallel rank, phase by phase as SGLang's EAGLE worker runs it (B
+requests, each over its own context, page size 1): draft, tree, verify, sync, bookkeeping, re-extend; graph-captured
+where the engine captures. B is the target forward's batch (VerifyForward.at_batch): the draft runs B * topk rows,
+the verify B * D, the re-extend B * (steps + 1); accept lengths and slots are kept per request.
 
 - draft: steps - 1 draft forwards on topk rows each, top-k expansion per step (the first step's top-k comes from the
   previous cycle's re-extend), then organize_draft_results; one graph.
@@ -71,7 +73,7 @@ def aux_layers(layers: int) -> tuple[int, ...]:
 
 class Cycle:
     """The cycle over a built target forward `fwd` (shared, not modified: a shallow copy gets the tree attention and
-    the cycle's head). gather(t) stands for an all-gather of logits into `t` (in place); `graphs`: capture draft,
+    the cycle's head; its batch is the cycle's). gather(t) stands for an all-gather of logits into `t` (in place); `graphs`: capture draft,
     verify and re-extend (CUDA only); attention_config / attention_pdl: the tree attention's tiles and programmatic
     dependent launch (None: its defaults)."""
 
@@ -84,47 +86,54 @@ class Cycle:
             raise ValueError(f"draft_tokens={d}: the target forward holds at most {fwd.max_tokens} tokens")
         self.fwd, self.cfg, self.attention, self.gather = fwd, cfg, attention, gather
         self.graphs = graphs and fwd.device == "cuda"
-        s, dev, self.d = fwd.s, fwd.device, d
+        s, dev, self.d, b = fwd.s, fwd.device, d, fwd.batch
+        self.batch = b
         self.cuda = dev == "cuda"
         self.backend = "kernel" if self.cuda else "reference"
         i64 = dict(device=dev, dtype=torch.int64)
         rows = max(cfg.topk, cfg.steps + 1)
         self.draft = DraftModel(s, fwd.context, dev, fwd.ops.rmsnorm, fwd.ops.add_rmsnorm, fwd.allreduce_fn,
-                                gather, max_rows=rows, dtype=fwd.dtype)
+                                gather, max_rows=rows, dtype=fwd.dtype, batch=b)
         # the target's logits: this rank's slice computed; the other ranks' slices stand for the all-gather's data,
         # set below any logit so that the greedy tokens follow this rank's computation
-        self.full_logits = torch.full((d, s.vocab * s.tp), -1e30, device=dev, dtype=torch.float32)
-        self.cand = torch.zeros(d, **i64)
-        self.starts = torch.zeros(1, device=dev, dtype=torch.int32)
-        self.prefix = torch.full((1,), fwd.context, device=dev, dtype=torch.int32)
-        self.mask = torch.ones(1, d, d, device=dev, dtype=torch.bool).tril_()
-        self.seq_lens = torch.full((1,), fwd.context, **i64)
+        self.full_logits = torch.full((b * d, s.vocab * s.tp), -1e30, device=dev, dtype=torch.float32)
+        self.cand = torch.zeros(b * d, **i64)
+        # request r's prefix and tree rows: [r * region, + context) and the D after (VerifyForward's layout)
+        self.starts = torch.arange(b, device=dev, dtype=torch.int32) * fwd.region
+        self.prefix = torch.full((b,), fwd.context, device=dev, dtype=torch.int32)
+        self.mask = torch.ones(b, d, d, device=dev, dtype=torch.bool).tril_()
+        self.seq_lens = torch.full((b,), fwd.context, **i64)
         self.seq_lens_next = self.seq_lens.clone()
-        self.req_to_token = torch.zeros(1, fwd.context + 2 * d, device=dev, dtype=torch.int32)
-        self.req_pool = torch.zeros(1, **i64)
-        self.out_cache_loc = torch.arange(fwd.context, fwd.context + d, **i64)
-        self.free_slots = torch.zeros(d, **i64)
-        self.root = torch.zeros(1, **i64)
-        self.parents0 = torch.arange(-1, cfg.topk, **i64).view(1, -1)
-        self.flags = torch.zeros(1, device=dev, dtype=torch.int32)
-        self.aux = torch.zeros(d, 3 * s.hidden, device=dev, dtype=fwd.dtype)
-        self.re_ids = torch.zeros(cfg.steps + 1, **i64)
-        self.re_aux = torch.zeros(cfg.steps + 1, 3 * s.hidden, device=dev, dtype=fwd.dtype)
-        self.accept_num = torch.zeros(1, device=dev, dtype=torch.int32)
-        self.step0_p = torch.full((1, cfg.topk), 1.0 / cfg.topk, device=dev, dtype=torch.float32)
-        self.step0_i = torch.arange(cfg.topk, **i64).view(1, -1)
-        self.step0_h = torch.zeros(1, s.hidden, device=dev, dtype=fwd.dtype)
-        self.draft_override: torch.Tensor | None = None  # [D - 1] tokens put in place of the draft's
+        self.req_to_token = torch.zeros(b, fwd.context + max(2 * d, d + cfg.steps + 1), device=dev, dtype=torch.int32)
+        self.req_pool = torch.arange(b, **i64)
+        self.out_cache_loc = (torch.arange(b, **i64).view(b, 1) * fwd.region
+                              + torch.arange(fwd.context, fwd.context + d, **i64)).flatten()
+        self.free_slots = torch.zeros(b * d, **i64)
+        self.root = torch.zeros(b, **i64)
+        self.parents0 = torch.arange(-1, cfg.topk, **i64).view(1, -1).repeat(b, 1)
+        self.flags = torch.zeros(b, device=dev, dtype=torch.int32)
+        self.aux = torch.zeros(b * d, 3 * s.hidden, device=dev, dtype=fwd.dtype)
+        self.re_ids = torch.zeros(b * (cfg.steps + 1), **i64)
+        self.re_aux = torch.zeros(b * (cfg.steps + 1), 3 * s.hidden, device=dev, dtype=fwd.dtype)
+        self.accept_num = torch.zeros(b, device=dev, dtype=torch.int32)
+        self.step0_p = torch.full((b, cfg.topk), 1.0 / cfg.topk, device=dev, dtype=torch.float32)
+        self.step0_i = torch.arange(cfg.topk, **i64).view(1, -1).repeat(b, 1)
+        self.step0_h = torch.zeros(b, s.hidden, device=dev, dtype=fwd.dtype)
+        # each request's first row among the draft's B * topk and the re-extend's B * (steps + 1)
+        self.draft_rows = torch.arange(b, **i64).view(b, 1) * cfg.topk
+        self.reextend_rows = torch.arange(b, **i64) * (cfg.steps + 1)
+        self.draft_override: torch.Tensor | None = None  # [B * (D - 1)] tokens put in place of the draft's
         self.attention_config, self.attention_pdl = attention_config, attention_pdl
         # the target forward as the cycle runs it: tree-masked attention, the cycle's head, captured hidden states
         self.target = copy.copy(fwd)
-        self.target.ops = dataclasses.replace(fwd.ops, mla=self._tree_attention)
+        self.target.ops = dataclasses.replace(fwd.ops, mla=self._tree_attention, mla_batch=lambda q, cache, *rest:
+                                              self._tree_attention(q, cache, None, *rest[-2:]))
         self.target.head_fn = self._head
         self.target.aux = (aux_layers(len(fwd.layers)), {d: self.aux})
         self._draft_run = self._replayable(self._draft_body)
         self._verify_run = self._replayable(self.verify_body)
         self._reextend_run = self._replayable(self._reextend_body)
-        self.accepted = self.cycles = 0  # drafted tokens accepted, over cycles run
+        self.accepted = self.cycles = 0  # drafted tokens accepted (all requests), over cycles run
         self.full_vocab = s.vocab * s.tp
 
     # ------------------------------------------------------------------------------------------- graph bodies
@@ -150,23 +159,25 @@ class Cycle:
         k, steps = self.cfg.topk, self.cfg.steps
         scores = self.step0_p
         score_list, token_list, parents = [scores.unsqueeze(1)], [self.step0_i], [self.parents0]
+        b = self.batch
         ids, hidden = self.step0_i.flatten(), self.step0_h.repeat_interleave(k, dim=0)
         for i in range(1, steps):
             probs, hid = self.draft.forward(ids, hidden, fuse=False)
             tp, ti = probs.topk(k, dim=-1)
-            expand = scores.unsqueeze(2) * tp.view(1, k, k)
+            expand = scores.unsqueeze(2) * tp.view(b, k, k)
             scores, chosen = expand.flatten(1).topk(k, dim=-1)
             score_list.append(expand)
-            token_list.append(ti.view(1, k * k))
+            token_list.append(ti.view(b, k * k))
             parents.append(chosen + k * k * (i - 1) + k)
-            hidden = hid.index_select(0, chosen.flatten() // k)
-            ids = ti.view(1, k * k).gather(1, chosen).flatten()
+            parent_rows = chosen.flatten() // k if b == 1 else (chosen // k + self.draft_rows).flatten()
+            hidden = hid.index_select(0, parent_rows)
+            ids = ti.view(b, k * k).gather(1, chosen).flatten()
         self._draft_out = tree.organize_draft_results(score_list, token_list, parents, self.d,
                                                       backend=self.backend, flags=self.flags)
 
     def _reextend_body(self):
         probs, hid = self.draft.forward(self.re_ids, self.re_aux, fuse=True)
-        last = self.accept_num.long()
+        last = self.accept_num.long() if self.batch == 1 else self.accept_num.long() + self.reextend_rows
         p, i = probs.index_select(0, last).topk(self.cfg.topk, dim=-1)
         self.step0_p.copy_(p)
         self.step0_i.copy_(i)
@@ -195,19 +206,21 @@ class Cycle:
 
     # ------------------------------------------------------------------------------------------- the cycle
 
-    def step(self, mark: Callable[[str], None]) -> list[int]:
-        """One cycle; mark(phase) after each phase. Returns the tokens it emitted (accepted drafts + the bonus)."""
-        cfg, d = self.cfg, self.d
+    def step(self, mark: Callable[[str], None]) -> list:
+        """One cycle; mark(phase) after each phase. Returns the tokens it emitted (accepted drafts + the bonus): a
+        list, or at batch > 1 one list per request."""
+        cfg, d, b = self.cfg, self.d, self.batch
         self._draft_run()
         parent_list, top, dtoks = self._draft_out
         if self.draft_override is not None:
-            dtoks = self.draft_override.view(1, d - 1)
+            dtoks = self.draft_override.view(b, d - 1)
         mark("draft")
         seq_sum = int(self.seq_lens.sum().item())  # the engine's torch.sum(seq_lens).item()
         mask_full, _, r_index, r_next, r_sib, cand = tree.build_tree(
             self.root, parent_list, top, dtoks, self.seq_lens, cfg.topk, cfg.steps, d, "full", backend=self.backend,
             seq_lens_sum=seq_sum, flags=self.flags if self.cuda else None)
-        self.mask.copy_(mask_full.view(1, d, seq_sum + d)[:, :, seq_sum:])
+        ctx = seq_sum // b  # every request's context is the forward's
+        self.mask.copy_(mask_full.view(b, d, ctx + d)[:, :, ctx:])
         self.cand.copy_(cand)
         tree.assign_req_to_token(self.req_to_token, self.req_pool, self.seq_lens, self.out_cache_loc, d,
                                  backend=self.backend)
@@ -215,65 +228,85 @@ class Cycle:
         self._verify_run()
         predict = tree.argmax(self.full_logits, backend=self.backend)
         predicts, accept_index, accept_num = tree.verify_tree_greedy(
-            cand.view(1, d), r_index, r_next, r_sib, predict, cfg.steps + 1, backend=self.backend)
+            cand.view(b, d), r_index, r_next, r_sib, predict, cfg.steps + 1, backend=self.backend)
         mark("verify")
-        n = accept_num.tolist()[0]
-        path = accept_index.tolist()[0][: n + 1]
+        nums = accept_num.tolist()
+        paths = [row[: n + 1] for row, n in zip(accept_index.tolist(), nums)]
         emitted = predicts.tolist()
         mark("sync")
-        keep = torch.zeros(d, device=self.cand.device, dtype=torch.bool)
-        keep[accept_index[0, : n + 1].long()] = True
+        keep = torch.zeros(b * d, device=self.cand.device, dtype=torch.bool)
+        if b == 1:
+            keep[accept_index[0, : nums[0] + 1].long()] = True
+        else:  # the engine's accept_index[accept_index != -1]: a boolean-mask indexing, a sync
+            flat = accept_index.flatten()
+            keep[flat[flat >= 0].long()] = True
         freed = self.out_cache_loc[~keep]
         self.free_slots[: freed.numel()].copy_(freed)
-        kept = self.out_cache_loc[keep]
-        tree.assign_req_to_token(self.req_to_token, self.req_pool, self.seq_lens, kept, n + 1, backend=self.backend)
-        self.seq_lens_next.copy_(self.seq_lens).add_(n + 1)
-        rows = accept_index[0].long().clamp(min=0)
+        rows = accept_index.long().clamp(min=0).flatten()
+        if b == 1:
+            kept = self.out_cache_loc[keep]
+            tree.assign_req_to_token(self.req_to_token, self.req_pool, self.seq_lens, kept, nums[0] + 1,
+                                     backend=self.backend)
+            self.seq_lens_next.copy_(self.seq_lens).add_(nums[0] + 1)
+        else:  # each request's accepted slots, padded to steps + 1 (the rows past its accept length go unread)
+            tree.assign_req_to_token(self.req_to_token, self.req_pool, self.seq_lens,
+                                     self.out_cache_loc.index_select(0, rows), cfg.steps + 1, backend=self.backend)
+            self.seq_lens_next.copy_(self.seq_lens).add_(accept_num).add_(1)
         self.re_ids.copy_(predicts.long().index_select(0, rows))
         self.re_aux.copy_(self.aux.index_select(0, rows))
         self.accept_num.copy_(accept_num)
-        self.root.copy_(predicts[path[-1]: path[-1] + 1])
+        if b == 1:
+            self.root.copy_(predicts[paths[0][-1]: paths[0][-1] + 1])
+        else:
+            self.root.copy_(predicts.long().index_select(0, accept_index.long().gather(1, accept_num.long().view(b, 1))
+                                                         .flatten()))
         mark("bookkeeping")
         self._reextend_run()
         mark("reextend")
-        self.accepted += n
+        self.accepted += sum(nums)
         self.cycles += 1
-        return [emitted[i] for i in path]
+        out = [[emitted[i] for i in path] for path in paths]
+        return out[0] if b == 1 else out
 
     # ------------------------------------------------------------------------------------------- checks
 
-    def greedy_continuation(self, root: int) -> list[int]:
-        """The target's own greedy tokens after `root`, D of them, by D chain-masked verify forwards (eager)."""
-        d = self.d
-        tokens = [root] + [0] * (d - 1)
-        self.mask.copy_(torch.ones(d, d, dtype=torch.bool).tril_().view(1, d, d))
-        out = []
+    def greedy_continuation(self, root: int) -> list:
+        """The target's own greedy tokens after `root`, D of them, by D chain-masked verify forwards (eager): a list,
+        or at batch > 1 one per request (each request's own context gives its own continuation)."""
+        d, b = self.d, self.batch
+        tokens = [[root] + [0] * (d - 1) for _ in range(b)]
+        self.mask.copy_(torch.ones(d, d, dtype=torch.bool).tril_().view(1, d, d).expand(b, d, d))
+        out = [[] for _ in range(b)]
         for i in range(d):
-            self.cand.copy_(torch.tensor(tokens))
+            self.cand.copy_(torch.tensor(tokens).flatten())
             self.verify_body()
-            nxt = int(torch.argmax(self.full_logits[i]).item())
-            out.append(nxt)
-            if i + 1 < d:
-                tokens[i + 1] = nxt
-        return out
+            for r in range(b):
+                nxt = int(torch.argmax(self.full_logits[r * d + i]).item())
+                out[r].append(nxt)
+                if i + 1 < d:
+                    tokens[r][i + 1] = nxt
+        return out[0] if b == 1 else out
 
-    def run_check(self, root: int, override: list[int]) -> tuple[int, list[int]]:
-        """One cycle from `root` with the draft's tokens replaced by `override`: (accepted count, emitted)."""
+    def run_check(self, root: int, override: list) -> tuple:
+        """One cycle from `root` with the draft's tokens replaced by `override` (D - 1 tokens; at batch > 1 one list
+        per request): (accepted count, emitted), or at batch > 1 a list of them per request."""
         self.root.fill_(root)
-        self.draft_override = torch.tensor(override, device=self.cand.device, dtype=torch.int64)
+        self.draft_override = torch.tensor(override, device=self.cand.device, dtype=torch.int64).flatten()
         try:
             emitted = self.step(lambda phase: None)
         finally:
             self.draft_override = None
-        return len(emitted) - 1, emitted
+        if self.batch == 1:
+            return len(emitted) - 1, emitted
+        return [(len(e) - 1, e) for e in emitted]
 
     def attention_error(self) -> float:
         """Relative error of the tree attention (this cycle's variant) against the plain-torch masked reference,
         on fresh random queries over layer 0's cache and a random tree mask."""
-        s, d, dev = self.fwd.s, self.d, self.fwd.device
-        q = torch.randn(s.heads, d, s.latent, device=dev, dtype=self.fwd.dtype)
+        s, d, dev, b = self.fwd.s, self.d, self.fwd.device, self.batch
+        q = torch.randn(s.heads, b * d, s.latent, device=dev, dtype=self.fwd.dtype)
         saved = self.mask.clone()
-        vis = torch.rand(1, d, d, device=dev) < 0.5
+        vis = torch.rand(b, d, d, device=dev) < 0.5
         self.mask.copy_((vis | torch.eye(d, dtype=torch.bool, device=dev)).tril_())
         try:
             cache, scale = self.fwd.layers[0]["kv_cache"], (s.qk_nope + s.qk_rope) ** -0.5

@@ -44,12 +44,13 @@ def draft_shape(s: Preset) -> DraftShape:
                       vocab=math.ceil(full / s.tp), vocab_full=math.ceil(full / s.tp) * s.tp, target_vocab=s.vocab)
 
 
-def weight_bytes(d: DraftShape, context: int, max_rows: int, itemsize: int = 2) -> int:
-    """What DraftModel allocates: weights, the target embedding slice it reads ids from, its KV cache."""
+def weight_bytes(d: DraftShape, context: int, max_rows: int, itemsize: int = 2, batch: int = 1) -> int:
+    """What DraftModel allocates: weights, the target embedding slice it reads ids from, its KV cache (one per
+    request)."""
     h, q, kv = d.hidden, d.heads * d.head_dim, d.kv_heads * d.head_dim
     weights = (3 * h * h + 2 * h * (q + 2 * kv) + q * h + 3 * d.intermediate * h + d.vocab * h
                + d.target_vocab * h + 5 * h)
-    return itemsize * (weights + 2 * (context + max_rows) * kv)
+    return itemsize * (weights + 2 * batch * (context + max_rows) * kv)
 
 
 def _rand(*shape, device, dtype):
@@ -58,17 +59,17 @@ def _rand(*shape, device, dtype):
 
 class DraftModel:
     """forward(ids, hidden, fuse) -> (probs [rows, vocab_full] fp32, hidden_out [rows, H]) for up to `max_rows`
-    rows, graph-capturable. fuse: `hidden` holds the target's three captured states [rows, 3H] (fused by fc);
+    rows of each of `batch` requests (request-major, each over its own KV cache), graph-capturable. fuse: `hidden` holds the target's three captured states [rows, 3H] (fused by fc);
     otherwise the draft's own last hidden state [rows, H]. rmsnorm / add_rmsnorm are the target's small ops;
     gather(t) stands for the logits all-gather (in place into the full-vocabulary buffer) and allreduce(t) for the
     layer's two allreduces."""
 
     def __init__(self, s: Preset, context: int, device: str, rmsnorm: Callable, add_rmsnorm: Callable,
                  allreduce: Callable, gather: Callable, max_rows: int = 16, seed: int = 1,
-                 dtype: torch.dtype = torch.bfloat16):
+                 dtype: torch.dtype = torch.bfloat16, batch: int = 1):
         torch.manual_seed(seed)
         self.d = d = draft_shape(s)
-        self.context, self.max_rows, self.device = context, max_rows, device
+        self.context, self.max_rows, self.device, self.batch = context, max_rows, device, batch
         self.rmsnorm, self.add_rmsnorm, self.allreduce, self.gather = rmsnorm, add_rmsnorm, allreduce, gather
         h, q, kv = d.hidden, d.heads * d.head_dim, d.kv_heads * d.head_dim
         w = dict(device=device, dtype=dtype)
@@ -80,14 +81,15 @@ class DraftModel:
         self.down = _rand(h, d.intermediate, **w)
         self.lm_head = _rand(d.vocab, h, **w)
         self.norms = {k: torch.ones(h, **w) for k in ("embed", "hidden", "post", "final")}
-        self.k_cache = torch.randn(context + max_rows, d.kv_heads, d.head_dim, **w)
-        self.v_cache = torch.randn(context + max_rows, d.kv_heads, d.head_dim, **w)
-        self.logits = torch.zeros(max_rows, d.vocab_full, device=device, dtype=torch.float32)
+        self.k_cache = torch.randn(batch, context + max_rows, d.kv_heads, d.head_dim, **w)
+        self.v_cache = torch.randn(batch, context + max_rows, d.kv_heads, d.head_dim, **w)
+        self.logits = torch.zeros(batch * max_rows, d.vocab_full, device=device, dtype=torch.float32)
 
     def forward(self, ids: torch.Tensor, hidden: torch.Tensor, fuse: bool):
-        d, rows = self.d, ids.shape[0]
-        if rows > self.max_rows:
-            raise ValueError(f"the draft holds {self.max_rows} rows per forward, got {rows}")
+        d, rows, b = self.d, ids.shape[0], self.batch
+        per = rows // b
+        if per > self.max_rows or per * b != rows:
+            raise ValueError(f"the draft holds {self.max_rows} rows of each of {b} requests per forward, got {rows}")
         # the vocab-parallel embedding: this rank's rows (ids folded onto them), summed across ranks
         emb = self.embed[ids.remainder(d.target_vocab)]
         self.allreduce(emb)
@@ -96,12 +98,12 @@ class DraftModel:
         x = torch.cat([self.rmsnorm(emb, self.norms["embed"]), self.rmsnorm(hidden, self.norms["hidden"])], dim=-1)
         q, k, v = F.linear(x, self.qkv).split([d.heads * d.head_dim, d.kv_heads * d.head_dim,
                                                d.kv_heads * d.head_dim], dim=-1)
-        end = self.context + rows
-        self.k_cache[self.context:end].copy_(k.view(rows, d.kv_heads, d.head_dim))
-        self.v_cache[self.context:end].copy_(v.view(rows, d.kv_heads, d.head_dim))
-        attn = F.scaled_dot_product_attention(q.view(1, rows, d.heads, d.head_dim).transpose(1, 2),
-                                              self.k_cache[:end].transpose(0, 1).unsqueeze(0),
-                                              self.v_cache[:end].transpose(0, 1).unsqueeze(0),
+        end = self.context + per
+        self.k_cache[:, self.context:end].copy_(k.view(b, per, d.kv_heads, d.head_dim))
+        self.v_cache[:, self.context:end].copy_(v.view(b, per, d.kv_heads, d.head_dim))
+        attn = F.scaled_dot_product_attention(q.view(b, per, d.heads, d.head_dim).transpose(1, 2),
+                                              self.k_cache[:, :end].transpose(1, 2),
+                                              self.v_cache[:, :end].transpose(1, 2),
                                               enable_gqa=d.kv_heads != d.heads)
         out = F.linear(attn.transpose(1, 2).reshape(rows, d.heads * d.head_dim), self.o)
         self.allreduce(out)

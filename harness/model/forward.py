@@ -18,6 +18,7 @@ before. On a GPU the kernel count costs milliseconds, so the report says which s
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Callable
 
@@ -37,7 +38,9 @@ class Ops:
     mla_prep(qkv, q_ln, kv_ln, cache, pos, q_lora, kv_lora) -> rmsnorm(q_a), and writes the n tokens' cache rows
     pos.. with rmsnorm(kv latent) and the rope part; q_absorb(qh [n, heads, nope + rope], w_uk, rope) -> q [heads,
     n, kv_lora + rope]; mla(q, cache, length, kv_lora, scale) -> [heads, n, kv_lora]; v_up(o_lat, w_uv) -> [n,
-    heads * v_head]; act_linear(gate_up, w, r) = silu(gate) * up @ w.T (+ r unless None)."""
+    heads * v_head]; act_linear(gate_up, w, r) = silu(gate) * up @ w.T (+ r unless None). Several requests:
+    mla_prep(..., per_request=D, request_stride=R) writes request b's rows at pos + b * R; mla_batch(q, cache, starts,
+    prefix_lens, mask, kv_lora, scale) is kernels.mla_verify's call (B requests, each over its own rows)."""
 
     name: str
     linear: Callable
@@ -50,6 +53,7 @@ class Ops:
     mla: Callable
     v_up: Callable
     act_linear: Callable
+    mla_batch: Callable = None
 
 
 def _rmsnorm(x, w, eps=1e-6):
@@ -80,10 +84,12 @@ def _mla(q, cache, length, kv_lora, scale):
     return torch.matmul(torch.softmax(scores, -1).to(q.dtype), keys[:, :kv_lora])
 
 
-def _mla_prep(qkv, q_ln, kv_ln, cache, pos, q_lora, kv_lora):
-    slots = cache[pos: pos + qkv.shape[0]]
-    slots[:, :kv_lora].copy_(_rmsnorm(qkv[:, q_lora: q_lora + kv_lora], kv_ln))
-    slots[:, kv_lora:].copy_(qkv[:, q_lora + kv_lora:])
+def _mla_prep(qkv, q_ln, kv_ln, cache, pos, q_lora, kv_lora, per_request=None, request_stride=0):
+    per = per_request or qkv.shape[0]
+    for b in range(0, qkv.shape[0], per):  # one request's rows after its own prefix
+        slots = cache[pos + b // per * request_stride: pos + b // per * request_stride + per]
+        slots[:, :kv_lora].copy_(_rmsnorm(qkv[b: b + per, q_lora: q_lora + kv_lora], kv_ln))
+        slots[:, kv_lora:].copy_(qkv[b: b + per, q_lora + kv_lora:])
     return _rmsnorm(qkv[:, :q_lora], q_ln)
 
 
@@ -96,8 +102,14 @@ def _v_up(o_lat, w_uv):
     return torch.bmm(o_lat, w_uv).transpose(0, 1).reshape(o_lat.shape[1], -1)
 
 
+def _mla_batch(q, cache, starts, prefix_lens, mask, kv_lora, scale):
+    from verifybench.kernels.mla_verify.api import mla_verify_reference
+
+    return mla_verify_reference(q, cache, starts, prefix_lens, mask, kv_lora, scale)
+
+
 TORCH_OPS = Ops("torch", F.linear, lambda x, w, r: F.linear(x, w) + r, _rmsnorm, _add_rmsnorm, _softmax_topk,
-                _mla_prep, _q_absorb, _mla, _v_up, _act_linear)
+                _mla_prep, _q_absorb, _mla, _v_up, _act_linear, _mla_batch)
 
 
 def fused_ops() -> Ops:
@@ -106,14 +118,30 @@ def fused_ops() -> Ops:
     from verifybench.kernels.fused_ops import api as fo
     from verifybench.kernels.mla_glue import api as mla_glue
     from verifybench.kernels.mla_decode.api import mla_decode
-    from verifybench.kernels.skinny_gemm.api import linear
+    from verifybench.kernels.mla_verify.api import mla_verify
+    from verifybench.kernels.skinny_gemm.api import MAX_TOKENS
+    from verifybench.kernels.skinny_gemm.api import linear as skinny
+
+    def linear(x, w, add=None, act=None):
+        """The weight-streaming GEMM up to its MAX_TOKENS rows; past them (B requests' B * D tokens) torch's GEMM,
+        as engines switch to a tiled GEMM at larger row counts."""
+        if x.shape[0] <= MAX_TOKENS:
+            return skinny(x, w, add=add) if act is None else skinny(x, w, add=add, act=act)
+        if act == "silu_mul":
+            g, u = x.chunk(2, dim=-1)
+            x = F.silu(g) * u
+        y = F.linear(x, w)
+        return y if add is None else y + add
 
     return Ops("fused", linear, lambda x, w, r: linear(x, w, add=r), fo.rmsnorm, fo.add_rmsnorm, fo.softmax_topk,
                mla_glue.mla_prep, mla_glue.q_absorb,
                lambda q, cache, length, kv_lora, scale: mla_decode(q, cache, length, kv_lora=kv_lora, scale=scale),
                mla_glue.v_up,
                # silu_mul in the down projection's x loads: no launch of its own
-               lambda gate_up, w, r: linear(gate_up, w, add=r, act="silu_mul"))
+               lambda gate_up, w, r: linear(gate_up, w, add=r, act="silu_mul"),
+               # B requests at once: our split-KV kernel over each request's own rows (one launch for all)
+               lambda q, cache, starts, lens, mask, kv_lora, scale: mla_verify(q, cache, starts, lens, mask, kv_lora,
+                                                                               scale, variant="split_kv"))
 
 
 def _rand(*shape, device, dtype, fan_in=None):
@@ -121,16 +149,18 @@ def _rand(*shape, device, dtype, fan_in=None):
 
 
 class VerifyForward:
-    """Weights of every layer, a latent KV cache of `context` tokens per layer, and forward(n, active) for
-    n = 1..max_tokens. `moe_fn(x, w13p, w13s, w2p, w2s, topk_w, topk_ids)` runs the routed experts;
+    """Weights of every layer, a latent KV cache of `context` tokens per layer and request, and forward(n, active)
+    for n = 1..max_tokens tokens of each of `batch` requests (at_batch(b): the same weights at b <= batch
+    requests; request b's rows start at b * (context + max_tokens)). `moe_fn(x, w13p, w13s, w2p, w2s, topk_w, topk_ids)` runs the routed experts;
     `allreduce_fn(t)` reduces a tensor in place (a real collective, or a calibrated device wait on one GPU);
     `verify_fn(candidates, target_predict)` walks the draft chain; `ops` the small ops (TORCH_OPS by default)."""
 
     def __init__(self, s: Preset, context: int, device: str, moe_fn: Callable, allreduce_fn: Callable,
                  verify_fn: Callable, max_tokens: int = 8, seed: int = 0, ops: Ops = TORCH_OPS,
-                 dtype: torch.dtype = torch.bfloat16):
+                 dtype: torch.dtype = torch.bfloat16, batch: int = 1):
         torch.manual_seed(seed)
         self.s, self.context, self.device, self.max_tokens, self.dtype = s, context, device, max_tokens, dtype
+        self.max_batch, self.batch, self.region = batch, 1, context + max_tokens  # rows per request in each cache
         self.moe_fn, self.allreduce_fn, self.verify_fn, self.ops = moe_fn, allreduce_fn, verify_fn, ops
         self._recording = False  # routing is copied out only in an eager forward, never inside a timed graph
         # speculative-cycle hooks: head_fn(x) replaces the head's lm_head + argmax + chain verify; aux = (layer
@@ -150,7 +180,7 @@ class VerifyForward:
                  "w_uk": _rand(s.heads, s.qk_nope, s.kv_lora, device=d, dtype=dt),  # kv_b absorbed: query side
                  "w_uv": _rand(s.heads, s.kv_lora, s.v_head, device=d, dtype=dt),  # ... and output side
                  "o_proj": _rand(h, s.heads * s.v_head, device=d, dtype=dt),
-                 "kv_cache": _rand(context + max_tokens, s.latent, device=d, dtype=dt, fan_in=1)}
+                 "kv_cache": _rand(batch * (context + max_tokens), s.latent, device=d, dtype=dt, fan_in=1)}
             if i < s.dense_layers:
                 L["gate_up"] = _rand(2 * s.dense_intermediate, h, device=d, dtype=dt)
                 L["down"] = _rand(h, s.dense_intermediate, device=d, dtype=dt)
@@ -169,14 +199,36 @@ class VerifyForward:
             self.layers.append(L)
         self.final_ln = torch.ones(h, device=d, dtype=dt)
         self.lm_head = _rand(s.vocab, h, device=d, dtype=dt)
-        # per n: the residual stream, static stand-ins for switched-off producers, and the routing of every layer
-        self.buf = {n: self._buffers(n) for n in range(1, max_tokens + 1)}
+        # per batch, per n: the residual stream, static stand-ins for switched-off producers, the routing of every layer
+        self._bufs = {1: {n: self._buffers(n) for n in range(1, max_tokens + 1)}}
 
-    def _buffers(self, n: int) -> dict:
+    @property
+    def buf(self) -> dict:
+        """{n: buffers} at this forward's batch (B * n rows each)."""
+        return self._bufs[self.batch]
+
+    def at_batch(self, batch: int) -> "VerifyForward":
+        """This forward (the same weights and caches) at `batch` requests of their own contexts; its buffers are made
+        here, never inside a graph capture."""
+        if not 1 <= batch <= self.max_batch:
+            raise ValueError(f"batch {batch}: this forward holds 1..{self.max_batch} requests")
+        if batch not in self._bufs:
+            self._bufs[batch] = {n: self._buffers(n, batch) for n in range(1, self.max_tokens + 1)}
+        out = copy.copy(self)
+        out.batch = batch
+        return out
+
+    def _buffers(self, n: int, batch: int = 1) -> dict:
         s, d, dt = self.s, self.device, self.dtype
-        gen = torch.Generator(device="cpu").manual_seed(n)
+        gen = torch.Generator(device="cpu").manual_seed(n if batch == 1 else n * 1000 + batch)
+        rows, n = n * batch, n * batch  # every buffer holds all B requests' tokens, request-major
         ids = torch.stack([torch.randperm(s.experts, generator=gen)[: s.topk] for _ in range(n)]).to(d)
-        return {"h0": torch.randn(n, s.hidden, device=d, dtype=dt),
+        per = rows // batch
+        requests = {} if batch == 1 else {  # each request over its own rows, seeing every one of its tokens
+            "starts": torch.arange(batch, device=d, dtype=torch.int32) * self.region,
+            "prefix_lens": torch.full((batch,), self.context, device=d, dtype=torch.int32),
+            "visible": torch.ones(batch, per, per, device=d, dtype=torch.bool)}
+        return {**requests,"h0": torch.randn(n, s.hidden, device=d, dtype=dt),
                 "h": torch.empty(n, s.hidden, device=d, dtype=dt),
                 "x": torch.randn(n, s.hidden, device=d, dtype=dt),
                 "q_a": torch.randn(n, s.q_lora, device=d, dtype=dt),
@@ -188,12 +240,13 @@ class VerifyForward:
                 "topk_w": torch.full((n, s.topk), 1 / s.topk, device=d, dtype=torch.float32),
                 "topk_ids": ids.to(torch.int32),
                 "ids_seen": torch.zeros(s.layers, n, s.topk, device=d, dtype=torch.int32),
-                "candidates": torch.randint(0, s.vocab, (1, n), device=d),
+                "candidates": torch.randint(0, s.vocab, (batch, per), device=d),
                 "predict": torch.zeros(n, device=d, dtype=torch.int64)}
 
     def forward(self, n: int, active: frozenset = frozenset(COMPONENTS)):
-        """One verify forward of n tokens with the `active` components; graph-capturable (no host syncs).
-        With misc on, each residual add is fused into the next RMSNorm, as engines do."""
+        """One verify forward of n tokens of each of the batch's requests with the `active` components;
+        graph-capturable (no host syncs). With misc on, each residual add is fused into the next RMSNorm, as engines
+        do."""
         s, b, on, ops = self.s, self.buf[n], active.__contains__, self.ops
         h = b["h"]
         h.copy_(b["h0"])
@@ -207,14 +260,19 @@ class VerifyForward:
             if on("attn_proj"):
                 qkv = ops.linear(x, L["q_a_kv_a"])
             if on("misc"):  # both norms and the verify tokens' KV-slot write, one kernel when fused
-                q_a = ops.mla_prep(qkv, L["q_ln"], L["kv_ln"], L["kv_cache"], self.context, s.q_lora, s.kv_lora)
+                q_a = (ops.mla_prep(qkv, L["q_ln"], L["kv_ln"], L["kv_cache"], self.context, s.q_lora, s.kv_lora)
+                       if self.batch == 1 else
+                       ops.mla_prep(qkv, L["q_ln"], L["kv_ln"], L["kv_cache"], self.context, s.q_lora, s.kv_lora,
+                                    per_request=n, request_stride=self.region))
             q = b["q"]
             if on("attn_proj"):
-                qh = ops.linear(q_a, L["q_b"]).view(n, s.heads, s.qk_nope + s.qk_rope)
+                qh = ops.linear(q_a, L["q_b"]).view(n * self.batch, s.heads, s.qk_nope + s.qk_rope)
                 q = ops.q_absorb(qh, L["w_uk"], s.qk_rope)  # [heads, n, kv_lora + rope]
             o_lat = b["o_lat"]
             if on("attn_core"):
-                o_lat = ops.mla(q, L["kv_cache"], self.context + n, s.kv_lora, (s.qk_nope + s.qk_rope) ** -0.5)
+                scale = (s.qk_nope + s.qk_rope) ** -0.5
+                o_lat = (ops.mla(q, L["kv_cache"], self.context + n, s.kv_lora, scale) if self.batch == 1 else
+                         ops.mla_batch(q, L["kv_cache"], b["starts"], b["prefix_lens"], b["visible"], s.kv_lora, scale))
             attn_out = b["attn_out"]
             if on("attn_proj"):
                 attn_out = ops.linear(ops.v_up(o_lat, L["w_uv"]), L["o_proj"])
@@ -272,7 +330,7 @@ class VerifyForward:
         moe_layers = s.layers - s.dense_layers
         expert = sum(moe_l[k][0].numel() * moe_l[k].element_size() for k in ("w13p", "w13s", "w2p", "w2s"))
         return {"attn_proj": s.layers * nbytes(first, ("q_a_kv_a", "q_b", "w_uk", "w_uv", "o_proj")),
-                "attn_core": s.layers * (self.context + n) * s.latent * 2,
+                "attn_core": s.layers * self.batch * (self.context + n) * s.latent * 2,
                 "router": moe_layers * nbytes(moe_l, ("router",)),
                 "moe": expert * sum(distinct_experts_per_layer),
                 "dense": (s.dense_layers * nbytes(first, ("gate_up", "down")) if s.dense_layers else 0)
@@ -297,11 +355,12 @@ class VerifyForward:
         return [int(torch.unique(layer).numel()) for layer in seen]
 
 
-def allocated_bytes(s: Preset, context: int, max_tokens: int) -> int:
-    """Weight + KV-cache bytes VerifyForward allocates on one rank (what must fit the GPU)."""
+def allocated_bytes(s: Preset, context: int, max_tokens: int, batch: int = 1) -> int:
+    """Weight + KV-cache bytes VerifyForward allocates on one rank (what must fit the GPU), `batch` requests'
+    caches."""
     h, qk = s.hidden, s.qk_nope + s.qk_rope
     attn = 2 * ((s.q_lora + s.latent) * h + s.heads * qk * s.q_lora + s.heads * s.qk_nope * s.kv_lora
-                + s.heads * s.kv_lora * s.v_head + h * s.heads * s.v_head + (context + max_tokens) * s.latent)
+                + s.heads * s.kv_lora * s.v_head + h * s.heads * s.v_head + batch * (context + max_tokens) * s.latent)
     dense = 2 * 3 * s.dense_intermediate * h
     e, i, g = s.experts, s.expert_intermediate, s.expert_group_size
     experts = 4 * e * 2 * i * h // 8 + 2 * e * 2 * i * h // g + 4 * e * h * i // 8 + 2 * e * h * i // g  # int4 + scales

@@ -54,10 +54,11 @@ def _rms_row(x, w, H: tl.constexpr, eps, dtype: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["pos"])  # one compile for every cache position
-def _mla_prep_kernel(qkv_ptr, q_ln_ptr, kv_ln_ptr, cache_ptr, q_a_ptr, stride_qkv, stride_cache, pos, eps,
-                     Q_LORA: tl.constexpr, KV_LORA: tl.constexpr, ROPE: tl.constexpr, BLOCK_Q: tl.constexpr,
+def _mla_prep_kernel(qkv_ptr, q_ln_ptr, kv_ln_ptr, cache_ptr, q_a_ptr, stride_qkv, stride_cache, pos, per_request,
+                     request_stride, eps, Q_LORA: tl.constexpr, KV_LORA: tl.constexpr, ROPE: tl.constexpr, BLOCK_Q: tl.constexpr,
                      BLOCK_KV: tl.constexpr, BLOCK_R: tl.constexpr, PDL: tl.constexpr):
-    # program (i, 0): the q row of token i; (i, 1): its kv row and rope part, written into cache row pos + i
+    # program (i, 0): the q row of token i; (i, 1): its kv row and rope part, written into cache row
+    # pos + (i // per_request) * request_stride + i % per_request (each request's tokens after its own prefix)
     row = tl.program_id(0).to(tl.int64)
     src = qkv_ptr + row * stride_qkv
     dtype = q_a_ptr.dtype.element_ty
@@ -76,7 +77,7 @@ def _mla_prep_kernel(qkv_ptr, q_ln_ptr, kv_ln_ptr, cache_ptr, q_a_ptr, stride_qk
         if PDL:
             gdc_wait()
             gdc_launch_dependents()
-        dst = cache_ptr + (pos + row) * stride_cache
+        dst = cache_ptr + (pos + (row // per_request) * request_stride + row % per_request) * stride_cache
         xk = tl.load(src + Q_LORA + ik, mask=ik < KV_LORA, other=0.0).to(tl.float32)
         tl.store(dst + ik, _rms_row(xk, wk, KV_LORA, eps, dtype), mask=ik < KV_LORA)
         if ROPE > 0:
@@ -177,9 +178,12 @@ def _pdl_on(pdl, t: torch.Tensor) -> bool:
 # ---------------------------------------------------------------------------------------------------- ops
 
 def mla_prep(qkv: torch.Tensor, q_ln: torch.Tensor, kv_ln: torch.Tensor, cache: torch.Tensor, pos: int, q_lora: int,
-             kv_lora: int, eps: float = 1e-6, *, pdl: bool | None = None) -> torch.Tensor:
+             kv_lora: int, eps: float = 1e-6, *, pdl: bool | None = None, per_request: int | None = None,
+             request_stride: int = 0) -> torch.Tensor:
     """qkv [n, q_lora + kv_lora + rope] (last-dim stride 1, any row stride) -> q_a = rmsnorm(q part) [n, q_lora];
-    writes rmsnorm(kv part) and the rope part into cache [rows, kv_lora + rope] rows pos..pos+n-1. One launch."""
+    writes rmsnorm(kv part) and the rope part into cache [rows, kv_lora + rope] rows pos..pos+n-1. One launch.
+    Several requests (n = B * per_request tokens, request-major): request b's tokens go to rows
+    pos + b * request_stride + j, j < per_request."""
     _check("qkv", qkv, 2, "[n, q_lora + kv_lora + rope]")
     _check_int("q_lora", q_lora, 1, MAX_ROW)
     _check_int("kv_lora", kv_lora, 1, MAX_ROW)
@@ -199,17 +203,26 @@ def mla_prep(qkv: torch.Tensor, q_ln: torch.Tensor, kv_ln: torch.Tensor, cache: 
     for name, w, size, layout in (("q_ln", q_ln, q_lora, "[q_lora]"), ("kv_ln", kv_ln, kv_lora, "[kv_lora]")):
         _check(name, w, 1, layout, qkv, "qkv")
         _check_shape(name, w, (size,), layout)
-    if isinstance(pos, bool) or not isinstance(pos, int) or pos < 0 or pos + n > rows:
+    per = n if per_request is None else per_request
+    _check_int("request_stride", request_stride, 0, rows)
+    if per_request is not None:
+        _check_int("per_request", per, 1, max(n, 1))
+    if n and (n % per or n > per and request_stride < per):
+        raise ValueError(f"per_request must divide n ({n}) and request_stride ({request_stride}) be >= it (requests' "
+                         f"rows must not overlap), got {per_request}")
+    last = (n - 1) // per * request_stride + per if n else 0  # one past the last row written, from pos
+    if isinstance(pos, bool) or not isinstance(pos, int) or pos < 0 or pos + last > rows:
         raise ValueError(f"pos must be an int with 0 <= pos and pos + n <= cache rows (n {n}, rows {rows}), "
                          f"got {pos!r}")
     pdl = _pdl_on(pdl, qkv)
     if not _use_kernel(qkv):
-        return mla_prep_reference(qkv, q_ln, kv_ln, cache, pos, q_lora, kv_lora, eps)
+        return mla_prep_reference(qkv, q_ln, kv_ln, cache, pos, q_lora, kv_lora, eps, per, request_stride)
     q_a = torch.empty(n, q_lora, dtype=qkv.dtype, device=qkv.device)
     if n:
         block_q, block_kv = triton.next_power_of_2(q_lora), triton.next_power_of_2(kv_lora)
         warps = max(1, min(16, max(block_q, block_kv) // 512))  # 16 values per thread, as fused_ops' rmsnorm
-        _mla_prep_kernel[(n, 2)](qkv, q_ln, kv_ln, cache, q_a, qkv.stride(0), cache.stride(0), pos, eps,
+        _mla_prep_kernel[(n, 2)](qkv, q_ln, kv_ln, cache, q_a, qkv.stride(0), cache.stride(0), pos, per,
+                                 request_stride, eps,
                                  Q_LORA=q_lora, KV_LORA=kv_lora, ROPE=rope, BLOCK_Q=block_q, BLOCK_KV=block_kv,
                                  BLOCK_R=triton.next_power_of_2(max(rope, 1)), PDL=pdl, num_warps=warps,
                                  **pdl_mod.launch_kwargs(pdl))
@@ -273,10 +286,13 @@ def v_up(o_lat: torch.Tensor, w_uv: torch.Tensor, *, pdl: bool | None = None) ->
 # ---------------------------------------------------------------------------------------------------- references
 
 def mla_prep_reference(qkv: torch.Tensor, q_ln: torch.Tensor, kv_ln: torch.Tensor, cache: torch.Tensor, pos: int,
-                       q_lora: int, kv_lora: int, eps: float = 1e-6) -> torch.Tensor:
-    slots = cache[pos: pos + qkv.shape[0]]
-    slots[:, :kv_lora] = rmsnorm_reference(qkv[:, q_lora: q_lora + kv_lora], kv_ln, eps)
-    slots[:, kv_lora:] = qkv[:, q_lora + kv_lora:]
+                       q_lora: int, kv_lora: int, eps: float = 1e-6, per_request: int | None = None,
+                       request_stride: int = 0) -> torch.Tensor:
+    per = per_request or max(qkv.shape[0], 1)
+    for b in range(0, qkv.shape[0], per):
+        slots = cache[pos + b // per * request_stride: pos + b // per * request_stride + per]
+        slots[:, :kv_lora] = rmsnorm_reference(qkv[b: b + per, q_lora: q_lora + kv_lora], kv_ln, eps)
+        slots[:, kv_lora:] = qkv[b: b + per, q_lora + kv_lora:]
     return rmsnorm_reference(qkv[:, :q_lora], q_ln, eps)
 
 
