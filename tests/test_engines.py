@@ -58,7 +58,9 @@ def test_sglang_extend_called_for_target_verify_matches_the_reference(tree_shape
     device = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float16  # bf16 arithmetic is wrong in the interpreter
     gen = torch.Generator().manual_seed(5)
-    heads, kv_lora, rope, lens = 2, 32, 16, [37, 5]
+    # the MLA head SGLang serves (576 = 512 + 64, its split-rope path); at a 48-wide head this call ended in an illegal
+    # address on an H100 (sglang 0.5.10.post1; not looked into further: no MLA model gives the kernel that shape)
+    heads, kv_lora, rope, lens = 2, 512, 64, [37, 5]
     d = 4
     if tree_shape is None:
         mask = torch.ones(d, d, dtype=torch.bool).tril().expand(len(lens), d, d).contiguous()

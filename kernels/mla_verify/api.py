@@ -289,11 +289,11 @@ def _compiles(variant, config, heads, d, kv_lora, rope, dtype, mask_words, num_s
     cfg = check_config(variant, config)
     ints = dict(T=t, num_splits=num_splits, min_split_keys=cfg.get("min_split_keys", 128), stride_qh=t * dk,
                 stride_qt=dk, stride_c=dk, stride_oh=t * kv_lora, stride_ot=kv_lora, tree_keys=d)
-    types = dict(q=ty, cache=ty, out=ty, starts="i32", lens="i32", mask="i32" if mask_words else "u8",
+    types = dict(q=ty, cache=ty, out=ty, rows="i64", starts="i32", lens="i32", mask="i32" if mask_words else "u8",
                  part_o="fp32", part_lse="fp32")
     types = {k: f"*{v}" for k, v in types.items()}
     types |= {k: "16:i32" if v % 16 == 0 else "i32" for k, v in ints.items()}
-    types["scale_log2"] = "fp32"
+    types["scale_log2"] = types["kv_scale"] = "fp32"
     return [(fn, types, dict(consts, PDL=False), opts)
             for fn, _, consts, opts in _launches(variant, cfg, heads, 1, d, dk, kv_lora, mask_words,
                                                  num_splits if variant == "split_kv" else 1)]

@@ -3,13 +3,18 @@ prefill kernel), written from its description; one head per program, a serial lo
 
 Grid (B, heads, cdiv(D, BLOCK_M)): a serial loop over the prefix, then one over the D tree keys with the mask; scores as
 a 512- plus a 64-wide dot; each key tile loaded twice, for the scores and as values (the engine's K and V buffers are
-views of one cache). Both loops run to bounds known only at run time, as the engine's do: with the tree loop's bound a
-compile-time D (one iteration, unrolled into the code after the prefix loop) ptxas gave the kernel 32-40 registers and
-4 KB of stack at 32 x 32 tiles, and it ran 5x slower than the engine's kernel on them (docs/FINDINGS.md, 2026-12-05).
+views of one cache). As the engine does, the prefix is read through a page table (one int64 cache row per key, page
+size 1; here the identity, `rows`) and the scores and values are multiplied by the KV cache's dequantization scales
+(1.0 for bf16): the table read puts a dependent load at the head of each serial iteration, and without it this kernel
+ran in 0.54-0.65x the engine kernel's time at the same tiles (docs/FINDINGS.md, 2026-12-05). Both loops run to bounds
+known only at run time, as the engine's do: with the tree loop's bound a compile-time D (one iteration, unrolled into
+the code after the prefix loop) ptxas gave the kernel 32-40 registers and 4 KB of stack at 32 x 32 tiles, and it ran
+5x slower than the engine's kernel on them.
 Semantics, checks and the reference: api.py, which calls `launch` with checked inputs.
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -18,8 +23,8 @@ from verifybench.kernels.common import pdl as _pdl
 
 
 @triton.jit
-def _extend_kernel(q, cache, starts, lens, mask, out, stride_qh, stride_qt, stride_c, stride_oh, stride_ot,
-                   scale_log2, tree_keys, D: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr,
+def _extend_kernel(q, cache, rows, starts, lens, mask, out, stride_qh, stride_qt, stride_c, stride_oh, stride_ot,
+                   scale_log2, kv_scale, tree_keys, D: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr, MASK_WORDS: tl.constexpr,
                    PDL: tl.constexpr):
     if PDL:
@@ -46,19 +51,20 @@ def _extend_kernel(q, cache, starts, lens, mask, out, stride_qh, stride_qt, stri
     for s0 in range(0, prefix, BLOCK_N):  # the prefix, serially: every query sees every key
         key = s0 + tl.arange(0, BLOCK_N)
         key_ok = key < prefix
-        rows_at = cache + (start + key) * stride_c
+        loc = tl.load(rows + start + key, mask=key_ok, other=0)  # the page table: the key's cache row
+        rows_at = cache + loc * stride_c
         k_t = tl.load(rows_at[None, :] + dv[:, None], mask=dv_ok[:, None] & key_ok[None, :], other=0.0)
         s = tl.dot(q_lat, k_t)
         if BLOCK_DR > 0:
             kr_t = tl.load(rows_at[None, :] + dr[:, None], mask=dr_ok[:, None] & key_ok[None, :], other=0.0)
             s += tl.dot(q_rope, kr_t)
-        s = tl.where(key_ok[None, :], s * scale_log2, float("-inf"))  # a tile holds a key: finite row max
+        s = tl.where(key_ok[None, :], s * (scale_log2 * kv_scale), float("-inf"))  # a tile holds a key: finite max
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new[:, None])
         l = l * alpha + tl.sum(p, axis=1)
         v = tl.load(rows_at[:, None] + dv[None, :], mask=key_ok[:, None] & dv_ok[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v) * kv_scale
         m = m_new
     if MASK_WORDS:
         word = tl.load(mask + t, mask=row_ok, other=0).to(tl.int64)
@@ -96,8 +102,25 @@ def launches(heads: int, b: int, consts: dict, opts: dict) -> list[tuple]:
 
 
 def launch(plan: list[tuple], q, cache, starts, prefix_lens, mask, out, scale_log2: float, pdl: bool):
-    """Run `plan` (launches(...)) into out [heads, T, kv_lora]."""
+    """Run `plan` (launches(...)) into out [heads, T, kv_lora]; the page table is the identity over the cache's rows
+    and the KV scale 1.0 (a bf16 cache)."""
     kernel, grid, consts, opts = plan[0]
-    kernel[grid](q, cache, starts, prefix_lens, mask, out, q.stride(0), q.stride(1), cache.stride(0), out.stride(0),
-                 out.stride(1), scale_log2, consts["D"], PDL=pdl, **consts, **opts, **_pdl.launch_kwargs(pdl))
+    kernel[grid](q, cache, identity_rows(cache.shape[0], cache.device), starts, prefix_lens, mask, out, q.stride(0),
+                 q.stride(1), cache.stride(0), out.stride(0), out.stride(1), scale_log2, 1.0, consts["D"], PDL=pdl,
+                 **consts, **opts, **_pdl.launch_kwargs(pdl))
     return out
+
+
+_IDENTITY: dict = {}
+
+
+def identity_rows(n: int, device) -> torch.Tensor:
+    """int64 [n] = 0..n-1 on `device`, one tensor per device grown as needed: the page table of a cache whose rows
+    are laid out in order. Built on the first call at a size (every caller here runs a kernel eagerly before
+    capturing it in a graph), then only sliced."""
+    key = str(torch.device(device))
+    have = _IDENTITY.get(key)
+    if have is None or have.numel() < n:
+        have = _IDENTITY[key] = torch.arange(max(n, 2 * (0 if have is None else have.numel())), dtype=torch.int64,
+                                             device=device)
+    return have[:n]
