@@ -96,12 +96,20 @@ for s in ${STEPS:-install env}; do
       # SGLang's MoE module imports names from sgl-kernel (not carried): its stand-in, whose every op raises
       python3 -c "import sgl_kernel" 2>/dev/null \
         || export PYTHONPATH="$PYTHONPATH:$PWD/tests/engine_stubs/no_sgl_kernel"
-      step engines-mla_verify "${MLA_VERIFY_LIMIT:-300}" verifybench mla_verify --out "$WORK/run"
-      step engines-mla_decode "${MLA_DECODE_LIMIT:-150}" verifybench mla_decode --out "$WORK/run"
-      step engines-moe_int4 "${MOE_INT4_LIMIT:-300}" verifybench moe_int4 --tokens 1-8 --out "$WORK/run"
-      # the GPU tests last, in what is left of a one-command budget ($BUDGET_S), so the timings above come back first
-      left=$(( ${BUDGET_S:-540} - SECONDS )); [ "$left" -lt 30 ] && left=30
-      step engines-tests "$left" python3 -m pytest -q tests/test_engines.py tests/test_mla_verify.py -k "engine or registers" ;;
+      # the components with engine rows ($ENGINE_RUNS picks some), then the GPU tests in what is left of a
+      # one-command budget ($BUDGET_S, at most $TESTS_MAX_S), so the timings come back first
+      for c in ${ENGINE_RUNS:-mla_verify mla_decode moe_int4}; do
+        case $c in
+          moe_int4) step engines-moe_int4 "${MOE_INT4_LIMIT:-300}" verifybench moe_int4 --tokens 1-8 --out "$WORK/run" ;;
+          *) step "engines-$c" "${ENGINE_LIMIT:-300}" verifybench "$c" --out "$WORK/run" ;;
+        esac
+      done
+      left=$(( ${BUDGET_S:-540} - SECONDS )); [ "$left" -gt "${TESTS_MAX_S:-600}" ] && left=${TESTS_MAX_S:-600}
+      [ "$left" -lt 30 ] && left=30
+      step engines-tests "$left" python3 -m pytest -q -x tests/test_engines.py tests/test_mla_verify.py \
+        -k "engine or registers or w4a16" ;;
+    batch) step batch "${LIMIT:-400}" verifybench cycle --batch "${BATCH:-1,2,4,8}" --contexts "${CONTEXTS:-1024,8192}" \
+             ${CYCLE_ARGS:-} --out "$WORK/run" ;;  # concurrency: B requests per cycle
     savecache) tar -czf "$OUT/triton-cache.tar.gz" -C "$cache" . && ls -la "$OUT/triton-cache.tar.gz"
                [ -d "$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer" ] && tar -czf "$OUT/flashinfer-cache.tar.gz" \
                  -C "$FLASHINFER_WORKSPACE_BASE/.cache" flashinfer && ls -la "$OUT/flashinfer-cache.tar.gz" ;;
