@@ -2,8 +2,10 @@
 Triton backend runs for verify) beside our "split_kv", per context and draft-token count, and per forward.
 
 One request (batch 1) of D tree tokens, the root included, over `context` prefix rows plus its D own rows (Kimi-K2.5
-TP8: 8 heads, DK = 576 = 512 latent + 64 rope, bf16). The mask is a chain (topk 1: a token sees itself and every
-earlier tree token), the deployment's default; the default set adds one branching tree (spec_steps 5, topk 4, D 8).
+TP8: 8 heads, DK = 576 = 512 latent + 64 rope, bf16); with --batch, B requests in one call, each over its own
+`context` rows (request b's from row b x (context + 64)) with its own tree, and the check holds each request's rows
+to that request run alone. The mask is a chain (topk 1: a token sees itself and every earlier tree token), the
+deployment's default; the default set adds one branching tree (spec_steps 5, topk 4, D 8).
 "extend" runs with the engine's tiles for this GPU's capability (ENGINE_EXTEND_CONFIGS) and without programmatic
 dependent launch, as the engine launches it; "split_kv" with its default config, as our forward launches it. Where
 SGLang is installed, its own extend kernel ("sglang.extend", harness/engines/sglang.py) runs beside ours with the same
@@ -27,6 +29,7 @@ import torch
 import triton
 
 from verifybench.harness import engines
+from verifybench.harness.analysis.numbers import check_forward_rows
 from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.engine.charts import write_png
 from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers, withhold_on_cpu
@@ -42,6 +45,7 @@ from verifybench.kernels.tree.inputs import random_tree
 
 NAME = "mla_verify"
 HELP = "MLA verify attention with the tree mask: engine-style serial extend vs split-KV, per context and per forward"
+TAKES_BATCH = True  # --batch: B requests per call, each over its own context (B > 1 cases name their batch)
 VARIANTS = ("extend", "split_kv", "sglang.extend", "flashinfer.mla")  # ours, then the engines' own kernels
 SM120 = 120  # the users' GPU: "@sm120" variants run the tiles SGLang picks there
 GPU_CONTEXTS = (1024, 4096, 16384, 32768)
@@ -50,7 +54,7 @@ CPU_MAX_CONTEXT = 4096  # the interpreter walks the keys serially: a longer cont
 CPU_NS = (3,)
 TREE = (5, 4, 8)  # (spec_steps, topk, D): a branching tree beside the chains
 TREE_VOCAB = 1000  # build_tree's token ids only; the mask does not depend on them
-SPARE_ROWS = mv.MAX_TREE  # caches hold context + this many rows, so every D of one context shares them
+SPARE_ROWS = mv.MAX_TREE  # each request's region holds context + this many rows, so every D of one context shares it
 MAX_COPIES = 256  # a 1k-context cache is 1.25 MB: about 200 of them make 4x an H200's L2
 TOL = 1e-2  # bf16 output against the fp32 reference
 # a split_kv config for the tiny shapes: 2 splits of 16-key tiles, so the tree keys share the last split and the
@@ -70,15 +74,17 @@ def runs_here(spec: CaseSpec) -> bool:
 _HELD: dict = {}  # the caches of one (rows, dk, device, dtype) and their memory plan; cases of one context share them
 
 
-def planned_caches(rows: int, dk: int, device: str, dtype: torch.dtype) -> tuple[tuple, memory.Plan]:
-    """The rotation's caches (random, one per layer a forward would read), as many as fit the free memory (at least
-    one, else CaseSkipped); the previous shape's caches are dropped first."""
+def planned_caches(rows: int, dk: int, device: str, dtype: torch.dtype, batch: int = 1) -> tuple[tuple, memory.Plan]:
+    """The rotation's caches (random, one per layer a forward would read; `rows` holds all `batch` requests'
+    regions), as many as fit the free memory (at least one, else CaseSkipped); the previous shape's caches are
+    dropped first."""
     key = (rows, dk, device, dtype)
     if _HELD.get("key") != key:
         _HELD.clear()
         per_set = rows * dk * dtype.itemsize
         wanted = cold_rotation_sets(per_set, device, MAX_COPIES if device == "cuda" else CPU_COPIES)
-        plan = memory.plan(lambda c: c * per_set, wanted, 1, f"the {rows}-row KV-cache copies", "copies", device)
+        what = f"the {rows}-row KV-cache copies" + (f" of {batch} requests" if batch > 1 else "")
+        plan = memory.plan(lambda c: c * per_set, wanted, 1, what, "copies", device)
         if plan.units == 0:
             raise CaseSkipped(plan.skip)
         gen = torch.Generator(device=device)
@@ -88,13 +94,15 @@ def planned_caches(rows: int, dk: int, device: str, dtype: torch.dtype) -> tuple
     return _HELD["caches"], _HELD["plan"]
 
 
-def tree_mask(n: int, tree_shape: tuple[int, int, int] | None, context: int, device: str) -> torch.Tensor:
-    """The mask of one request: a chain of n tokens (bool [1, n, n], lower triangle), or build_tree's qlen_only mask
-    (flat bool [n * n]) of a random draft of (spec_steps, topk, D = n)."""
+def tree_mask(n: int, tree_shape: tuple[int, int, int] | None, context: int, device: str,
+              batch: int = 1) -> torch.Tensor:
+    """The mask of `batch` requests: a chain of n tokens each (bool [B, n, n], lower triangles), or build_tree's
+    qlen_only mask (flat bool [B * n * n]) of a random draft of (spec_steps, topk, D = n) per request (their trees
+    differ)."""
     if tree_shape is None:
-        return torch.ones(n, n, dtype=torch.bool, device=device).tril()[None].contiguous()
+        return torch.ones(n, n, dtype=torch.bool, device=device).tril().expand(batch, n, n).contiguous()
     steps, topk, d = tree_shape
-    inp = random_tree(1, topk, steps, d, TREE_VOCAB, seed=7, context=context, spread=0)
+    inp = random_tree(batch, topk, steps, d, TREE_VOCAB, seed=7, context=context, spread=0)
     return tree.build_tree(**inp, mask_mode="qlen_only", backend="reference")[0].contiguous().to(device)
 
 
@@ -158,31 +166,63 @@ def _calls(variant, cfg, launch_pdl, starts, lens, mask, kv_lora, scale, q_shape
     return lambda q, cache: mv.mla_verify(q, cache, starts, lens, mask, kv_lora, scale, ours, cfg, pdl=launch_pdl)
 
 
-def split_counts(cfg: dict, heads: int, n: int, context: int, device: str) -> tuple[int, int]:
-    """(splits launched, splits this request uses) of a split_kv call, as the kernel cuts them."""
+def split_counts(cfg: dict, heads: int, n: int, context: int, device: str, batch: int = 1) -> tuple[int, int]:
+    """(splits launched per request, splits each request of `context` uses) of a split_kv call of `batch` requests,
+    as the kernel cuts them."""
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count \
         if device == "cuda" else mv.DEFAULT_SMS
-    launched = cfg["num_splits"] or mv.default_num_splits(1, heads * n, cfg["block_rows"], sms)
+    launched = cfg["num_splits"] or mv.default_num_splits(batch, heads * n, cfg["block_rows"], sms)
     keys = context + n
     splits = max(1, min(launched, triton.cdiv(keys, cfg["min_split_keys"])))
     split_keys = triton.cdiv(triton.cdiv(keys, splits), cfg["block_keys"]) * cfg["block_keys"]  # whole key tiles
     return launched, triton.cdiv(keys, split_keys)
 
 
+def layout(batch: int, context: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(starts, prefix_lens) int32 [B]: request b's prefix from row b x (context + SPARE_ROWS), its D rows after it."""
+    starts = torch.arange(batch, dtype=torch.int32, device=device) * (context + SPARE_ROWS)
+    return starts, torch.full((batch,), context, dtype=torch.int32, device=device)
+
+
+def request_mask(mask: torch.Tensor, batch: int, d: int, b: int) -> torch.Tensor:
+    """Request b's mask of a B-request mask (bool [B, D, D] or flat), as a one-request mask [1, D, D]."""
+    return mask.reshape(batch, d, d)[b:b + 1].contiguous()
+
+
+def check_requests(call, alone, q, cache, starts, lens, mask, kv_lora: int, scale: float) -> tuple[bool, str]:
+    """One call over B requests (q [heads, B * D, DK]) against the fp32 reference and, for B > 1, each request's rows
+    against that request run alone (alone(b) -> its call(q_b, cache)): batching must not change an answer."""
+    batch = starts.numel()
+    d = q.shape[1] // batch
+    ref = mv.mla_verify_reference(q.float(), cache.float(), starts, lens, mask, kv_lora, scale)
+    out = call(q, cache)
+    err = rel_error(out.float(), ref)
+    ok = tuple(out.shape) == tuple(ref.shape) and out.dtype == q.dtype and err <= TOL
+    detail = f"rel_err={err:.2e} vs fp32 reference (tol {TOL:g}), {out.dtype} out"
+    if batch > 1:
+        rows = [slice(b * d, (b + 1) * d) for b in range(batch)]
+        worst = max(rel_error(out[:, r].float(), alone(b)(q[:, r].contiguous(), cache).float())
+                    for b, r in enumerate(rows))
+        ok = ok and worst <= TOL
+        detail += f"; each of {batch} requests run alone: rel_err <= {worst:.2e}"
+    return ok, detail
+
+
 # ---------------------------------------------------------------------------------------------------- cases
 
 def make_case(preset: str, tp: int, context: int, n: int, tree_shape, variant: str, device: str,
-              measure_kw: dict) -> CaseSpec:
+              measure_kw: dict, batch: int = 1) -> CaseSpec:
     p = presets.get(preset, tp)
     heads, kv_lora, rope = p.heads, p.kv_lora, p.qk_rope
     dk, scale = kv_lora + rope, (p.qk_nope + p.qk_rope) ** -0.5
     dtype = torch.bfloat16 if device == "cuda" else torch.float16
     label = "chain" if tree_shape is None else ",".join(map(str, tree_shape))
     params = {"preset": preset, "tp": tp, "layers": p.layers, "heads": heads, "DK": dk, "kv_lora": kv_lora,
-              "context": context, "n": n, "tree": label, "batch": 1, "variant": variant, "device": device,
+              "context": context, "n": n, "tree": label, "batch": batch, "variant": variant, "device": device,
               "dtype": str(dtype).split(".")[1]}
     mask_id = "chain" if tree_shape is None else "tree" + "-".join(map(str, tree_shape))  # no commas in test ids
-    name = f"mla_verify/{preset}-tp{tp}/ctx{context}/{mask_id}/{variant}/n{n}"
+    requests = f"B{batch}/" if batch > 1 else ""  # B = 1 keeps the names the baselines compare by
+    name = f"mla_verify/{preset}-tp{tp}/ctx{context}/{requests}{mask_id}/{variant}/n{n}"
 
     def setup():
         if device != "cuda" and not INTERPRET:
@@ -212,29 +252,29 @@ def make_case(preset: str, tp: int, context: int, n: int, tree_shape, variant: s
             cfg, source = tiles, f"{engines.label('sglang')}'s launcher{on}"
         else:
             cfg, source = variant_config(variant, device)
-        caches, plan = planned_caches(context + SPARE_ROWS, dk, device, dtype)
+        caches, plan = planned_caches(batch * (context + SPARE_ROWS), dk, device, dtype, batch)
         launch_pdl = False if variant != "split_kv" else None  # the engine launches extend without PDL
-        starts = torch.zeros(1, dtype=torch.int32, device=device)
-        lens = torch.full((1,), context, dtype=torch.int32, device=device)
-        mask = tree_mask(n, tree_shape, context, device)
-        call = _calls(variant, cfg, launch_pdl, starts, lens, mask, kv_lora, scale, (heads, rope), dtype)
-        qs = [torch.randn(heads, n, dk, device=device).to(dtype) for _ in caches]  # one q per layer
+        starts, lens = layout(batch, context, device)
+        mask = tree_mask(n, tree_shape, context, device, batch)
+
+        def calls(starts, lens, mask):
+            return _calls(variant, cfg, launch_pdl, starts, lens, mask, kv_lora, scale, (heads, rope), dtype)
+
+        call = calls(starts, lens, mask)
+        qs = [torch.randn(heads, batch * n, dk, device=device).to(dtype) for _ in caches]  # one q per layer
         fns = [lambda q=q, c=c: call(q, c) for q, c in zip(qs, caches)]
         for fn in fns if engine else ():
             fn()  # the engine's inputs built before the timed region
 
         def check() -> tuple[bool, str]:
-            q = torch.randn(heads, n, dk, device=device).to(dtype)
-            ref = mv.mla_verify_reference(q.float(), caches[0].float(), starts, lens, mask, kv_lora, scale)
-            out = call(q, caches[0])
-            err = rel_error(out.float(), ref)
-            ok = tuple(out.shape) == tuple(ref.shape) and out.dtype == dtype and err <= TOL
-            return ok, f"rel_err={err:.2e} vs fp32 reference (tol {TOL:g}), {out.dtype} out"
+            q = torch.randn(heads, batch * n, dk, device=device).to(dtype)
+            alone = lambda b: calls(starts[b:b + 1], lens[b:b + 1], request_mask(mask, batch, n, b))  # noqa: E731
+            return check_requests(call, alone, q, caches[0], starts, lens, mask, kv_lora, scale)
 
-        def derive(m) -> dict:
-            moved = mv.bytes_moved(heads, n, context, n, kv_lora, rope, dtype.itemsize)
+        def derive(m) -> dict:  # every request's rows, queries and outputs: B times one request's bytes
+            moved = mv.bytes_moved(heads, batch * n, batch * context, n, kv_lora, rope, dtype.itemsize)
             copy_gbps = ceiling.copy_gbps(device)
-            d = {"bytes_moved": moved, "cache_bytes": (context + n) * dk * dtype.itemsize,
+            d = {"bytes_moved": moved, "cache_bytes": batch * (context + n) * dk * dtype.itemsize,
                  "gbps": ceiling.gbps(moved, m.median_us), "eta": ceiling.eta(moved, m.median_us, copy_gbps),
                  "floor_us": moved / (copy_gbps * 1e3), "copy_gbps": copy_gbps,
                  "per_forward_us": m.median_us * p.layers, "config": cfg, "config_source": source,
@@ -242,7 +282,7 @@ def make_case(preset: str, tp: int, context: int, n: int, tree_shape, variant: s
                  "kernel": engines.label(variant.split(".")[0]) if engine else "ours",
                  **({"memory_note": plan.note} if plan.reduced else {})}
             if variant == "split_kv":
-                d["splits_launched"], d["splits_used"] = split_counts(cfg, heads, n, context, device)
+                d["splits_launched"], d["splits_used"] = split_counts(cfg, heads, n, context, device, batch)
             if variant == "flashinfer.mla":  # SGLang plans once per verify forward, on the host, before the replay
                 from verifybench.harness.engines import flashinfer
 
@@ -255,10 +295,12 @@ def make_case(preset: str, tp: int, context: int, n: int, tree_shape, variant: s
     return CaseSpec(name=name, params=params, mode="graph", setup=setup, measure_kw={"device": device, **measure_kw})
 
 
-def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = None) -> list[CaseSpec]:
-    """Per context, draft-token count D (chain masks) and variant, plus the TREE at its D with the default set or
-    when --tokens names that D. GPU: GPU_CONTEXTS and `context`, D in GPU_NS. CPU (preset tiny): `context` alone, D in
-    CPU_NS; its cases skip unless TRITON_INTERPRET=1 was set before import."""
+def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = None,
+          batch: tuple[int, ...] | None = None) -> list[CaseSpec]:
+    """Per context, batch (B requests, default 1), draft-token count D (chain masks) and variant, plus the TREE at its
+    D with the default set or when --tokens names that D. GPU: GPU_CONTEXTS and `context`, D in GPU_NS. CPU (preset
+    tiny): `context` alone, D in CPU_NS; its cases skip unless TRITON_INTERPRET=1 was set before import. B x D is at
+    most FORWARD_ROWS_MAX, as in a verify forward."""
     bad = [t for t in tokens or () if isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= mv.MAX_TREE]
     if bad:
         raise ValueError(f"--tokens: MLA verify takes D = 1..{mv.MAX_TREE} tree tokens per request, got {bad}")
@@ -270,6 +312,8 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
     shapes = [(n, None) for n in ns]
     if (tokens is None and gpu) or TREE[2] in (tokens or ()):
         shapes.append((TREE[2], TREE))
+    batches = tuple(batch or (1,))
+    check_forward_rows(batches, [n for n, _ in shapes])
     if gpu:
         contexts, device, kw = sorted({context, *GPU_CONTEXTS}), "cuda", {"max_time_s": 0.5}
     else:  # a sample is one pass over the rotation; no compile to warm up in the interpreter
@@ -277,8 +321,8 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
             raise ValueError(f"--context {context}: without a GPU mla_verify runs contexts up to {CPU_MAX_CONTEXT} "
                              "(the Triton interpreter walks the keys one by one)")
         contexts, device, kw = (context,), "cpu", {"calls_per_sample": CPU_COPIES}
-    return [make_case(preset, tp, c, n, shape, v, device, kw) for c in contexts for n, shape in shapes
-            for v in variants(device)]
+    return [make_case(preset, tp, c, n, shape, v, device, kw, b) for c in contexts for b in batches
+            for n, shape in shapes for v in variants(device)]
 
 
 # ---------------------------------------------------------------------------------------------------- tables
@@ -287,23 +331,30 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
 FIDELITY = (("extend", "sglang.extend"), ("extend@sm120", "sglang.extend@sm120"))
 
 
+def batch_of(r: dict) -> int:
+    """A case's requests per call; a result written before --batch ran one."""
+    return r["params"].get("batch", 1)
+
+
 def side_by_side(records: list[dict]) -> list[dict]:
-    """Per (context, D, tree): each variant's median and eta, per layer and per forward; extend over split_kv, and our
-    extend over the engine's with the same tiles."""
+    """Per (context, B, D, tree): each variant's median and eta, per layer and per forward; extend over split_kv, and
+    our extend over the engine's with the same tiles, each at one B (a B column where the records hold several)."""
     rows: dict[tuple, dict] = {}
+    several = len({batch_of(r) for r in records if r["name"].startswith("mla_verify/")}) > 1
     for r in records:
         if not (r["name"].startswith("mla_verify/") and r["check"]["ok"] and "summary" in r):
             continue
         prm, d = r["params"], r["derived"]
-        row = rows.setdefault((prm["preset"], prm["tp"], prm["context"], prm["n"], prm["tree"]), {
-            "context": prm["context"], "n": prm["n"], "tree": prm["tree"], "MB": d["bytes_moved"] / 1e6,
+        row = rows.setdefault((prm["preset"], prm["tp"], prm["context"], batch_of(r), prm["n"], prm["tree"]), {
+            "context": prm["context"], **({"B": batch_of(r)} if several else {}), "n": prm["n"], "tree": prm["tree"],
+            "MB": d["bytes_moved"] / 1e6,  # every request's bytes
             "floor_us": d["floor_us"]})  # the roofline: the bytes at this GPU's copy bandwidth
         v = prm["variant"]
         row.update({f"{v}_us": r["summary"]["median_us"], f"{v}_eta": d["eta"],
                     f"{v}_per_forward_ms": d["per_forward_us"] / 1e3})
         if "plan_host_us" in d:
             row[f"{v}_plan_host_us"] = d["plan_host_us"]
-    out = sorted(rows.values(), key=lambda row: (row["tree"] != "chain", row["n"], row["context"]))
+    out = sorted(rows.values(), key=lambda row: (row["tree"] != "chain", row.get("B", 1), row["n"], row["context"]))
     for row in out:
         if row.get("extend_us") and row.get("split_kv_us"):
             row["extend/split_kv"] = row["extend_us"] / row["split_kv_us"]
@@ -328,6 +379,8 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
     engine = f"; {', '.join(kernels)}: the engines' own kernels" if kernels else ""
     if any(k.endswith("_plan_host_us") for row in rows for k in row):
         engine += "; flashinfer per forward = run x layers + one plan() on the host"
+    if any(batch_of(r) > 1 for r in records if r["name"].startswith("mla_verify/")):
+        engine += "; B requests per call, each over its own context"
     return [(f"MLA verify attention, tree mask: engine-style extend vs split_kv ({timing}, caches rotated; "
              f"per forward = per layer {per_forward}{engine})", rows)]
 
@@ -337,7 +390,7 @@ STYLES = {"extend": "-o", "split_kv": "--s", "sglang.extend": "-.x", "extend@sm1
 
 
 def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
-    """One PNG: median time vs context, per variant and mask (D)."""
+    """One PNG: median time vs context, per variant, mask (D) and batch."""
     ok = [r for r in records if r["name"].startswith("mla_verify/") and r["check"]["ok"] and "summary" in r]
     if not ok:
         return []
@@ -349,14 +402,15 @@ def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
     lines: dict[tuple, list] = {}
     for r in ok:
         prm = r["params"]
-        lines.setdefault((prm["variant"], prm["tree"], prm["n"]), []).append((prm["context"],
-                                                                               r["summary"]["median_us"]))
+        lines.setdefault((prm["variant"], prm["tree"], prm["n"], batch_of(r)), []).append(
+            (prm["context"], r["summary"]["median_us"]))
     fig, ax = plt.subplots(figsize=(8, 5))
-    for i, ((variant, label, n), points) in enumerate(sorted(lines.items())):
+    for i, ((variant, label, n, b), points) in enumerate(sorted(lines.items())):
         xs, ys = zip(*sorted(points))
         # a color per series and a marker per variant: a series of one point (one context, as on CPU) has no line
         ax.plot(xs, ys, STYLES.get(variant, ":^"), color=f"C{i % 10}",
-                label=f"{variant}, {'chain' if label == 'chain' else 'tree ' + label} D={n}")
+                label=f"{variant}, {'chain' if label == 'chain' else 'tree ' + label} D={n}"
+                + (f" B={b}" if b > 1 else ""))
     contexts = {x for pts in lines.values() for x, _ in pts}
     times = [y for pts in lines.values() for _, y in pts]
     log_y = len(contexts) > 1 and max(times) >= 10 * min(times)  # split_kv 10-100x below extend: a log axis
