@@ -8,6 +8,10 @@ Beside them, where SGLang can be imported, its own Triton decode kernel called a
 (harness/engines/sglang.py), and on a GPU with FlashInfer installed FlashInfer's MLA decode as SGLang's flashinfer_mla
 backend plans it (harness/engines/flashinfer.py; its plan() host-timed beside), on the same caches and queries,
 checked and timed the same way; skipped with the reason where they cannot.
+With --batch, B requests, each with its own n tokens over its own context + n rows (request b's from row
+b x (context + 8)): the engines take them in one call, as their backends do; our kernel and the torch path take one
+request per launch, so they run B launches in the one graph (the verify forward at B > 1 runs mla_verify's batched
+split-KV instead, timed there). Each case checks every request against the reference and against it run alone.
 
 Run: pytest --benchmark-only microbench/bench_mla_decode.py; tune this GPU's table: verifybench tune
 """
@@ -22,6 +26,7 @@ import torch
 import triton
 
 from verifybench.harness import engines
+from verifybench.harness.analysis.numbers import check_forward_rows
 from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.engines import sglang
 from verifybench.harness.model import presets
@@ -36,11 +41,12 @@ from verifybench.harness.model.forward import TORCH_OPS
 
 NAME = "mla_decode"
 HELP = "MLA decode attention of n <= 8 tokens over the latent cache: Triton flash-decoding vs plain torch, cold"
+TAKES_BATCH = True  # --batch: B requests per call, each over its own context (B > 1 cases name their batch)
 GPU_NS = (1, 4, 8)
 GPU_CONTEXTS = (4096, 32768)
 CPU_NS = (1, 4, 8)
 CPU_CONTEXTS = (256,)
-MAX_N = 8  # caches hold context + MAX_N rows, so every n of one context shares them
+MAX_N = 8  # each request's region holds context + MAX_N rows, so every n of one context shares it
 MAX_COPIES = 64
 TOL = 1e-2  # bf16 output: a few ulp of bf16 over softmax-weighted fp32 sums
 IMPLS = ("triton", "triton-default", "torch")  # triton: select_config (tuned table); torch: model/forward.py's path
@@ -63,9 +69,9 @@ def attn_shape(preset: str = "kimi-k2.5", tp: int = 8) -> Attn:
     return Attn(p.heads, p.kv_lora + p.qk_rope, p.kv_lora, (p.qk_nope + p.qk_rope) ** -0.5)
 
 
-def bytes_moved(a: Attn, n: int, length: int, itemsize: int = 2) -> int:
-    """What must move: the cache rows once (every head shares them), q and o."""
-    return (length * a.d + a.heads * n * (a.d + a.kv_lora)) * itemsize
+def bytes_moved(a: Attn, n: int, length: int, itemsize: int = 2, batch: int = 1) -> int:
+    """What must move: each of `batch` requests' cache rows once (every head shares them), q and o."""
+    return batch * (length * a.d + a.heads * n * (a.d + a.kv_lora)) * itemsize
 
 
 def splits_run(cfg: dict, length: int) -> int:
@@ -98,16 +104,17 @@ def cache_copies(rows: int, d: int, device: str, dtype: torch.dtype, count: int 
 _HELD: dict = {}  # the (rows, d, device, dtype) whose caches the component holds, and its memory plan
 
 
-def planned_caches(rows: int, d: int, device: str, dtype: torch.dtype) -> tuple[tuple, memory.Plan]:
-    """The rotation's caches, as many as fit the free memory (engine/memory.py; at least one, else CaseSkipped),
-    planned once per cache shape after the previous shape's caches are dropped."""
+def planned_caches(rows: int, d: int, device: str, dtype: torch.dtype, batch: int = 1) -> tuple[tuple, memory.Plan]:
+    """The rotation's caches (`rows` holds all `batch` requests' regions), as many as fit the free memory
+    (engine/memory.py; at least one, else CaseSkipped), planned once per cache shape after the previous shape's caches
+    are dropped."""
     key = (rows, d, device, dtype)
     if _HELD.get("key") != key:
         cache_copies.cache_clear()
         per_set = rows * d * dtype.itemsize
         wanted = cold_rotation_sets(per_set, device, max_copies(device))
-        _HELD.update(key=key, plan=memory.plan(lambda c: c * per_set, wanted,
-                                               1, f"the {rows}-row KV-cache copies", "copies", device))
+        what = f"the {rows}-row KV-cache copies" + (f" of {batch} requests" if batch > 1 else "")
+        _HELD.update(key=key, plan=memory.plan(lambda c: c * per_set, wanted, 1, what, "copies", device))
     plan = _HELD["plan"]
     if plan.units == 0:
         raise CaseSkipped(plan.skip)
@@ -126,13 +133,36 @@ def impl_fn(impl: str, a: Attn, length: int, cfg: dict | None):
     return lambda q, c: md.mla_decode(q, c, length, a.kv_lora, a.scale, config=cfg)
 
 
-def engine_fns(impl: str, a: Attn, n: int, length: int, qs: list, caches: tuple) -> tuple:
-    """The engine's decode over the rotation, one run() per layer sharing one forward's metadata or plan (as the
-    backend shares it), the call the check makes, and FlashInfer's plan (None for SGLang); CaseSkipped with the
-    one-line reason where the engine cannot run here."""
-    device = caches[0].device
-    starts = torch.zeros(1, dtype=torch.int32, device=device)  # our one request: n tokens over rows [0, length)
-    lens = torch.full((1,), length, dtype=torch.int32, device=device)
+def layout(batch: int, context: int, length: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(starts, lengths) int32 [B]: request b's n tokens attend rows [b x (context + MAX_N), + length)."""
+    starts = torch.arange(batch, dtype=torch.int32, device=device) * (context + MAX_N)
+    return starts, torch.full((batch,), length, dtype=torch.int32, device=device)
+
+
+def requests_fn(impl: str, a: Attn, starts: list[int], lengths: list[int], cfgs: list):
+    """fn(q, cache) of our kernel or the torch path over B requests (q [heads, B * n, D], request-major), one launch
+    per request over its own rows cache[start_b:] (the kernel takes one request; cfgs: one config each)."""
+    if len(starts) == 1 and starts[0] == 0:
+        return impl_fn(impl, a, lengths[0], cfgs[0])  # one request: the call the tuner and the forward make
+
+    def fn(q, cache):
+        n = q.shape[1] // len(starts)
+        out = torch.empty(q.shape[0], q.shape[1], a.kv_lora, dtype=q.dtype, device=q.device)
+        for b, (start, length, cfg) in enumerate(zip(starts, lengths, cfgs)):
+            rows = slice(b * n, (b + 1) * n)
+            if impl == "torch":
+                out[:, rows] = TORCH_OPS.mla(q[:, rows], cache[start:], length, a.kv_lora, a.scale)
+            else:  # the kernel writes its request's rows in place: no copy in the timed graph
+                md.mla_decode(q[:, rows], cache[start:], length, a.kv_lora, a.scale, config=cfg, out=out[:, rows])
+        return out
+    return fn
+
+
+def engine_fns(impl: str, a: Attn, n: int, starts: torch.Tensor, lens: torch.Tensor, qs, caches) -> tuple:
+    """The engine's decode of the requests (starts / lens [B]: n tokens each over rows [start_b, start_b + len_b))
+    over the rotation, one run() per layer sharing one forward's metadata or plan (as the backend shares it), the
+    call the check makes, and FlashInfer's plan (None for SGLang); CaseSkipped with the one-line reason where the
+    engine cannot run here."""
     if impl == "flashinfer.decode":
         from verifybench.harness.engines import flashinfer
 
@@ -152,14 +182,24 @@ def engine_fns(impl: str, a: Attn, n: int, length: int, qs: list, caches: tuple)
     return runs, lambda q, c: sglang.mla_decode(q, c, starts, lens, a.kv_lora, a.scale, meta)(), None
 
 
-def _check(fn, a: Attn, n: int, length: int, cache: torch.Tensor) -> tuple[bool, str]:
-    """Fresh random q against the fp32 reference."""
-    q = torch.randn(a.heads, n, a.d, device=cache.device).to(cache.dtype)
-    ref = md.mla_decode_reference(q.float(), cache.float(), length, a.kv_lora, a.scale)
+def check_requests(fn, alone, a: Attn, n: int, starts: list[int], lengths: list[int],
+                   cache: torch.Tensor) -> tuple[bool, str]:
+    """Fresh random q of B requests (n tokens each) against the fp32 reference of each request over its own rows
+    and, for B > 1, each request's rows against that request run alone (alone(b) -> its fn(q_b, cache))."""
+    q = torch.randn(a.heads, len(starts) * n, a.d, device=cache.device).to(cache.dtype)
+    rows = [slice(b * n, (b + 1) * n) for b in range(len(starts))]
+    ref = torch.cat([md.mla_decode_reference(q[:, r].float(), cache[s:].float(), length, a.kv_lora, a.scale)
+                     for r, s, length in zip(rows, starts, lengths)], 1)
     out = fn(q, cache)
     err = rel_error(out.float(), ref)
     ok = tuple(out.shape) == tuple(ref.shape) and out.dtype == q.dtype and err <= TOL
-    return ok, f"rel_err={err:.2e} vs fp32 reference (tol {TOL:g}), {out.dtype} out"
+    detail = f"rel_err={err:.2e} vs fp32 reference (tol {TOL:g}), {out.dtype} out"
+    if len(starts) > 1:
+        worst = max(rel_error(out[:, r].float(), alone(b)(q[:, r].contiguous(), cache).float())
+                    for b, r in enumerate(rows))
+        ok = ok and worst <= TOL
+        detail += f"; each of {len(starts)} requests run alone: rel_err <= {worst:.2e}"
+    return ok, detail
 
 
 def _config(impl: str, a: Attn, n: int, length: int, device: str, dtype: torch.dtype) -> tuple[dict | None, str]:
@@ -173,37 +213,43 @@ def _config(impl: str, a: Attn, n: int, length: int, device: str, dtype: torch.d
 
 # ---------------------------------------------------------------------------------------------------- cases
 
-def make_case(a: Attn, n: int, context: int, impl: str, device: str, measure_kw: dict, preset: str, tp: int) -> CaseSpec:
+def make_case(a: Attn, n: int, context: int, impl: str, device: str, measure_kw: dict, preset: str, tp: int,
+              batch: int = 1) -> CaseSpec:
     dtype = _dtype(impl, device)
     engine = impl in ENGINE_IMPLS
     length = context + n  # the verify forward writes its n tokens' slots, then attends all of them
     params = {"preset": preset, "tp": tp, "heads": a.heads, "D": a.d, "kv_lora": a.kv_lora, "n": n,
-              "context": context, "length": length, "impl": impl, "device": device,
+              "context": context, "length": length, "batch": batch, "impl": impl, "device": device,
               "dtype": str(dtype).split(".")[1], **({"engine": engines.label(impl.split(".")[0])} if engine else {})}
-    name = f"mla/{preset}-tp{tp}/ctx{context}/{impl}/n{n}"
+    requests = f"B{batch}/" if batch > 1 else ""  # B = 1 keeps the names the baselines compare by
+    name = f"mla/{preset}-tp{tp}/ctx{context}/{requests}{impl}/n{n}"
 
     def setup():
-        caches, plan = planned_caches(context + MAX_N, a.d, device, dtype)
-        qs = [torch.randn(a.heads, n, a.d, device=device).to(dtype) for _ in caches]  # one q per layer
+        caches, plan = planned_caches(batch * (context + MAX_N), a.d, device, dtype, batch)
+        qs = [torch.randn(a.heads, batch * n, a.d, device=device).to(dtype) for _ in caches]  # one q per layer
+        starts, lens = layout(batch, context, length, device)
+        firsts, lengths = starts.tolist(), lens.tolist()
         if engine:
             cfg, source = None, None
-            fns, fn, plan_call = engine_fns(impl, a, n, length, qs, caches)
+            fns, fn, plan_call = engine_fns(impl, a, n, starts, lens, qs, caches)
+            alone = lambda b: engine_fns(impl, a, n, starts[b:b + 1], lens[b:b + 1], (), caches)[1]  # noqa: E731
         else:
             cfg, source = _config(impl, a, n, length, device, dtype)
-            fn = impl_fn(impl, a, length, cfg)
+            fn = requests_fn(impl, a, firsts, lengths, [cfg] * batch)
             fns = [lambda q=q, c=c: fn(q, c) for q, c in zip(qs, caches)]
+            alone = lambda b: requests_fn(impl, a, firsts[b:b + 1], lengths[b:b + 1], [cfg])  # noqa: E731
 
         def derive(m) -> dict:
-            moved = bytes_moved(a, n, length, dtype.itemsize)
+            moved = bytes_moved(a, n, length, dtype.itemsize, batch)
             cp = ceiling.copy_gbps(device)
-            d = {"bytes_moved": moved, "cache_bytes": length * a.d * dtype.itemsize,
+            d = {"bytes_moved": moved, "cache_bytes": batch * length * a.d * dtype.itemsize,
                  "gbps": ceiling.gbps(moved, m.median_us), "eta": ceiling.eta(moved, m.median_us, cp),
                  "floor_us": moved / (cp * 1e3), "copy_gbps": cp, "rotation": len(fns),
                  **({"memory_note": plan.note} if plan.reduced else {})}
             if cfg is not None:
                 d["config"], d["config_source"] = cfg, source
                 d["splits_run"] = splits_run(cfg, length)
-                d["programs"] = programs(cfg, a, n, length)
+                d["programs"] = batch * programs(cfg, a, n, length)  # one launch per request
             if impl == "sglang.decode":
                 d["max_kv_splits"] = sglang.MAX_KV_SPLITS
             if impl == "flashinfer.decode":  # planned once per decode forward, on the host, before the replay
@@ -212,30 +258,36 @@ def make_case(a: Attn, n: int, context: int, impl: str, device: str, measure_kw:
                 d["plan_host_us"] = flashinfer.plan_host_us(plan_call)
             return d
 
-        return fns, (lambda: _check(fn, a, n, length, caches[0])), derive
+        return fns, (lambda: check_requests(fn, alone, a, n, firsts, lengths, caches[0])), derive
 
     return CaseSpec(name=name, params=params, mode="graph", setup=setup, measure_kw={"device": device, **measure_kw})
 
 
-def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = None) -> list[CaseSpec]:
+def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = None,
+          batch: tuple[int, ...] | None = None) -> list[CaseSpec]:
     """GPU: n in GPU_NS at GPU_CONTEXTS, the kernel (tuned and default config), the torch path and the engines'
     kernels, graph mode with cache rotation. CPU (preset tiny): the torch path in fp32, plus the interpreted kernels
-    (ours and the engines') when TRITON_INTERPRET=1 was set before import."""
+    (ours and the engines') when TRITON_INTERPRET=1 was set before import. Each at every batch (B requests, default
+    1; B x n at most FORWARD_ROWS_MAX, as in a verify forward)."""
     a = attn_shape(preset, tp)
     if tokens and max(tokens) > MAX_N:
         raise ValueError(f"--tokens: the MLA decode caches hold n = 1..{MAX_N} query tokens, got {max(tokens)}")
+    batches = tuple(batch or (1,))
     if not cuda_available():
         if preset != "tiny":
             raise ValueError(f"preset {preset!r} needs a GPU (a 37 MB cache per layer at 32k); use 'tiny' on CPU")
+        check_forward_rows(batches, tokens or CPU_NS)
         rotation = {"calls_per_sample": CPU_COPIES}  # a sample is one pass over the caches
-        out = [make_case(a, n, c, "torch", "cpu", rotation, preset, tp) for c in CPU_CONTEXTS
+        out = [make_case(a, n, c, "torch", "cpu", rotation, preset, tp, b) for c in CPU_CONTEXTS for b in batches
                for n in tokens or CPU_NS]
         if INTERPRET:
-            out += [make_case(a, n, c, impl, "cpu", {}, preset, tp) for impl in ("triton", *ENGINE_IMPLS)
-                    for c in CPU_CONTEXTS for n in (1, 4)]
+            out += [make_case(a, n, c, impl, "cpu", {}, preset, tp, b) for impl in ("triton", *ENGINE_IMPLS)
+                    for c in CPU_CONTEXTS for b in batches for n in (1, 4)]
         return out
-    return [make_case(a, n, c, impl, "cuda", {"max_time_s": 0.5}, preset, tp)
-            for c in sorted({context, *GPU_CONTEXTS}) for n in tokens or GPU_NS for impl in (*IMPLS, *ENGINE_IMPLS)]
+    check_forward_rows(batches, tokens or GPU_NS)
+    return [make_case(a, n, c, impl, "cuda", {"max_time_s": 0.5}, preset, tp, b)
+            for c in sorted({context, *GPU_CONTEXTS}) for b in batches for n in tokens or GPU_NS
+            for impl in (*IMPLS, *ENGINE_IMPLS)]
 
 
 # ---------------------------------------------------------------------------------------------------- tables
@@ -266,9 +318,11 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
         else:
             row.update({"torch_us": us, "torch_eta": d["eta"]})
 
+    several = len({r["params"].get("batch", 1) for r in ok}) > 1  # a B column where the run holds several
     side = side_by_side(
-        records, ok, lambda p: (p["preset"], p["tp"], p["context"], p["n"]),
-        lambda r: {"context": r["params"]["context"], "n": r["params"]["n"], "MB": r["derived"]["bytes_moved"] / 1e6,
+        records, ok, lambda p: (p["preset"], p["tp"], p["context"], p.get("batch", 1), p["n"]),
+        lambda r: {"context": r["params"]["context"], **({"B": r["params"].get("batch", 1)} if several else {}),
+                   "n": r["params"]["n"], "MB": r["derived"]["bytes_moved"] / 1e6,
                    "floor_us": r["derived"]["floor_us"]}, fill,
         (("speedup", "torch_us", "triton_us"), ("triton/sglang", "triton_us", "sglang_us"),  # < 1: ours is the faster
          ("triton/flashinfer", "triton_us", "flashinfer_us")),
