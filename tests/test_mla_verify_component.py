@@ -196,3 +196,114 @@ def test_mla_verify_benchmark_without_a_case_here_skips_saying_why(monkeypatch):
     (param,) = module.PARAMS  # not an empty set, which pytest reports as "got empty parameter set"
     (mark,) = param.marks
     assert mark.name == "skip" and "TRITON_INTERPRET=1" in mark.kwargs["reason"]
+
+
+# ---- B requests at once (--batch) ----
+
+def _requests(batch: int, tree: bool, seed: int = 3):
+    """B requests of unequal contexts in one cache, at the tiny shapes (4 heads, DK 40 = 32 + 8), fp16: starts,
+    prefix lengths, a chain or a random tree per request, q [heads, B * D, DK]."""
+    from verifybench.kernels.tree import api as tree_api
+    from verifybench.kernels.tree.inputs import random_tree
+
+    lens, d, dk = [41, 6, 23][:batch], (8 if tree else 3), 40
+    firsts = [2 + sum(lens[:b]) + b * (d + 3) for b in range(batch)]  # gaps between the regions
+    gen = torch.Generator().manual_seed(seed)
+    cache = torch.randn(firsts[-1] + lens[-1] + d + 2, dk, generator=gen).half()
+    q = torch.randn(4, batch * d, dk, generator=gen).half()
+    if tree:
+        inp = random_tree(batch, 4, 5, d, 100, seed=seed, context=8, spread=0)
+        mask = tree_api.build_tree(**inp, mask_mode="qlen_only", backend="reference")[0].contiguous()
+    else:
+        mask = torch.ones(d, d, dtype=torch.bool).tril().expand(batch, d, d).contiguous()
+    return (q, cache, torch.tensor(firsts, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32), mask)
+
+
+@cpu_only
+@pytest.mark.parametrize("batch, tree", [(2, False), (3, True)], ids=["B2-chain", "B3-tree"])
+def test_b_requests_of_unequal_contexts_equal_each_request_run_alone_and_the_reference(batch, tree):
+    q, cache, starts, lens, mask = _requests(batch, tree)
+    d = q.shape[1] // batch
+    variants = ["extend", "split_kv"] + (["sglang.extend"] if _sglang_importable() else [])
+    for variant in variants:
+        cfg = mla_verify.variant_config(variant, "cpu")[0] if not variant.startswith("sglang.") else None
+
+        def calls(starts, lens, mask):
+            return mla_verify._calls(variant, cfg, False, starts, lens, mask, 32, 0.2, (4, 8), q.dtype)
+
+        out = calls(starts, lens, mask)(q, cache)
+        for b in range(batch):
+            one = calls(starts[b:b + 1], lens[b:b + 1], mla_verify.request_mask(mask, batch, d, b))
+            rows = slice(b * d, (b + 1) * d)
+            torch.testing.assert_close(out[:, rows], one(q[:, rows].contiguous(), cache), msg=variant)
+        ok, detail = mla_verify.check_requests(
+            calls(starts, lens, mask), lambda b: calls(starts[b:b + 1], lens[b:b + 1],
+                                                       mla_verify.request_mask(mask, batch, d, b)),
+            q, cache, starts, lens, mask, 32, 0.2)
+        assert ok and f"each of {batch} requests run alone" in detail, (variant, detail)
+
+
+def test_batch_cases_carry_it_keep_the_one_request_names_and_name_the_others():
+    one = mla_verify.cases("tiny", 1, 64, None)
+    both = mla_verify.cases("tiny", 1, 64, None, batch=(1, 2))
+    assert [s.name for s in both[:len(one)]] == [s.name for s in one]  # B = 1: the baselines' names
+    assert {s.params["batch"] for s in one} == {1}
+    assert [s.name for s in both[len(one):]] == [s.name.replace("/ctx64/", "/ctx64/B2/") for s in one]
+    assert {s.params["batch"] for s in both[len(one):]} == {2}
+    with pytest.raises(ValueError, match="--batch 16 x --tokens 8 = 128 tokens per verify forward"):
+        mla_verify.cases("tiny", 1, 64, (8,), batch=(1, 16))
+
+
+@cpu_only
+def test_a_b2_case_checks_each_request_and_counts_both_requests_bytes():
+    [spec] = [s for s in mla_verify.cases("tiny", 1, 64, None, batch=(2,)) if s.params["variant"] == "split_kv"]
+    try:
+        rec = spec.run().as_dict()
+    finally:
+        mla_verify.release()
+    assert rec["name"] == "mla_verify/tiny-tp1/ctx64/B2/chain/split_kv/n3" and rec["params"]["batch"] == 2
+    assert rec["check"]["ok"] and "each of 2 requests run alone" in rec["check"]["detail"]
+    assert rec["derived"]["bytes_moved"] == 2 * ((64 + 3) * 40 + 4 * 3 * (2 * 32 + 8)) * 2
+    assert rec["derived"]["cache_bytes"] == 2 * (64 + 3) * 40 * 2
+    [(_, [row])] = mla_verify.tables([rec])
+    assert "B" not in row and "B requests per call" in mla_verify.tables([rec])[0][0]
+
+
+def test_the_table_keys_rows_by_batch_and_takes_ratios_within_one():
+    recs = [{"name": f"mla_verify/x/B{b}/{v}", "check": {"ok": True}, "device": "cuda",
+             "summary": {"median_us": t * b},
+             "params": {"preset": "tiny", "tp": 1, "context": 64, "n": 3, "tree": "chain", "batch": b, "layers": 3,
+                        "variant": v},
+             "derived": {"bytes_moved": 1e6 * b, "floor_us": 1.0, "eta": 0.5, "per_forward_us": 3 * t * b,
+                         "kernel": "ours"}}
+            for b in (1, 4) for v, t in (("extend", 30.0), ("split_kv", 10.0))]
+    [(_, rows)] = mla_verify.tables(recs)
+    assert [(r["B"], r["MB"]) for r in rows] == [(1, 1.0), (4, 4.0)]
+    assert all(r["extend/split_kv"] == pytest.approx(3.0) for r in rows)
+
+
+@cpu_only
+def test_cli_batch_runs_both_batches_and_withholds_derived_figures(tmp_path, capsys):
+    from verifybench.harness.cli import main
+
+    assert main(["mla_verify", "--batch", "1,2", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "withheld" in out and "B requests per call" in out
+    [path] = tmp_path.glob("mla_verify-*.json")
+    from verifybench.harness.engine import results
+
+    run = results.read_json(path)
+    ran = {(c["params"]["batch"], c["params"]["variant"]) for c in run["cases"] if c["check"]["ok"]}
+    assert {(1, "extend"), (1, "split_kv"), (2, "extend"), (2, "split_kv")} <= ran
+    assert run["extra"]["batch"] == [1, 2]
+
+
+@pytest.mark.parametrize("given, says", [("0", "must be in 1..64"), ("1,1", "lists a batch size twice"),
+                                         ("x", "takes positive integers"),
+                                         ("32", "--batch 32 x --tokens 3 = 96 tokens per verify forward")])
+def test_cli_refuses_a_bad_batch_in_one_line(given, says, tmp_path, capsys):
+    from verifybench.harness.cli import main
+
+    assert main(["mla_verify", "--batch", given, "--tokens", "3", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1 and "Traceback" not in err

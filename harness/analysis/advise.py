@@ -127,17 +127,17 @@ def levers(runs: dict, found: dict, taus, context: int | None, engine: str) -> l
         before, after, status, files, note = base, split["summary"]["median_us"] / 1e3, "measured", [f_cycle], \
             f"context {ctx}, both measured in the cycle"
         if want != ctx:
-            d = config[2]
-            ext_now, how = attention_per_forward_ms(runs, "extend", d, want)
-            spl_now, _ = attention_per_forward_ms(runs, "split_kv", d, want)
-            ext_then, _ = attention_per_forward_ms(runs, "extend", d, ctx)
-            spl_then, _ = attention_per_forward_ms(runs, "split_kv", d, ctx)
+            d, b = config[2], batches.batch_of(base_case)  # mla_verify's rows at the cycle's batch, never mixed
+            ext_now, how = attention_per_forward_ms(runs, "extend", d, want, b)
+            spl_now, _ = attention_per_forward_ms(runs, "split_kv", d, want, b)
+            ext_then, _ = attention_per_forward_ms(runs, "extend", d, ctx, b)
+            spl_then, _ = attention_per_forward_ms(runs, "split_kv", d, ctx, b)
             before, after, status = base + ext_now - ext_then, after + spl_now - spl_then, "projected"
             files = [f_cycle, str(found["mla_verify"])]
             note = (f"context {want}: the cycle at {ctx} moved by mla_verify's per-forward attention ({how}): "
                     f"extend {ext_now:.4g} ms, split_kv {spl_now:.4g} ms per forward at {want}")
         engine_levers = engine_attention_levers(runs, found, config, want, before, after, status, files, engine, tau,
-                                                decode)
+                                                decode, batches.batch_of(base_case))
         if engine_levers:
             out += engine_levers
             before = engine_levers[0]["before_ms"]  # the engine's own kernel in the cycle it pays

@@ -11,14 +11,17 @@ def ok_cases(run: dict) -> list[dict]:
     return [c for c in run["cases"] if c["check"]["ok"]]
 
 
-def attention_per_forward_ms(runs: dict, variant: str, d: int, context: int) -> tuple[float, str]:
-    """mla_verify's per-forward attention (ms) of a chain of D tokens at `context`: measured there, else linear
-    between the two measured contexts around it (said); outside them refused."""
+def attention_per_forward_ms(runs: dict, variant: str, d: int, context: int, batch: int = 1) -> tuple[float, str]:
+    """mla_verify's per-forward attention (ms) of a chain of D tokens at `context` for `batch` requests (the cycle's:
+    one for the one-request levers; a file of several batches is never mixed): measured there, else linear between
+    the two measured contexts around it (said); outside them refused."""
     pts = sorted((c["params"]["context"], c["derived"]["per_forward_us"] / 1e3) for c in ok_cases(runs["mla_verify"])
-                 if c["params"]["variant"] == variant and c["params"]["n"] == d and c["params"]["tree"] == "chain")
+                 if c["params"]["variant"] == variant and c["params"]["n"] == d and c["params"]["tree"] == "chain"
+                 and c["params"].get("batch", 1) == batch)  # a file written before --batch ran one request
     xs = [p[0] for p in pts]
     if not pts or not xs[0] <= context <= xs[-1]:
-        raise ValueError(f"mla_verify holds {variant} at D={d} for contexts {xs}; --context {context} is outside")
+        at = f" for {batch} requests" if batch > 1 else ""
+        raise ValueError(f"mla_verify holds {variant} at D={d}{at} for contexts {xs}; --context {context} is outside")
     how = "measured" if context in xs else f"interpolated between contexts {max(x for x in xs if x < context)} and " \
                                            f"{min(x for x in xs if x > context)}"
     return float(np.interp(context, xs, [p[1] for p in pts])), how
@@ -32,28 +35,30 @@ def lever(name, before, after, status, files, how, tau=None, decode=None, note="
             "status": status, "files": files, "how": how, "note": note}
 
 
-def _engine_per_forward_ms(runs: dict, variant: str, d: int, context: int) -> float | None:
-    """mla_verify's per-forward time of `variant` at (D, context), or None where it did not run there."""
+def _engine_per_forward_ms(runs: dict, variant: str, d: int, context: int, batch: int = 1) -> float | None:
+    """mla_verify's per-forward time of `variant` at (D, context, batch), or None where it did not run there."""
     if "mla_verify" not in runs:
         return None
     try:
-        return attention_per_forward_ms(runs, variant, d, context)[0]
+        return attention_per_forward_ms(runs, variant, d, context, batch)[0]
     except ValueError:
         return None
 
 
-def engine_attention_levers(runs, found, config, context, before, after, status, files, engine, tau, decode):
-    """The attention levers on the engine's own kernels, where mla_verify timed them beside ours at this D and
-    context: the cycle with SGLang's extend in place of our stand-in, against our split-KV (what the engine could
-    reach) and against FlashInfer's MLA (SGLang's --attention-backend flashinfer, its plan() included; chains only).
-    [] where mla_verify holds no SGLang extend there (the caller names what would measure FlashInfer's)."""
+def engine_attention_levers(runs, found, config, context, before, after, status, files, engine, tau, decode,
+                            batch: int = 1):
+    """The attention levers on the engine's own kernels, where mla_verify timed them beside ours at this D, context
+    and batch (the cycle's): the cycle with SGLang's extend in place of our stand-in, against our split-KV (what the
+    engine could reach) and against FlashInfer's MLA (SGLang's --attention-backend flashinfer, its plan() included;
+    chains only). [] where mla_verify holds no SGLang extend there (the caller names what would measure
+    FlashInfer's)."""
     d = config[2]
-    ours, theirs = (_engine_per_forward_ms(runs, v, d, context) for v in ("extend", "sglang.extend"))
+    ours, theirs = (_engine_per_forward_ms(runs, v, d, context, batch) for v in ("extend", "sglang.extend"))
     if ours is None or theirs is None:
         return []
     engine_before = before - ours + theirs
     files = [*files, str(found["mla_verify"])] if str(found["mla_verify"]) not in files else files
-    sm120 = [_engine_per_forward_ms(runs, v, d, context) for v in ("extend@sm120", "sglang.extend@sm120")]
+    sm120 = [_engine_per_forward_ms(runs, v, d, context, batch) for v in ("extend@sm120", "sglang.extend@sm120")]
     tiles = (f"; with the tiles SGLang picks on sm_120 (run here) the engine's extend takes {sm120[1]:.4g} ms per "
              f"forward, ours {sm120[0]:.4g}" if None not in sm120 else "")
     common = (f"context {context}: the cycle with SGLang's own extend ({theirs:.4g} ms per forward) in place of our "
@@ -61,8 +66,8 @@ def engine_attention_levers(runs, found, config, context, before, after, status,
     out = [lever("verify attention: SGLang's Triton extend -> split-KV (ours: what the engine could reach)",
                   engine_before, after, status, files, setting("attention", engine), tau, decode,
                   common + "; no engine ships this kernel for MLA on NVIDIA")]
-    split = _engine_per_forward_ms(runs, "split_kv", d, context)
-    flash = _engine_per_forward_ms(runs, "flashinfer.mla", d, context)
+    split = _engine_per_forward_ms(runs, "split_kv", d, context, batch)
+    flash = _engine_per_forward_ms(runs, "flashinfer.mla", d, context, batch)
     if flash is not None and split is not None and config[1] == 1:
         out.append(lever("verify attention: SGLang's Triton extend -> FlashInfer MLA (topk 1 only)", engine_before,
                           after - split + flash, status, files, setting("attention", engine), tau, decode,
