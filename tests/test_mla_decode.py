@@ -433,6 +433,109 @@ def test_bench_flashinfer_rows_are_listed_and_say_in_one_line_why_they_cannot_ru
     assert rec["skipped"].startswith("the engine's rows: ") and "\n" not in rec["skipped"] and "summary" not in rec
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter at the tiny shapes")
+@pytest.mark.parametrize("lengths", [[70, 9], [33, 5, 50]], ids=["B2", "B3"])
+def test_bench_b_requests_of_unequal_contexts_equal_each_run_alone_and_the_reference(lengths):
+    """Ours (one launch per request), the torch path and, where it imports, SGLang's decode (one call): B requests
+    over their own rows of one cache, each request's rows equal to it run alone and to the reference."""
+    from verifybench.harness import engines
+    from verifybench.harness.components import mla_decode as bench
+    from verifybench.harness.engines import sglang
+
+    a, n = bench.attn_shape("tiny", 1), 2
+    firsts = [3 + sum(lengths[:b]) + 4 * b for b in range(len(lengths))]
+    cache = torch.randn(firsts[-1] + lengths[-1] + 2, a.d, generator=torch.Generator().manual_seed(4)).half()
+    starts, lens = torch.tensor(firsts, dtype=torch.int32), torch.tensor(lengths, dtype=torch.int32)
+    impls = ["triton", "torch"]
+    try:
+        sglang.decode_module()
+        impls.append("sglang.decode")
+    except engines.EngineMissing:
+        pass
+    for impl in impls:
+        c = cache.float() if impl == "torch" else cache
+        if impl == "sglang.decode":
+            fn = bench.engine_fns(impl, a, n, starts, lens, (), (c,))[1]
+            alone = lambda b: bench.engine_fns(impl, a, n, starts[b:b + 1], lens[b:b + 1], (), (c,))[1]  # noqa
+        else:
+            cfgs = [bench._config(impl, a, n, length, "cpu", c.dtype)[0] for length in lengths]
+            fn = bench.requests_fn(impl, a, firsts, lengths, cfgs)
+            alone = lambda b: bench.requests_fn(impl, a, firsts[b:b + 1], lengths[b:b + 1], cfgs[b:b + 1])  # noqa
+        ok, detail = bench.check_requests(fn, alone, a, n, firsts, lengths, c)
+        assert ok and f"each of {len(lengths)} requests run alone" in detail, (impl, detail)
+        q = torch.randn(a.heads, len(lengths) * n, a.d).to(c.dtype)
+        out = fn(q, c)
+        for b, (s, length) in enumerate(zip(firsts, lengths)):
+            rows = slice(b * n, (b + 1) * n)
+            torch.testing.assert_close(out[:, rows], alone(b)(q[:, rows].contiguous(), c), msg=impl)
+            ref = mla_decode_reference(q[:, rows].float(), c[s:].float(), length, a.kv_lora, a.scale)
+            assert rel_error(out[:, rows].float(), ref.float()) < 1e-2, impl
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU listing")
+def test_bench_batch_cases_carry_it_keep_the_one_request_names_and_count_every_requests_bytes(monkeypatch):
+    from verifybench.harness.components import mla_decode as bench
+
+    monkeypatch.setattr(bench, "INTERPRET", True)
+    one = bench.cases("tiny", 1, 64)
+    both = bench.cases("tiny", 1, 64, None, batch=(1, 2))
+    ones = [s for s in both if s.params["batch"] == 1]
+    assert [s.name for s in ones] == [s.name for s in one] and {s.params["batch"] for s in one} == {1}
+    twos = {s.name for s in both if s.params["batch"] == 2}
+    assert twos == {s.name.replace("/ctx256/", "/ctx256/B2/") for s in one}
+    a = bench.attn_shape("kimi-k2.5", 8)
+    assert bench.bytes_moved(a, 4, 4100, 2, batch=3) == 3 * bench.bytes_moved(a, 4, 4100)
+    with pytest.raises(ValueError, match="--batch 16 x --tokens 8 = 128 tokens per verify forward"):
+        bench.cases("tiny", 1, 64, (8,), batch=(16,))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke profile")
+def test_bench_a_b2_case_runs_checked_per_request_and_the_table_keys_rows_by_batch(monkeypatch):
+    from verifybench.harness.components import mla_decode as bench
+
+    monkeypatch.setenv("VERIFYBENCH_MAX_TIME_S", "0.1")
+    a = bench.attn_shape("tiny", 1)
+    quick = {"calls_per_sample": CPU_COPIES, "max_time_s": 0.05}
+    records = [bench.make_case(a, 2, 64, impl, "cpu", quick, "tiny", 1, b).run().as_dict()
+               for b in (1, 2) for impl in ("triton", "torch")]
+    bench.release()
+    two = records[2]
+    assert two["name"] == "mla/tiny-tp1/ctx64/B2/triton/n2" and two["params"]["batch"] == 2
+    assert two["check"]["ok"] and "each of 2 requests run alone" in two["check"]["detail"]
+    assert two["derived"]["bytes_moved"] == 2 * records[0]["derived"]["bytes_moved"]
+    assert two["derived"]["programs"] == 2 * records[0]["derived"]["programs"]
+    title = "MLA decode: Triton (tuned / default config) vs the torch path and the engines' kernels"
+    side = dict(bench.tables(records))[title]
+    assert [(r["B"], r["speedup"]) for r in side] == [(1, WITHHELD), (2, WITHHELD)]
+    gpu = dict(bench.tables([{**r, "device": "cuda"} for r in records]))[title]
+    assert [r["speedup"] for r in gpu] == [pytest.approx(r["torch_us"] / r["triton_us"]) for r in gpu]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke profile")
+def _missing():
+    from verifybench.harness import engines
+
+    raise engines.EngineMissing("sglang is not installed (pip show sglang: not found)")
+
+
+def test_cli_batch_runs_both_batches_and_withholds_derived_figures(tmp_path, capsys, monkeypatch):
+    from verifybench.harness.cli import main
+    from verifybench.harness.engines import sglang
+    from verifybench.harness.engine import results
+
+    monkeypatch.setenv("VERIFYBENCH_MAX_TIME_S", "0.05")  # the plumbing, not the figures
+    monkeypatch.setattr(sglang, "decode_module", _missing)  # its B requests are checked above; the interpreter is slow
+    assert main(["mla_decode", "--batch", "1,2", "--tokens", "2", "--out", str(tmp_path)]) == 0
+    assert "withheld" in capsys.readouterr().out
+    [path] = tmp_path.glob("mla_decode-*.json")
+    run = results.read_json(path)
+    assert run["extra"]["batch"] == [1, 2]
+    assert {c["params"]["batch"] for c in run["cases"] if c["check"]["ok"]} == {1, 2}
+    assert main(["mla_decode", "--batch", "0", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--batch" in err and len(err.splitlines()) == 1
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke path")
 def test_tune_smoke_writes_a_table_select_config_reads(tmp_path, monkeypatch):
     from verifybench.harness.tune import mla_decode as bench

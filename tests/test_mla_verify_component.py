@@ -243,6 +243,7 @@ def test_b_requests_of_unequal_contexts_equal_each_request_run_alone_and_the_ref
         assert ok and f"each of {batch} requests run alone" in detail, (variant, detail)
 
 
+@cpu_only
 def test_batch_cases_carry_it_keep_the_one_request_names_and_name_the_others():
     one = mla_verify.cases("tiny", 1, 64, None)
     both = mla_verify.cases("tiny", 1, 64, None, batch=(1, 2))
@@ -283,9 +284,18 @@ def test_the_table_keys_rows_by_batch_and_takes_ratios_within_one():
 
 
 @cpu_only
-def test_cli_batch_runs_both_batches_and_withholds_derived_figures(tmp_path, capsys):
-    from verifybench.harness.cli import main
+def _missing():
+    from verifybench.harness import engines
 
+    raise engines.EngineMissing("sglang is not installed (pip show sglang: not found)")
+
+
+def test_cli_batch_runs_both_batches_and_withholds_derived_figures(tmp_path, capsys, monkeypatch):
+    from verifybench.harness.cli import main
+    from verifybench.harness.engines import sglang
+
+    monkeypatch.setenv("VERIFYBENCH_MAX_TIME_S", "0.05")  # the plumbing, not the figures
+    monkeypatch.setattr(sglang, "extend_module", _missing)  # its B requests are checked above; the interpreter is slow
     assert main(["mla_verify", "--batch", "1,2", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "withheld" in out and "B requests per call" in out
