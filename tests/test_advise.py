@@ -390,3 +390,37 @@ def test_advise_without_engine_rows_says_its_extend_is_our_stand_in_and_names_th
     text = _advise(capsys)
     assert "extend is our stand-in for the engine's kernel" in text
     assert "verify attention -> FlashInfer MLA: not measured here" in text
+
+
+def _with_batch_rows(tmp_path, scale: float, engine: bool = False) -> Path:
+    """The H200 folder with its mla_verify's chains added again at B = 2 (named B2, `scale` x the time; with
+    `engine`, SGLang's extend too, at B = 2 only): rows a one-request lever must not read."""
+    for name in ("verify.json", "cycle.json", "graph_replay.json.gz"):
+        (tmp_path / name).write_bytes((H200 / name).read_bytes())
+    run = results.read_json(H200 / "mla_verify.json")
+    added = []
+    for c in run["cases"]:
+        if c["params"]["tree"] != "chain" or c["params"]["variant"] not in ("extend", "split_kv"):
+            continue
+        for variant in ("extend", "sglang.extend") if engine and c["params"]["variant"] == "extend" else \
+                (c["params"]["variant"],):
+            e = json.loads(json.dumps(c))
+            e["name"] = c["name"].replace("/chain/", "/B2/chain/").replace("/extend/", f"/{variant}/")
+            e["params"].update(batch=2, variant=variant)
+            e["derived"]["per_forward_us"] = c["derived"]["per_forward_us"] * scale
+            added.append(e)
+    run["cases"] += added
+    (tmp_path / "mla_verify.json").write_text(json.dumps(run))
+    return tmp_path
+
+
+@pytest.mark.parametrize("engine", [False, True], ids=["ours", "engine-at-B2-only"])
+def test_advise_reads_mla_verify_at_one_request_where_the_file_holds_several_batches(tmp_path, capsys, engine):
+    folder = _with_batch_rows(tmp_path, scale=10.0, engine=engine)
+    assert cli_main(["advise", str(H200), "--context", "2048"]) == 0
+    alone = capsys.readouterr().out
+    assert cli_main(["advise", str(folder), "--context", "2048"]) == 0
+    mixed = capsys.readouterr().out
+    lever = next(line for line in alone.splitlines() if "extend -> split_kv:" in line)
+    assert lever.split(" ms per cycle")[0] in mixed  # the one-request figures, untouched by the B = 2 rows
+    assert "SGLang's Triton extend" not in mixed  # its rows at B = 2 are no lever of one request
