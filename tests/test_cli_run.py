@@ -400,3 +400,18 @@ def test_cpu_run_tables_print_no_bandwidth_and_no_graph_mode(run_dir):
                 assert not rates, (name, title, rates)
                 assert row.get("mode") not in ("graph", "eager", "hot"), (name, title, row)
         assert all(r.get("mode", "cpu-") is None or r.get("mode", "cpu-").startswith("cpu-") for r in records), name
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU listing")
+def test_run_passes_batch_to_the_attention_components_and_its_help_names_them(capsys):
+    from verifybench.harness import run as run_mod
+    from verifybench.harness.cli import main
+
+    assert {"mla_verify", "mla_decode", "verify", "cycle"} <= set(run_mod.batch_components())
+    scope = {"preset": "tiny", "tp": 1, "context": 64, "tokens": (3,), "batch": (1, 2), "options": {}}
+    for name, two in (("mla_verify", "mla_verify/tiny-tp1/ctx64/B2/"), ("mla_decode", "mla/tiny-tp1/ctx256/B2/")):
+        specs = run_mod._cases(name, scope)
+        assert {s.params["batch"] for s in specs} == {1, 2} and any(s.name.startswith(two) for s in specs)
+    assert main(["run", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "the components that take it (mla_decode, mla_verify, verify, cycle)" in text
