@@ -15,7 +15,7 @@ def attention_per_forward_ms(runs: dict, variant: str, d: int, context: int) -> 
     """mla_verify's per-forward attention (ms) of a chain of D tokens at `context`: measured there, else linear
     between the two measured contexts around it (said); outside them refused."""
     pts = sorted((c["params"]["context"], c["derived"]["per_forward_us"] / 1e3) for c in ok_cases(runs["mla_verify"])
-                 if c["params"]["variant"] == variant and c["params"]["n"] == d and c["params"]["tree"] == "chain")
+                 if c["params"]["variant"] == variant and c["params"]["tokens"] == d and c["params"]["tree"] == "chain")
     xs = [p[0] for p in pts]
     if not pts or not xs[0] <= context <= xs[-1]:
         raise ValueError(f"mla_verify holds {variant} at D={d} for contexts {xs}; --context {context} is outside")

@@ -177,7 +177,7 @@ def make_case(a: Attn, n: int, context: int, impl: str, device: str, measure_kw:
     dtype = _dtype(impl, device)
     engine = impl in ENGINE_IMPLS
     length = context + n  # the verify forward writes its n tokens' slots, then attends all of them
-    params = {"preset": preset, "tp": tp, "heads": a.heads, "D": a.d, "kv_lora": a.kv_lora, "n": n,
+    params = {"preset": preset, "tp": tp, "heads": a.heads, "DK": a.d, "kv_lora": a.kv_lora, "tokens": n,
               "context": context, "length": length, "impl": impl, "device": device,
               "dtype": str(dtype).split(".")[1], **({"engine": engines.label(impl.split(".")[0])} if engine else {})}
     name = f"mla/{preset}-tp{tp}/ctx{context}/{impl}/n{n}"
@@ -267,9 +267,9 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
             row.update({"torch_us": us, "torch_eta": d["eta"]})
 
     side = side_by_side(
-        records, ok, lambda p: (p["preset"], p["tp"], p["context"], p["n"]),
-        lambda r: {"context": r["params"]["context"], "n": r["params"]["n"], "MB": r["derived"]["bytes_moved"] / 1e6,
-                   "floor_us": r["derived"]["floor_us"]}, fill,
+        records, ok, lambda p: (p["preset"], p["tp"], p["context"], p["tokens"]),
+        lambda r: {"context": r["params"]["context"], "n": r["params"]["tokens"],
+                   "MB": r["derived"]["bytes_moved"] / 1e6, "floor_us": r["derived"]["floor_us"]}, fill,
         (("speedup", "torch_us", "triton_us"), ("triton/sglang", "triton_us", "sglang_us"),  # < 1: ours is the faster
          ("triton/flashinfer", "triton_us", "flashinfer_us")),
         # a CPU copy ceiling says nothing about a GPU kernel's distance from its own, nor an interpreter of its speed

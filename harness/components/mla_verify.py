@@ -179,7 +179,7 @@ def make_case(preset: str, tp: int, context: int, n: int, tree_shape, variant: s
     dtype = torch.bfloat16 if device == "cuda" else torch.float16
     label = "chain" if tree_shape is None else ",".join(map(str, tree_shape))
     params = {"preset": preset, "tp": tp, "layers": p.layers, "heads": heads, "DK": dk, "kv_lora": kv_lora,
-              "context": context, "n": n, "tree": label, "batch": 1, "variant": variant, "device": device,
+              "context": context, "tokens": n, "tree": label, "batch": 1, "variant": variant, "device": device,
               "dtype": str(dtype).split(".")[1]}
     mask_id = "chain" if tree_shape is None else "tree" + "-".join(map(str, tree_shape))  # no commas in test ids
     name = f"mla_verify/{preset}-tp{tp}/ctx{context}/{mask_id}/{variant}/n{n}"
@@ -295,8 +295,8 @@ def side_by_side(records: list[dict]) -> list[dict]:
         if not (r["name"].startswith("mla_verify/") and r["check"]["ok"] and "summary" in r):
             continue
         prm, d = r["params"], r["derived"]
-        row = rows.setdefault((prm["preset"], prm["tp"], prm["context"], prm["n"], prm["tree"]), {
-            "context": prm["context"], "n": prm["n"], "tree": prm["tree"], "MB": d["bytes_moved"] / 1e6,
+        row = rows.setdefault((prm["preset"], prm["tp"], prm["context"], prm["tokens"], prm["tree"]), {
+            "context": prm["context"], "n": prm["tokens"], "tree": prm["tree"], "MB": d["bytes_moved"] / 1e6,
             "floor_us": d["floor_us"]})  # the roofline: the bytes at this GPU's copy bandwidth
         v = prm["variant"]
         row.update({f"{v}_us": r["summary"]["median_us"], f"{v}_eta": d["eta"],
@@ -349,7 +349,7 @@ def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
     lines: dict[tuple, list] = {}
     for r in ok:
         prm = r["params"]
-        lines.setdefault((prm["variant"], prm["tree"], prm["n"]), []).append((prm["context"],
+        lines.setdefault((prm["variant"], prm["tree"], prm["tokens"]), []).append((prm["context"],
                                                                                r["summary"]["median_us"]))
     fig, ax = plt.subplots(figsize=(8, 5))
     for i, ((variant, label, n), points) in enumerate(sorted(lines.items())):
