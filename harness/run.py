@@ -205,7 +205,7 @@ def summary_lines(runs: dict[str, dict], wall_s: float, report: Path | None) -> 
 def tokens_run(run: dict) -> str:
     """" Ran at n = 1, 2, 3 tokens.": the token counts the run's cases ran at (a help text's range is a GPU's
     default; the CPU runs fewer), or "" for a component without them."""
-    ns = {c["params"].get("tokens", c["params"].get("n")) for c in run["cases"] if not c.get("skipped")}
+    ns = {c["params"].get("tokens") for c in run["cases"] if not c.get("skipped")}
     ns = sorted(n for n in ns if isinstance(n, int))
     return f" Ran at n = {', '.join(map(str, ns))} tokens." if ns else ""
 

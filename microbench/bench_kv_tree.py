@@ -6,7 +6,7 @@ from verifybench.harness.components import bench_cases
 COMPONENT = "kv_tree"
 # B at powers of two: the other batch sizes of `verifybench kv_tree` (build_tree, verify) lie between them and
 # are over a third of its cases
-CASES = bench_cases(COMPONENT, keep=lambda s: s.params["B"] in (1, 2, 4, 8))
+CASES = bench_cases(COMPONENT, keep=lambda s: s.params["batch"] in (1, 2, 4, 8))
 
 
 @pytest.mark.parametrize("spec", CASES, ids=lambda s: s.name)

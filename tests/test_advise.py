@@ -106,7 +106,7 @@ def test_advise_at_a_context_between_measured_ones_interpolates_mla_verify_and_s
 
     def per_forward_ms(variant, ctx):
         pts = sorted((c["params"]["context"], c["derived"]["per_forward_us"] / 1e3) for c in run["cases"]
-                     if c["check"]["ok"] and c["params"]["variant"] == variant and c["params"]["n"] == 3
+                     if c["check"]["ok"] and c["params"]["variant"] == variant and c["params"]["tokens"] == 3
                      and c["params"]["tree"] == "chain")
         return float(np.interp(ctx, [p[0] for p in pts], [p[1] for p in pts]))
 
@@ -319,7 +319,8 @@ def test_advise_at_a_context_the_cycle_lacks_says_so_and_prints_the_attention_it
     assert "cycle at context 1024: not measured (the cycle file ran at context 4096" in answer
     run = results.load_run(H200 / "mla_verify.json")
     (ext,) = [c["derived"]["per_forward_us"] for c in run["cases"] if c["check"]["ok"] and c["params"]["context"] ==
-              1024 and c["params"]["n"] == 3 and c["params"]["variant"] == "extend" and c["params"]["tree"] == "chain"]
+              1024 and c["params"]["tokens"] == 3 and c["params"]["variant"] == "extend"
+              and c["params"]["tree"] == "chain"]
     assert f"extend {ext / 1e3:.4g} ms" in text and f"{ext / 1e3:.4g}" == "11.41"  # docs/deployment-example.md's B
 
 
@@ -365,7 +366,7 @@ def _with_engine_rows(tmp_path, engine_scale: float, flash_scale: float, plan_us
 def _pf_ms(variant, d, context):
     run = results.load_run(H200 / "mla_verify.json")
     (c,) = [c for c in run["cases"] if c["check"]["ok"] and c["params"]["variant"] == variant
-            and c["params"]["n"] == d and c["params"]["context"] == context and c["params"]["tree"] == "chain"]
+            and c["params"]["tokens"] == d and c["params"]["context"] == context and c["params"]["tree"] == "chain"]
     return c["derived"]["per_forward_us"] / 1e3
 
 

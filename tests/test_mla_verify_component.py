@@ -24,7 +24,7 @@ def all_records():
     where SGLang cannot be imported (CI fetches it into .ci/engines)."""
     specs = mla_verify.cases("tiny", 1, 64, None)
     try:
-        yield [spec.run().as_dict() for spec in specs if spec.params["n"] == 3]
+        yield [spec.run().as_dict() for spec in specs if spec.params["tokens"] == 3]
     finally:
         mla_verify.release()
 
@@ -54,7 +54,7 @@ def test_component_is_registered_after_mla_decode_and_keeps_the_protocol():
 @cpu_only
 def test_cpu_cases_are_both_variants_of_a_chain_at_the_tiny_shapes():
     specs = mla_verify.cases("tiny", 1, 64, None)
-    assert [(s.params["variant"], s.params["n"], s.params["tree"], s.params["context"]) for s in specs] == [
+    assert [(s.params["variant"], s.params["tokens"], s.params["tree"], s.params["context"]) for s in specs] == [
         ("extend", 3, "chain", 64), ("split_kv", 3, "chain", 64), ("sglang.extend", 3, "chain", 64),
         ("flashinfer.mla", 3, "chain", 64)]
     assert {s.mode for s in specs} == {"graph"} and {s.params["dtype"] for s in specs} == {"float16"}
@@ -127,7 +127,7 @@ def _chart_axes(records, tmp_path, monkeypatch):
 
 def test_chart_has_log_axes_where_contexts_span_and_split_kv_sits_10x_below_extend(tmp_path, monkeypatch):
     records = [{"name": f"mla_verify/{v}/{c}", "check": {"ok": True}, "summary": {"median_us": t * c / 1024},
-                "params": {"variant": v, "tree": "chain", "n": 3, "context": c}}
+                "params": {"variant": v, "tree": "chain", "tokens": 3, "context": c}}
                for v, t in (("extend", 500.0), ("split_kv", 20.0)) for c in (1024, 8192, 65536)]
     ax = _chart_axes(records, tmp_path, monkeypatch)
     assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
@@ -151,7 +151,7 @@ def test_cli_tokens_reach_the_cases_and_the_tree_joins_at_its_draft_count():
     args.command = NAME
     scope = run.resolve_scope(args)
     specs = mla_verify.cases(scope["preset"], scope["tp"], scope["context"], scope["tokens"])
-    assert sorted({s.params["n"] for s in specs}) == [2, 5] and {s.params["tree"] for s in specs} == {"chain"}
+    assert sorted({s.params["tokens"] for s in specs}) == [2, 5] and {s.params["tree"] for s in specs} == {"chain"}
     specs = mla_verify.cases("tiny", 1, 64, (8,))
     assert [(s.params["tree"], s.params["variant"]) for s in specs] == [
         ("chain", "extend"), ("chain", "split_kv"), ("chain", "sglang.extend"), ("chain", "flashinfer.mla"),
@@ -273,7 +273,7 @@ def test_a_b2_case_checks_each_request_and_counts_both_requests_bytes():
 def test_the_table_keys_rows_by_batch_and_takes_ratios_within_one():
     recs = [{"name": f"mla_verify/x/B{b}/{v}", "check": {"ok": True}, "device": "cuda",
              "summary": {"median_us": t * b},
-             "params": {"preset": "tiny", "tp": 1, "context": 64, "n": 3, "tree": "chain", "batch": b, "layers": 3,
+             "params": {"preset": "tiny", "tp": 1, "context": 64, "tokens": 3, "tree": "chain", "batch": b, "layers": 3,
                         "variant": v},
              "derived": {"bytes_moved": 1e6 * b, "floor_us": 1.0, "eta": 0.5, "per_forward_us": 3 * t * b,
                          "kernel": "ours"}}

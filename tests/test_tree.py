@@ -267,7 +267,7 @@ def test_kv_tree_on_cpu_checks_its_kernels_in_the_interpreter_and_withholds_eta_
     from verifybench.harness.components import kv_tree
     from verifybench.harness.engine.results import WITHHELD
 
-    specs = [s for s in kv_tree.cases("tiny", 1, 64) if s.params["tree"] == "d4t1s3" and s.params["B"] == 1
+    specs = [s for s in kv_tree.cases("tiny", 1, 64) if s.params["tree"] == "d4t1s3" and s.params["batch"] == 1
              and s.params["step"] in ("verify", "build_tree") and s.params["variant"] in ("", "full-ctx1024")]
     assert {s.params["backend"] for s in specs} == {"kernel", "reference"}
     records = [s.run(max_time_s=0.05).as_dict() for s in specs]

@@ -17,7 +17,7 @@ def attention_per_forward_ms(runs: dict, variant: str, d: int, context: int, bat
     the two measured contexts around it (said); outside them refused."""
     cases = [c for c in ok_cases(runs["mla_verify"]) if c["params"].get("batch", 1) == batch]  # none before --batch
     pts = sorted((c["params"]["context"], c["derived"]["per_forward_us"] / 1e3) for c in cases
-                 if c["params"]["variant"] == variant and c["params"]["n"] == d and c["params"]["tree"] == "chain")
+                 if c["params"]["variant"] == variant and c["params"]["tokens"] == d and c["params"]["tree"] == "chain")
     xs = [p[0] for p in pts]
     if not pts or not xs[0] <= context <= xs[-1]:
         at = f" for {batch} requests" if batch > 1 else ""

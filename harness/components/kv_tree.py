@@ -67,7 +67,7 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
                 for variant in _variants(step, d):
                     for backend in _backends(gpu, batch, variant):
                         params = {"step": step, "backend": backend, "tree": tree_label(steps, topk, d),
-                                  "spec_steps": steps, "topk": topk, "D": d, "B": batch, "variant": variant,
+                                  "steps": steps, "topk": topk, "draft_tokens": d, "batch": batch, "variant": variant,
                                   "vocab": vocab, "device": device}
                         graph = gpu and (backend == "kernel" or step == "argmax")  # torch.argmax captures too
                         name = "/".join(x for x in ("tree", step, backend, params["tree"], f"B{batch}",
@@ -97,9 +97,9 @@ def _agree(run, invariant, backend: str) -> tuple[bool, str]:
 
 
 def _setup_organize(p):
-    d, dev = p["D"], p["device"]
-    draft = random_draft(p["B"], p["topk"], p["spec_steps"], p["vocab"], seed=1, device=dev)
-    fresh = random_draft(p["B"], p["topk"], p["spec_steps"], p["vocab"], seed=2, device=dev)
+    d, dev = p["draft_tokens"], p["device"]
+    draft = random_draft(p["batch"], p["topk"], p["steps"], p["vocab"], seed=1, device=dev)
+    fresh = random_draft(p["batch"], p["topk"], p["steps"], p["vocab"], seed=2, device=dev)
 
     def run(backend, inputs=fresh):
         return tree.organize_draft_results(*inputs, d, backend=backend)
@@ -120,7 +120,7 @@ def _setup_organize(p):
 
 def _tree_inputs(p, seed):
     ctx = int(p["variant"].split("ctx")[1]) if "ctx" in p["variant"] else CONTEXTS[0]
-    inp = random_tree(p["B"], p["topk"], p["spec_steps"], p["D"], p["vocab"], seed=seed, context=ctx,
+    inp = random_tree(p["batch"], p["topk"], p["steps"], p["draft_tokens"], p["vocab"], seed=seed, context=ctx,
                       spread=0 if seed == 1 else None, device=p["device"])
     return inp, int(inp["seq_lens"].sum())
 
@@ -135,7 +135,7 @@ def _setup_build_tree(p):
 
     def invariant():
         mask, pos, index, nxt, sib, _ = run("reference")
-        d, batch = p["D"], p["B"]
+        d, batch = p["draft_tokens"], p["batch"]
         qlen = _qlen_rows(mask, mode, fresh["seq_lens"].tolist(), d)
         for b in range(batch):
             for j in range(d):
@@ -172,11 +172,11 @@ def _qlen_rows(mask, mode, seq_lens, d):
 def _verify_inputs(p, seed):
     inp, total = _tree_inputs(p, seed)
     _, _, index, nxt, sib, tokens = tree.build_tree(**inp, mask_mode="qlen_only", backend="reference")
-    cand = tokens.view(p["B"], p["D"])
+    cand = tokens.view(p["batch"], p["draft_tokens"])
     # timed inputs: the longest walk (every level accepted, through the last sibling); checks: random acceptance
     target = random_target_predict(cand, nxt, sib, p["vocab"], accept_prob=1.0 if seed == 1 else 0.7,
                                    last_child=seed == 1, seed=seed)
-    return cand, index, nxt, sib, target, p["spec_steps"] + 1
+    return cand, index, nxt, sib, target, p["steps"] + 1
 
 
 def _setup_verify(p):
@@ -188,8 +188,8 @@ def _setup_verify(p):
     def invariant():
         predicts, accept, num = (t.cpu() for t in run("reference"))
         cand, _, nxt, sib, target, _ = (t.cpu() if torch.is_tensor(t) else t for t in fresh)
-        d = p["D"]
-        for b in range(p["B"]):
+        d = p["draft_tokens"]
+        for b in range(p["batch"]):
             path = accept[b, :num[b] + 1].tolist()
             for a, z in zip(path, path[1:]):
                 if z - b * d not in children(nxt[b].tolist(), sib[b].tolist(), a - b * d) \
@@ -207,7 +207,7 @@ def _setup_verify(p):
 
 def _assign_inputs(p, seed):
     g = torch.Generator().manual_seed(seed)
-    batch, d, ctx = p["B"], p["D"], CONTEXTS[0]
+    batch, d, ctx = p["batch"], p["draft_tokens"], CONTEXTS[0]
     table = torch.zeros(2 * batch, ctx + d, dtype=torch.int32)
     pools, seq = torch.randperm(2 * batch, generator=g)[:batch], torch.randint(0, ctx, (batch,), generator=g)
     loc = torch.randint(0, 1 << 30, (batch * d,), generator=g)
@@ -218,21 +218,21 @@ def _setup_assign(p):
     timed, fresh = _assign_inputs(p, 1), _assign_inputs(p, 2)
 
     def run(backend, args=fresh):
-        return (tree.assign_req_to_token(args[0].clone(), *args[1:], p["D"], backend=backend),)
+        return (tree.assign_req_to_token(args[0].clone(), *args[1:], p["draft_tokens"], backend=backend),)
 
     def invariant():
         table, (_, pools, seq, loc) = run("reference")[0].cpu(), (t.cpu() for t in fresh)
-        ok = all(torch.equal(table[pools[b], seq[b]:seq[b] + p["D"]], loc.view(p["B"], -1)[b].int())
-                 for b in range(p["B"])) and int(table.count_nonzero()) <= loc.numel()
+        ok = all(torch.equal(table[pools[b], seq[b]:seq[b] + p["draft_tokens"]], loc.view(p["batch"], -1)[b].int())
+                 for b in range(p["batch"])) and int(table.count_nonzero()) <= loc.numel()
         return ok, "slots written where they belong" if ok else "slots misplaced"
 
-    return (lambda: tree.assign_req_to_token(*timed, p["D"], backend=p["backend"])), \
+    return (lambda: tree.assign_req_to_token(*timed, p["draft_tokens"], backend=p["backend"])), \
         (lambda: _agree(run, invariant, p["backend"])), None
 
 
 def _setup_argmax(p):
     dtype = torch.bfloat16 if p["device"] == "cuda" else torch.float32
-    rows = p["B"] * p["D"]
+    rows = p["batch"] * p["draft_tokens"]
     timed, fresh = (torch.randn(rows, p["vocab"], generator=torch.Generator().manual_seed(s)).to(p["device"], dtype)
                     for s in (1, 2))
 
@@ -261,7 +261,7 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
     for r in records:
         if r["name"].startswith("tree/") and r["check"]["ok"]:
             p = r["params"]
-            key = (p["step"], p["tree"], p["B"], p["variant"])
+            key = (p["step"], p["tree"], p["batch"], p["variant"])
             by_key.setdefault(key, {})[p["backend"]] = r
     rows, fill_rows, target_rows = [], [], {}
     for (step, label, batch, variant), got in by_key.items():

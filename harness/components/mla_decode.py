@@ -218,7 +218,7 @@ def make_case(a: Attn, n: int, context: int, impl: str, device: str, measure_kw:
     dtype = _dtype(impl, device)
     engine = impl in ENGINE_IMPLS
     length = context + n  # the verify forward writes its n tokens' slots, then attends all of them
-    params = {"preset": preset, "tp": tp, "heads": a.heads, "D": a.d, "kv_lora": a.kv_lora, "n": n,
+    params = {"preset": preset, "tp": tp, "heads": a.heads, "DK": a.d, "kv_lora": a.kv_lora, "tokens": n,
               "context": context, "length": length, "batch": batch, "impl": impl, "device": device,
               "dtype": str(dtype).split(".")[1], **({"engine": engines.label(impl.split(".")[0])} if engine else {})}
     requests = f"B{batch}/" if batch > 1 else ""  # B = 1 keeps the names the baselines compare by
@@ -320,9 +320,9 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
 
     several = len({r["params"].get("batch", 1) for r in ok}) > 1  # a B column where the run holds several
     side = side_by_side(
-        records, ok, lambda p: (p["preset"], p["tp"], p["context"], p.get("batch", 1), p["n"]),
+        records, ok, lambda p: (p["preset"], p["tp"], p["context"], p.get("batch", 1), p["tokens"]),
         lambda r: {"context": r["params"]["context"], **({"B": r["params"].get("batch", 1)} if several else {}),
-                   "n": r["params"]["n"], "MB": r["derived"]["bytes_moved"] / 1e6,
+                   "n": r["params"]["tokens"], "MB": r["derived"]["bytes_moved"] / 1e6,
                    "floor_us": r["derived"]["floor_us"]}, fill,
         (("speedup", "torch_us", "triton_us"), ("triton/sglang", "triton_us", "sglang_us"),  # < 1: ours is the faster
          ("triton/flashinfer", "triton_us", "flashinfer_us")),

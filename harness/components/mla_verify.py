@@ -218,7 +218,7 @@ def make_case(preset: str, tp: int, context: int, n: int, tree_shape, variant: s
     dtype = torch.bfloat16 if device == "cuda" else torch.float16
     label = "chain" if tree_shape is None else ",".join(map(str, tree_shape))
     params = {"preset": preset, "tp": tp, "layers": p.layers, "heads": heads, "DK": dk, "kv_lora": kv_lora,
-              "context": context, "n": n, "tree": label, "batch": batch, "variant": variant, "device": device,
+              "context": context, "tokens": n, "tree": label, "batch": batch, "variant": variant, "device": device,
               "dtype": str(dtype).split(".")[1]}
     mask_id = "chain" if tree_shape is None else "tree" + "-".join(map(str, tree_shape))  # no commas in test ids
     requests = f"B{batch}/" if batch > 1 else ""  # B = 1 keeps the names the baselines compare by
@@ -345,9 +345,9 @@ def side_by_side(records: list[dict]) -> list[dict]:
         if not (r["name"].startswith("mla_verify/") and r["check"]["ok"] and "summary" in r):
             continue
         prm, d = r["params"], r["derived"]
-        row = rows.setdefault((prm["preset"], prm["tp"], prm["context"], batch_of(r), prm["n"], prm["tree"]), {
-            "context": prm["context"], **({"B": batch_of(r)} if several else {}), "n": prm["n"], "tree": prm["tree"],
-            "MB": d["bytes_moved"] / 1e6,  # every request's bytes
+        row = rows.setdefault((prm["preset"], prm["tp"], prm["context"], batch_of(r), prm["tokens"], prm["tree"]), {
+            "context": prm["context"], **({"B": batch_of(r)} if several else {}), "n": prm["tokens"],
+            "tree": prm["tree"], "MB": d["bytes_moved"] / 1e6,  # every request's bytes
             "floor_us": d["floor_us"]})  # the roofline: the bytes at this GPU's copy bandwidth
         v = prm["variant"]
         row.update({f"{v}_us": r["summary"]["median_us"], f"{v}_eta": d["eta"],
@@ -402,7 +402,7 @@ def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
     lines: dict[tuple, list] = {}
     for r in ok:
         prm = r["params"]
-        lines.setdefault((prm["variant"], prm["tree"], prm["n"], batch_of(r)), []).append(
+        lines.setdefault((prm["variant"], prm["tree"], prm["tokens"], batch_of(r)), []).append(
             (prm["context"], r["summary"]["median_us"]))
     fig, ax = plt.subplots(figsize=(8, 5))
     for i, ((variant, label, n, b), points) in enumerate(sorted(lines.items())):

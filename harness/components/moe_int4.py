@@ -193,9 +193,9 @@ def make_case(preset: str, tp: int, impl: str, n: int, routing: str, device: str
     if impl in ("triton", SGLANG):  # fp16 in the interpreter: its bf16 arithmetic is wrong
         act_dtype = torch.bfloat16 if device == "cuda" else torch.float16
     weight_format = f"int4-g{p.expert_group_size}" if impl != "torch-dense" else str(dense_dtype).split(".")[1]
-    params = {"preset": preset, "tp": tp, "impl": impl, "n": n, "routing": routing, "device": device,
+    params = {"preset": preset, "tp": tp, "impl": impl, "tokens": n, "routing": routing, "device": device,
               "act_dtype": str(act_dtype).split(".")[1], "weights": weight_format, "experts": p.experts,
-              "topk": p.topk, "hidden": p.hidden, "inter": p.expert_intermediate}
+              "experts_per_token": p.topk, "hidden": p.hidden, "inter": p.expert_intermediate}
     name = f"moe/{preset}-tp{tp}/{impl if impl != 'torch-dense' else 'torch-' + weight_format}/n{n}/{routing}"
 
     def setup():
@@ -266,7 +266,7 @@ def _skipped_triton_case(preset: str, tp: int, n: int) -> CaseSpec:
         raise CaseSkipped(CPU_TRITON_SKIP)
 
     return CaseSpec(name=f"moe/{preset}-tp{tp}/triton/n{n}/uniform", params={"preset": preset, "tp": tp,
-                    "impl": "triton", "n": n, "routing": "uniform", "device": "cpu"}, mode="graph", setup=setup)
+                    "impl": "triton", "tokens": n, "routing": "uniform", "device": "cpu"}, mode="graph", setup=setup)
 
 
 def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = None) -> list[CaseSpec]:
@@ -312,8 +312,8 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
             row["reference_us"] = us
 
     side = side_by_side(
-        records, ok, lambda p: (p["preset"], p["tp"], p["n"]),
-        lambda r: {"preset": f"{r['params']['preset']}-tp{r['params']['tp']}", "n": r["params"]["n"]}, fill,
+        records, ok, lambda p: (p["preset"], p["tp"], p["tokens"]),
+        lambda r: {"preset": f"{r['params']['preset']}-tp{r['params']['tp']}", "n": r["params"]["tokens"]}, fill,
         (("dense/int4", "torch_dense_us", "triton_us"), ("of_ideal_3.56x", "torch_dense_us", "triton_us",
                                                           IDEAL_INT4_GAIN), ("ref/triton", "reference_us", "triton_us"),
          ("triton/sglang", "triton_us", "sglang_us")),

@@ -127,7 +127,7 @@ def _check(fn, n: int, K: int, w: torch.Tensor) -> tuple[bool, str]:
 def make_case(shape: Shape, n: int, impl: str, device: str, measure_kw: dict, preset: str, tp: int,
           config: dict | None = None) -> CaseSpec:
     dtype = _dtype(impl, device)
-    params = {"preset": preset, "tp": tp, "shape": shape.name, "N": shape.N, "K": shape.K, "n": n, "impl": impl,
+    params = {"preset": preset, "tp": tp, "shape": shape.name, "N": shape.N, "K": shape.K, "tokens": n, "impl": impl,
               "device": device, "dtype": str(dtype).split(".")[1]}
     name = f"skinny/{preset}-tp{tp}/{shape.name}/{impl}/n{n}"
 
@@ -186,9 +186,9 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
         if prm["impl"] == "triton":  # the source once in the title when every config has the same one
             row["config"] = config_str(d.get("config")) + (f" ({d.get('config_source')})" if len(sources) > 1 else "")
 
-    side = side_by_side(records, ok, lambda p: (p["preset"], p["tp"], p["shape"], p["n"]),
+    side = side_by_side(records, ok, lambda p: (p["preset"], p["tp"], p["shape"], p["tokens"]),
                         lambda r: {"shape": r["params"]["shape"], "N,K": f"{r['params']['N']},{r['params']['K']}",
-                                   "n": r["params"]["n"]}, fill,
+                                   "n": r["params"]["tokens"]}, fill,
                         (("speedup", "torch_us", "triton_us"),),
                         ("speedup",))  # an interpreter's time says nothing of a GPU kernel's speed
     for row in side:

@@ -229,6 +229,51 @@ def read_json(path: Path) -> dict:
     return data
 
 
+# ---- params keys: one key per quantity in every component (docs/measuring.md, "Params keys")
+
+# Keys older files wrote, per component, and the key each quantity has now. Per component, because one old key
+# meant two quantities: kv_tree's D was the draft tokens, mla_decode's D the latent+rope head width.
+OLD_PARAMS_KEYS: dict[str, dict[str, str]] = {
+    "kv_tree": {"spec_steps": "steps", "D": "draft_tokens", "B": "batch"},
+    "mla_decode": {"n": "tokens", "D": "DK"},
+    "mla_verify": {"n": "tokens"},
+    "moe_int4": {"n": "tokens", "topk": "experts_per_token"},  # topk is the draft tree's width elsewhere
+    "skinny_gemm": {"n": "tokens"},
+}
+# Keys older files lacked, with the value they meant: a run from before --batch verified one request.
+MISSING_PARAMS_KEYS: dict[str, dict[str, object]] = {
+    "verify": {"batch": 1},
+    "cycle": {"batch": 1},
+    "mla_verify": {"batch": 1},
+    "mla_decode": {"batch": 1},
+}
+
+
+def current_params(component: str, params: dict, where: str = "params") -> dict:
+    """`params` of a case of `component` under today's keys: an older file's keys renamed, the keys it lacked added
+    with the value they meant. A new copy; ResultsError when an old and a new key both hold, and disagree."""
+    out = dict(params)
+    for old, new in OLD_PARAMS_KEYS.get(component, {}).items():
+        if old not in out:
+            continue
+        value = out.pop(old)
+        if new in out and out[new] != value:
+            raise ResultsError(f"{where}: both {old!r} ({value!r}) and {new!r} ({out[new]!r}), which name one "
+                               "quantity")
+        out[new] = value
+    for key, value in MISSING_PARAMS_KEYS.get(component, {}).items():
+        out.setdefault(key, value)
+    return out
+
+
+def _current_keys(data: dict, where: str) -> None:
+    """Every case's params under today's keys, so no reader needs to know an older file's (in place: the cases of a
+    file just read; a case's params dict is replaced, never edited, since a component's spec may share it)."""
+    for case in data["cases"]:
+        if isinstance(case.get("params"), dict):
+            case["params"] = current_params(data["component"], case["params"], f"{where}: case {case['name']!r}")
+
+
 def _median_problem(value) -> str | None:
     if value is None:
         return "is null or missing"
@@ -240,7 +285,8 @@ def _median_problem(value) -> str | None:
 def validate_run(data: dict, where: str) -> dict:
     """The schema every reader relies on: version, component, a self-consistent fingerprint, and per case a
     name, params and derived objects, a check outcome, and for a passing case samples, a mode and a positive
-    stored median. ResultsError naming `where`, the case and the field."""
+    stored median. ResultsError naming `where`, the case and the field. The params come back under today's keys
+    (current_params), so an older file reads as a new one."""
     from verifybench.harness.engine.fingerprint import gpu_model
 
     if data.get("schema") != SCHEMA:
@@ -275,6 +321,7 @@ def validate_run(data: dict, where: str) -> dict:
             problem = _median_problem(case["summary"].get("median_us"))
             if problem:
                 raise ResultsError(f"{where}: case {case['name']!r}: the stored median {problem}")
+    _current_keys(data, where)
     return data
 
 

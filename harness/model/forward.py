@@ -207,6 +207,11 @@ class VerifyForward:
         """{n: buffers} at this forward's batch (B * n rows each)."""
         return self._bufs[self.batch]
 
+    @buf.setter
+    def buf(self, bufs: dict) -> None:
+        """Replace the buffers at this forward's batch (multigpu.verify_setup redraws them identically per rank)."""
+        self._bufs[self.batch] = bufs
+
     def at_batch(self, batch: int) -> "VerifyForward":
         """This forward (the same weights and caches) at `batch` requests of their own contexts; its buffers are made
         here, never inside a graph capture."""
