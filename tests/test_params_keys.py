@@ -136,7 +136,7 @@ def test_the_docs_list_every_old_key_beside_its_new_one():
 
 def test_current_params_renames_fills_and_refuses_two_values_of_one_quantity():
     old = {"n": 3, "D": 576, "context": 64}
-    assert results.current_params("mla_decode", old) == {"tokens": 3, "DK": 576, "context": 64}
+    assert results.current_params("mla_decode", old) == {"tokens": 3, "DK": 576, "context": 64, "batch": 1}
     assert old == {"n": 3, "D": 576, "context": 64}  # a copy: a spec's own dict may be the one passed
     assert results.current_params("kv_tree", {"D": 4, "B": 8, "spec_steps": 3}) == {
         "draft_tokens": 4, "batch": 8, "steps": 3}  # per component: D was another quantity there
