@@ -9,7 +9,8 @@ dest=.whl/engines
 mkdir -p "$dest"
 # The device runs Python 3.12 on x86_64 Linux. Besides the engines: what SGLang's kernel modules import (its utilities
 # pull in the serving stack) that the device's image lacks, at the versions that import together here
-# (tests/test_engines.py runs them in CI); the image has torch, torchvision, aiohttp, requests, pillow, tqdm, psutil.
+# (tests/engines/test_engines.py runs them in CI); the image has torch, torchvision, aiohttp, requests, pillow, tqdm,
+# psutil.
 python3 -m pip download -q --no-deps -d "$dest" --python-version 3.12 --platform manylinux2014_x86_64 \
   --only-binary=:all: sglang==0.5.10.post1 flashinfer-python==0.6.7.post3 apache-tvm-ffi pybase64 starlette \
   ipython==8.12.3 asttokens==3.0.1 backcall==0.2.0 decorator==5.2.1 executing==2.2.1 jedi==0.20.0 parso==0.8.7 \

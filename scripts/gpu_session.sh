@@ -4,7 +4,7 @@
 # table of step, exit code and seconds last.
 #   STEPS="install env cycle" OUT=/tmp/out scripts/gpu_session.sh
 # The README's tests on a fresh machine outlast one device command: STEPS="install tests" runs the whole suite, and
-# TEST_FILES="$(LC_ALL=C ls tests/test_*.py | sed -n '25,$p')" the files a stopped run did not reach.
+# TEST_FILES="$(LC_ALL=C ls tests/*/test_*.py | sed -n '25,$p')" the files a stopped run did not reach.
 # The device's copy of .git can lag the checkout: pass VERIFYBENCH_GIT_COMMIT=<this checkout's HEAD> in the command.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -106,7 +106,7 @@ for s in ${STEPS:-install env}; do
       done
       left=$(( ${BUDGET_S:-540} - SECONDS )); [ "$left" -gt "${TESTS_MAX_S:-600}" ] && left=${TESTS_MAX_S:-600}
       [ "$left" -lt 30 ] && left=30
-      step engines-tests "$left" python3 -m pytest -q -x tests/test_engines.py tests/test_mla_verify.py \
+      step engines-tests "$left" python3 -m pytest -q -x tests/engines/test_engines.py tests/kernels/test_mla_verify.py \
         -k "engine or registers or w4a16" ;;
     batch) step batch "${LIMIT:-400}" verifybench cycle --batch "${BATCH:-1,2,4,8}" --contexts "${CONTEXTS:-1024,8192}" \
              ${CYCLE_ARGS:-} --out "$WORK/run" ;;  # concurrency: B requests per cycle

@@ -30,6 +30,8 @@ if CI_ENGINES.is_dir() and str(CI_ENGINES) not in sys.path:
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+# pytest puts this file's folder on sys.path before importing it (no __init__.py, the default "prepend" mode):
+# the test files in the rooms' folders below import the helpers here by name, as this file does
 import early_jobs  # noqa: E402
 from verifybench.harness.engine.pytest_plugin import pytest_terminal_summary  # noqa: E402,F401 (the defaults notice)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-# the end-to-end tiny run of tests/test_cli_run.py (the tiny preset named: on a GPU machine too a quick run)
+# the end-to-end tiny run of tests/suite/test_cli_run.py (the tiny preset named: on a GPU machine too a quick run)
 RUN_ARGS = ["run", "--preset", "tiny", "--tp", "1", "--context", "64"]
 RUN_ENV = {"VERIFYBENCH_MAX_TIME_S": "0.05"}
 RUN_TIMEOUT_S = 900

@@ -257,7 +257,7 @@ def make_case(preset: str, tp: int, impl: str, n: int, routing: str, device: str
 
 
 CPU_TRITON_SKIP = ("the Triton kernel in the interpreter takes several minutes per case at these shapes; "
-                   "tests/test_moe_int4.py checks it against the reference there")
+                   "tests/kernels/test_moe_int4.py checks it against the reference there")
 
 
 def _skipped_triton_case(preset: str, tp: int, n: int) -> CaseSpec:

@@ -3,7 +3,8 @@ JSON, compare and histogram then hold the *device* per-call samples (seconds), n
 
 pytest-benchmark has no public hook for foreign samples. We use the fixture's private `_make_stats(iterations)`,
 whose result's `update(seconds)` adds one sample; seen in 5.2.3 and 5.3.x (pyproject pins the range, and
-tests/test_pytest_plugin.py checks the saved JSON end to end). microbench/conftest.py imports this module's names.
+tests/engine/test_pytest_plugin.py checks the saved JSON end to end). microbench/conftest.py imports this module's
+names.
 """
 from __future__ import annotations
 

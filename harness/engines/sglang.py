@@ -180,7 +180,7 @@ def w4a16_weights(packed: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Ten
     SGLang loads a compressed-tensors checkpoint transposed ([E, K/8, N] int32, [E, K/group, N] scales) and its
     CompressedTensorsWNA16TritonMoE transposes both back and views the words as bytes (little-endian: a word's
     nibbles 0-1 are byte 0). Ours is that checkpoint layout untransposed, so the result is the same bytes: a view,
-    no copy (tests/test_engines.py holds it against SGLang's own conversion where that module imports)."""
+    no copy (tests/engines/test_engines.py holds it against SGLang's own conversion where that module imports)."""
     if packed.dtype != torch.int32 or packed.dim() != 3 or not packed.is_contiguous():
         raise ValueError(f"packed must be contiguous int32 [E, N, K/8], got {packed.dtype} {tuple(packed.shape)}")
     if scales.dim() != 3 or scales.shape[:2] != packed.shape[:2]:

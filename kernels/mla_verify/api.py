@@ -59,7 +59,8 @@ CONFIG_SPACE = {  # tile configs a tuner may choose from (split_kv's split count
 SPLIT_CHOICES = (None, 8, 16, 32, 64, 128)
 # SGLang's extend tiles for Lq = 576 per compute capability, as ENGINE_EXTEND_SOURCE's launcher picks them (its
 # _get_block_sizes_for_extend_attention; one stage): timing "extend" with the GPU's entry mirrors the engine. sm_90's
-# 32 x 64 needs 106,496 bytes here: not on sm_120. tests/test_engines.py holds the table against the installed SGLang.
+# 32 x 64 needs 106,496 bytes here: not on sm_120. tests/engines/test_engines.py holds the table against the
+# installed SGLang.
 ENGINE_EXTEND_SOURCE = "sglang 0.5.10.post1"
 ENGINE_EXTEND_CONFIGS = {cc: dict(zip(TILE_KEYS, t)) for cc, t in (
     (80, (32, 64, 8, 1)), (86, (32, 32, 8, 1)), (89, (32, 32, 8, 1)), (90, (32, 64, 8, 1)), (100, (32, 64, 8, 1)),

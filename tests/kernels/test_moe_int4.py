@@ -21,7 +21,7 @@ from verifybench.kernels.moe_int4 import configs as ms  # noqa: E402
 
 E, H, I, TOPK = 8, 64, 32, 2
 # few, large blocks: the interpreter's cost is per program
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SMALL_CFG = {"gate_up": {"BLOCK_N": 16, "num_warps": 1}, "down": {"BLOCK_N": 32, "ROW_ITERS": 2}}
 
 
@@ -189,7 +189,7 @@ def test_shipped_config_table_names_gpus_and_every_n(mt):
             mk.check_config(cfg, ms.K25_TP8, torch.device("cpu"))
 
 
-# Every selectable config's shared memory per architecture: tests/test_architectures.py, with the other kernels'.
+# Every selectable config's shared memory per architecture: test_architectures.py, with the other kernels'.
 
 
 # ---------------------------------------------------------------------------------------------------- split kernel
@@ -637,5 +637,5 @@ def test_moe_side_by_side_title_names_the_dense_weights_and_device_that_ran():
             "summary": {"median_us": 10.0}, "derived": {"bytes_moved": 1e6, "gbps": 1.0, "eta": 0.1, "floor_us": 1.0}}
            for s in bench.cases("tiny", 1, 64) if s.params["impl"] == "torch-dense"]
     assert bench.tables(cpu)[1][0].endswith("dense = plain torch, float32 weights on CPU)")
-    h200 = Path(__file__).resolve().parent.parent / "results/baselines/nvidia-h200-x1/moe_int4.json"
+    h200 = Path(__file__).resolve().parents[2] / "results/baselines/nvidia-h200-x1/moe_int4.json"
     assert bench.tables(results.load_run(h200)["cases"])[1][0].endswith("bfloat16 weights on GPU)")

@@ -13,7 +13,7 @@ from verifybench.harness.components import cycle as bench_cycle
 from verifybench.harness.engine import env, results
 from verifybench.harness.engine import result_files
 
-ROOT = Path(__file__).resolve().parent.parent / "results/baselines"
+ROOT = Path(__file__).resolve().parents[2] / "results/baselines"
 H200, H200X2 = ROOT / "nvidia-h200-x1", ROOT / "nvidia-h200-x2"
 
 

@@ -12,7 +12,7 @@ import early_jobs
 from verifybench.harness.analysis.fit import linear_fit
 from verifybench.harness.components import verify as bench_verify
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -189,7 +189,7 @@ def test_mla_verify_benchmark_without_a_case_here_skips_saying_why(monkeypatch):
     from verifybench.harness.components import mla_verify as component
 
     monkeypatch.setattr(component, "runs_here", lambda spec: False)  # a CPU without TRITON_INTERPRET=1
-    path = Path(__file__).resolve().parent.parent / "microbench" / "bench_mla_verify.py"
+    path = Path(__file__).resolve().parents[2] / "microbench" / "bench_mla_verify.py"
     spec = importlib.util.spec_from_file_location("bench_mla_verify_here", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

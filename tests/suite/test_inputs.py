@@ -23,7 +23,7 @@ from verifybench.harness.engine import results
 from verifybench.harness.engine.runner import CaseSkipped
 from verifybench.kernels.tree import api as tree
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 H200 = REPO / "results" / "baselines" / "nvidia-h200-x1"
 H100 = REPO / "results" / "baselines" / "nvidia-h100-80gb-hbm3-x1"
 CYCLE = results.read_json(H200 / "cycle.json")
@@ -282,7 +282,7 @@ def test_trace_against_counts_one_allreduce_kernel_per_cycle(tmp_path):
 
 
 def test_a_trace_event_lasting_1e300_us_is_refused_as_damage(tmp_path):
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).parents[1]))
     from trace_builders import MARLIN, engine_trace
 
     from verifybench.harness.analysis import trace

@@ -13,7 +13,7 @@ from verifybench.harness.cli import main as cli_main
 from verifybench.harness.engine import results
 from verifybench.harness.model.presets import default_scope
 
-BASELINES = Path(__file__).resolve().parent.parent / "results" / "baselines"
+BASELINES = Path(__file__).resolve().parents[2] / "results" / "baselines"
 H200 = BASELINES / "nvidia-h200-x1"
 # names that meant a quantity another key now carries, in any component (moe_int4's topk is old only there: the
 # draft tree's width keeps topk in kv_tree and cycle)
@@ -123,7 +123,7 @@ def test_plan_and_advise_read_the_old_baselines(capsys):
 
 
 def test_the_docs_list_every_old_key_beside_its_new_one():
-    text = (Path(__file__).resolve().parent.parent / "docs" / "measuring.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "measuring.md").read_text()
     rows = [line.split(" | ") for line in text.split("### Params keys")[1].split("\n## ")[0].splitlines()
             if line.startswith("| `")]
     for comp, renamed in results.OLD_PARAMS_KEYS.items():

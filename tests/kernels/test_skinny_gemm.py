@@ -504,7 +504,7 @@ def test_skinny_gemm_side_by_side_table_prints_as_one_table_within_120_chars(dev
     from verifybench.harness.components import skinny_gemm as bench
     from verifybench.harness.engine import results, tables
 
-    path = Path(__file__).resolve().parent.parent / "results/baselines/nvidia-h200-x1/skinny_gemm.json"
+    path = Path(__file__).resolve().parents[2] / "results/baselines/nvidia-h200-x1/skinny_gemm.json"
     records = [{**r, "device": device} for r in results.load_run(path)["cases"]]
     title, side = bench.tables(records)[1]
     text = tables.render(side, "github")

@@ -9,7 +9,7 @@ from verifybench.harness.cli import main as cli_main
 from verifybench.harness.components import verify as bench_verify
 from verifybench.harness.engine import results
 
-VERIFY_BASELINE = Path(__file__).resolve().parent.parent / "results/baselines/nvidia-h200-x1/verify.json"
+VERIFY_BASELINE = Path(__file__).resolve().parents[2] / "results/baselines/nvidia-h200-x1/verify.json"
 DEPLOYMENT = ["--decode-ms", "11.1", "--verify-ms", "3:25.6,6:28.7", "--draft-ms", "1", "--reextend-ms", "0.3"]
 
 

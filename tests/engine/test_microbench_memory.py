@@ -18,7 +18,7 @@ from verifybench.harness.components import graph_replay
 from verifybench.harness.engine import capture, memory
 from verifybench.harness.engine.pytest_plugin import HISTOGRAM_MOST, histogram_group
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where the benchmarks' tensors live
 
 

@@ -274,7 +274,7 @@ def test_the_host_timed_note_cites_a_measuring_section_that_exists(tmp_path, cap
     out = capsys.readouterr().out
     cited = "Host-timed figures do not repeat across processes"
     assert f"(docs/measuring.md, '{cited}')" in out and "README, 'Measured" not in out
-    assert cited in (Path(__file__).resolve().parent.parent / "docs" / "measuring.md").read_text()
+    assert cited in (Path(__file__).resolve().parents[2] / "docs" / "measuring.md").read_text()
 
 
 def test_identical_samples_are_same_even_at_min_effect_zero():
@@ -299,7 +299,7 @@ def test_a_missing_file_is_blamed_on_its_own_side_beside_a_folder(missing_side, 
 
     from verifybench.harness.cli import main
 
-    folder = str(Path(__file__).resolve().parent.parent / "results/baselines/nvidia-h200-x1")
+    folder = str(Path(__file__).resolve().parents[2] / "results/baselines/nvidia-h200-x1")
     gone = str(tmp_path / "nothere.json")
     argv = ["compare", gone, folder] if missing_side == "BASE" else ["compare", folder, gone]
     assert main(argv) == 2

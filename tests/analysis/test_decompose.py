@@ -84,7 +84,7 @@ def test_project_command_reads_a_verify_result_and_labels_the_projection(tmp_pat
     import json
     from pathlib import Path
 
-    src = Path(__file__).resolve().parent.parent / "results/baselines/nvidia-h200-x1/verify.json"
+    src = Path(__file__).resolve().parents[2] / "results/baselines/nvidia-h200-x1/verify.json"
     assert cli_main(["project", str(src), "--name", "X", "--copy-gbps", "8000", "--allreduce-us", "5"]) == 0
     out = capsys.readouterr().out
     assert "PROJECTION" in out and "X" in out

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 ROOTS = {"harness": "verifybench.harness", "kernels": "verifybench.kernels"}
 
 
@@ -112,6 +112,34 @@ def _room(module: str) -> tuple[int, str]:
     return -1, rest
 
 
+# The tests mirror the rooms (docs/design.md's code map says where): a room's tests lie in the tests/ folder named
+# for it (harness/engine/ in tests/engine/, every room of kernels/ in tests/kernels/), the rooms named here in the
+# folder they share. The folders are no packages: pytest imports each test file by its bare name, so a name is used
+# once across them.
+TESTS_SHARED = {"harness.collectives": "multigpu", "harness.run": "suite", "harness.record": "suite",
+                "harness.cli": "suite", "harness.__main__": "suite"}
+
+
+def _tests_folder(room: str) -> str:
+    """The folder under tests/ that holds the tests of a room as FLOORS names it."""
+    return "kernels" if room.startswith("kernels.") else TESTS_SHARED.get(room, room.removeprefix("harness."))
+
+
+def test_every_room_has_its_tests_folder_and_every_test_file_lies_in_one():
+    tests = REPO / "tests"
+    folders = {_tests_folder(room) for rooms in FLOORS for room in rooms}
+    empty = sorted(f for f in folders if not any((tests / f).glob("test_*.py")))
+    assert not empty, f"rooms' tests folders holding no test file: {empty}"
+    files = sorted(tests.rglob("test_*.py"))
+    stray = [str(p.relative_to(tests)) for p in files if p.parent.parent != tests or p.parent.name not in folders]
+    assert not stray, f"test files outside the rooms' folders {sorted(folders)}: {stray}"
+    names = [p.name for p in files]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    assert not twice, f"test file names used twice: {twice}"
+    unnamed = sorted(f for f in folders if f"`tests/{f}/`" not in (REPO / "docs" / "design.md").read_text())
+    assert not unnamed, f"docs/design.md's code map does not say where these rooms' tests live: {unnamed}"
+
+
 def _code_map() -> list[tuple[str, tuple[str, ...], str]]:
     """(floor, rooms as FLOORS names them, may-import cell) per row of the "Code map" table in docs/design.md, where
     a room is written as its path (`harness/engine/`, `harness/run.py`)."""
@@ -167,11 +195,11 @@ def test_no_module_is_longer_than_450_lines_unless_the_allow_list_gives_a_reason
 
 
 def test_no_module_imports_a_pytest_module():
-    pytest_modules = {p.stem for d in ("microbench", "tests") for p in (REPO / d).glob("*.py")
+    pytest_modules = {p.stem for d in ("microbench", "tests") for p in (REPO / d).rglob("*.py")
                       if p.stem.startswith(("bench_", "test_", "conftest"))}
     offenders = []
     for path in [*(REPO / "harness").rglob("*.py"), *(REPO / "kernels").rglob("*.py"),
-                 *(REPO / "microbench").glob("*.py"), *(REPO / "tests").glob("*.py")]:
+                 *(REPO / "microbench").glob("*.py"), *(REPO / "tests").rglob("*.py")]:
         for name in _imports(path, "x.y"):
             if name.split(".")[0] == "microbench" or name.rpartition(".")[2] in pytest_modules - {"conftest"} \
                     or name.split(".")[0] in pytest_modules:

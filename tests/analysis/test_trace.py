@@ -299,14 +299,14 @@ def test_fixture_traces_give_their_expected_decomposition():
 def test_docs_list_every_default_rule():
     from verifybench.harness.analysis.trace_rules import DEFAULT_RULES
 
-    docs = (Path(__file__).parent.parent / "docs" / "trace.md").read_text()
+    docs = (Path(__file__).parents[2] / "docs" / "trace.md").read_text()
     for pattern, component in DEFAULT_RULES:
         assert f"`{pattern.replace('|', chr(92) + '|')}` | {component} |" in docs, pattern
 
 
 # Traces the suite recorded of itself on an H200 (`verifybench record`: K2.5 TP8 shapes, 3 layers, 3 replays), with
 # the engine's direct measurement of the same graph or cycle in the same process beside each.
-SUITE = Path(__file__).parent / "data" / "traces"
+SUITE = Path(__file__).parents[1] / "data" / "traces"
 
 
 def _suite(name: str):

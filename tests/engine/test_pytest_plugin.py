@@ -15,7 +15,7 @@ import pytest
 import early_jobs
 from verifybench.harness.cli import main as cli_main
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 ALT_RELEASES = sorted((REPO / ".ci").glob("pytest-benchmark-*"))
 
 

@@ -11,7 +11,7 @@ import early_jobs
 from verifybench.harness.engine import interpreter, tables
 from verifybench.harness.engine.results import WITHHELD
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _wide_rows():

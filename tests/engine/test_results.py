@@ -315,7 +315,7 @@ def test_plan_project_and_trace_against_refuse_cpu_results_through_the_one_stanc
     from verifybench.harness.cli import main
     from verifybench.harness.engine import stance
 
-    baseline = Path(__file__).resolve().parent.parent / "results/baselines/nvidia-h200-x1/verify.json"
+    baseline = Path(__file__).resolve().parents[2] / "results/baselines/nvidia-h200-x1/verify.json"
     run = json.loads(baseline.read_text())
     for c in run["cases"]:
         c["device"] = "cpu"

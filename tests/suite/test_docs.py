@@ -15,7 +15,7 @@ import pytest
 
 import early_jobs
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "results" / "baselines" / "INDEX.md"]
 
 # A shown command starts with one of these (after `VAR=value` prefixes and a leading `.ci/install &&`).

@@ -12,7 +12,7 @@ from verifybench.harness.analysis.project import TARGETS, project_range
 from verifybench.harness.cli import main
 from verifybench.harness.engine import results
 
-BASELINE = Path(__file__).resolve().parent.parent / "results/baselines/nvidia-h200-x1/verify.json"
+BASELINE = Path(__file__).resolve().parents[2] / "results/baselines/nvidia-h200-x1/verify.json"
 HERE = Gpu("H200", 4000.0, 7.7)
 # moe streams near the copy ceiling; attn reads "more" than it could at copy speed (eta > 1: bytes overstated, or
 # a read-only kernel beating a read + write copy); misc reads nothing
