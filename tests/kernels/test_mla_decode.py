@@ -6,22 +6,14 @@ interpreter), every error path; on a GPU the Kimi-K2.5 shapes in bf16 and a CUDA
 from the tuned table (hit, length buckets, fallbacks, malformed tables) and the tune smoke path. The component's
 SGLang row against the released SGLang in .ci/engines where it can be imported.
 """
-import importlib.util
 import json
 import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels module is first imported (conftest too)
-CI_ENGINES = Path(__file__).resolve().parent.parent / ".ci" / "engines"  # the released SGLang, as test_engines.py
-if CI_ENGINES.is_dir() and str(CI_ENGINES) not in sys.path:
-    sys.path.append(str(CI_ENGINES))
-    if importlib.util.find_spec("torchvision") is None:
-        sys.path.append(str(Path(__file__).parent / "engine_stubs"))  # see engine_stubs/torchvision/__init__.py
 
 from verifybench.harness.engine.results import WITHHELD  # noqa: E402
 from verifybench.harness.engine.runner import CPU_COPIES, rel_error  # noqa: E402

@@ -309,7 +309,7 @@ def test_default_and_space_configs_are_valid_configs():
     assert mv.DEFAULT_CONFIGS["extend"] == mv.ENGINE_EXTEND_CONFIGS[120]
 
 
-# The default configs' shared memory at sm_80 ... sm_120: tests/test_architectures.py (one compile job for all kernels).
+# The default configs' shared memory at sm_80 ... sm_120: test_architectures.py (one compile job for all kernels).
 
 # extend's engine tiles, one compile per distinct (tiles, ptxas): 32 x 32 as on sm_120 (and sm_86/89), 32 x 64 as on
 # sm_90 and, through the Blackwell ptxas, sm_100. Compiled without a GPU; the stack is what ptxas spilled to.
