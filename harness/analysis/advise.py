@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from verifybench.harness.analysis import batches, inputs, plan
+from verifybench.harness.analysis import batches, inputs, plan, stand_ins
 from verifybench.harness.analysis.levers import attention_per_forward_ms, engine_attention_levers
 from verifybench.harness.analysis.levers import lever as _lever
 from verifybench.harness.analysis.levers import ok_cases as _ok
@@ -28,7 +28,8 @@ from verifybench.harness.analysis.numbers import TOKEN_COUNT_MAX, context_arg
 from verifybench.harness.engine import env, results, stance
 from verifybench.harness.engine import result_files
 
-KINDS = ("verify", "cycle", "mla_verify", "allreduce_sweep", "verify_dist", "defaults_vs_tuned", "graph_replay")
+KINDS = ("verify", "cycle", "mla_verify", "allreduce_sweep", "verify_dist", "defaults_vs_tuned", "graph_replay",
+         "mla_decode", "moe_int4")  # the last two for their engine rows beside ours (analysis/stand_ins.py)
 ENGINE_CONFIG = (2, 1, 3)  # the deployment's shape: 2 draft steps, topk 1, 3 draft tokens
 ANSWER_LINES = 15
 # the command that measures each lever: named for a lever the results cannot cost, and on CPU for every lever
@@ -351,8 +352,8 @@ def lines_for(runs: dict, found: dict, taus=None, context: int | None = None, en
     ans = answer(runs, found, context)
     out += [f"{re.split(r'[0-9(:=]', a)[0].strip()}: {results.WITHHELD}" if cpu else a for a in ans]
     if cpu:
-        return out + would_rank(runs) + per_batch + (["", "## Lost settings"] + env.nccl_warnings(nccl_from)
-                                                     if nccl_from is not None else [])
+        return out + would_rank(runs) + per_batch + stand_ins.lines(runs) + (
+            ["", "## Lost settings"] + env.nccl_warnings(nccl_from) if nccl_from is not None else [])
     out += ["", "## Levers, ranked by ms saved per cycle (each alone, against the engine's cycle)"]
     for i, lv in enumerate(levers(runs, found, taus, context, engine), 1):
         if "missing" in lv:
@@ -367,7 +368,7 @@ def lines_for(runs: dict, found: dict, taus=None, context: int | None = None, en
                    + f" [{lv['status']}: {', '.join(lv['files'])}]")
         out.append(f"   {lv['note']}")
         out.append(f"   {lv['how']}")
-    out += per_batch
+    out += per_batch + stand_ins.lines(runs)
     if nccl_from is not None:
         out += ["", "## Lost settings"] + env.nccl_warnings(nccl_from)
     return out
