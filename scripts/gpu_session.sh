@@ -6,6 +6,8 @@
 # The README's tests on a fresh machine outlast one device command: STEPS="install tests" runs the whole suite, and
 # TEST_FILES="$(LC_ALL=C ls tests/*/test_*.py | sed -n '25,$p')" the files a stopped run did not reach.
 # The device's copy of .git can lag the checkout: pass VERIFYBENCH_GIT_COMMIT=<this checkout's HEAD> in the command.
+# The engines' rows and the batches in one call (carry .whl and .cache-carry; about 8 minutes on an H100):
+#   STEPS='install engines batch advise' ENGINE_RUNS='mla_verify mla_decode moe_int4' TESTS_MAX_S=60 BUDGET_S=0
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/verifybench-gpu}
