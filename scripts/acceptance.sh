@@ -79,6 +79,9 @@ cpu_part() {
   check 0 "verify" 300 "verifybench verify"
   check 0 "cycle" 600 "verifybench cycle --configs \"2,1,3;5,4,8\" --attention extend,split_kv"
   check 0 "cycle" 600 "verifybench cycle --configs \"2,1,3\" --contexts 1024,4096"
+  # B requests at once: one shape at two batches keeps it short; advise gives its per-batch section
+  check 0 "cycle" 600 "verifybench cycle --configs \"2,1,3\" --batch 1,2 --out batched"
+  check 0 "^## Per batch" 120 "verifybench advise batched --accept-len 3:2.4,6:3.1"
   local cpu_label="CPU numbers"; [ "$gpu" = 1 ] && cpu_label="[0-9]"
   check 0 "$cpu_label" 120 "verifybench advise"
   check 0 "$cpu_label" 120 "verifybench advise $run --accept-len 3:2.4,6:3.1"

@@ -30,6 +30,7 @@ from verifybench.harness.engine import result_files
 
 KINDS = ("verify", "cycle", "mla_verify", "allreduce_sweep", "verify_dist", "defaults_vs_tuned", "graph_replay",
          "mla_decode", "moe_int4")  # the last two for their engine rows beside ours (analysis/stand_ins.py)
+SIZE_KINDS = ("allreduce",)  # read for its times over message sizes only (the per-batch section)
 ENGINE_CONFIG = (2, 1, 3)  # the deployment's shape: 2 draft steps, topk 1, 3 draft tokens
 ANSWER_LINES = 15
 # the command that measures each lever: named for a lever the results cannot cost, and on CPU for every lever
@@ -52,7 +53,9 @@ def resolve(paths: list[Path]) -> dict[str, Path]:
             for kind in sorted({k for f in p.glob("*.json*") if f.is_file() and (k := result_files.kind_of(f))}):
                 found[kind] = result_files.latest_of_kind(p, kind)
         elif p.exists():
-            found[inputs.file_kind(p, KINDS)] = p
+            # an allreduce result is read only by the per-batch section (batches.py), never loaded with the rest:
+            # a multi-GPU job's gloo rows are host times that would mark every figure as CPU numbers
+            found[inputs.file_kind(p, KINDS + SIZE_KINDS)] = p
         else:
             raise ValueError(f"{p}: no such file or folder (give a results folder or result files)")
     return found
@@ -160,7 +163,8 @@ def levers(runs: dict, found: dict, taus, context: int | None, engine: str) -> l
         sweep = runs["allreduce_sweep"]
         label, win_env = env.sweep_winner(sweep)
         times = env.sweep_times(sweep)
-        size = min(times["default"], key=lambda s: abs(s - 7168 * 2 * config[2]))
+        want_bytes = base_case["derived"].get("allreduce_bytes") or 7168 * 2 * config[2]
+        size = min(times["default"], key=lambda s: abs(s - want_bytes))
         per_call_us = times["default"][size] - times[label][size]
         calls = 2 * base_case["derived"].get("layers_total", 61)
         calls_from = "2 per layer"
@@ -344,7 +348,8 @@ def lines_for(runs: dict, found: dict, taus=None, context: int | None = None, en
     if "cycle" in runs and len(batches.batches(runs["cycle"])) > 1 or any(
             batches.batch_of(c) > 1 for c in runs.get("cycle", {}).get("cases", [])):
         # the answer and the levers are one request's; B requests at once get their own section
-        per_batch = batches.lines(runs["cycle"], taus, found.get("allreduce_sweep"))
+        # each B costed at its own allreduce size: the sweep (NCCL's settings) first, else a multi-GPU result
+        per_batch = batches.lines(runs["cycle"], taus, found.get("allreduce_sweep") or found.get("allreduce"))
         runs = {**runs, "cycle": batches.smallest_batch(runs["cycle"])}
     if "verify" in runs:  # its fit is one request's
         runs = {**runs, "verify": batches.smallest_batch(runs["verify"])}
@@ -405,7 +410,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", choices=("sglang", "vllm"), default="sglang", help="whose settings to print")
     p.add_argument("--nccl-from", type=Path, default=None, metavar="SWEEP",
                    help="a saved NCCL sweep: its winner costs the allreduce lever, and each NCCL_* variable here "
-                   "that differs from it is warned about")
+                   "that differs from it is warned about; a batched cycle's rows are costed at each B x D's size")
+    p.add_argument("--allreduce-from", type=Path, default=None, metavar="RESULT",
+                   help="an allreduce result of several GPUs (torchrun -m verifybench.harness.multigpu.allreduce): "
+                   "a batched cycle's rows costed at each B x D's message size from its nccl times (where no sweep "
+                   "is given), a faster backend as the lever")
 
 
 def run(args) -> int:
@@ -413,6 +422,12 @@ def run(args) -> int:
     if args.nccl_from is not None:
         env.load_sweep(args.nccl_from)  # a file that is not a sweep is refused by name, before anything else
         found["allreduce_sweep"] = args.nccl_from
+    if args.allreduce_from is not None:
+        kind = results.load_run(args.allreduce_from)["component"]
+        if kind != "allreduce":
+            raise ValueError(f"--allreduce-from {args.allreduce_from}: a {kind} result, not an allreduce result "
+                             "(an NCCL sweep goes to --nccl-from)")
+        found["allreduce"] = args.allreduce_from
     runs = load(found)
     taus = None
     if args.accept_len is not None:  # '' is refused by the parser, not read as "not given"

@@ -184,3 +184,37 @@ def stand_in_from_result(spec: str, size_bytes: int | None = None) -> tuple[floa
 
 def _median(values: list[float]) -> float:
     return float(np.median(values))
+
+
+# ---- a measured time at any message size, for costing B requests at once ----
+
+def size_series(run: dict) -> tuple[dict[tuple[str, str | None], dict[int, float]], str]:
+    """{(backend, NCCL setting or None): {size bytes: time us}} of an allreduce result or sweep summary's passing
+    cases, in the first of STAND_IN_MODES it measured, and that mode. Only the GPU backends' cases where it has any
+    (a multi-GPU job's gloo rows are host times beside them); gloo's where it has nothing else."""
+    cases = [c for c in run["cases"] if c["check"]["ok"]]
+    gpu = [c for c in cases if c["params"]["backend"] in GPU_BACKENDS and c.get("device") != "cpu"]
+    cases = gpu or cases
+    mode = next((m for m in STAND_IN_MODES if any(c["params"]["mode"] == m for c in cases)), None)
+    series: dict[tuple[str, str | None], dict[int, float]] = {}
+    for c in cases:
+        if c["params"]["mode"] == mode:
+            p = c["params"]
+            series.setdefault((p["backend"], p.get("nccl_setting")), {})[p["size_bytes"]] = c["derived"]["time_us"]
+    return series, mode
+
+
+def time_at_size(times: dict[int, float], size_bytes: int) -> tuple[float, str] | None:
+    """(us per call, how) at `size_bytes` from measured {size: us}: the measured time where that size ran, else
+    linear in log(size) between the two measured sizes around it (an allreduce's time grows with the log of its
+    size far more evenly than with the size over the latency-bound range the verify sits in); None outside the
+    measured sizes, where a guess would rest on no measurement."""
+    sizes = sorted(times)
+    if not sizes or not sizes[0] <= size_bytes <= sizes[-1]:
+        return None
+    if size_bytes in times:
+        return times[size_bytes], f"measured at {size_bytes} B"
+    lo = max(s for s in sizes if s < size_bytes)
+    hi = min(s for s in sizes if s > size_bytes)
+    us = float(np.interp(math.log(size_bytes), [math.log(lo), math.log(hi)], [times[lo], times[hi]]))
+    return us, f"interpolated on a log size scale between {lo} and {hi} B"

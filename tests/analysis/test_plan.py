@@ -1,5 +1,6 @@
 """`verifybench plan` (analysis/plan.py) and the verify report's break-even with a cycle result's measured costs."""
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -347,3 +348,157 @@ def test_plan_on_a_batched_cycle_ranks_the_smallest_batch_then_each_b(tmp_path, 
     assert "at batch 4" in capsys.readouterr().out
     assert cli_main(["plan", str(folder), "--context", "1024", "--batch", "3", "--accept-len", "3:2.4"]) == 2
     assert "--batch 3: the cycle result holds batches [1, 2, 4, 8]" in capsys.readouterr().err
+
+
+# ---- each B costed at its own allreduce message size (B * D rows x hidden x 2 bytes) ----
+
+AR_TOKENS = (1, 2, 4, 8, 16, 32)  # measured sizes: 14 KiB .. 448 KiB; B 8 x D 6 = 48 rows lies beyond them
+STAND_IN_US = 12.0
+
+
+def _ar_us(size_bytes, factor=1.0):
+    """A size-bound allreduce: its time grows with the message, so one size's time cannot stand for another's."""
+    return factor * (10.0 + size_bytes / 1000.0)
+
+
+def _ar_case(backend, size, us, setting=None, device="cuda", world_size=2):
+    params = {"size_bytes": size, "count": size // 2, "dtype": "bf16", "backend": backend, "mode": "graph",
+              "world_size": world_size, "origin": f"{size // (7168 * 2)} tok", "preset": "kimi-k2.5", "tp": 8,
+              "hidden": 7168}
+    if setting is not None:
+        params.update(nccl_setting=setting, nccl_env={} if setting == "default" else {"NCCL_PROTO": "LL"})
+    return {"name": f"{setting or ''}/allreduce/{backend}/{size}B/graph", "params": params,
+            "check": {"ok": True, "detail": "#wrong 0"}, "mode": "graph", "device": device,
+            "samples_us": [us] * 3, "summary": {"n": 3, "median_us": us}, "derived": {"time_us": us, "wrong": 0}}
+
+
+def _sweep_file(folder, cpu=False):
+    sizes = [t * 7168 * 2 for t in AR_TOKENS]
+    cases = [_ar_case("gloo" if cpu else "nccl", s, _ar_us(s, f), setting, "cpu" if cpu else "cuda")
+             for s in sizes for setting, f in (("default", 1.0), ("NCCL_PROTO=LL", 0.8))]
+    run = results.make_run("allreduce_sweep", [], {"gpu_model": "cpu" if cpu else "NVIDIA H200",
+                                                   "cuda_available": not cpu, "slug": "x"})
+    run.update(cases=cases, extra={"nproc_per_node": 2})
+    return results.save_run(run, folder, name="allreduce_sweep-20261201T000000Z.json")
+
+
+def _with_stand_in(folder):
+    path = next(folder.glob("cycle-*.json"))
+    run = results.load_run(path)
+    for c in run["cases"]:
+        c["derived"].update(allreduce_stand_in_us=STAND_IN_US, layers_total=61, layers_run=61)
+    results.write_json_atomic(path, run)  # in place: a second cycle file would be the folder's latest
+    return run
+
+
+def _log_interp(size):
+    sizes = [t * 7168 * 2 for t in AR_TOKENS]
+    if size in sizes:
+        return _ar_us(size)
+    lo, hi = max(s for s in sizes if s < size), min(s for s in sizes if s > size)
+    return _ar_us(lo) + (_ar_us(hi) - _ar_us(lo)) * math.log(size / lo) / math.log(hi / lo)
+
+
+def test_advise_costs_each_b_at_its_own_allreduce_size_not_at_one_requests(tmp_path, capsys):
+    from verifybench.harness.analysis import batches
+
+    folder = _batch_folder(tmp_path)
+    one_gpu = _with_stand_in(folder)
+    sweep = _sweep_file(folder)
+    table = batches.rows(one_gpu, lambda c: {3: 2.4, 6: 3.1}[c[2]], batches.allreduce_costing(sweep))
+    plain = {(r["context"], r["attention"], r["config"], r["B"]): r for r in batches.rows(one_gpu)}
+    for r in table:
+        if not r["costed"]:
+            continue
+        was = plain[(r["context"], r["attention"], r["config"], r["B"])]
+        verify_us, decode_us = _log_interp(r["allreduce_bytes"]), _log_interp(r["B"] * 7168 * 2)
+        assert r["cycle_ms"] == pytest.approx(was["cycle_ms"] + 122 * (verify_us - STAND_IN_US) / 1e3)
+        assert r["decode_ms"] == pytest.approx(was["decode_ms"] + 122 * (decode_us - STAND_IN_US) / 1e3)
+    at = {(r["B"], r["config"][2]): r for r in table}
+    assert at[(8, 3)]["allreduce_at"][0] > 5 * at[(1, 3)]["allreduce_at"][0]  # B = 1's size would cost B 8 low
+    assert at[(1, 3)]["allreduce_at"][1] == "interpolated on a log size scale between 28672 and 57344 B"
+    assert at[(4, 3)]["allreduce_at"][1] == "interpolated on a log size scale between 114688 and 229376 B"
+    assert at[(2, 6)]["allreduce_at"][1] == "interpolated on a log size scale between 114688 and 229376 B"
+
+    assert cli_main(["advise", str(folder), "--accept-len", "3:2.4,6:3.1"]) == 0
+    out = capsys.readouterr().out
+    us = _log_interp(24 * 7168 * 2)
+    assert (f"- B 8 x D 3 = 24 rows: 336 KiB per allreduce: {us:.4g} us per call (interpolated on a log size scale "
+            f"between 229376 and 458752 B), {122 * us / 1e3:.4g} ms per forward (122 calls)") in out
+    saved = 122 * (us - 0.8 * us) / 1e3
+    assert f"lever: the sweep's winner NCCL_PROTO=LL {0.8 * us:.4g} us per call, saves {saved:.4g} ms per cycle" \
+        in out
+    us1 = _log_interp(3 * 7168 * 2)
+    assert f"- B 1 x D 3 = 3 rows: 42 KiB per allreduce: {us1:.4g} us per call" in out and us1 != pytest.approx(us)
+    assert "nccl, NCCL's default setting, graph mode, measured 14 KiB-448 KiB on NVIDIA H200 x2" in out
+
+
+def test_advise_says_a_b_outside_the_measured_allreduce_sizes_is_not_costed(tmp_path, capsys):
+    from verifybench.harness.analysis import batches
+
+    folder = _batch_folder(tmp_path)
+    one_gpu = _with_stand_in(folder)
+    sweep = _sweep_file(folder)
+    (far,) = [r for r in batches.rows(one_gpu, None, batches.allreduce_costing(sweep))
+              if r["config"][2] == 6 and r["B"] == 8 and r["context"] == 1024 and r["attention"] == "extend"]
+    assert far["allreduce_at"] is None and not far["costed"]
+    assert far["cycle_ms"] == pytest.approx(_one_gpu_cycle_ms(one_gpu, 8, 6, 1024, "extend"))
+    assert cli_main(["advise", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert ("- B 8 x D 6 = 48 rows: 672 KiB per allreduce: outside the measured sizes 14 KiB-448 KiB: not costed "
+            "(no extrapolation; this B x D keeps the one-GPU stand-in of 12.0 us per call)") in out
+    assert "(5,1,6) extend cycle" in out and "[stand-in]" in out
+
+
+def _one_gpu_cycle_ms(run, b, d, context, attention):
+    (case,) = [c for c in run["cases"] if c["params"]["batch"] == b and c["params"]["draft_tokens"] == d
+               and c["params"]["context"] == context and c["params"]["attention"] == attention]
+    return case["summary"]["median_us"] / 1e3
+
+
+def test_advise_on_cpu_results_withholds_the_per_b_allreduce_times_but_names_each_bs_size(tmp_path, capsys):
+    folder = _batch_folder(tmp_path)
+    run = _with_stand_in(folder)
+    for c in run["cases"]:
+        c["device"] = "cpu"
+    run["fingerprint"].update(gpu_model="cpu", cuda_available=False)
+    results.write_json_atomic(next(folder.glob("cycle-*.json")), run)
+    sweep = _sweep_file(folder, cpu=True)
+    assert cli_main(["advise", str(folder), "--accept-len", "3:2.4,6:3.1"]) == 0
+    out = capsys.readouterr().out
+    assert "## Per batch, on a GPU (not ranked here" in out and "us per call" not in out
+    assert (f"- B 4 x D 3 = 12 rows: 168 KiB per allreduce, would be costed interpolated on a log size scale between "
+            f"114688 and 229376 B of {sweep}") in out
+    assert f"- B 8 x D 6 = 48 rows: 672 KiB per allreduce, outside {sweep}'s measured sizes" in out
+
+
+def test_advise_allreduce_from_costs_each_b_from_nccl_with_a_faster_backend_as_the_lever(tmp_path, capsys):
+    folder = _batch_folder(tmp_path)
+    _with_stand_in(folder)
+    sizes = [t * 7168 * 2 for t in AR_TOKENS]
+    run = results.make_run("allreduce", [], {"gpu_model": "NVIDIA H200", "cuda_available": True, "slug": "x"})
+    run["cases"] = ([_ar_case("nccl", s, _ar_us(s)) for s in sizes]
+                    + [_ar_case("symm-one-shot", s, _ar_us(s, 0.5)) for s in sizes]
+                    + [_ar_case("gloo", s, 1.0, device="cpu") for s in sizes])  # host times: never the cost
+    path = results.save_run(run, tmp_path / "elsewhere", name="allreduce-20261201T000000Z.json")
+    assert cli_main(["advise", str(folder), "--allreduce-from", str(path)]) == 0
+    out = capsys.readouterr().out
+    us = _log_interp(12 * 7168 * 2)
+    assert f"- B 4 x D 3 = 12 rows: 168 KiB per allreduce: {us:.4g} us per call" in out
+    assert f"lever: symm-one-shot {0.5 * us:.4g} us per call, saves {122 * 0.5 * us / 1e3:.4g} ms per cycle" in out
+    assert "(nccl, graph mode, measured 14 KiB-448 KiB on NVIDIA H200 x2" in out
+    assert cli_main(["advise", str(folder), "--allreduce-from", str(sweep_path := _sweep_file(tmp_path))]) == 2
+    assert f"--allreduce-from {sweep_path}: a allreduce_sweep result" in capsys.readouterr().err
+
+
+def test_a_row_left_at_the_stand_in_is_not_ranked_against_rows_paying_the_measured_allreduce(tmp_path):
+    from verifybench.harness.analysis import batches
+
+    folder = _batch_folder(tmp_path)
+    one_gpu = _with_stand_in(folder)
+    table = batches.rows(one_gpu, lambda c: {3: 2.4, 6: 3.1}[c[2]], batches.allreduce_costing(_sweep_file(folder)))
+    best = {(r["context"], r["B"]): r for r in batches.best_per_batch(table)}
+    assert best[(1024, 8)]["config"] == (2, 1, 3) and best[(1024, 8)]["costed"]  # (5,1,6) at B 8: 48 rows, unmeasured
+    (e,) = [e for e in batches.largest_paying(table) if e["context"] == 1024 and e["config"] == (5, 1, 6)
+            and e["attention"] == "extend"]
+    assert e["uncosted_B"] == [8] and 8 not in e["measured_B"]
