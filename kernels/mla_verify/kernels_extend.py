@@ -115,12 +115,11 @@ _IDENTITY: dict = {}
 
 
 def identity_rows(n: int, device) -> torch.Tensor:
-    """int64 [n] = 0..n-1 on `device`, one tensor per device grown as needed: the page table of a cache whose rows
-    are laid out in order. Built on the first call at a size (every caller here runs a kernel eagerly before
-    capturing it in a graph), then only sliced."""
-    key = str(torch.device(device))
-    have = _IDENTITY.get(key)
-    if have is None or have.numel() < n:
-        have = _IDENTITY[key] = torch.arange(max(n, 2 * (0 if have is None else have.numel())), dtype=torch.int64,
-                                             device=device)
-    return have[:n]
+    """int64 [n] = 0..n-1 on `device`: the page table of a cache whose rows are laid out in order. One tensor per
+    (device, n), built on the first call at that size and kept for the process: a CUDA graph captured with it reads
+    it at every replay, so it is never freed or replaced (built inside a capture, it lives in the graph's pool and
+    this dict keeps it there)."""
+    key = (str(torch.device(device)), int(n))
+    if key not in _IDENTITY:
+        _IDENTITY[key] = torch.arange(n, dtype=torch.int64, device=device)
+    return _IDENTITY[key]

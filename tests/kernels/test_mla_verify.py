@@ -361,3 +361,13 @@ def test_cuda_graph_replays_with_new_lengths_starts_and_masks(variant):
     torch.cuda.synchronize()
     want = mla_verify_reference(q.float(), cache.float(), starts, lens, mask, 512, KIMI_SCALE)
     assert rel_error(out.float(), want) <= 1e-2
+
+
+def test_the_page_table_of_a_size_is_built_once_and_never_replaced():
+    """A graph captured with extend reads its page table at every replay: another cache size must not free it."""
+    from verifybench.kernels.mla_verify.kernels_extend import identity_rows
+
+    first = identity_rows(37, "cpu")
+    assert torch.equal(first, torch.arange(37)) and first.dtype == torch.int64
+    identity_rows(4096, "cpu")
+    assert identity_rows(37, "cpu") is first and torch.equal(first, torch.arange(37))
