@@ -1,3 +1,4 @@
+# Over 400 lines: the ranking, its per-context and per-batch tables and the command share one cost model.
 """Ranks speculative configurations (steps, topk, D draft tokens including the root) by tokens per second from
 measured costs and an acceptance profile, with the break-even accept length of each.
 

@@ -1,3 +1,4 @@
+# Over 400 lines: ours and the engines' rows share one case builder, check and table, per batch.
 """MLA verify attention with the tree mask at one rank's shape: the engine-style serial "extend" kernel (what SGLang's
 Triton backend runs for verify) beside our "split_kv", per context and draft-token count, and per forward.
 

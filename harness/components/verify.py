@@ -1,3 +1,4 @@
+# Over 400 lines: the forward's cases, its decomposition tables, fit and chart read one result shape.
 """Synthetic verify forward of one TP rank at n = 1..8 tokens (CPU: 1..3; --tokens sets them), whole and per
 component (isolated: only that component; marginal: the forward without it), each captured as one CUDA graph per n.
 

@@ -1,3 +1,4 @@
+# Over 400 lines: the one schema: its writer, its validator and the reader of older files' keys.
 """Results store: one versioned JSON schema for every component, atomic writes, validated loads.
 
 A file holds a run of one component: its fingerprint and a list of case records (parameters, mode, samples and
