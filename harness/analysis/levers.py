@@ -14,8 +14,10 @@ def ok_cases(run: dict) -> list[dict]:
 def attention_per_forward_ms(runs: dict, variant: str, d: int, context: int, batch: int = 1) -> tuple[float, str]:
     """mla_verify's per-forward attention (ms) of a chain of D tokens at `context` for `batch` requests (the cycle's:
     one for the one-request levers; a file of several batches is never mixed): measured there, else linear between
-    the two measured contexts around it (said); outside them refused."""
-    cases = [c for c in ok_cases(runs["mla_verify"]) if c["params"].get("batch", 1) == batch]  # none before --batch
+    the two measured contexts around it (said); outside them refused. Cases of spread contexts (--context-spread) are
+    left out: the cycle's requests share one context."""
+    cases = [c for c in ok_cases(runs["mla_verify"]) if c["params"].get("batch", 1) == batch  # none before --batch
+             and not c["params"].get("context_spread", 0)]
     pts = sorted((c["params"]["context"], c["derived"]["per_forward_us"] / 1e3) for c in cases
                  if c["params"]["variant"] == variant and c["params"]["tokens"] == d and c["params"]["tree"] == "chain")
     xs = [p[0] for p in pts]

@@ -1,6 +1,7 @@
 """Command-line parsing every command and torchrun job shares: argument types for numbers (written plainly, finite,
 in range, named in the error: Python's int() reads "1_0" as 10), one parser per kind of list (tokens, batches,
-requests per forward, contexts), their limits, and the parser that refuses in one line, exit 2."""
+requests per forward, contexts, the spread of B requests' contexts), their limits, and the parser that refuses in
+one line, exit 2."""
 from __future__ import annotations
 
 import argparse
@@ -16,6 +17,7 @@ TOKEN_COUNT_MAX = 64  # the largest token count any --tokens takes (tokens per v
 FORWARD_ROWS_MAX = TOKEN_COUNT_MAX  # B requests x D tokens in one verify forward (what SGLang captures per batch size)
 BATCH_MAX = 4096  # requests per batch: past any serving batch, and a range up to it stays small
 MAX_CONTEXT = 1 << 20  # tokens in the KV cache; K2.5's window is 262144
+CONTEXT_SPREAD_MAX = 1.0  # --context-spread S stays below it: the shortest request's context c x (1 - S) stays > 0
 MAX_STEP_MS = 60_000.0  # a time per step given by hand: past a minute it is a unit slip (and sums of it stay finite)
 MAX_GBPS = 100_000.0  # a copy bandwidth given by hand: 100 TB/s, far past any GPU's memory
 
@@ -173,6 +175,60 @@ batches_arg = _arg(batch_counts, "batch sizes")
 contexts_arg = _arg(context_list, "contexts")
 request_batches_arg = _arg(request_batches, "batch sizes")
 context_arg = int_in(1, MAX_CONTEXT)
+
+CONTEXT_SPREAD_HELP = ("with B > 1 requests, spread their contexts around --context: request b of B gets "
+                       "c x (1 - S + 2S x b / (B - 1)), evenly spaced over [c(1-S), c(1+S)] (no RNG: reruns compare), "
+                       "rounded to the nearest token, at least 1; 0 <= S < 1 (default 0: every request at --context). "
+                       "Needs a --batch size above 1; a B = 1 case runs --context")
+
+
+def check_context_spread(spread: float) -> float:
+    """S itself: a finite number with 0 <= S < CONTEXT_SPREAD_MAX (ValueError naming --context-spread otherwise)."""
+    if isinstance(spread, bool) or not isinstance(spread, (int, float)) or not math.isfinite(spread) \
+            or not 0 <= spread < CONTEXT_SPREAD_MAX:
+        raise ValueError(f"--context-spread {_SPREAD_RANGE}, got {spread!r}")
+    return float(spread)
+
+
+_SPREAD_RANGE = f"takes 0 <= S < {CONTEXT_SPREAD_MAX:g} (request contexts over [c(1-S), c(1+S)])"
+
+
+def context_spread_arg(text: str) -> float:
+    """An argparse type for --context-spread S (argparse names the option in its message)."""
+    try:
+        value = read_float(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if not (math.isfinite(value) and 0 <= value < CONTEXT_SPREAD_MAX):
+        raise argparse.ArgumentTypeError(f"{_SPREAD_RANGE}, got {text!r}")
+    return value
+
+
+context_spread_arg.__name__ = "number"
+
+
+def check_spread_batches(spread: float, batches) -> float:
+    """S checked against the batch sizes: S > 0 with no size above 1 would change nothing and is refused (a B = 1 case
+    of a run that has larger ones keeps its one context)."""
+    spread = check_context_spread(spread or 0.0)
+    if spread > 0 and max(batches) == 1:
+        raise ValueError(f"--context-spread {spread:g} spreads the contexts of B > 1 requests; with --batch 1 it "
+                         "changes nothing: give a --batch size above 1")
+    return spread
+
+
+def spread_contexts(context: int, batch: int, spread: float) -> tuple[int, ...]:
+    """The contexts of `batch` requests around `context` (CONTEXT_SPREAD_HELP's rule): request b of B at
+    c x (1 - S + 2S x b / (B - 1)), rounded half up, at least 1 token; B = 1 or S = 0: `context` each. ValueError
+    when S is out of range or the longest passes MAX_CONTEXT."""
+    spread = check_context_spread(spread)
+    if batch == 1 or spread == 0:
+        return (context,) * batch
+    out = tuple(max(1, math.floor(context * (1 - spread + 2 * spread * b / (batch - 1)) + 0.5)) for b in range(batch))
+    if out[-1] > MAX_CONTEXT:
+        raise ValueError(f"--context {context} with --context-spread {spread:g}: the longest request's context "
+                         f"{out[-1]} passes {MAX_CONTEXT}")
+    return out
 
 
 # ---- the draft shapes and acceptance given to plan and advise ----

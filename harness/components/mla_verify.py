@@ -4,9 +4,10 @@ Triton backend runs for verify) beside our "split_kv", per context and draft-tok
 
 One request (batch 1) of D tree tokens, the root included, over `context` prefix rows plus its D own rows (Kimi-K2.5
 TP8: 8 heads, DK = 576 = 512 latent + 64 rope, bf16); with --batch, B requests in one call, each over its own
-`context` rows (request b's from row b x (context + 64)) with its own tree, and the check holds each request's rows
-to that request run alone. The mask is a chain (topk 1: a token sees itself and every earlier tree token), the
-deployment's default; the default set adds one branching tree (spec_steps 5, topk 4, D 8).
+`context` rows (request b's right after request b-1's context + 64 rows) with its own tree, and the check holds each
+request's rows to that request run alone; --context-spread S spreads the B contexts evenly over [c(1-S), c(1+S)].
+The mask is a chain (topk 1: a token sees itself and every earlier tree token), the deployment's default; the
+default set adds one branching tree (spec_steps 5, topk 4, D 8).
 "extend" runs with the engine's tiles for this GPU's capability (ENGINE_EXTEND_CONFIGS) and without programmatic
 dependent launch, as the engine launches it; "split_kv" with its default config, as our forward launches it. Where
 SGLang is installed, its own extend kernel ("sglang.extend", harness/engines/sglang.py) runs beside ours with the same
@@ -30,7 +31,8 @@ import torch
 import triton
 
 from verifybench.harness import engines
-from verifybench.harness.analysis.numbers import check_forward_rows
+from verifybench.harness.analysis.numbers import (CONTEXT_SPREAD_HELP, check_context_spread, check_forward_rows,
+                                                  check_spread_batches, context_spread_arg, spread_contexts)
 from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.engine.charts import write_png
 from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers, withhold_on_cpu
@@ -47,6 +49,10 @@ from verifybench.kernels.tree.inputs import random_tree
 NAME = "mla_verify"
 HELP = "MLA verify attention with the tree mask: engine-style serial extend vs split-KV, per context and per forward"
 TAKES_BATCH = True  # --batch: B requests per call, each over its own context (B > 1 cases name their batch)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--context-spread", metavar="S", type=context_spread_arg, default=None, help=CONTEXT_SPREAD_HELP)
 VARIANTS = ("extend", "split_kv", "sglang.extend", "flashinfer.mla")  # ours, then the engines' own kernels
 SM120 = 120  # the users' GPU: "@sm120" variants run the tiles SGLang picks there
 GPU_CONTEXTS = (1024, 4096, 16384, 32768)
@@ -179,10 +185,12 @@ def split_counts(cfg: dict, heads: int, n: int, context: int, device: str, batch
     return launched, triton.cdiv(keys, split_keys)
 
 
-def layout(batch: int, context: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(starts, prefix_lens) int32 [B]: request b's prefix from row b x (context + SPARE_ROWS), its D rows after it."""
-    starts = torch.arange(batch, dtype=torch.int32, device=device) * (context + SPARE_ROWS)
-    return starts, torch.full((batch,), context, dtype=torch.int32, device=device)
+def layout(contexts, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(starts, prefix_lens) int32 [B] of requests of `contexts` tokens: request b's prefix right after request b-1's
+    region (its context + SPARE_ROWS rows; with one context each, b x (context + SPARE_ROWS)), its D rows after it."""
+    lens = torch.tensor(contexts, dtype=torch.int32, device=device)
+    regions = lens + SPARE_ROWS
+    return torch.cumsum(regions, 0, dtype=torch.int32) - regions, lens
 
 
 def request_mask(mask: torch.Tensor, batch: int, d: int, b: int) -> torch.Tensor:
@@ -212,17 +220,20 @@ def check_requests(call, alone, q, cache, starts, lens, mask, kv_lora: int, scal
 # ---------------------------------------------------------------------------------------------------- cases
 
 def make_case(preset: str, tp: int, context: int, n: int, tree_shape, variant: str, device: str,
-              measure_kw: dict, batch: int = 1) -> CaseSpec:
+              measure_kw: dict, batch: int = 1, context_spread: float = 0.0) -> CaseSpec:
     p = presets.get(preset, tp)
     heads, kv_lora, rope = p.heads, p.kv_lora, p.qk_rope
     dk, scale = kv_lora + rope, (p.qk_nope + p.qk_rope) ** -0.5
     dtype = torch.bfloat16 if device == "cuda" else torch.float16
     label = "chain" if tree_shape is None else ",".join(map(str, tree_shape))
+    spread = check_context_spread(context_spread) if batch > 1 else 0.0  # one request has nothing to spread
+    contexts = spread_contexts(context, batch, spread)
     params = {"preset": preset, "tp": tp, "layers": p.layers, "heads": heads, "DK": dk, "kv_lora": kv_lora,
-              "context": context, "tokens": n, "tree": label, "batch": batch, "variant": variant, "device": device,
-              "dtype": str(dtype).split(".")[1]}
+              "context": context, "context_spread": spread, "contexts": list(contexts), "tokens": n, "tree": label,
+              "batch": batch, "variant": variant, "device": device, "dtype": str(dtype).split(".")[1]}
     mask_id = "chain" if tree_shape is None else "tree" + "-".join(map(str, tree_shape))  # no commas in test ids
-    requests = f"B{batch}/" if batch > 1 else ""  # B = 1 keeps the names the baselines compare by
+    # B = 1 keeps the names the baselines compare by; S = 0 keeps the B > 1 names
+    requests = (f"B{batch}/" if batch > 1 else "") + (f"spread{spread:g}/" if spread > 0 else "")
     name = f"mla_verify/{preset}-tp{tp}/ctx{context}/{requests}{mask_id}/{variant}/n{n}"
 
     def setup():
@@ -253,9 +264,9 @@ def make_case(preset: str, tp: int, context: int, n: int, tree_shape, variant: s
             cfg, source = tiles, f"{engines.label('sglang')}'s launcher{on}"
         else:
             cfg, source = variant_config(variant, device)
-        caches, plan = planned_caches(batch * (context + SPARE_ROWS), dk, device, dtype, batch)
+        caches, plan = planned_caches(sum(contexts) + batch * SPARE_ROWS, dk, device, dtype, batch)
         launch_pdl = False if variant != "split_kv" else None  # the engine launches extend without PDL
-        starts, lens = layout(batch, context, device)
+        starts, lens = layout(contexts, device)
         mask = tree_mask(n, tree_shape, context, device, batch)
 
         def calls(starts, lens, mask):
@@ -273,9 +284,9 @@ def make_case(preset: str, tp: int, context: int, n: int, tree_shape, variant: s
             return check_requests(call, alone, q, caches[0], starts, lens, mask, kv_lora, scale)
 
         def derive(m) -> dict:  # every request's rows, queries and outputs: B times one request's bytes
-            moved = mv.bytes_moved(heads, batch * n, batch * context, n, kv_lora, rope, dtype.itemsize)
+            moved = mv.bytes_moved(heads, batch * n, sum(contexts), n, kv_lora, rope, dtype.itemsize)
             copy_gbps = ceiling.copy_gbps(device)
-            d = {"bytes_moved": moved, "cache_bytes": batch * (context + n) * dk * dtype.itemsize,
+            d = {"bytes_moved": moved, "cache_bytes": (sum(contexts) + batch * n) * dk * dtype.itemsize,
                  "gbps": ceiling.gbps(moved, m.median_us), "eta": ceiling.eta(moved, m.median_us, copy_gbps),
                  "floor_us": moved / (copy_gbps * 1e3), "copy_gbps": copy_gbps,
                  "per_forward_us": m.median_us * p.layers, "config": cfg, "config_source": source,
@@ -283,7 +294,8 @@ def make_case(preset: str, tp: int, context: int, n: int, tree_shape, variant: s
                  "kernel": engines.label(variant.split(".")[0]) if engine else "ours",
                  **({"memory_note": plan.note} if plan.reduced else {})}
             if variant == "split_kv":
-                d["splits_launched"], d["splits_used"] = split_counts(cfg, heads, n, context, device, batch)
+                # the longest request's splits: the call waits for it
+                d["splits_launched"], d["splits_used"] = split_counts(cfg, heads, n, max(contexts), device, batch)
             if variant == "flashinfer.mla":  # SGLang plans once per verify forward, on the host, before the replay
                 from verifybench.harness.engines import flashinfer
 
@@ -297,11 +309,12 @@ def make_case(preset: str, tp: int, context: int, n: int, tree_shape, variant: s
 
 
 def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = None,
-          batch: tuple[int, ...] | None = None) -> list[CaseSpec]:
+          batch: tuple[int, ...] | None = None, context_spread: float | None = None) -> list[CaseSpec]:
     """Per context, batch (B requests, default 1), draft-token count D (chain masks) and variant, plus the TREE at its
     D with the default set or when --tokens names that D. GPU: GPU_CONTEXTS and `context`, D in GPU_NS. CPU (preset
     tiny): `context` alone, D in CPU_NS; its cases skip unless TRITON_INTERPRET=1 was set before import. B x D is at
-    most FORWARD_ROWS_MAX, as in a verify forward."""
+    most FORWARD_ROWS_MAX, as in a verify forward. `context_spread` S spreads each B > 1 case's request contexts
+    around its context (numbers.spread_contexts); S > 0 with no batch above 1 would change nothing and is refused."""
     bad = [t for t in tokens or () if isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= mv.MAX_TREE]
     if bad:
         raise ValueError(f"--tokens: MLA verify takes D = 1..{mv.MAX_TREE} tree tokens per request, got {bad}")
@@ -315,14 +328,20 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
         shapes.append((TREE[2], TREE))
     batches = tuple(batch or (1,))
     check_forward_rows(batches, [n for n, _ in shapes])
+    spread = check_spread_batches(context_spread, batches)
     if gpu:
         contexts, device, kw = sorted({context, *GPU_CONTEXTS}), "cuda", {"max_time_s": 0.5}
     else:  # a sample is one pass over the rotation; no compile to warm up in the interpreter
-        if context > CPU_MAX_CONTEXT:
-            raise ValueError(f"--context {context}: without a GPU mla_verify runs contexts up to {CPU_MAX_CONTEXT} "
-                             "(the Triton interpreter walks the keys one by one)")
+        longest = max(spread_contexts(context, b, spread)[-1] for b in batches)
+        if longest > CPU_MAX_CONTEXT:
+            spread_note = f" (the longest request's, --context-spread {spread:g})" if longest > context else ""
+            raise ValueError(f"--context {longest}{spread_note}: without a GPU mla_verify runs contexts up to "
+                             f"{CPU_MAX_CONTEXT} (the Triton interpreter walks the keys one by one)")
         contexts, device, kw = (context,), "cpu", {"calls_per_sample": CPU_COPIES}
-    return [make_case(preset, tp, c, n, shape, v, device, kw, b) for c in contexts for b in batches
+    for c in contexts:
+        for b in batches:
+            spread_contexts(c, b, spread)  # a longest request past MAX_CONTEXT is refused now, not at setup
+    return [make_case(preset, tp, c, n, shape, v, device, kw, b, spread) for c in contexts for b in batches
             for n, shape in shapes for v in variants(device)]
 
 
@@ -337,17 +356,25 @@ def batch_of(r: dict) -> int:
     return r["params"].get("batch", 1)
 
 
+def spread_of(r: dict) -> float:
+    """A case's --context-spread (0: every request at its context; a result written before the spread had none)."""
+    return r["params"].get("context_spread", 0.0)
+
+
 def side_by_side(records: list[dict]) -> list[dict]:
     """Per (context, B, D, tree): each variant's median and eta, per layer and per forward; extend over split_kv, and
     our extend over the engine's with the same tiles, each at one B (a B column where the records hold several)."""
     rows: dict[tuple, dict] = {}
     several = len({batch_of(r) for r in records if r["name"].startswith("mla_verify/")}) > 1
+    spread = any(spread_of(r) for r in records if r["name"].startswith("mla_verify/"))
     for r in records:
         if not (r["name"].startswith("mla_verify/") and r["check"]["ok"] and "summary" in r):
             continue
         prm, d = r["params"], r["derived"]
-        row = rows.setdefault((prm["preset"], prm["tp"], prm["context"], batch_of(r), prm["tokens"], prm["tree"]), {
-            "context": prm["context"], **({"B": batch_of(r)} if several else {}), "n": prm["tokens"],
+        row = rows.setdefault((prm["preset"], prm["tp"], prm["context"], batch_of(r), spread_of(r), prm["tokens"],
+                               prm["tree"]), {
+            "context": prm["context"], **({"B": batch_of(r)} if several else {}),
+            **({"spread": spread_of(r)} if spread else {}), "n": prm["tokens"],
             "tree": prm["tree"], "MB": d["bytes_moved"] / 1e6,  # every request's bytes
             "floor_us": d["floor_us"]})  # the roofline: the bytes at this GPU's copy bandwidth
         v = prm["variant"]
@@ -355,7 +382,8 @@ def side_by_side(records: list[dict]) -> list[dict]:
                     f"{v}_per_forward_ms": d["per_forward_us"] / 1e3})
         if "plan_host_us" in d:
             row[f"{v}_plan_host_us"] = d["plan_host_us"]
-    out = sorted(rows.values(), key=lambda row: (row["tree"] != "chain", row.get("B", 1), row["n"], row["context"]))
+    out = sorted(rows.values(), key=lambda row: (row["tree"] != "chain", row.get("B", 1), row.get("spread", 0),
+                                                 row["n"], row["context"]))
     for row in out:
         if row.get("extend_us") and row.get("split_kv_us"):
             row["extend/split_kv"] = row["extend_us"] / row["split_kv_us"]
@@ -382,6 +410,8 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
         engine += "; flashinfer per forward = run x layers + one plan() on the host"
     if any(batch_of(r) > 1 for r in records if r["name"].startswith("mla_verify/")):
         engine += "; B requests per call, each over its own context"
+    if any(spread_of(r) for r in records if r["name"].startswith("mla_verify/")):
+        engine += " (spread: contexts evenly over [c(1-S), c(1+S)], MB their real total)"
     return [(f"MLA verify attention, tree mask: engine-style extend vs split_kv ({timing}, caches rotated; "
              f"per forward = per layer {per_forward}{engine})", rows)]
 
@@ -403,15 +433,15 @@ def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
     lines: dict[tuple, list] = {}
     for r in ok:
         prm = r["params"]
-        lines.setdefault((prm["variant"], prm["tree"], prm["tokens"], batch_of(r)), []).append(
+        lines.setdefault((prm["variant"], prm["tree"], prm["tokens"], batch_of(r), spread_of(r)), []).append(
             (prm["context"], r["summary"]["median_us"]))
     fig, ax = plt.subplots(figsize=(8, 5))
-    for i, ((variant, label, n, b), points) in enumerate(sorted(lines.items())):
+    for i, ((variant, label, n, b, spread), points) in enumerate(sorted(lines.items())):
         xs, ys = zip(*sorted(points))
         # a color per series and a marker per variant: a series of one point (one context, as on CPU) has no line
         ax.plot(xs, ys, STYLES.get(variant, ":^"), color=f"C{i % 10}",
                 label=f"{variant}, {'chain' if label == 'chain' else 'tree ' + label} D={n}"
-                + (f" B={b}" if b > 1 else ""))
+                + (f" B={b}" if b > 1 else "") + (f" spread {spread:g}" if spread else ""))
     contexts = {x for pts in lines.values() for x, _ in pts}
     times = [y for pts in lines.values() for _, y in pts]
     log_y = len(contexts) > 1 and max(times) >= 10 * min(times)  # split_kv 10-100x below extend: a log axis

@@ -241,11 +241,12 @@ OLD_PARAMS_KEYS: dict[str, dict[str, str]] = {
     "moe_int4": {"n": "tokens", "topk": "experts_per_token"},  # topk is the draft tree's width elsewhere
     "skinny_gemm": {"n": "tokens"},
 }
-# Keys older files lacked, with the value they meant: a run from before --batch verified one request.
+# Keys older files lacked, with the value they meant: a run from before --batch verified one request, and one from
+# before --context-spread gave each request the same context.
 MISSING_PARAMS_KEYS: dict[str, dict[str, object]] = {
     "verify": {"batch": 1},
     "cycle": {"batch": 1},
-    "mla_verify": {"batch": 1},
+    "mla_verify": {"batch": 1, "context_spread": 0.0},
     "mla_decode": {"batch": 1},
 }
 

@@ -425,3 +425,18 @@ def test_advise_reads_mla_verify_at_one_request_where_the_file_holds_several_bat
     lever = next(line for line in alone.splitlines() if "extend -> split_kv:" in line)
     assert lever.split(" ms per cycle")[0] in mixed  # the one-request figures, untouched by the B = 2 rows
     assert "SGLang's Triton extend" not in mixed  # its rows at B = 2 are no lever of one request
+
+
+def test_the_levers_leave_out_mla_verify_cases_of_spread_contexts():
+    from verifybench.harness.analysis.levers import attention_per_forward_ms
+
+    def case(context, spread, per_forward_us):
+        return {"check": {"ok": True}, "derived": {"per_forward_us": per_forward_us},
+                "params": {"context": context, "batch": 2, "variant": "split_kv", "tokens": 3, "tree": "chain",
+                           **({"context_spread": spread} if spread is not None else {})}}
+
+    runs = {"mla_verify": {"cases": [case(1024, 0.0, 100.0), case(4096, None, 400.0), case(1024, 0.5, 900.0)]}}
+    assert attention_per_forward_ms(runs, "split_kv", 3, 1024, batch=2) == (0.1, "measured")
+    runs["mla_verify"]["cases"] = [case(1024, 0.5, 900.0)]
+    with pytest.raises(ValueError, match="for contexts \\[\\]"):
+        attention_per_forward_ms(runs, "split_kv", 3, 1024, batch=2)

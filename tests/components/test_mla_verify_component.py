@@ -317,3 +317,115 @@ def test_cli_refuses_a_bad_batch_in_one_line(given, says, tmp_path, capsys):
     assert main(["mla_verify", "--batch", given, "--tokens", "3", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert says in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+# ---- B requests of spread contexts (--context-spread) ----
+
+def test_the_spread_puts_the_requests_evenly_over_the_range_each_at_least_one_token():
+    from verifybench.harness.analysis.numbers import spread_contexts
+
+    assert spread_contexts(64, 4, 0.5) == (32, 53, 75, 96)  # 64 x (0.5, 0.833, 1.167, 1.5), rounded
+    assert spread_contexts(64, 4, 0.0) == (64,) * 4 and spread_contexts(64, 1, 0.5) == (64,)
+    assert spread_contexts(1, 3, 0.9) == (1, 1, 2)  # 0.1 rounds to 0: at least one token
+    assert spread_contexts(1000, 5, 0.2) == spread_contexts(1000, 5, 0.2)  # no RNG: a rerun compares
+    with pytest.raises(ValueError, match="passes 1048576"):
+        spread_contexts(1 << 20, 2, 0.5)
+
+
+@cpu_only
+def test_a_spread_case_names_its_spread_records_its_contexts_and_lays_them_end_to_end():
+    plain = mla_verify.cases("tiny", 1, 64, None, batch=(1, 4))
+    spread = mla_verify.cases("tiny", 1, 64, None, batch=(1, 4), context_spread=0.5)
+    assert [s.name for s in mla_verify.cases("tiny", 1, 64, None, batch=(1, 4), context_spread=0.0)] == \
+        [s.name for s in plain]  # S = 0: the names compare keeps
+    ones = [s for s in spread if s.params["batch"] == 1]
+    assert [s.name for s in ones] == [s.name for s in plain if s.params["batch"] == 1]
+    assert {(s.params["context_spread"], tuple(s.params["contexts"])) for s in ones} == {(0.0, (64,))}
+    fours = [s for s in spread if s.params["batch"] == 4]
+    assert all("/ctx64/B4/spread0.5/" in s.name and s.params["context"] == 64 for s in fours)
+    assert {(s.params["context_spread"], tuple(s.params["contexts"])) for s in fours} == {(0.5, (32, 53, 75, 96))}
+    starts, lens = mla_verify.layout((32, 53, 75, 96), "cpu")
+    region = mla_verify.SPARE_ROWS
+    assert starts.tolist() == [0, 32 + region, 32 + 53 + 2 * region, 32 + 53 + 75 + 3 * region]
+    assert lens.tolist() == [32, 53, 75, 96]
+    assert mla_verify.layout((64,) * 3, "cpu")[0].tolist() == [0, 64 + region, 2 * (64 + region)]  # as before
+
+
+@cpu_only
+def test_a_spread_case_checks_each_request_alone_and_counts_the_real_total():
+    [spec] = [s for s in mla_verify.cases("tiny", 1, 64, None, batch=(3,), context_spread=0.5)
+              if s.params["variant"] == "split_kv"]
+    try:
+        rec = spec.run().as_dict()
+    finally:
+        mla_verify.release()
+    assert rec["name"] == "mla_verify/tiny-tp1/ctx64/B3/spread0.5/chain/split_kv/n3"
+    assert rec["params"]["contexts"] == [32, 64, 96]
+    assert rec["check"]["ok"] and "each of 3 requests run alone" in rec["check"]["detail"]
+    total = 32 + 64 + 96
+    assert rec["derived"]["bytes_moved"] == ((total + 3 * 3) * 40 + 4 * 3 * 3 * (2 * 32 + 8)) * 2
+    assert rec["derived"]["cache_bytes"] == (total + 3 * 3) * 40 * 2
+    [(title, [row])] = mla_verify.tables([rec])
+    assert row["spread"] == 0.5 and "[c(1-S), c(1+S)]" in title
+
+
+@cpu_only
+def test_requests_of_a_spread_equal_each_request_run_alone_and_the_reference():
+    """Both kernels over three requests laid out as the spread lays them: each request alone gives its rows."""
+    contexts, d, dk, kv_lora = (20, 41, 62), 3, 40, 32
+    starts, lens = mla_verify.layout(contexts, "cpu")
+    gen = torch.Generator().manual_seed(5)
+    cache = torch.randn(sum(contexts) + len(contexts) * mla_verify.SPARE_ROWS, dk, generator=gen).half()
+    q = torch.randn(4, len(contexts) * d, dk, generator=gen).half()
+    mask = torch.ones(d, d, dtype=torch.bool).tril().expand(len(contexts), d, d).contiguous()
+    for variant in ("extend", "split_kv"):
+        cfg, _ = mla_verify.variant_config(variant, "cpu")
+
+        def calls(s, n, m, cfg=cfg, variant=variant):
+            return mla_verify._calls(variant, cfg, None, s, n, m, kv_lora, 0.2)
+
+        ok, detail = mla_verify.check_requests(
+            calls(starts, lens, mask), lambda b: calls(starts[b:b + 1], lens[b:b + 1],
+                                                       mla_verify.request_mask(mask, len(contexts), d, b)),
+            q, cache, starts, lens, mask, kv_lora, 0.2)
+        assert ok and "each of 3 requests run alone" in detail, (variant, detail)
+
+
+@cpu_only
+def test_a_spread_past_the_interpreters_context_is_refused_naming_the_longest_request():
+    with pytest.raises(ValueError, match=r"--context 6144 \(the longest request's, --context-spread 0.5\)"):
+        mla_verify.cases("tiny", 1, 4096, None, batch=(2,), context_spread=0.5)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--context-spread", "-0.1", "--batch", "2"], "takes 0 <= S < 1"),
+    (["--context-spread", "1", "--batch", "2"], "takes 0 <= S < 1"),
+    (["--context-spread", "nan", "--batch", "2"], "takes 0 <= S < 1"),
+    (["--context-spread", "x", "--batch", "2"], "not a number"),
+    (["--context-spread", "0.5"], "with --batch 1 it changes nothing"),
+    (["--context-spread", "0.5", "--batch", "1"], "with --batch 1 it changes nothing")])
+def test_cli_refuses_a_bad_spread_in_one_line(argv, says, tmp_path, capsys):
+    from verifybench.harness.cli import main
+
+    assert main(["mla_verify", *argv, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and "--context-spread" in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert not list(tmp_path.iterdir())
+
+
+def test_cli_spread_reaches_the_cases(tmp_path, capsys, monkeypatch):
+    from verifybench.harness.cli import main
+    from verifybench.harness.engine import results
+    from verifybench.harness.engines import sglang
+
+    monkeypatch.setenv("VERIFYBENCH_MAX_TIME_S", "0.05")  # the plumbing, not the figures
+    monkeypatch.setattr(sglang, "extend_module", _missing)
+    argv = ["mla_verify", "--batch", "2", "--context-spread", "0.25", "--tokens", "3", "--out", str(tmp_path)]
+    if torch.cuda.is_available():
+        argv += ["--context", "1024"]
+    assert main(argv) == 0
+    [path] = tmp_path.glob("mla_verify-*.json")
+    run = results.read_json(path)
+    ok = [c for c in run["cases"] if c["check"]["ok"]]
+    assert ok and all(c["params"]["context_spread"] == 0.25 and "/B2/spread0.25/" in c["name"] for c in ok)
+    assert run["extra"]["options"]["context_spread"] == 0.25
