@@ -19,23 +19,21 @@ import numpy as np
 from verifybench.harness.collectives.allreduce_results import size_series, time_at_size
 from verifybench.harness.collectives.backends import GPU_BACKENDS
 from verifybench.harness.engine import env, results, stance
+from verifybench.harness.engine.results import batch_of
 from verifybench.harness.model import presets
 
 HIDDEN_BYTES = 2  # bf16 activations: one allreduce carries B * D rows of the hidden size at 2 bytes
 
 
 def passing_cases(run: dict) -> list[dict]:
+    """The cases of a result file whose check passed (plan and the levers read these too)."""
     return [c for c in run["cases"] if c["check"]["ok"]]
 
 
 def case_config(case: dict) -> tuple[int, int, int]:
+    """A cycle case's configuration: (steps, topk, draft_tokens)."""
     p = case["params"]
     return p["steps"], p["topk"], p["draft_tokens"]
-
-
-def batch_of(case: dict) -> int:
-    """A cycle case's requests per cycle; a result written before --batch existed ran one."""
-    return case["params"].get("batch", 1)
 
 
 def batches(run: dict) -> list[int]:

@@ -5,10 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from verifybench.harness.analysis.engine_settings import setting
-
-
-def ok_cases(run: dict) -> list[dict]:
-    return [c for c in run["cases"] if c["check"]["ok"]]
+from verifybench.harness.analysis.batches import passing_cases as ok_cases
+from verifybench.harness.engine.results import batch_of
 
 
 def attention_per_forward_ms(runs: dict, variant: str, d: int, context: int, batch: int = 1) -> tuple[float, str]:
@@ -16,7 +14,7 @@ def attention_per_forward_ms(runs: dict, variant: str, d: int, context: int, bat
     one for the one-request levers; a file of several batches is never mixed): measured there, else linear between
     the two measured contexts around it (said); outside them refused. Cases of spread contexts (--context-spread) are
     left out: the cycle's requests share one context."""
-    cases = [c for c in ok_cases(runs["mla_verify"]) if c["params"].get("batch", 1) == batch  # none before --batch
+    cases = [c for c in ok_cases(runs["mla_verify"]) if batch_of(c) == batch  # none before --batch
              and not c["params"].get("context_spread", 0)]
     pts = sorted((c["params"]["context"], c["derived"]["per_forward_us"] / 1e3) for c in cases
                  if c["params"]["variant"] == variant and c["params"]["tokens"] == d and c["params"]["tree"] == "chain")

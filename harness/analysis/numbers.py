@@ -196,12 +196,9 @@ _SPREAD_RANGE = f"takes 0 <= S < {CONTEXT_SPREAD_MAX:g} (request contexts over [
 def context_spread_arg(text: str) -> float:
     """An argparse type for --context-spread S (argparse names the option in its message)."""
     try:
-        value = read_float(text)
+        return check_context_spread(read_float(text))
     except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    if not (math.isfinite(value) and 0 <= value < CONTEXT_SPREAD_MAX):
-        raise argparse.ArgumentTypeError(f"{_SPREAD_RANGE}, got {text!r}")
-    return value
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--context-spread ")) from None
 
 
 context_spread_arg.__name__ = "number"

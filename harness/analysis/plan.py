@@ -42,13 +42,14 @@ import numpy as np
 from tabulate import tabulate
 
 from verifybench.harness.analysis import batches
+from verifybench.harness.analysis.batches import case_config, passing_cases
 from verifybench.harness.analysis.breakeven import ASSUMED_DRAFT_STEP_MS, ASSUMED_OTHER_MS, ASSUMED_REEXTEND_MS
 from verifybench.harness.analysis.numbers import (FORWARD_ROWS_MAX, MAX_STEP_MS, TOKEN_COUNT_MAX, context_arg,
                                                   finite_float, int_in, out_path,
                                                   parse_configs, parse_keyed, parse_rates, RATES_HELP)  # noqa: F401  (plan.*)
 from verifybench.harness.engine import results
 from verifybench.harness.engine import result_files
-from verifybench.harness.engine.results import COUNT, FINITE_TABLE, POSITIVE, TEXT, Need
+from verifybench.harness.engine.results import COUNT, FINITE_TABLE, POSITIVE, TEXT, Need, batch_of
 
 DEFAULT_CONFIGS = "2,1,3;3,1,4;5,1,6;5,4,8"
 COMPARE_D = (3, 6)  # the deployment's two draft-token counts
@@ -99,11 +100,6 @@ def load_result(given) -> tuple[dict, Path, str]:
     return results.load_run(path, NEEDS, "plan", gpu_only=True), path, note
 
 
-def passing_cases(run: dict) -> list[dict]:
-    """The cases of a result file whose check passed."""
-    return [c for c in run["cases"] if c["check"]["ok"]]
-
-
 def cycle_cases(run: dict, attention: str = "all", context: int | None = None) -> list[dict]:
     """A cycle result's passing cases of one attention variant ("all", the default: every one), at `context` (None:
     the one context the file holds; `cycle --contexts` files hold several: --context picks one)."""
@@ -127,12 +123,6 @@ def cycle_cases(run: dict, attention: str = "all", context: int | None = None) -
     if len(scopes) > 1:
         raise ValueError(f"cycle result holds several preset/tp/context {sorted(scopes)}; plan needs one")
     return cases
-
-
-def case_config(case: dict) -> tuple[int, int, int]:
-    """A cycle case's configuration: (steps, topk, draft_tokens)."""
-    p = case["params"]
-    return p["steps"], p["topk"], p["draft_tokens"]
 
 
 # a cycle case's per-phase table: each column under the plain name or the deployment profiler's name
@@ -181,9 +171,9 @@ def newest_cycle(directory: Path) -> Path | None:
 
 def verify_points(run: dict) -> tuple[dict[int, float], float]:
     """({n: full forward ms}, T_decode ms = the n = 1 forward) from a verify result."""
-    least = min((c["params"].get("batch", 1) for c in passing_cases(run)), default=1)  # one request's forward
+    least = min((batch_of(c) for c in passing_cases(run)), default=1)  # one request's forward
     full = {c["params"]["tokens"]: c["summary"]["median_us"] / 1e3 for c in passing_cases(run)
-            if c["params"].get("variant") == "full" and c["params"].get("batch", 1) == least}
+            if c["params"].get("variant") == "full" and batch_of(c) == least}
     if 1 not in full or len(full) < 2:
         raise ValueError("verify result: needs passing full forwards at n = 1 and at least one more n")
     return full, full[1]

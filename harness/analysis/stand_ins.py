@@ -4,7 +4,7 @@ bandwidth) and ours / engine. A ratio far from 1 says the suite's figure for tha
 from __future__ import annotations
 
 from verifybench.harness.engine import stance, tables
-from verifybench.harness.engine.results import WITHHELD
+from verifybench.harness.engine.results import WITHHELD, batch_of
 
 # component: (the params key naming what ran, (our stand-in, the engine's kernel it stands in for) pairs)
 PAIRS = {
@@ -29,7 +29,7 @@ def rows(runs: dict) -> list[dict]:
             continue
         by = {}
         for c in run["cases"]:
-            if c.get("check", {}).get("ok") and c.get("summary") and c["params"].get("batch", 1) == 1:
+            if c.get("check", {}).get("ok") and c.get("summary") and batch_of(c) == 1:
                 shape = tuple((k, c["params"][k]) for k in SHAPE_KEYS if k in c["params"])
                 by[(c["params"].get(key), shape)] = c
         for ours, engine in pairs:

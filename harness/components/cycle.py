@@ -19,7 +19,7 @@ from verifybench.harness.analysis.plan import parse_configs as read_configs
 from verifybench.harness.components.mla_verify import variant_config
 from verifybench.harness.engine import memory
 from verifybench.harness.engine.charts import write_png
-from verifybench.harness.engine.results import cpu_numbers, withhold_on_cpu
+from verifybench.harness.engine.results import batch_of, cpu_numbers, withhold_on_cpu
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec
 from verifybench.harness.engine.timing import cuda_available, measure
 from verifybench.harness.model import presets
@@ -247,7 +247,7 @@ def _key(r, contexts: bool = False, batches: bool = False) -> dict:
     """The row's configuration; its attention label says what ran (on CPU the torch reference stands in)."""
     p = r["params"]
     ran = r.get("derived", {}).get("attention_ran", p["attention"])
-    return {**({"context": p["context"]} if contexts else {}), **({"B": p.get("batch", 1)} if batches else {}),
+    return {**({"context": p["context"]} if contexts else {}), **({"B": batch_of(r)} if batches else {}),
             "steps,topk,D": f"{p['steps']},{p['topk']},{p['draft_tokens']}",
             "attention": p["attention"] if ran == p["attention"] else f"torch reference (not {p['attention']})"}
 
@@ -257,7 +257,7 @@ def _several_contexts(rows) -> bool:
 
 
 def _several_batches(rows) -> bool:
-    return len({r["params"].get("batch", 1) for r in rows}) > 1
+    return len({batch_of(r) for r in rows}) > 1
 
 
 def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
@@ -363,8 +363,8 @@ def _context_chart(rows, directory: Path, stamp: str) -> Path:
     """Cycle ms against context, one line per (configuration, attention): extend against split_kv."""
     import matplotlib.pyplot as plt
 
-    least = min(r["params"].get("batch", 1) for r in rows)  # over batches: the batch chart (analysis/batches.py)
-    rows = [r for r in rows if r["params"].get("batch", 1) == least]
+    least = min(batch_of(r) for r in rows)  # over batches: the batch chart (analysis/batches.py)
+    rows = [r for r in rows if batch_of(r) == least]
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     lines: dict[tuple, list] = {}
     for r in rows:

@@ -30,7 +30,7 @@ from verifybench.harness.analysis.numbers import check_forward_rows
 from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.engines import sglang
 from verifybench.harness.model import presets
-from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers
+from verifybench.harness.engine.results import CPU_TIMING, batch_of, cpu_numbers
 from verifybench.harness.engine.tables import side_by_side
 from verifybench.harness.engine.runner import CPU_COPIES, CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
@@ -318,10 +318,10 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
         else:
             row.update({"torch_us": us, "torch_eta": d["eta"]})
 
-    several = len({r["params"].get("batch", 1) for r in ok}) > 1  # a B column where the run holds several
+    several = len({batch_of(r) for r in ok}) > 1  # a B column where the run holds several
     side = side_by_side(
         records, ok, lambda p: (p["preset"], p["tp"], p["context"], p.get("batch", 1), p["tokens"]),
-        lambda r: {"context": r["params"]["context"], **({"B": r["params"].get("batch", 1)} if several else {}),
+        lambda r: {"context": r["params"]["context"], **({"B": batch_of(r)} if several else {}),
                    "n": r["params"]["tokens"], "MB": r["derived"]["bytes_moved"] / 1e6,
                    "floor_us": r["derived"]["floor_us"]}, fill,
         (("speedup", "torch_us", "triton_us"), ("triton/sglang", "triton_us", "sglang_us"),  # < 1: ours is the faster

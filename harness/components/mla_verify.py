@@ -35,7 +35,7 @@ from verifybench.harness.analysis.numbers import (CONTEXT_SPREAD_HELP, check_con
                                                   check_spread_batches, context_spread_arg, spread_contexts)
 from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.engine.charts import write_png
-from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers, withhold_on_cpu
+from verifybench.harness.engine.results import CPU_TIMING, batch_of, cpu_numbers, withhold_on_cpu
 from verifybench.harness.engine.runner import CPU_COPIES, CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
 from verifybench.harness.model import presets
@@ -49,10 +49,6 @@ from verifybench.kernels.tree.inputs import random_tree
 NAME = "mla_verify"
 HELP = "MLA verify attention with the tree mask: engine-style serial extend vs split-KV, per context and per forward"
 TAKES_BATCH = True  # --batch: B requests per call, each over its own context (B > 1 cases name their batch)
-
-
-def add_arguments(p) -> None:
-    p.add_argument("--context-spread", metavar="S", type=context_spread_arg, default=None, help=CONTEXT_SPREAD_HELP)
 VARIANTS = ("extend", "split_kv", "sglang.extend", "flashinfer.mla")  # ours, then the engines' own kernels
 SM120 = 120  # the users' GPU: "@sm120" variants run the tiles SGLang picks there
 GPU_CONTEXTS = (1024, 4096, 16384, 32768)
@@ -69,6 +65,10 @@ TOL = 1e-2  # bf16 output against the fp32 reference
 CPU_SPLIT_CONFIG = {"num_splits": 2, "min_split_keys": 16, "block_keys": 16}
 # triton.jit picks the interpreter at decoration time: CPU runs of the kernels need TRITON_INTERPRET=1 before import
 INTERPRET = interpret.active()
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--context-spread", metavar="S", type=context_spread_arg, default=None, help=CONTEXT_SPREAD_HELP)
 
 
 def runs_here(spec: CaseSpec) -> bool:
@@ -349,11 +349,6 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
 
 # ours / the engine's, per tile set: the stand-in is faithful where these stay within 0.9-1.1
 FIDELITY = (("extend", "sglang.extend"), ("extend@sm120", "sglang.extend@sm120"))
-
-
-def batch_of(r: dict) -> int:
-    """A case's requests per call; a result written before --batch ran one."""
-    return r["params"].get("batch", 1)
 
 
 def spread_of(r: dict) -> float:

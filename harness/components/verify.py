@@ -17,7 +17,7 @@ from verifybench.harness.analysis import decompose
 # measured forward where no cycle result measured them, labelled as assumptions
 from verifybench.harness.analysis.breakeven import ASSUMED_DRAFT_MS, ASSUMED_OVERHEAD_MS, DEPLOYMENT
 from verifybench.harness.engine.charts import write_png
-from verifybench.harness.engine.results import cpu_numbers, stamp, withhold_on_cpu
+from verifybench.harness.engine.results import batch_of, cpu_numbers, stamp, withhold_on_cpu
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cuda_available
 from verifybench.harness.model import presets
@@ -180,14 +180,14 @@ def cases(preset: str, tp: int, context: int = presets.CONTEXT, tokens: tuple[in
 
 def one_batch(records: list[dict]) -> list[dict]:
     """The records of the smallest batch the run holds: the decomposition, fit and break-even are one request's."""
-    least = min((r["params"].get("batch", 1) for r in records), default=1)
-    return [r for r in records if r["params"].get("batch", 1) == least]
+    least = min((batch_of(r) for r in records), default=1)
+    return [r for r in records if batch_of(r) == least]
 
 
 def batch_rows(records: list[dict]) -> list[dict]:
     """The full forward per batch B and tokens n per request: B * n tokens per forward, its time and per token."""
-    rows = [{"B": r["params"].get("batch", 1), "n": r["params"]["tokens"], "tokens_per_forward":
-             r["params"].get("batch", 1) * r["params"]["tokens"], "forward_us": r["summary"]["median_us"],
+    rows = [{"B": batch_of(r), "n": r["params"]["tokens"], "tokens_per_forward":
+             batch_of(r) * r["params"]["tokens"], "forward_us": r["summary"]["median_us"],
              "distinct_experts_mean": r["derived"].get("distinct_experts_mean"),
              "allreduce_KiB": r["derived"].get("allreduce_bytes", 0) / 1024}
             for r in records if r["check"]["ok"] and r["params"]["variant"] == "full"]
@@ -381,7 +381,7 @@ def tables(records: list[dict], cycle: dict | None = None,
     and overhead measured by `cycle`, a loaded cycle result, where given) and the token fit. From a CPU run (the
     smoke profile) the conclusions CPU timer noise cannot support (roofline ratios, the parts' error, marginal
     costs, eta, break-even accept length, the fit) are withheld in their cells; the times stay."""
-    several = len({r["params"].get("batch", 1) for r in records}) > 1
+    several = len({batch_of(r) for r in records}) > 1
     per_batch = batch_rows(records) if several else []
     records = one_batch(records)
     dec = decomposition(records)
@@ -414,7 +414,7 @@ def tables(records: list[dict], cycle: dict | None = None,
                 "CPU times)" if cpu else break_even_title(cycle, cycle_name), be))
     if per_batch:
         out.append((f"the full forward at B requests of n tokens each (the tables above: B = "
-                    f"{records[0]['params'].get('batch', 1)}); distinct experts = mean over MoE layers", per_batch))
+                    f"{batch_of(records[0])}); distinct experts = mean over MoE layers", per_batch))
     if "fit" in dec:
         f = dec["fit"]
         row = {"a_us": f["a"], "a_ci_us": f["a_halfwidth"], "b_us": f["b"], "b_ci_us": f["b_halfwidth"],

@@ -251,6 +251,11 @@ MISSING_PARAMS_KEYS: dict[str, dict[str, object]] = {
 }
 
 
+def batch_of(record: dict) -> int:
+    """A case's requests per call (a record built before --batch, never read through current_params, ran one)."""
+    return record["params"].get("batch", 1)
+
+
 def current_params(component: str, params: dict, where: str = "params") -> dict:
     """`params` of a case of `component` under today's keys: an older file's keys renamed, the keys it lacked added
     with the value they meant. A new copy; ResultsError when an old and a new key both hold, and disagree."""

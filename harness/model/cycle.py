@@ -73,9 +73,9 @@ def aux_layers(layers: int) -> tuple[int, ...]:
 
 class Cycle:
     """The cycle over a built target forward `fwd` (shared, not modified: a shallow copy gets the tree attention and
-    the cycle's head; its batch is the cycle's). gather(t) stands for an all-gather of logits into `t` (in place); `graphs`: capture draft,
-    verify and re-extend (CUDA only); attention_config / attention_pdl: the tree attention's tiles and programmatic
-    dependent launch (None: its defaults)."""
+    the cycle's head; its batch is the cycle's). gather(t) stands for an all-gather of logits into `t` (in place);
+    `graphs`: capture draft, verify and re-extend (CUDA only); attention_config / attention_pdl: the tree
+    attention's tiles and programmatic dependent launch (None: its defaults)."""
 
     def __init__(self, fwd: VerifyForward, cfg: SpecConfig, attention: str, gather: Callable, graphs: bool,
                  attention_config: dict | None = None, attention_pdl: bool | None = None):
@@ -235,6 +235,7 @@ class Cycle:
         emitted = predicts.tolist()
         mark("sync")
         keep = torch.zeros(b * d, device=self.cand.device, dtype=torch.bool)
+        # B = 1 keeps the ops the committed cycle baselines timed (so its cases compare with them); B > 1 generalizes
         if b == 1:
             keep[accept_index[0, : nums[0] + 1].long()] = True
         else:  # the engine's accept_index[accept_index != -1]: a boolean-mask indexing, a sync

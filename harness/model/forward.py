@@ -151,9 +151,10 @@ def _rand(*shape, device, dtype, fan_in=None):
 class VerifyForward:
     """Weights of every layer, a latent KV cache of `context` tokens per layer and request, and forward(n, active)
     for n = 1..max_tokens tokens of each of `batch` requests (at_batch(b): the same weights at b <= batch
-    requests; request b's rows start at b * (context + max_tokens)). `moe_fn(x, w13p, w13s, w2p, w2s, topk_w, topk_ids)` runs the routed experts;
-    `allreduce_fn(t)` reduces a tensor in place (a real collective, or a calibrated device wait on one GPU);
-    `verify_fn(candidates, target_predict)` walks the draft chain; `ops` the small ops (TORCH_OPS by default)."""
+    requests; request b's rows start at b * (context + max_tokens)). `moe_fn(x, w13p, w13s, w2p, w2s, topk_w,
+    topk_ids)` runs the routed experts; `allreduce_fn(t)` reduces a tensor in place (a real collective, or a
+    calibrated device wait on one GPU); `verify_fn(candidates, target_predict)` walks the draft chain; `ops` the
+    small ops (TORCH_OPS by default)."""
 
     def __init__(self, s: Preset, context: int, device: str, moe_fn: Callable, allreduce_fn: Callable,
                  verify_fn: Callable, max_tokens: int = 8, seed: int = 0, ops: Ops = TORCH_OPS,
@@ -226,14 +227,13 @@ class VerifyForward:
     def _buffers(self, n: int, batch: int = 1) -> dict:
         s, d, dt = self.s, self.device, self.dtype
         gen = torch.Generator(device="cpu").manual_seed(n if batch == 1 else n * 1000 + batch)
-        rows, n = n * batch, n * batch  # every buffer holds all B requests' tokens, request-major
+        per, n = n, n * batch  # every buffer holds all B requests' tokens (per each), request-major
         ids = torch.stack([torch.randperm(s.experts, generator=gen)[: s.topk] for _ in range(n)]).to(d)
-        per = rows // batch
         requests = {} if batch == 1 else {  # each request over its own rows, seeing every one of its tokens
             "starts": torch.arange(batch, device=d, dtype=torch.int32) * self.region,
             "prefix_lens": torch.full((batch,), self.context, device=d, dtype=torch.int32),
             "visible": torch.ones(batch, per, per, device=d, dtype=torch.bool)}
-        return {**requests,"h0": torch.randn(n, s.hidden, device=d, dtype=dt),
+        return {**requests, "h0": torch.randn(n, s.hidden, device=d, dtype=dt),
                 "h": torch.empty(n, s.hidden, device=d, dtype=dt),
                 "x": torch.randn(n, s.hidden, device=d, dtype=dt),
                 "q_a": torch.randn(n, s.q_lora, device=d, dtype=dt),
