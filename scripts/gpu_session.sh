@@ -31,6 +31,13 @@ summary=()
 step() {  # step NAME SECONDS COMMAND...
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
+  # $DEADLINE_S: seconds this whole call may take (the device command's limit, less the bundling); each step gets
+  # at most what is left of it, so the bundle is written even when the steps ran long
+  if [ -n "${DEADLINE_S:-}" ]; then
+    local left=$(( DEADLINE_S - SECONDS - 20 ))
+    if [ "$left" -lt 15 ]; then summary+=("$(printf '%-14s skipped: %ss left of DEADLINE_S' "$name" "$left")"); return; fi
+    [ "$left" -lt "$limit" ] && limit=$left
+  fi
   echo "=== $name (limit ${limit}s): $*"
   # SIGINT, not TERM: a pytest that can still act on it prints its summary and writes its junit file (one busy in
   # a child process may not; --kill-after ends it then)
