@@ -15,7 +15,11 @@ WORK=${WORK:-/tmp/vb}
 mkdir -p "$OUT" "$WORK/run"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export VERIFYBENCH_GIT_COMMIT=${VERIFYBENCH_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
-BASE=results/baselines/nvidia-h200-x1
+# the committed verify baseline of this card (SAME is only meaningful on the card that measured it)
+case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1)" in
+  *H100*) BASE=${BASE:-results/baselines/nvidia-h100-80gb-hbm3-x1} ;;
+  *) BASE=${BASE:-results/baselines/nvidia-h200-x1} ;;
+esac
 # Triton's compile cache from an earlier call, when one was carried (a fresh machine compiles everything again)
 cache=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
 # FlashInfer's JIT-built modules (about a minute of nvcc each) likewise, under $FLASHINFER_WORKSPACE_BASE
@@ -55,9 +59,9 @@ for s in ${STEPS:-install env}; do
     cycle) step cycle "${LIMIT:-400}" verifybench cycle --out "$WORK/run" ;;
     mla_verify) step mla_verify 200 verifybench mla_verify --out "$WORK/run" ;;
     verify) step verify "${LIMIT:-300}" verifybench verify --tokens "${TOKENS:-1-8}" --out "$WORK/run"
-            step compare 60 verifybench compare "$BASE/verify.json" "$WORK"/run/verify-*.json ;;
+            step compare 60 verifybench compare "$(ls "$BASE"/verify.json* | head -n1)" "$WORK"/run/verify-*.json ;;
     run) step run "${LIMIT:-540}" verifybench run --out "$WORK/run"
-         step compare 60 verifybench compare "$BASE/verify.json" "$WORK"/run/verify-*.json ;;
+         step compare 60 verifybench compare "$(ls "$BASE"/verify.json* | head -n1)" "$WORK"/run/verify-*.json ;;
     record) step record 200 verifybench record "$WORK/run/forward.json.gz" --tokens 4 \
               --components misc,attn_proj,attn_core,allreduce,router,moe,dense,head
             for r in verify_forward only-misc only-attn_proj only-attn_core only-allreduce only-router only-moe \
@@ -72,9 +76,9 @@ for s in ${STEPS:-install env}; do
                 && verifybench record $WORK/run/small-cycle.json.gz --what cycle --layers 3 --replays 3" ;;
     sweeplist) step sweeplist 60 python3 -m verifybench.harness.multigpu.allreduce --nccl-sweep --list ;;
     core) step core "${LIMIT:-480}" verifybench run --components verify,cycle,mla_verify --out "$WORK/run"
-          step compare 60 verifybench compare "$BASE/verify.json" "$WORK"/run/verify-*.json ;;
+          step compare 60 verifybench compare "$(ls "$BASE"/verify.json* | head -n1)" "$WORK"/run/verify-*.json ;;
     readme) step readme "${README_LIMIT:-420}" bash -c ".ci/install && verifybench run"  # the README's main job, as written
-            step compare 60 bash -c "verifybench compare $BASE/verify.json verifybench-results/*/verify-*.json"
+            step compare 60 bash -c "verifybench compare $(ls $BASE/verify.json* | head -n1) verifybench-results/*/verify-*.json"
             mkdir -p "$WORK/readme" && cp -r verifybench-results "$WORK/readme/" ;;
     hidden) step hidden "${HIDDEN_LIMIT:-300}" env VERIFYBENCH_CONFIG_TABLES=none VERIFYBENCH_MEMORY_CAP_GIB=94 \
               verifybench run ${HIDDEN_ARGS:---components moe_int4,verify --tokens 1,4,8} --out "$WORK/hidden" ;;
