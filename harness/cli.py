@@ -21,8 +21,14 @@ from verifybench.harness.engine.exits import EXIT_BAD_INPUT, EXIT_INTERRUPTED, E
 INTERRUPTED = "verifybench: interrupted; the files already saved are complete, nothing half-written is left"
 
 
-def _interrupted_exit() -> None:
-    print(INTERRUPTED, file=sys.stderr)
+def _interrupted_line(interrupt: BaseException | None = None) -> str:
+    """INTERRUPTED, and what the interrupted job saved where it says so (KeyboardInterrupt("<what is where>"))."""
+    detail = interrupt.args[0] if interrupt is not None and interrupt.args else ""
+    return f"{INTERRUPTED}; {detail}" if detail else INTERRUPTED
+
+
+def _interrupted_exit(interrupt: BaseException | None = None) -> None:
+    print(_interrupted_line(interrupt), file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(EXIT_INTERRUPTED)
@@ -120,14 +126,14 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except BrokenPipeError:
         return _stdout_closed()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         if argv is None:  # the process's own command line: a second Ctrl-C must not turn the exit into a traceback
             signal.signal(signal.SIGINT, signal.SIG_IGN)
         if argv is None:
             # exit 130 as promised: CPython dies by SIGINT at exit instead, even once the KeyboardInterrupt is caught,
             # when it passed through an exec() of a string (scipy.stats builds its distributions so)
-            _interrupted_exit()
-        print(INTERRUPTED, file=sys.stderr)
+            _interrupted_exit(interrupt)
+        print(_interrupted_line(interrupt), file=sys.stderr)
         return EXIT_INTERRUPTED
 
 

@@ -139,17 +139,26 @@ def run_component(name: str, scope: dict, out_dir: Path, quiet: bool = False) ->
     module = components.load(name)
     specs = _cases(name, scope)
     fp = fingerprint.collect()
+    extra = {k: v for k, v in scope.items() if k in ("preset", "tp", "context", "tokens", "batch", "options")}
+    planned, cases = len(specs), []
     try:
-        cases = [spec.run() for spec in progress(specs, f"{name} ({len(specs)} cases)")]
+        for spec in progress(specs, f"{name} ({planned} cases)"):
+            cases.append(spec.run())
+    except KeyboardInterrupt:
+        # minutes of measurement are not thrown away: the cases that finished are saved, the file says it is partial
+        if not cases:
+            raise
+        run = results.make_run(name, cases, fp, extra={**extra, "interrupted_after_cases": len(cases),
+                                                       "cases_planned": planned})
+        raise KeyboardInterrupt(f"{name}'s {len(cases)} finished cases of {planned} are in "
+                                f"{results.save_run(run, out_dir)}") from None
     finally:
         specs = None  # their setups may hold what the cases built (a shared weight stack)
         module.release()
         gc.collect()
         if cuda_available():
             torch.cuda.empty_cache()
-    run = results.make_run(name, cases, fp, extra={k: v for k, v in scope.items() if k in ("preset", "tp", "context",
-                                                                                          "tokens", "batch",
-                                                                                          "options")})
+    run = results.make_run(name, cases, fp, extra=extra)
     path = results.save_run(run, out_dir)
     run["saved_path"] = str(path)  # in memory only: the summary and the report name the file
     if not quiet:

@@ -200,6 +200,29 @@ def test_sigint_during_a_real_run_exits_130_in_one_line_and_leaves_only_complete
             results.load_run(out / name)
 
 
+def test_an_interrupt_mid_component_saves_its_finished_cases_marked_partial_and_says_where(tmp_path, monkeypatch,
+                                                                                           capsys):
+    from verifybench.harness import run
+    from verifybench.harness.cli import main
+    from verifybench.harness.engine import results
+
+    real = run._cases
+
+    class Interrupt:
+        def run(self):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(run, "_cases", lambda name, scope: [real(name, scope)[0], Interrupt(), real(name, scope)[1]])
+    monkeypatch.setenv("VERIFYBENCH_MAX_TIME_S", "0.02")
+    assert main(["baseline", "--out", str(tmp_path)]) == 130
+    line = capsys.readouterr().err.strip()
+    saved = list(tmp_path.glob("baseline-*.json"))
+    assert len(saved) == 1 and f"baseline's 1 finished cases of 3 are in {saved[0]}" in line, line
+    partial = results.load_run(saved[0])
+    assert len(partial["cases"]) == 1 and partial["cases"][0]["check"]["ok"]
+    assert partial["extra"]["interrupted_after_cases"] == 1 and partial["extra"]["cases_planned"] == 3
+
+
 def _summary(run_dir) -> str:
     return (run_dir / "stdout.txt").read_text().split("== summary", 1)[1]
 
