@@ -175,10 +175,10 @@ def engine_fns(impl: str, a: Attn, n: int, starts: torch.Tensor, lens: torch.Ten
         return runs, lambda q, c: flashinfer.mla_run(q, c, a.kv_lora, wrapper)(), plan
     try:
         sglang.decode_module()
+        meta = sglang.decode_metadata(starts, lens, n, a.heads, a.kv_lora)
+        runs = [sglang.mla_decode(q, c, starts, lens, a.kv_lora, a.scale, meta) for q, c in zip(qs, caches)]
     except engines.EngineMissing as e:
         raise engines.skipped(e) from None
-    meta = sglang.decode_metadata(starts, lens, n, a.heads, a.kv_lora)
-    runs = [sglang.mla_decode(q, c, starts, lens, a.kv_lora, a.scale, meta) for q, c in zip(qs, caches)]
     return runs, lambda q, c: sglang.mla_decode(q, c, starts, lens, a.kv_lora, a.scale, meta)(), None
 
 

@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from verifybench.harness.engines import EngineMissing, import_kernel_module
+from verifybench.harness.engines import EngineMissing, engine_call, import_kernel_module
 
 WORKSPACE_BYTES = 128 * 1024 * 1024  # the float workspace FlashInfer's docs recommend, as SGLang allocates it
 
@@ -40,6 +40,7 @@ def _planner(q_per_request: int, firsts: list[int], lens: list[int], heads: int,
     return wrapper, plan
 
 
+@engine_call("flashinfer")
 def verify_planner(starts, prefix_lens, d: int, heads: int, kv_lora: int, rope: int, scale: float, dtype,
                    backend: str = "fa2"):
     """(wrapper, plan) for B requests of D tree tokens each over their prefix and their own D rows (the chain mask),
@@ -50,6 +51,7 @@ def verify_planner(starts, prefix_lens, d: int, heads: int, kv_lora: int, rope: 
     return _planner(d, starts.tolist(), lens, heads, kv_lora, rope, scale, dtype, starts.device, True, backend)
 
 
+@engine_call("flashinfer")
 def decode_planner(starts, lens, tokens_per_request: int, heads: int, kv_lora: int, rope: int, scale: float, dtype,
                    backend: str = "fa2"):
     """(wrapper, plan) for decode as SGLang's flashinfer_mla backend plans it: one query per row, each over its

@@ -10,7 +10,7 @@ import contextlib
 
 import torch
 
-from verifybench.harness.engines import EngineMissing, import_kernel_module
+from verifybench.harness.engines import EngineMissing, engine_call, import_kernel_module
 
 EXTEND_MODULE = "sglang.srt.layers.attention.triton_ops.extend_attention"
 
@@ -51,6 +51,7 @@ def extend_tiles(cc: int | None, lq: int = 576, lv: int = 512) -> dict:
     return {"block_rows": block_m, "block_keys": block_n, "num_warps": num_warps}
 
 
+@engine_call("sglang")
 def extend_verify(q, cache, starts, prefix_lens, mask, kv_lora: int, scale: float, cc: int | None = None):
     """The call SGLang's Triton backend makes for target verify with MLA (absorbed), its inputs built from ours once,
     outside the timed call: returns run() -> out [heads, T, kv_lora] (a view of the engine's [T, heads, kv_lora]).
@@ -101,6 +102,7 @@ def decode_module():
     return import_kernel_module("sglang", DECODE_MODULE)
 
 
+@engine_call("sglang")
 def decode_metadata(starts, lens, tokens_per_request: int, heads: int, kv_lora: int,
                     max_kv_splits: int = MAX_KV_SPLITS) -> dict:
     """What the Triton backend's init_forward_metadata builds once per decode forward and every layer shares: per query
@@ -126,6 +128,7 @@ def decode_metadata(starts, lens, tokens_per_request: int, heads: int, kv_lora: 
             "num_kv_splits": torch.full((rows,), max_kv_splits, dtype=torch.int32, device=device)}
 
 
+@engine_call("sglang")
 def mla_decode(q, cache, starts, lens, kv_lora: int, scale: float, metadata: dict | None = None):
     """The call SGLang's Triton backend makes for decode with MLA (forward_decode -> decode_attention_fwd), its inputs
     built from ours once, outside the timed call: returns run() -> out [heads, T, kv_lora] (a view of the engine's
@@ -255,6 +258,7 @@ def _device_name(config_module, name: str):
         config_module.get_device_name = saved
 
 
+@engine_call("sglang")
 def moe_w4a16_config(tokens: int, experts: int, hidden: int, inter: int, topk: int, group_size: int) -> dict:
     """What fused_experts_impl gets from try_get_optimal_moe_config for a W4A16 layer of this shape and token count
     on this GPU: {"config", "down_config" (None: the up config serves both), "use_tma", "source"} (source: the file
@@ -273,6 +277,7 @@ def moe_w4a16_config(tokens: int, experts: int, hidden: int, inter: int, topk: i
             "source": f"SGLang's {'tuned file ' + name if found else 'default config (no file ' + name + ')'}"}
 
 
+@engine_call("sglang")
 def moe_w4a16(x, w13, w13_scales, w2, w2_scales, topk_weights, topk_ids, group_size: int, picked: dict):
     """The calls SGLang's fused_experts_impl makes for a W4A16 layer with --moe-runner-backend triton and plain TP
     (every expert local, so no expert filtering, no combine fusion, routed scaling 1), its per-input setup done

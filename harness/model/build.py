@@ -3,9 +3,9 @@ the tree verify and the allreduce (a calibrated device wait on one GPU), cached 
 """
 from __future__ import annotations
 
+import gc
 import math
 import os
-from functools import lru_cache
 
 import torch
 
@@ -69,21 +69,30 @@ def as_checkpoint(packed, device: str, group_size: int):
     return checkpoint_from_planar(packed, group_size)
 
 
-@lru_cache(maxsize=1)
+_FORWARD: dict = {}  # the one forward kept, by its arguments
+
+
 def build_forward(preset: str, tp: int, layers: int | None, context: int, allreduce_us: float,
                   batch: int = 1) -> VerifyForward:
     """The forward of one rank of `preset` at TP `tp` (`layers` layers, None: all) over `context` cached tokens of
     each of up to `batch` requests (at_batch picks fewer), on this machine's device; one at a time is kept (a K2.5 TP8
-    rank holds ~75 GB)."""
-    device = "cuda" if cuda_available() else "cpu"
-    ar = device_wait(allreduce_us) if device == "cuda" else (lambda t: None)
-    return VerifyForward(presets.get(preset, tp, layers), context, device, moe_fn(device), ar, chain_verify(device),
-                         ops=forward_ops(device), batch=batch)
+    rank holds ~75 GB), and the one kept is let go *before* another is built: two side by side do not fit even on an
+    H200 (a cycle over two contexts ran out of memory so)."""
+    key = (preset, tp, layers, context, allreduce_us, batch)
+    if key not in _FORWARD:
+        release_forwards()
+        device = "cuda" if cuda_available() else "cpu"
+        ar = device_wait(allreduce_us) if device == "cuda" else (lambda t: None)
+        _FORWARD[key] = VerifyForward(presets.get(preset, tp, layers), context, device, moe_fn(device), ar,
+                                      chain_verify(device), ops=forward_ops(device), batch=batch)
+    return _FORWARD[key]
 
 
 def release_forwards() -> None:
-    """Drop the cached forward and give its memory back to the device."""
-    build_forward.cache_clear()
+    """Drop the kept forward and give its memory back to the device (gc first: a finished case's cycle and its
+    captured graphs may still hold it through reference cycles)."""
+    _FORWARD.clear()
+    gc.collect()
     if cuda_available():
         torch.cuda.empty_cache()
 

@@ -86,3 +86,22 @@ def test_verify_cases_carry_batch_and_keep_the_batch_one_names():
     assert all(c.name.startswith("verify/tiny-tp1/B4/") for c in both[len(plain):])
     with pytest.raises(ValueError, match="--batch 16 x --tokens 8 = 128 tokens per verify forward"):
         component.cases("tiny", 1, 64, tuple(range(1, 9)), batch=(16,))
+
+
+def test_build_forward_lets_the_kept_forward_go_before_it_builds_another(monkeypatch):
+    """Two K2.5 TP8 forwards do not fit side by side (a cycle over two contexts ran out of memory on an H200 so):
+    when the arguments change, the kept one is dropped first."""
+    from verifybench.harness.model import build
+
+    alive_at_build = []
+
+    class Recorded:
+        def __init__(self, *args, **kwargs):
+            alive_at_build.append(len(build._FORWARD))
+
+    monkeypatch.setattr(build, "VerifyForward", Recorded)
+    monkeypatch.setattr(build, "_FORWARD", {})
+    first = build.build_forward("tiny", 1, None, 64, 0.0)
+    assert build.build_forward("tiny", 1, None, 64, 0.0) is first  # kept while the arguments stay
+    build.build_forward("tiny", 1, None, 128, 0.0)
+    assert alive_at_build == [0, 0] and len(build._FORWARD) == 1

@@ -33,3 +33,12 @@ for _sub in ("elementwise", "flash_attn", "flash_mla", "kvcacheio", "mamba", "qu
     _module.__getattr__ = __getattr__
     sys.modules[_module.__name__] = _module
     setattr(sys.modules[__name__], _sub, _module)
+
+# On CUDA, SGLang's MoE top-k module registers a fake (meta) implementation of sgl-kernel's fused gate at import time,
+# which needs the operator to exist: it is declared here with no implementation, so a call still fails loudly
+import torch  # noqa: E402
+
+_LIBRARY = torch.library.Library("sgl_kernel", "FRAGMENT")
+_LIBRARY.define("moe_fused_gate(Tensor input, Tensor bias, int num_expert_group, int topk_group, int topk, "
+                "int num_fused_shared_experts=0, float routed_scaling_factor=0, "
+                "bool apply_routed_scaling_factor_on_output=False) -> Tensor[]")
