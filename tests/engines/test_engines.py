@@ -47,6 +47,52 @@ def test_engine_extend_tables_match_the_installed_sglang_launcher():
         assert picked == {k: cfg[k] for k in picked}, f"sm_{cc}: SGLang picks {picked}, our table says {cfg}"
 
 
+NINJA = ("Ninja build failed. Ninja output:\nninja: Entering directory `/root/.cache/flashinfer/x'\n[1/4] nvcc -c a.cu\n"
+         "a.cu:17:10: fatal error: flashinfer/attention/mla.cuh: No such file or directory\ncompilation terminated.")
+
+
+def test_a_failure_inside_an_engine_becomes_its_rows_one_line_reason_and_out_of_memory_stays_the_runners():
+    def build():
+        raise RuntimeError(NINJA)
+
+    with pytest.raises(engines.EngineMissing) as e:
+        engines.engine_call("flashinfer")(build)()
+    reason = str(e.value)
+    assert "\n" not in reason and reason.startswith("flashinfer ") and "build failed here: RuntimeError: Ninja build" \
+        in reason and "fatal error: flashinfer/attention/mla.cuh: No such file" in reason
+
+    def out_of_memory():
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        engines.engine_call("flashinfer")(out_of_memory)()
+
+
+@pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(), reason="the kernels need a GPU or the interpreter")
+def test_an_engine_kernel_failing_at_its_first_call_skips_its_row_and_the_component_goes_on(monkeypatch, tmp_path):
+    """A FlashInfer module that would not build once ended mla_verify at its first engine row, every row after it lost
+    (2026-12-06); the engine's row is skipped with the reason now, ours still run."""
+    import types
+
+    from verifybench.harness.components import mla_verify
+
+    sglang = _sglang()
+    real = sglang.extend_module()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError(NINJA)
+
+    proxy = types.SimpleNamespace(**{k: getattr(real, k) for k in dir(real) if not k.startswith("__")})
+    proxy.extend_attention_fwd = broken
+    monkeypatch.setattr(sglang, "extend_module", lambda: proxy)
+    specs = [c for c in mla_verify.cases("tiny", 1, 32, tokens=(3,)) if c.params["tree"] == "chain"
+             and c.params["variant"] in ("extend", "sglang.extend")]
+    ran = {c.params["variant"]: c.run(max_time_s=0.01) for c in specs}
+    assert ran["extend"].check_ok and not ran["extend"].skipped
+    assert ran["sglang.extend"].skipped.startswith("the engine's rows: sglang ") and "its first calls failed here" \
+        in ran["sglang.extend"].skipped and "mla.cuh: No such file" in ran["sglang.extend"].skipped
+
+
 @pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(), reason="the kernels need a GPU or the interpreter")
 @pytest.mark.parametrize("tree_shape", [None, (3, 2, 4)], ids=["chain", "tree"])
 @pytest.mark.parametrize("cc", [None, 120], ids=["own-tiles", "sm120-tiles"])
