@@ -15,3 +15,23 @@ def check_int(name: str, value, lo: int, hi: int | None = None) -> int:
     if value < lo or (hi is not None and value > hi):
         raise ValueError(f"{name} must be in [{lo}, {'inf' if hi is None else hi}], got {value}")
     return value
+
+
+def check_q_cache(q, cache, dtypes: tuple, tokens: str, width: str, width_word: str) -> tuple[int, int, int]:
+    """The MLA kernels' q [heads, tokens, width] and cache [rows, width]: 3-D and 2-D tensors of one dtype among
+    `dtypes` on one device, every size >= 1, the cache's rows as wide as q's heads. `tokens`, `width` and
+    `width_word` are how the caller's docs name them ("n", "D", "head dim"). Returns (heads, tokens, width)."""
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        raise ValueError(f"q must be a [heads, {tokens}, {width}] tensor, got {getattr(q, 'shape', type(q))}")
+    if not isinstance(cache, torch.Tensor) or cache.dim() != 2:
+        raise ValueError(f"cache must be a [rows, {width}] tensor, got {getattr(cache, 'shape', type(cache))}")
+    heads, t, w = q.shape
+    if heads < 1 or t < 1 or w < 1:
+        raise ValueError(f"q must have heads, {tokens}, {width} >= 1, got {tuple(q.shape)}")
+    if cache.shape[1] != w:
+        raise ValueError(f"cache rows must have q's {width_word} {width} = {w}, got {tuple(cache.shape)}")
+    if q.dtype not in dtypes or cache.dtype != q.dtype:
+        raise ValueError(f"q and cache must share a dtype among {dtypes}, got {q.dtype} and {cache.dtype}")
+    if q.device != cache.device:
+        raise ValueError(f"q and cache must be on one device, got {q.device} and {cache.device}")
+    return heads, t, w

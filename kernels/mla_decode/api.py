@@ -26,6 +26,7 @@ import torch
 from verifybench.kernels.common import config_tables
 from verifybench.kernels.mla_decode import kernels
 from verifybench.kernels.common import pdl as _pdl
+from verifybench.kernels.common.validators import check_q_cache
 from verifybench.kernels.mla_decode.configs import (cached_config, check_config, default_config, default_num_splits,
                                                    sm_count)
 
@@ -35,19 +36,7 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 def _check(q, cache, length, kv_lora, scale):
     """Shared input checks; returns (length, scale) as Python numbers."""
-    if not isinstance(q, torch.Tensor) or q.dim() != 3:
-        raise ValueError(f"q must be a [heads, n, D] tensor, got {getattr(q, 'shape', type(q))}")
-    if not isinstance(cache, torch.Tensor) or cache.dim() != 2:
-        raise ValueError(f"cache must be a [rows, D] tensor, got {getattr(cache, 'shape', type(cache))}")
-    heads, n, d = q.shape
-    if heads < 1 or n < 1 or d < 1:
-        raise ValueError(f"q must have heads, n, D >= 1, got {tuple(q.shape)}")
-    if cache.shape[1] != d:
-        raise ValueError(f"cache rows must have q's head dim D = {d}, got {tuple(cache.shape)}")
-    if q.dtype not in DTYPES or cache.dtype != q.dtype:
-        raise ValueError(f"q and cache must share a dtype among {DTYPES}, got {q.dtype} and {cache.dtype}")
-    if q.device != cache.device:
-        raise ValueError(f"q and cache must be on one device, got {q.device} and {cache.device}")
+    heads, n, d = check_q_cache(q, cache, DTYPES, "n", "D", "head dim")
     if isinstance(length, (bool, torch.Tensor)):  # a tensor would need a device sync (and break graph capture)
         raise ValueError(f"length must be a Python int (fixed per captured graph), got {type(length)}")
     try:

@@ -29,6 +29,7 @@ from verifybench.kernels.common import compiler
 from verifybench.kernels.mla_verify import kernels_extend as extend
 from verifybench.kernels.mla_verify import kernels_split_kv as split_kv
 from verifybench.kernels.common import pdl as _pdl
+from verifybench.kernels.common.validators import check_q_cache
 from verifybench.kernels.common.devices import SMEM_LIMIT_BYTES  # noqa: F401 (per block, for callers)
 
 VARIANTS = ("split_kv", "extend")
@@ -71,19 +72,7 @@ ENGINE_EXTEND_CONFIGS = {cc: dict(zip(TILE_KEYS, t)) for cc, t in (
 
 def _check(q, cache, starts, prefix_lens, mask, kv_lora, scale):
     """Host-side input checks (no device sync); returns (B, D, mask_is_words, scale)."""
-    if not isinstance(q, torch.Tensor) or q.dim() != 3:
-        raise ValueError(f"q must be a [heads, T, DK] tensor, got {getattr(q, 'shape', type(q))}")
-    if not isinstance(cache, torch.Tensor) or cache.dim() != 2:
-        raise ValueError(f"cache must be a [rows, DK] tensor, got {getattr(cache, 'shape', type(cache))}")
-    heads, t, dk = q.shape
-    if heads < 1 or t < 1 or dk < 1:
-        raise ValueError(f"q must have heads, T, DK >= 1, got {tuple(q.shape)}")
-    if cache.shape[1] != dk:
-        raise ValueError(f"cache rows must have q's width DK = {dk}, got {tuple(cache.shape)}")
-    if q.dtype not in DTYPES or cache.dtype != q.dtype:
-        raise ValueError(f"q and cache must share a dtype among {DTYPES}, got {q.dtype} and {cache.dtype}")
-    if cache.device != q.device:
-        raise ValueError(f"q and cache must be on one device, got {q.device} and {cache.device}")
+    heads, t, dk = check_q_cache(q, cache, DTYPES, "T", "DK", "width")
     for name, x in (("starts", starts), ("prefix_lens", prefix_lens)):
         if not isinstance(x, torch.Tensor) or x.dim() != 1 or x.dtype not in INDEX_DTYPES or x.numel() < 1:
             raise ValueError(f"{name} must be a 1-D int32/int64 tensor of B >= 1 entries (one per request), got "
