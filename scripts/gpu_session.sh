@@ -31,8 +31,6 @@ fi
 if [ -f .cache-carry/triton-cache.tar.gz ]; then
   mkdir -p "$cache" && tar -xzf .cache-carry/triton-cache.tar.gz -C "$cache" && echo "triton cache restored"
 fi
-# results of an earlier call on the same card (carried in .cache-carry/run/), so advise reads them beside this call's
-if [ -d .cache-carry/run ]; then cp -r .cache-carry/run/. "$WORK/run/" && echo "earlier results seeded: $(ls .cache-carry/run | tr '\n' ' ')"; fi
 summary=()
 step() {  # step NAME SECONDS COMMAND...
   local name=$1 limit=$2; shift 2
