@@ -6,8 +6,9 @@
 # The README's tests on a fresh machine outlast one device command: STEPS="install tests" runs the whole suite, and
 # TEST_FILES="$(LC_ALL=C ls tests/*/test_*.py | sed -n '25,$p')" the files a stopped run did not reach.
 # The device's copy of .git can lag the checkout: pass VERIFYBENCH_GIT_COMMIT=<this checkout's HEAD> in the command.
-# The engines' rows and the batches in one call (carry .whl and .cache-carry; about 8 minutes on an H100):
-#   STEPS='install engines batch advise' ENGINE_RUNS='mla_verify mla_decode moe_int4' TESTS_MAX_S=60 BUDGET_S=0
+# The engines' rows and the batches (carry .whl and .cache-carry; on an H100 2026-12-06 mla_verify took 88 s, moe_int4
+# 33 s, mla_decode 12 s, the batched cycle at one context and one shape 62 s), with DEADLINE_S under the call's limit:
+#   DEADLINE_S=575 STEPS='install engines batch' ENGINE_RUNS='mla_verify mla_decode moe_int4' TESTS_MAX_S=0
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/verifybench-gpu}
@@ -20,6 +21,7 @@ case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1
   *H100*) BASE=${BASE:-results/baselines/nvidia-h100-80gb-hbm3-x1} ;;
   *) BASE=${BASE:-results/baselines/nvidia-h200-x1} ;;
 esac
+BASE_VERIFY=$(ls "$BASE"/verify.json* 2>/dev/null | head -n1)
 # Triton's compile cache from an earlier call, when one was carried (a fresh machine compiles everything again)
 cache=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
 # FlashInfer's JIT-built modules (about a minute of nvcc each) likewise, under $FLASHINFER_WORKSPACE_BASE
@@ -59,9 +61,9 @@ for s in ${STEPS:-install env}; do
     cycle) step cycle "${LIMIT:-400}" verifybench cycle --out "$WORK/run" ;;
     mla_verify) step mla_verify 200 verifybench mla_verify --out "$WORK/run" ;;
     verify) step verify "${LIMIT:-300}" verifybench verify --tokens "${TOKENS:-1-8}" --out "$WORK/run"
-            step compare 60 verifybench compare "$(ls "$BASE"/verify.json* | head -n1)" "$WORK"/run/verify-*.json ;;
+            step compare 60 verifybench compare "$BASE_VERIFY" "$WORK"/run/verify-*.json ;;
     run) step run "${LIMIT:-540}" verifybench run --out "$WORK/run"
-         step compare 60 verifybench compare "$(ls "$BASE"/verify.json* | head -n1)" "$WORK"/run/verify-*.json ;;
+         step compare 60 verifybench compare "$BASE_VERIFY" "$WORK"/run/verify-*.json ;;
     record) step record 200 verifybench record "$WORK/run/forward.json.gz" --tokens 4 \
               --components misc,attn_proj,attn_core,allreduce,router,moe,dense,head
             for r in verify_forward only-misc only-attn_proj only-attn_core only-allreduce only-router only-moe \
@@ -76,9 +78,9 @@ for s in ${STEPS:-install env}; do
                 && verifybench record $WORK/run/small-cycle.json.gz --what cycle --layers 3 --replays 3" ;;
     sweeplist) step sweeplist 60 python3 -m verifybench.harness.multigpu.allreduce --nccl-sweep --list ;;
     core) step core "${LIMIT:-480}" verifybench run --components verify,cycle,mla_verify --out "$WORK/run"
-          step compare 60 verifybench compare "$(ls "$BASE"/verify.json* | head -n1)" "$WORK"/run/verify-*.json ;;
+          step compare 60 verifybench compare "$BASE_VERIFY" "$WORK"/run/verify-*.json ;;
     readme) step readme "${README_LIMIT:-420}" bash -c ".ci/install && verifybench run"  # the README's main job, as written
-            step compare 60 bash -c "verifybench compare $(ls $BASE/verify.json* | head -n1) verifybench-results/*/verify-*.json"
+            step compare 60 bash -c "verifybench compare $BASE_VERIFY verifybench-results/*/verify-*.json"
             mkdir -p "$WORK/readme" && cp -r verifybench-results "$WORK/readme/" ;;
     hidden) step hidden "${HIDDEN_LIMIT:-300}" env VERIFYBENCH_CONFIG_TABLES=none VERIFYBENCH_MEMORY_CAP_GIB=94 \
               verifybench run ${HIDDEN_ARGS:---components moe_int4,verify --tokens 1,4,8} --out "$WORK/hidden" ;;
