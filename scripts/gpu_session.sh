@@ -21,7 +21,7 @@ case "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n1
   *H100*) BASE=${BASE:-results/baselines/nvidia-h100-80gb-hbm3-x1} ;;
   *) BASE=${BASE:-results/baselines/nvidia-h200-x1} ;;
 esac
-BASE_VERIFY=$(ls "$BASE"/verify.json* 2>/dev/null | head -n1)
+BASE_VERIFY=${BASE_VERIFY:-$(ls "$BASE"/verify.json* 2>/dev/null | head -n1)}
 # Triton's compile cache from an earlier call, when one was carried (a fresh machine compiles everything again)
 cache=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
 # FlashInfer's JIT-built modules (about a minute of nvcc each) likewise, under $FLASHINFER_WORKSPACE_BASE
@@ -127,7 +127,7 @@ for s in ${STEPS:-install env}; do
       [ "${TESTS_MAX_S:-600}" = 0 ] || step engines-tests "$left" python3 -m pytest -q -x tests/engines/test_engines.py tests/kernels/test_mla_verify.py \
         -k "engine or registers or w4a16" ;;
     batch) step batch "${LIMIT:-400}" verifybench cycle --batch "${BATCH:-1,2,4,8}" --contexts "${CONTEXTS:-1024,8192}" \
-             ${CYCLE_ARGS:-} --out "$WORK/run" ;;  # concurrency: B requests per cycle
+             ${CYCLE_ARGS:-} --out "$WORK/batch" ;;  # concurrency: B requests per cycle, apart from run's cycle file
     savecache) tar -czf "$OUT/triton-cache.tar.gz" -C "$cache" . && ls -la "$OUT/triton-cache.tar.gz"
                [ -d "$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer" ] && tar -czf "$OUT/flashinfer-cache.tar.gz" \
                  -C "$FLASHINFER_WORKSPACE_BASE/.cache" flashinfer && ls -la "$OUT/flashinfer-cache.tar.gz" ;;
