@@ -165,6 +165,50 @@ def test_an_out_of_memory_error_becomes_a_skipped_case_not_a_crash():
     assert "more detail" not in case.skipped and not case.check_ok
 
 
+def test_out_of_memory_is_tried_again_after_collecting_what_earlier_cases_left_in_cycles():
+    """A case's objects in a reference cycle (as a cycle case's state is) outlive it until the collector runs: the
+    retry runs after collecting them, so the memory they held is the next case's again."""
+    import gc
+    import weakref
+
+    class State:  # refers to itself, as a captured graph and the buffers it reads can
+        def __init__(self):
+            self.me = self
+
+    freed, calls = [], []
+    gc.disable()  # only the runner's collection may free the cycle
+    try:
+        def earlier_case():
+            weakref.finalize(State(), freed.append, True)  # unreferenced at once, in a cycle: not freed yet
+
+        earlier_case()
+        assert not freed
+
+        def setup():
+            calls.append(bool(freed))
+            if len(calls) == 1:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 294.00 MiB")
+            return (lambda: None), (lambda: (True, "ok")), None
+
+        case = CaseSpec("x", {}, "hot", setup).run(device="cpu", min_samples=2, max_time_s=0.05)
+    finally:
+        gc.enable()
+    assert calls == [False, True] and case.check_ok and case.measurement is not None and not case.skipped
+
+
+def test_out_of_memory_twice_skips_the_case_saying_so():
+    calls = []
+
+    def setup():
+        calls.append(1)
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 294.00 MiB\nmore detail")
+
+    case = CaseSpec("x", {}, "hot", setup).run()
+    assert len(calls) == 2 and not case.check_ok
+    assert case.skipped.startswith("out of memory despite the memory plan: CUDA out of memory. Tried to allocate "
+                                   "294.00 MiB (twice") and "more detail" not in case.skipped
+
+
 def test_each_component_is_released_even_when_a_case_raises(monkeypatch, tmp_path):
     from verifybench.harness import components, run
 
