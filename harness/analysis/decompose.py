@@ -44,6 +44,23 @@ def token_fit(full_us: dict[int, float]) -> dict:
     return {**f.as_dict(), "fixed_share": f.a / f.predict(ns[-1]), "n_max": ns[-1]}
 
 
+def batch_fits(rows: list[dict]) -> list[dict]:
+    """T = a + b * tokens over the full forward's rows ({B, tokens_per_forward, forward_us}): one line per batch B
+    over its n (tokens = B * n), and one over every row. b is the cost of one more token in the forward; a slope that
+    falls as B grows is the MoE reading fewer new experts per token (their count saturates). Lines with fewer than
+    3 rows or one token count are left out."""
+    out = []
+    for b in [*sorted({r["B"] for r in rows}), "all"]:
+        pts = [r for r in rows if b == "all" or r["B"] == b]
+        xs = [r["tokens_per_forward"] for r in pts]
+        if len(pts) < 3 or len(set(xs)) < 2:
+            continue
+        f = linear_fit(xs, [r["forward_us"] for r in pts])
+        out.append({"B": b, "tokens": f"{min(xs)}-{max(xs)}", "a_us": f.a, "a_ci_us": f.a_halfwidth,
+                    "b_us_per_token": f.b, "b_ci_us": f.b_halfwidth, "r2": f.r2})
+    return out
+
+
 @dataclass(frozen=True)
 class BreakEven:
     speedup: float

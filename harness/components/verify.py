@@ -415,6 +415,11 @@ def tables(records: list[dict], cycle: dict | None = None,
     if per_batch:
         out.append((f"the full forward at B requests of n tokens each (the tables above: B = "
                     f"{batch_of(records[0])}); distinct experts = mean over MoE layers", per_batch))
+        fits = decompose.batch_fits(per_batch)
+        if fits:
+            out.append(("fit of the full forward over the tokens it carries, T = a + b x tokens (tokens = B x n; per "
+                        "B over its n, and over every row; 95% CI)", withhold_on_cpu(records, fits,
+                                                                                 lambda k: k not in ("B", "tokens"))))
     if "fit" in dec:
         f = dec["fit"]
         row = {"a_us": f["a"], "a_ci_us": f["a_halfwidth"], "b_us": f["b"], "b_ci_us": f["b_halfwidth"],

@@ -31,6 +31,23 @@ def test_token_fit_matches_its_points_and_fixed_share():
     assert f["fixed_share"] == pytest.approx(20_000 / (20_000 + 5600))
 
 
+def test_batch_fits_give_each_batch_its_line_and_one_over_every_row():
+    slope = {1: 600, 2: 550, 4: 400}  # us per token in the forward, falling with B
+
+    def us(b, n):  # 5 ms per forward plus 100 us per request
+        return 5000 + 100 * b + slope[b] * b * n
+
+    rows = [{"B": b, "tokens_per_forward": b * n, "forward_us": us(b, n)} for b in (1, 2, 4) for n in (1, 2, 3, 4)]
+    rows.append({"B": 8, "tokens_per_forward": 8, "forward_us": 9000.0})  # one row: no line of its own
+    fits = {f["B"]: f for f in decompose.batch_fits(rows)}
+    assert set(fits) == {1, 2, 4, "all"}
+    for b in (1, 2, 4):
+        assert (fits[b]["a_us"], fits[b]["b_us_per_token"], fits[b]["r2"]) == pytest.approx((5000 + 100 * b, slope[b], 1))
+    assert fits[4]["tokens"] == "4-16" and fits["all"]["tokens"] == "1-16"
+    assert fits["all"]["b_us_per_token"] < 600 and 0.9 < fits["all"]["r2"] < 1
+    assert decompose.batch_fits(rows[:2]) == []  # two rows: no line with an interval
+
+
 def test_break_even_reproduces_the_kimi_deployment_figure():
     be = decompose.break_even(accept_len=3.0, decode_ms=11.1, verify_ms=25.6, draft_ms=1.0, overhead_ms=0.4)
     assert be.cycle_ms == pytest.approx(27.0)

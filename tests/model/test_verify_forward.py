@@ -105,3 +105,24 @@ def test_build_forward_lets_the_kept_forward_go_before_it_builds_another(monkeyp
     assert build.build_forward("tiny", 1, None, 64, 0.0) is first  # kept while the arguments stay
     build.build_forward("tiny", 1, None, 128, 0.0)
     assert alive_at_build == [0, 0] and len(build._FORWARD) == 1
+
+
+def test_the_report_of_a_run_at_several_batches_fits_the_forward_per_batch_and_over_all():
+    """The committed H100 run of `verify --batch 1,2,4,8 --tokens 1-8`: the tables hold the forward per (B, n) and its
+    fit over the tokens it carries, one line per B and one over every row."""
+    import gzip
+    import json
+    from pathlib import Path
+
+    from verifybench.harness.components import verify as component
+
+    path = (Path(__file__).resolve().parents[2]
+            / "results/baselines/nvidia-h100-80gb-hbm3-x1/batch-contexts-20261206/verify.json.gz")
+    records = json.loads(gzip.decompress(path.read_bytes()))["cases"]
+    tables = dict(component.tables(records))
+    per_batch = next(rows for title, rows in tables.items() if title.startswith("the full forward at B requests"))
+    assert len(per_batch) == 32 and max(r["tokens_per_forward"] for r in per_batch) == 64
+    fits = next(rows for title, rows in tables.items() if title.startswith("fit of the full forward over the tokens"))
+    assert [f["B"] for f in fits] == [1, 2, 4, 8, "all"] and fits[-1]["tokens"] == "1-64"
+    slopes = [f["b_us_per_token"] for f in fits[:4]]
+    assert slopes == sorted(slopes, reverse=True)  # each token costs less as B grows (the experts saturate)
