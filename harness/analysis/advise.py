@@ -24,7 +24,7 @@ from verifybench.harness.analysis.levers import lever as _lever
 from verifybench.harness.analysis.levers import ok_cases as _ok
 from verifybench.harness.analysis.engine_settings import setting
 from verifybench.harness.analysis.fit import linear_fit
-from verifybench.harness.analysis.numbers import TOKEN_COUNT_MAX, context_arg
+from verifybench.harness.analysis.numbers import TOKEN_COUNT_MAX, context_arg, out_path
 from verifybench.harness.engine import env, results, stance
 from verifybench.harness.engine import result_files
 
@@ -415,6 +415,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="an allreduce result of several GPUs (torchrun -m verifybench.harness.multigpu.allreduce): "
                    "a batched cycle's rows costed at each B x D's message size from its nccl times (where no sweep "
                    "is given), a faster backend as the lever")
+    p.add_argument("--chart-dir", type=out_path, default=None, metavar="DIR",
+                   help="where the per-batch chart goes (default beside the cycle result; ./"
+                   f"{results.DEFAULT_OUT}/ where that is the checkout's results/ or cannot be written)")
 
 
 def run(args) -> int:
@@ -441,8 +444,9 @@ def run(args) -> int:
     if taus is not None:
         taus = _checked(taus)
     print("\n".join(lines_for(runs, found, taus, args.context, args.engine, args.nccl_from)))
-    if "cycle" in runs:  # B requests at once: the chart beside the cycle result (GPU numbers, several batches)
-        png = batches.chart(runs["cycle"], Path(found["cycle"]).parent, results.stamp(runs["cycle"]), taus)
+    if "cycle" in runs:  # B requests at once: a chart (GPU numbers, several batches)
+        where = args.chart_dir or results.chart_dir(Path(found["cycle"]).parent)
+        png = batches.chart(runs["cycle"], where, results.stamp(runs["cycle"]), taus)
         if png is not None:
             print(f"chart: {png}")
     return 0

@@ -124,6 +124,19 @@ def check_writable(directory: Path) -> Path:
     return directory
 
 
+CURATED = Path(__file__).resolve().parents[2] / "results"  # the checkout's committed baselines (absent installed)
+
+
+def chart_dir(beside: Path) -> Path:
+    """Where a command that reads results draws its chart: beside them, unless they are the checkout's curated
+    results/ (a read leaves them as committed) or that folder cannot be written: then ./verifybench-results/
+    (made when the chart is written)."""
+    beside = Path(beside).resolve()
+    if not beside.is_relative_to(CURATED) and os.access(beside, os.W_OK):
+        return beside
+    return DEFAULT_OUT
+
+
 def default_dir(fingerprint: dict) -> Path:
     """./verifybench-results/<machine-slug>/: outside the curated results/ of the checkout."""
     return DEFAULT_OUT / fingerprint.get("slug", "unknown")

@@ -339,6 +339,19 @@ def test_advise_per_batch_on_gpu_results_ranks_each_b_and_draws_the_chart(tmp_pa
     assert list(folder.glob("cycle_batches-*.png")) and "chart: " in out
 
 
+def test_advise_draws_no_chart_into_the_checkouts_results_but_where_it_is_told(tmp_path, capsys, monkeypatch):
+    """A read of the curated baselines leaves them as committed: the chart goes to ./verifybench-results/ (here the
+    working directory is tmp_path), or to --chart-dir."""
+    folder = _batch_folder(tmp_path / "curated")
+    monkeypatch.setattr(results, "CURATED", tmp_path / "curated")
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(["advise", str(folder), "--accept-len", "3:2.4,6:3.1"]) == 0
+    assert not list(folder.glob("*.png")) and list((tmp_path / results.DEFAULT_OUT).glob("cycle_batches-*.png"))
+    assert cli_main(["advise", str(folder), "--chart-dir", str(tmp_path / "mine")]) == 0
+    assert list((tmp_path / "mine").glob("cycle_batches-*.png")) and not list(folder.glob("*.png"))
+    capsys.readouterr()
+
+
 def test_plan_on_a_batched_cycle_ranks_the_smallest_batch_then_each_b(tmp_path, capsys):
     folder = _batch_folder(tmp_path)
     assert cli_main(["plan", str(folder), "--context", "1024", "--accept-len", "3:2.4,6:3.1"]) == 0
