@@ -52,6 +52,48 @@ def extend_tiles(cc: int | None, lq: int = 576, lv: int = 512) -> dict:
 
 
 @engine_call("sglang")
+def extend_compile(cc: int, heads: int = 8, lq: int = 576, lv: int = 512) -> tuple:
+    """(kernel, argument types, constexprs, options) of the installed SGLang's extend kernel as extend_verify launches
+    it on sm_<cc> (its tiles for that capability; a custom mask, causal, the prefix's mask skipped as the launcher's
+    default has it; no sliding window, logit cap, sinks or temperature), for compiling it without a GPU
+    (kernels/common/compiler). Types as that launch gives them: q [T, heads, lq], k/v of the tree tokens [T, 1, lq /
+    lv], out [T, heads, lv], the cache's k/v buffer [rows, 1, lq] and its first lv values."""
+    module = extend_module()
+    pick = getattr(module, "_get_block_sizes_for_extend_attention", None)
+    kernel = getattr(module, "_fwd_kernel", None)
+    if pick is None or kernel is None:
+        raise EngineMissing(f"{EXTEND_MODULE} lacks _get_block_sizes_for_extend_attention or _fwd_kernel")
+    with capability(module, cc):
+        dmodel, dpe, dv, block_m, block_n, num_warps = pick(lq, lv)
+    types = {name: "*bf16" for name in ("Q_Extend", "K_Extend", "V_Extend", "O_Extend", "K_Buffer", "V_Buffer")}
+    types |= {"qo_indptr": "*i32", "kv_indptr": "*i32", "kv_indices": "*i64", "mask_ptr": "*i1", "mask_indptr": "*i32",
+              "sm_scale": "fp32", "k_scale": "fp32", "v_scale": "fp32", "kv_group_num": "i32"}
+    strides = dict(stride_qbs=heads * lq, stride_qh=lq, stride_kbs=lq, stride_kh=lq, stride_vbs=lv, stride_vh=lv,
+                   stride_obs=heads * lv, stride_oh=lv, stride_buf_kbs=lq, stride_buf_kh=lq, stride_buf_vbs=lq,
+                   stride_buf_vh=lq)
+    types |= {name: "16:i32" if v % 16 == 0 else "i32" for name, v in strides.items()}
+    consts = dict(sink_ptr=None, window_kv_offset_ptr=None, SLIDING_WINDOW_SIZE=-1, logit_cap=0.0,
+                  xai_temperature_len=-1, Lq=lq, Lv=lv, BLOCK_DMODEL=dmodel, BLOCK_DPE=dpe, BLOCK_DV=dv,
+                  BLOCK_M=block_m, BLOCK_N=block_n, USE_CUSTOM_MASK=True, IS_CAUSAL=True, SKIP_PREFIX_CUSTOM_MASK=True,
+                  STORE_TRANSPOSE=False, HAS_SINK=False)
+    return kernel, types, consts, {"num_warps": num_warps, "num_stages": 1}
+
+
+def extend_compiled(cc: int) -> dict:
+    """compiler.compiled_resources of SGLang's extend kernel as extend_compile gives it for sm_<cc> (registers,
+    stack, shared memory, its loops), compiled without a GPU, in a Python without the interpreter where this one
+    runs it (its kernels cannot be compiled)."""
+    from triton.runtime.jit import JITFunction
+
+    from verifybench.kernels.common import compiler
+
+    kernel, types, consts, options = extend_compile(cc)
+    if not isinstance(kernel, JITFunction):
+        return compiler.uninterpreted(__name__, "extend_compiled", cc)
+    return compiler.compiled_resources(kernel, types, consts, options, cc)
+
+
+@engine_call("sglang")
 def extend_verify(q, cache, starts, prefix_lens, mask, kv_lora: int, scale: float, cc: int | None = None):
     """The call SGLang's Triton backend makes for target verify with MLA (absorbed), its inputs built from ours once,
     outside the timed call: returns run() -> out [heads, T, kv_lora] (a view of the engine's [T, heads, kv_lora]).

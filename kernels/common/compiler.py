@@ -59,31 +59,66 @@ def compiled_shared(fn, types: dict[str, str], consts: dict, options: dict, cc: 
     return shared
 
 
-def compiled_resources(fn, types: dict[str, str], consts: dict, options: dict, cc: int) -> dict[str, int]:
-    """{'registers', 'stack_bytes', 'shared_bytes'} per thread / block of `fn` compiled in full for sm_<cc> without a
-    GPU (`types`: _source), as ptxas allocated them: read from the cubin by the cuobjdump that Triton ships (raises
-    FileNotFoundError where this Triton has none). A kernel that ptxas starves of registers shows a large stack."""
-    import re
+def compiled(fn, types: dict[str, str], consts: dict, options: dict, cc: int):
+    """`fn` compiled in full for sm_<cc> without a GPU (`types`: _source): Triton's CompiledKernel."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    return triton.compile(_source(fn, types, consts)[0], target=GPUTarget("cuda", cc, 32), options=options)
+
+
+def _cuobjdump(kernel, flag: str) -> str:
+    """What the cuobjdump that Triton ships says of `kernel`'s cubin (raises FileNotFoundError where this Triton has
+    none)."""
     import subprocess
     import tempfile
 
     import triton
-    from triton.backends.compiler import GPUTarget
 
-    compiled = triton.compile(_source(fn, types, consts)[0], target=GPUTarget("cuda", cc, 32), options=options)
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     if not cuobjdump.is_file():
         raise FileNotFoundError(f"no cuobjdump in this Triton ({cuobjdump})")
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "kernel.cubin"
-        cubin.write_bytes(compiled.asm["cubin"])
-        usage = subprocess.run([str(cuobjdump), "-res-usage", str(cubin)], capture_output=True, text=True,
-                               check=True).stdout
+        cubin.write_bytes(kernel.asm["cubin"])
+        return subprocess.run([str(cuobjdump), flag, str(cubin)], capture_output=True, text=True, check=True).stdout
+
+
+def compiled_resources(fn, types: dict[str, str], consts: dict, options: dict, cc: int) -> dict:
+    """{'registers', 'stack_bytes', 'shared_bytes', 'loops'} of `fn` compiled in full for sm_<cc> without a GPU
+    (`types`: _source), as ptxas built it, read from the cubin: registers and stack per thread (a kernel that ptxas
+    starves of registers shows a large stack), shared memory per block, and per loop in code order (a loop: the
+    instructions from a backward branch's target to the branch) its instructions and, among them, LOOP_OPS' kinds.
+    Local loads and stores in a loop are registers spilled and reloaded at every iteration: what a serial loop that
+    waits on memory pays again each time."""
+    import re
+
+    kernel = compiled(fn, types, consts, options, cc)
+    usage = _cuobjdump(kernel, "-res-usage")
     field = {k: re.search(rf"\b{k}:(\d+)", usage) for k in ("REG", "STACK")}
     if not all(field.values()):
         raise RuntimeError(f"cuobjdump -res-usage gave no REG/STACK figures: {usage[-300:]!r}")
     return {"registers": int(field["REG"][1]), "stack_bytes": int(field["STACK"][1]),
-            "shared_bytes": compiled.metadata.shared}
+            "shared_bytes": kernel.metadata.shared, "loops": sass_loops(_cuobjdump(kernel, "-sass"))}
+
+
+LOOP_OPS = {"local_loads": "LDL", "local_stores": "STL", "global_loads": "LDG", "mma": "HMMA"}
+
+
+def sass_loops(sass: str) -> list[dict[str, int]]:
+    """compiled_resources' loops from cuobjdump -sass text: `/*addr*/ [@P] OPCODE.mods operands ;` per instruction."""
+    import re
+
+    code = [(int(m[1], 16), m[2].split()[0].split(".")[0])
+            for m in re.finditer(r"^\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?(\S[^;]*);", sass, re.M)]
+    targets = {int(m[1], 16): int(m[2], 16)
+               for m in re.finditer(r"^\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?BRA\s+0x([0-9a-f]+)", sass, re.M)}
+    out = []
+    for at, to in sorted(targets.items()):
+        if to < at:
+            body = [op for a, op in code if to <= a <= at]
+            out.append({"instructions": len(body), **{k: body.count(op) for k, op in LOOP_OPS.items()}})
+    return out
 
 
 class NotCached(LookupError):

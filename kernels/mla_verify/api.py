@@ -267,11 +267,13 @@ def shared_memory_bytes(cases, *, heads: int = 8, d: int = 4, kv_lora: int = 512
 
 def _shared_of_cases(cases, heads, d, kv_lora, rope, dtype, mask_words, num_splits) -> list[dict]:
     return [{fn.__name__: compiler.compiled_shared(fn, types, consts, opts, cc)
-             for fn, types, consts, opts in _compiles(variant, config, heads, d, kv_lora, rope, dtype, mask_words,
-                                                      num_splits)} for variant, config, cc in cases]
+             for fn, types, consts, opts in compiles(variant, config, heads=heads, d=d, kv_lora=kv_lora, rope=rope,
+                                                     dtype=dtype, mask_words=mask_words, num_splits=num_splits)}
+            for variant, config, cc in cases]
 
 
-def _compiles(variant, config, heads, d, kv_lora, rope, dtype, mask_words, num_splits) -> list[tuple]:
+def compiles(variant: str, config: dict | None, *, heads: int = 8, d: int = 3, kv_lora: int = 512, rope: int = 64,
+             dtype: str = "bfloat16", mask_words: bool = False, num_splits: int = 32) -> list[tuple]:
     """[(kernel, argument types, constexprs, options)] of one call of `variant` at these shapes (one request: T = D),
     as a launch compiles them: pointers and 16-multiple ints with the divisibility hints a launch gives."""
     dk, t = kv_lora + rope, d
@@ -290,18 +292,21 @@ def _compiles(variant, config, heads, d, kv_lora, rope, dtype, mask_words, num_s
 
 
 def compiled_resources(variant: str, config: dict | None, cc: int, *, heads: int = 8, d: int = 3,
-                       kv_lora: int = 512, rope: int = 64, dtype: str = "bfloat16") -> dict[str, dict]:
-    """{kernel name: {'registers', 'stack_bytes', 'shared_bytes'}} of `variant` with `config` compiled in full for
-    sm_<cc> without a GPU (compiler.compiled_resources): whether ptxas gave the kernel the registers its tiles
-    need, which decides its speed more than anything the timing of another GPU shows."""
+                       kv_lora: int = 512, rope: int = 64, dtype: str = "bfloat16",
+                       mask_words: bool = False) -> dict[str, dict]:
+    """{kernel name: {'registers', 'stack_bytes', 'shared_bytes', 'loops'}} of `variant` with `config` compiled in
+    full for sm_<cc> without a GPU (compiler.compiled_resources): whether ptxas gave the kernel the registers its
+    tiles need, and what each loop's iteration spills, which decide its speed more than anything the timing of
+    another GPU shows."""
     from triton.runtime.jit import JITFunction
 
-    args = [variant, config, int(cc), heads, d, kv_lora, rope, dtype]
+    args = [variant, config, int(cc), heads, d, kv_lora, rope, dtype, mask_words]
     if not isinstance(extend._extend_kernel, JITFunction):  # the interpreter's kernels cannot be compiled
         return compiler.uninterpreted(__name__, "_resources", *args)
     return _resources(*args)
 
 
-def _resources(variant, config, cc, heads, d, kv_lora, rope, dtype) -> dict[str, dict]:
+def _resources(variant, config, cc, heads, d, kv_lora, rope, dtype, mask_words) -> dict[str, dict]:
     return {fn.__name__: compiler.compiled_resources(fn, types, consts, opts, cc)
-            for fn, types, consts, opts in _compiles(variant, config, heads, d, kv_lora, rope, dtype, False, 32)}
+            for fn, types, consts, opts in compiles(variant, config, heads=heads, d=d, kv_lora=kv_lora, rope=rope,
+                                                    dtype=dtype, mask_words=mask_words)}

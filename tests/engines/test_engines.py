@@ -47,6 +47,33 @@ def test_engine_extend_tables_match_the_installed_sglang_launcher():
         assert picked == {k: cfg[k] for k in picked}, f"sm_{cc}: SGLang picks {picked}, our table says {cfg}"
 
 
+def test_sglang_extend_compiles_here_and_its_prefix_loop_spills_where_ours_does_not(capsys):
+    """What ptxas builds for sm_90 with SGLang's tiles (docs/FINDINGS.md §9): the engine's serial loop over the prefix
+    stores and reloads spilled registers at every key tile and runs more instructions; ours, with the dense mask
+    mla_verify gives it, spills nothing there. The script prints the same beside each other."""
+    import importlib.util
+    from pathlib import Path
+
+    sglang = _sglang()
+    try:
+        engine = sglang.extend_compiled(90)
+        ours = mv.compiled_resources("extend", mv.ENGINE_EXTEND_CONFIGS[90], 90)["_extend_kernel"]
+    except FileNotFoundError as e:  # no cuobjdump in this Triton
+        pytest.skip(str(e))
+    prefix_engine, prefix_ours = engine["loops"][0], ours["loops"][0]
+    assert prefix_engine["mma"] == prefix_ours["mma"] > 0, (prefix_engine, prefix_ours)  # the same tiles' dots
+    assert prefix_engine["local_stores"] > 0 == prefix_ours["local_stores"], (prefix_engine, prefix_ours)
+    assert prefix_engine["instructions"] > prefix_ours["instructions"]
+    path = Path(__file__).resolve().parents[2] / "scripts" / "extend_fidelity.py"
+    spec = importlib.util.spec_from_file_location("extend_fidelity", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--cc", "90"]) == 0
+    table = capsys.readouterr().out
+    assert "sglang.extend" in table and "extend (dense mask)" in table and "prefix" in table
+    assert script.main(["--cc", "sm90"]) == 2 and "--cc takes" in capsys.readouterr().err
+
+
 NINJA = ("Ninja build failed. Ninja output:\nninja: Entering directory `/root/.cache/flashinfer/x'\n[1/4] nvcc -c a.cu\n"
          "a.cu:17:10: fatal error: flashinfer/attention/mla.cuh: No such file or directory\ncompilation terminated.")
 

@@ -214,3 +214,25 @@ def test_compile_many_compiles_only_what_the_cache_lacks(tmp_path, monkeypatch):
     assert sorted(n for n, _ in compiled) == names[2:] and all(t != here for _, t in compiled)
     compiled.clear()
     assert compiler.compile_many(calls) == figures and not compiled  # all cached: no worker
+
+
+SASS = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/              @!P0 BRA 0x0090 ;
+        /*0020*/                   LDG.E.128 R4, desc[UR4][R2.64] ;
+        /*0030*/                   STL [R1+0x10], R4 ;
+        /*0040*/                   HMMA.16816.F32.BF16 R8, R12, R14, R8 ;
+        /*0050*/                   LDL R4, [R1+0x10] ;
+        /*0060*/               @P1 BRA 0x0020 ;
+        /*0070*/                   LDL R6, [R1+0x14] ;
+        /*0080*/                   BRA 0x0080 ;
+        /*0090*/                   EXIT ;
+"""
+
+
+def test_sass_loops_count_each_backward_branchs_body_and_nothing_outside_it():
+    """One loop, 0x20-0x60: a load, a spill store and its reload, an MMA. The forward branch, the load after the
+    loop and the branch to itself that a kernel's code ends with are no loop's."""
+    from verifybench.kernels.common.compiler import sass_loops
+
+    assert sass_loops(SASS) == [{"instructions": 5, "local_loads": 1, "local_stores": 1, "global_loads": 1, "mma": 1}]
