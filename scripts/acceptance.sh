@@ -3,7 +3,7 @@
 # its output. usage: scripts/acceptance.sh [--cpu | --gpu]   (default: --gpu where a GPU is present, else --cpu)
 #
 # --cpu runs anywhere (without a GPU: the smoke profile, the torchrun jobs on gloo at tiny shapes); CI runs it after
-#   the README's test command. 27 commands in about 2 minutes on the 2-core box, more under load (most of each
+#   the README's test command. 30 commands in about 2 minutes on the 2-core box, more under load (most of each
 #   command's few seconds is importing torch).
 # --gpu runs what only a GPU can measure, in one device command (about 4.5 minutes on an H200 or an H100): the main
 #   job, compare against this GPU's committed baseline (refused as other hardware where none is committed), advise,
@@ -103,6 +103,9 @@ cpu_part() {
   check 0 "\\{" 60 "verifybench env --json"
   check 0 "NCCL_" 120 "python3 -m verifybench.harness.multigpu.allreduce --nccl-sweep --nproc-per-node=2 --list"
   check 0 "^all " 300 "python3 scripts/probe_bad_inputs.py probes.json --only kernel-edges,limits --no-torchrun"
+  # SGLang's extend beside ours as ptxas builds them (no GPU needed); where SGLang is not importable, one line says so
+  if python3 -c "import sglang" 2>/dev/null; then check 0 "prefix" 300 "python3 scripts/extend_fidelity.py"
+  else check 2 "SGLang" 60 "python3 scripts/extend_fidelity.py"; fi
   [ "$gpu" = 1 ] && return  # with a GPU, the GPU part runs what follows for real
   check 2 "GPU" 60 "verifybench tune"
   check 2 "GPU" 60 "verifybench record OUT.json.gz"
