@@ -9,6 +9,7 @@ the plain decode it is held against runs B tokens; a case of B > 1 names its bat
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 from pathlib import Path
 
@@ -139,6 +140,9 @@ def make_cycle(fwd, cfg: SpecConfig, attention: str, allreduce_us: float) -> tup
     dependent launch, as the engine launches its Triton kernels); also the tiles and where they come from."""
     gpu = fwd.device == "cuda"
     att_cfg, att_source = variant_config(attention, fwd.device)
+    # a Cycle refers to itself (its target's ops and its graphs call its methods), so the previous case's buffers and
+    # graphs wait for the collector: collected here, their memory is this one's (an H100 once ran out without it)
+    gc.collect()
     cyc = Cycle(fwd, cfg, attention, device_wait(allreduce_us) if gpu else (lambda t: None), graphs=gpu,
                 attention_config=att_cfg, attention_pdl=False if attention == "extend" else None)
     return cyc, att_cfg, att_source

@@ -244,3 +244,21 @@ def test_cycle_batch_on_cpu_withholds_and_advise_says_what_it_would_rank(tmp_pat
     out = capsys.readouterr().out
     assert "## Per batch, on a GPU (not ranked here: B = 1, 2; context 64)" in out
     assert "largest B" in out and "tok/s in total" not in out and "chart:" not in out
+
+
+def test_a_cycle_left_in_its_reference_cycle_is_collected_before_the_next_is_built(fwd):
+    """A Cycle refers to itself, so dropping it frees nothing until the collector runs; make_cycle collects first, so
+    one case's buffers and graphs are the next case's memory."""
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        first, _, _ = component.make_cycle(fwd, SpecConfig(2, 1, 3), "split_kv", 0.0)
+        gone = weakref.ref(first)
+        del first
+        assert gone() is not None  # held by its own references, not yet collected
+        component.make_cycle(fwd, SpecConfig(2, 1, 3), "split_kv", 0.0)
+        assert gone() is None
+    finally:
+        gc.enable()
