@@ -15,20 +15,24 @@ import sys
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--cc", default="90,120", help="compute capabilities, e.g. 90,120 (default); each with the tiles "
-                   "SGLang's launcher picks for it")
+    p.add_argument("--cc", default="90,120", help="compute capabilities, e.g. 90,120 (default; 80, 86, 89, 90, 100, "
+                   "120), each with the tiles SGLang's launcher picks for it")
     p.add_argument("--mask", choices=("dense", "words"), default="dense",
                    help="our kernel's tree mask: dense bool, as mla_verify gives it (default), or one word per query")
     args = p.parse_args(argv)
     from tabulate import tabulate
 
-    from verifybench.harness.engines import EngineMissing, sglang
+    from verifybench.harness.engines import EngineMissing, one_line, sglang
     from verifybench.kernels.mla_verify import api as mv
 
+    known = sorted(mv.ENGINE_EXTEND_CONFIGS)  # the capabilities whose engine tiles the suite holds
     try:
         ccs = [int(c) for c in args.cc.split(",")]
     except ValueError:
-        print(f"error: --cc takes compute capabilities like 90,120, got {args.cc!r}", file=sys.stderr)
+        ccs = []
+    if not ccs or any(cc not in known for cc in ccs):
+        print(f"error: --cc takes compute capabilities among {','.join(map(str, known))}, got {args.cc!r}",
+              file=sys.stderr)
         return 2
     rows = []
     for cc in ccs:
@@ -38,8 +42,11 @@ def main(argv=None) -> int:
         except EngineMissing as e:
             print(f"error: SGLang's extend kernel: {e}", file=sys.stderr)
             return 2
-        cfg = {**mv.ENGINE_EXTEND_CONFIGS.get(cc, mv.DEFAULT_CONFIGS["extend"]), **tiles}
-        ours = mv.compiled_resources("extend", cfg, cc, mask_words=args.mask == "words")
+        except Exception as e:  # the installed SGLang's kernel no longer compiles as its launch is described here
+            print(f"error: compiling SGLang's extend kernel for sm_{cc}: {one_line(e)}", file=sys.stderr)
+            return 1
+        ours = mv.compiled_resources("extend", {**mv.ENGINE_EXTEND_CONFIGS[cc], **tiles}, cc,
+                                     mask_words=args.mask == "words")
         kernels[f"extend ({args.mask} mask)"] = ours["_extend_kernel"]
         for name, r in kernels.items():
             for i, loop in enumerate(r["loops"]):

@@ -71,7 +71,8 @@ def test_sglang_extend_compiles_here_and_its_prefix_loop_spills_where_ours_does_
     assert script.main(["--cc", "90"]) == 0
     table = capsys.readouterr().out
     assert "sglang.extend" in table and "extend (dense mask)" in table and "prefix" in table
-    assert script.main(["--cc", "sm90"]) == 2 and "--cc takes" in capsys.readouterr().err
+    for bad in ("sm90", "75", ""):
+        assert script.main(["--cc", bad]) == 2 and "--cc takes" in capsys.readouterr().err
 
 
 NINJA = ("Ninja build failed. Ninja output:\nninja: Entering directory `/root/.cache/flashinfer/x'\n[1/4] nvcc -c a.cu\n"
