@@ -97,7 +97,8 @@ for s in ${STEPS:-install env}; do
                 --benchmark-json="$WORK/run/bench$i.json"
             done ;;
     advise) step advise 60 verifybench advise "$WORK/run"
-            step advise-tau 60 verifybench advise "$WORK/run" --accept-len 3:2.4,6:3.1 ;;
+            step advise-tau 60 verifybench advise "$WORK/run" --accept-len 3:2.4,6:3.1
+            [ -d "$WORK/batch" ] && step advise-batch 60 verifybench advise "$WORK/batch" --accept-len 3:2.4,6:3.1 ;;
     acceptance) step acceptance "${ACCEPT_LIMIT:-480}" env TMPDIR="$WORK" scripts/acceptance.sh --gpu  # its scratch folder is bundled
                 for r in "$WORK"/verifybench-acceptance.*/verifybench-results/*/run-*.md; do
                   [ -f "$r" ] && { echo "=== $r: the first 40 lines"; head -n 40 "$r"; }
