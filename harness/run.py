@@ -4,7 +4,6 @@ time), store one result JSON per component, print its tables, and write the run'
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import re
 import time
@@ -17,6 +16,7 @@ from verifybench.harness.analysis import advise
 from verifybench.harness.analysis.numbers import (FORWARD_ROWS_MAX, MAX_CONTEXT, context_arg, int_in, out_path,
                                                   request_batches_arg, tokens_arg)
 from verifybench.harness.engine import fingerprint, hostpin, hostprobe, interpreter, memory, results, tables, timing
+from verifybench.harness.engine.runner import release_unreferenced
 from verifybench.harness.engine.timing import cuda_available
 from verifybench.harness.model.presets import CONTEXT, CPU_CONTEXT
 from verifybench.kernels.common import config_tables
@@ -155,9 +155,7 @@ def run_component(name: str, scope: dict, out_dir: Path, quiet: bool = False) ->
     finally:
         specs = None  # their setups may hold what the cases built (a shared weight stack)
         module.release()
-        gc.collect()
-        if cuda_available():
-            torch.cuda.empty_cache()
+        release_unreferenced()
     run = results.make_run(name, cases, fp, extra=extra)
     path = results.save_run(run, out_dir)
     run["saved_path"] = str(path)  # in memory only: the summary and the report name the file

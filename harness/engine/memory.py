@@ -75,9 +75,10 @@ def free_bytes(device: str) -> int:
     if device == "cuda":
         import torch
 
+        from verifybench.harness.engine.runner import release_unreferenced
+
         apply_cap()
-        gc.collect()
-        torch.cuda.empty_cache()
+        release_unreferenced()
         device_free, _ = torch.cuda.mem_get_info()
         reserved = torch.cuda.memory_reserved()
         return max(0, min(device_free, cap - reserved) if cap is not None else device_free)

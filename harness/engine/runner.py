@@ -65,15 +65,22 @@ class CaseSpec:
                 first_line = str(e).splitlines()[0]
             # outside the except block: its traceback no longer holds the case's tensors, nor do these
             fn = check = derive = None  # noqa: F841
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            release_unreferenced()
         return self._skipped(f"out of memory despite the memory plan: {first_line} (twice; the second time after "
                              "collecting unreferenced memory)")
 
     def _skipped(self, reason: str) -> Case:
         return Case(name=self.name, params=self.params, check_ok=False, check_detail=f"skipped: {reason}",
                     skipped=reason)
+
+
+def release_unreferenced() -> None:
+    """Collect what nothing refers to any more, reference cycles included (a finished case's captured graphs and the
+    state they read refer to each other), and give the device's cached blocks back: what a finished case or component
+    held is the next one's."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _spent():

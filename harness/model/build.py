@@ -3,12 +3,12 @@ the tree verify and the allreduce (a calibrated device wait on one GPU), cached 
 """
 from __future__ import annotations
 
-import gc
 import math
 import os
 
 import torch
 
+from verifybench.harness.engine.runner import release_unreferenced
 from verifybench.harness.engine.timing import cuda_available, measure
 from verifybench.harness.model import presets
 from verifybench.harness.model.forward import TORCH_OPS, VerifyForward, fused_ops
@@ -92,9 +92,7 @@ def release_forwards() -> None:
     """Drop the kept forward and give its memory back to the device (gc first: a finished case's cycle and its
     captured graphs may still hold it through reference cycles)."""
     _FORWARD.clear()
-    gc.collect()
-    if cuda_available():
-        torch.cuda.empty_cache()
+    release_unreferenced()
 
 
 def forward_ops(device: str):
