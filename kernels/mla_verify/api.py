@@ -240,7 +240,7 @@ def mla_verify(q, cache, starts, prefix_lens, mask, kv_lora, scale, variant="spl
         num_splits = cfg["num_splits"] or default_num_splits(b, heads * d, cfg["block_rows"], _sm_count(q.device))
     plan = _launches(variant, cfg, heads, b, d, dk, kv_lora, words, num_splits)
     if variant == "extend":
-        return extend.launch(plan, q, cache, starts, prefix_lens, mask, out, scale, on)
+        return extend.launch(plan, q, cache, starts, prefix_lens, mask, out, scale * LOG2E, on)
     return split_kv.launch(plan, q, cache, starts, prefix_lens, mask, out, num_splits, cfg["min_split_keys"],
                            scale * LOG2E, on)
 
@@ -285,7 +285,7 @@ def compiles(variant: str, config: dict | None, *, heads: int = 8, d: int = 3, k
                  part_o="fp32", part_lse="fp32")
     types = {k: f"*{v}" for k, v in types.items()}
     types |= {k: "16:i32" if v % 16 == 0 else "i32" for k, v in ints.items()}
-    types["scale_log2"] = types["sm_scale"] = types["kv_scale"] = "fp32"
+    types["scale_log2"] = types["kv_scale"] = "fp32"
     return [(fn, types, dict(consts, PDL=False), opts)
             for fn, _, consts, opts in _launches(variant, cfg, heads, 1, d, dk, kv_lora, mask_words,
                                                  num_splits if variant == "split_kv" else 1)]

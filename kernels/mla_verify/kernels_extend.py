@@ -9,11 +9,7 @@ size 1; here the identity, `rows`) and the scores and values are multiplied by t
 ran in 0.54-0.65x the engine kernel's time at the same tiles (docs/FINDINGS.md, 2026-12-05). Both loops run to bounds
 known only at run time, as the engine's do: with the tree loop's bound a compile-time D (one iteration, unrolled into
 the code after the prefix loop) ptxas gave the kernel 32-40 registers and 4 KB of stack at 32 x 32 tiles, and it ran
-5x slower than the engine's kernel on them. The arithmetic and the tree loop follow the engine's order too: scores
-times the natural scale, exp, a tile's row max with no visible key held at -1e20; in the tree loop the mask is read
-first and a tile no query sees is skipped before its keys are loaded. With the exp2 of pre-scaled scores and the keys
-read before the mask, ptxas spilled nothing in the prefix loop at sm_90's 32 x 64 tiles where the engine's kernel
-spills at every key tile, and this kernel ran in 0.78-0.92x the engine kernel's time (docs/FINDINGS.md §9).
+5x slower than the engine's kernel on them.
 Semantics, checks and the reference: api.py, which calls `launch` with checked inputs.
 """
 from __future__ import annotations
@@ -28,7 +24,7 @@ from verifybench.kernels.common import pdl as _pdl
 
 @triton.jit
 def _extend_kernel(q, cache, rows, starts, lens, mask, out, stride_qh, stride_qt, stride_c, stride_oh, stride_ot,
-                   sm_scale, kv_scale, tree_keys, D: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr,
+                   scale_log2, kv_scale, tree_keys, D: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_DR: tl.constexpr, MASK_WORDS: tl.constexpr,
                    PDL: tl.constexpr):
     if PDL:
@@ -62,12 +58,10 @@ def _extend_kernel(q, cache, rows, starts, lens, mask, out, stride_qh, stride_qt
         if BLOCK_DR > 0:
             kr_t = tl.load(rows_at[None, :] + dr[:, None], mask=dr_ok[:, None] & key_ok[None, :], other=0.0)
             s += tl.dot(q_rope, kr_t)
-        s *= sm_scale * kv_scale
-        s = tl.where(row_ok[:, None] & key_ok[None, :], s, float("-inf"))
-        tile_max = tl.max(s, axis=1)
-        m_new = tl.maximum(tl.where(tile_max == float("-inf"), -1e20, tile_max), m)  # a row with no key: no NaN
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
+        s = tl.where(key_ok[None, :], s * (scale_log2 * kv_scale), float("-inf"))  # a tile holds a key: finite max
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
         l = l * alpha + tl.sum(p, axis=1)
         v = tl.load(rows_at[:, None] + dv[None, :], mask=key_ok[:, None] & dv_ok[None, :], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v) * kv_scale
@@ -77,30 +71,26 @@ def _extend_kernel(q, cache, rows, starts, lens, mask, out, stride_qh, stride_qt
     for s0 in range(0, tree_keys, BLOCK_N):  # the tree keys (tree_keys = D, a run-time bound), masked
         key = s0 + tl.arange(0, BLOCK_N)
         key_ok = key < D
-        # the mask first, and a tile no query sees skipped before its keys are read, as the engine's tree loop does
+        rows_at = cache + (start + prefix + key) * stride_c
+        k_t = tl.load(rows_at[None, :] + dv[:, None], mask=dv_ok[:, None] & key_ok[None, :], other=0.0)
+        s = tl.dot(q_lat, k_t)
+        if BLOCK_DR > 0:
+            kr_t = tl.load(rows_at[None, :] + dr[:, None], mask=dr_ok[:, None] & key_ok[None, :], other=0.0)
+            s += tl.dot(q_rope, kr_t)
         if MASK_WORDS:
             seen = ((word[:, None] >> tl.minimum(key, 63)[None, :]) & 1) != 0
         else:
             seen = tl.load(mask + t[:, None].to(tl.int64) * D + key[None, :],
                            mask=row_ok[:, None] & key_ok[None, :], other=0) != 0
-        seen = seen & row_ok[:, None] & key_ok[None, :]
-        if tl.max(tl.max(seen.to(tl.int32), axis=1), axis=0) != 0:
-            rows_at = cache + (start + prefix + key) * stride_c
-            k_t = tl.load(rows_at[None, :] + dv[:, None], mask=dv_ok[:, None] & key_ok[None, :], other=0.0)
-            s = tl.dot(q_lat, k_t)
-            if BLOCK_DR > 0:
-                kr_t = tl.load(rows_at[None, :] + dr[:, None], mask=dr_ok[:, None] & key_ok[None, :], other=0.0)
-                s += tl.dot(q_rope, kr_t)
-            s *= sm_scale
-            s = tl.where(seen, s, float("-inf"))
-            tile_max = tl.max(s, axis=1)
-            m_new = tl.maximum(tl.where(tile_max == float("-inf"), -1e20, tile_max), m)
-            alpha = tl.exp(m - m_new)
-            p = tl.exp(s - m_new[:, None])
-            l = l * alpha + tl.sum(p, axis=1)
-            m = m_new
-            v = tl.load(rows_at[:, None] + dv[None, :], mask=key_ok[:, None] & dv_ok[None, :], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        s = tl.where(key_ok[None, :] & seen, s * scale_log2, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key seen yet (L_b = 0): no NaN
+        alpha = tl.exp2(m - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        v = tl.load(rows_at[:, None] + dv[None, :], mask=key_ok[:, None] & dv_ok[None, :], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m = m_new
     tl.store(out + head * stride_oh + t[:, None].to(tl.int64) * stride_ot + dv[None, :],
              (acc / tl.where(row_ok, l, 1.0)[:, None]).to(out.dtype.element_ty), mask=row_ok[:, None] & dv_ok[None, :])
 
@@ -111,12 +101,12 @@ def launches(heads: int, b: int, consts: dict, opts: dict) -> list[tuple]:
     return [(_extend_kernel, (b, heads, triton.cdiv(consts["D"], consts["BLOCK_M"])), consts, opts)]
 
 
-def launch(plan: list[tuple], q, cache, starts, prefix_lens, mask, out, scale: float, pdl: bool):
+def launch(plan: list[tuple], q, cache, starts, prefix_lens, mask, out, scale_log2: float, pdl: bool):
     """Run `plan` (launches(...)) into out [heads, T, kv_lora]; the page table is the identity over the cache's rows
     and the KV scale 1.0 (a bf16 cache)."""
     kernel, grid, consts, opts = plan[0]
     kernel[grid](q, cache, identity_rows(cache.shape[0], cache.device), starts, prefix_lens, mask, out, q.stride(0),
-                 q.stride(1), cache.stride(0), out.stride(0), out.stride(1), scale, 1.0, consts["D"], PDL=pdl,
+                 q.stride(1), cache.stride(0), out.stride(0), out.stride(1), scale_log2, 1.0, consts["D"], PDL=pdl,
                  **consts, **opts, **_pdl.launch_kwargs(pdl))
     return out
 

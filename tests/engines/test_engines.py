@@ -47,11 +47,10 @@ def test_engine_extend_tables_match_the_installed_sglang_launcher():
         assert picked == {k: cfg[k] for k in picked}, f"sm_{cc}: SGLang picks {picked}, our table says {cfg}"
 
 
-def test_sglang_extend_compiles_here_and_ours_spills_in_its_prefix_loop_as_the_engines_does(capsys):
+def test_sglang_extend_compiles_here_and_its_prefix_loop_spills_where_ours_does_not(capsys):
     """What ptxas builds for sm_90 with SGLang's tiles (docs/FINDINGS.md §9): the engine's serial loop over the prefix
-    stores and reloads spilled registers at every key tile. Ours, with the dense mask mla_verify gives it, spilled
-    nothing there while it read the tree keys before their mask and ran 0.78-0.92x the engine's time; in the engine's
-    order it spills there too. The same key tiles are loaded per iteration. The script prints both beside each other."""
+    stores and reloads spilled registers at every key tile and runs more instructions; ours, with the dense mask
+    mla_verify gives it, spills nothing there. The script prints the same beside each other."""
     import importlib.util
     from pathlib import Path
 
@@ -62,8 +61,9 @@ def test_sglang_extend_compiles_here_and_ours_spills_in_its_prefix_loop_as_the_e
     except FileNotFoundError as e:  # no cuobjdump in this Triton
         pytest.skip(str(e))
     prefix_engine, prefix_ours = engine["loops"][0], ours["loops"][0]
-    assert prefix_engine["global_loads"] == prefix_ours["global_loads"] > 0, (prefix_engine, prefix_ours)
-    assert prefix_engine["local_stores"] > 0 and prefix_ours["local_stores"] > 0, (prefix_engine, prefix_ours)
+    assert prefix_engine["mma"] == prefix_ours["mma"] > 0, (prefix_engine, prefix_ours)  # the same tiles' dots
+    assert prefix_engine["local_stores"] > 0 == prefix_ours["local_stores"], (prefix_engine, prefix_ours)
+    assert prefix_engine["instructions"] > prefix_ours["instructions"]
     path = Path(__file__).resolve().parents[2] / "scripts" / "extend_fidelity.py"
     spec = importlib.util.spec_from_file_location("extend_fidelity", path)
     script = importlib.util.module_from_spec(spec)
