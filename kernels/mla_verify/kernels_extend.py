@@ -9,7 +9,8 @@ size 1; here the identity, `rows`) and the scores and values are multiplied by t
 ran in 0.54-0.65x the engine kernel's time at the same tiles (docs/FINDINGS.md, 2026-12-05). Both loops run to bounds
 known only at run time, as the engine's do: with the tree loop's bound a compile-time D (one iteration, unrolled into
 the code after the prefix loop) ptxas gave the kernel 32-40 registers and 4 KB of stack at 32 x 32 tiles, and it ran
-5x slower than the engine's kernel on them.
+5x slower than the engine's kernel on them. The engine's natural exp, -1e20 floor and mask-first tree loop (a tile no
+query sees skipped) made this kernel faster still, further from the engine's time (docs/FINDINGS.md §9): not taken.
 Semantics, checks and the reference: api.py, which calls `launch` with checked inputs.
 """
 from __future__ import annotations
