@@ -168,7 +168,9 @@ def _calls(variant, cfg, launch_pdl, starts, lens, mask, kv_lora, scale, q_shape
         from verifybench.harness.engines import sglang
 
         cc = SM120 if variant.endswith("@sm120") else None
-        return _per_input(lambda q, cache: sglang.extend_verify(q, cache, starts, lens, mask, kv_lora, scale, cc=cc))
+        meta = sglang.extend_metadata(starts, lens, mask)  # one forward's: every layer (rotated cache) shares it
+        return _per_input(lambda q, cache: sglang.extend_verify(q, cache, starts, lens, mask, kv_lora, scale, cc=cc,
+                                                                metadata=meta))
     ours = "split_kv" if variant == "split_kv" else "extend"
     return lambda q, cache: mv.mla_verify(q, cache, starts, lens, mask, kv_lora, scale, ours, cfg, pdl=launch_pdl)
 

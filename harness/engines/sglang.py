@@ -7,6 +7,7 @@ Imported from the installed `sglang` package (its Triton kernels ship in the pur
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 
@@ -94,42 +95,54 @@ def extend_compiled(cc: int) -> dict:
 
 
 @engine_call("sglang")
-def extend_verify(q, cache, starts, prefix_lens, mask, kv_lora: int, scale: float, cc: int | None = None):
+def extend_metadata(starts, prefix_lens, mask) -> dict:
+    """What the Triton backend's init_forward_metadata builds once per target-verify forward and every layer shares:
+    qo_indptr = cumsum(D) and kv_indptr = cumsum(L_b) (int32), kv_indices the prefix rows (int64), a flat custom mask
+    of D x (L_b + D) per request (prefix columns all set) with mask_indptr = cumsum(D * (L_b + D)); and the tree
+    tokens' cache rows (each layer's k/v of those tokens are gathered from them). mask: bool [B, D, D] or flat."""
+    b = starts.numel()
+    d, device = math.isqrt(mask.numel() // b), starts.device
+    lens, firsts = prefix_lens.tolist(), starts.tolist()
+    kv_indices = torch.cat([torch.arange(s, s + n, device=device) for s, n in zip(firsts, lens)]).to(torch.int64)
+    tree_rows = torch.cat([torch.arange(s + n, s + n + d, device=device) for s, n in zip(firsts, lens)])
+
+    def indptr(sizes):
+        return torch.tensor([0, *torch.tensor(sizes).cumsum(0).tolist()], dtype=torch.int32, device=device)
+
+    tree = mask.reshape(b, d, d).to(torch.bool)
+    custom_mask = torch.cat([torch.cat([torch.ones(d, n, dtype=torch.bool, device=device), tree[i]], 1).flatten()
+                             for i, n in enumerate(lens)])
+    return {"d": d, "qo_indptr": indptr([d] * b), "kv_indptr": indptr(lens), "kv_indices": kv_indices,
+            "custom_mask": custom_mask, "mask_indptr": indptr([d * (n + d) for n in lens]), "tree_rows": tree_rows}
+
+
+@engine_call("sglang")
+def extend_verify(q, cache, starts, prefix_lens, mask, kv_lora: int, scale: float, cc: int | None = None,
+                  metadata: dict | None = None):
     """The call SGLang's Triton backend makes for target verify with MLA (absorbed), its inputs built from ours once,
     outside the timed call: returns run() -> out [heads, T, kv_lora] (a view of the engine's [T, heads, kv_lora]).
 
     Ours: q [heads, T, DK]; cache [rows, DK], one latent row per token; request b's prefix rows
     [start_b, start_b + L_b), its D tree rows right after; mask bool [B, D, D]. The engine's: q [T, heads, DK]; k/v
-    buffers [rows, 1, DK] and their first kv_lora values (one view); kv_indptr = cumsum(L_b) with kv_indices the
-    prefix rows (int64); the tree tokens' own k/v passed apart; a flat custom mask of D x (L_b + D) per request
-    (prefix columns all set) with mask_indptr = cumsum(D * (L_b + D)); max_len_extend = D; causal (the custom mask
+    buffers [rows, 1, DK] and their first kv_lora values (one view); the tree tokens' own k/v passed apart; the
+    forward's metadata (extend_metadata; pass one to share it across layers, as the backend does: a layer's kernel
+    then finds the page table where the previous layer's left it); max_len_extend = D; causal (the custom mask
     decides). cc: the tiles as SGLang picks them on sm_<cc> (None: for this GPU)."""
     module = extend_module()
     heads, t, dk = q.shape
-    b = starts.numel()
-    d, device = t // b, q.device
-    lens, firsts = prefix_lens.tolist(), starts.tolist()
-    kv_indices = torch.cat([torch.arange(s, s + n, device=device) for s, n in zip(firsts, lens)]).to(torch.int64)
-    tree_rows = torch.cat([torch.arange(s + n, s + n + d, device=device) for s, n in zip(firsts, lens)])
-    k_extend = cache[tree_rows].view(t, 1, dk).contiguous()
+    m = extend_metadata(starts, prefix_lens, mask) if metadata is None else metadata
+    k_extend = cache[m["tree_rows"]].view(t, 1, dk).contiguous()
     v_extend = k_extend[..., :kv_lora].contiguous()
     k_buffer = cache.view(-1, 1, dk)
     v_buffer = k_buffer[..., :kv_lora]
-
-    def indptr(sizes):
-        return torch.tensor([0, *torch.tensor(sizes).cumsum(0).tolist()], dtype=torch.int32, device=device)
-
-    qo_indptr, kv_indptr, mask_indptr = indptr([d] * b), indptr(lens), indptr([d * (n + d) for n in lens])
-    tree = mask.reshape(b, d, d).to(torch.bool)
-    custom_mask = torch.cat([torch.cat([torch.ones(d, n, dtype=torch.bool, device=device), tree[i]], 1).flatten()
-                             for i, n in enumerate(lens)])
     q_engine = q.transpose(0, 1).contiguous()
-    out = torch.empty(t, heads, kv_lora, dtype=q.dtype, device=device)
+    out = torch.empty(t, heads, kv_lora, dtype=q.dtype, device=q.device)
 
     def run():
         with capability(module, cc):
-            module.extend_attention_fwd(q_engine, k_extend, v_extend, out, k_buffer, v_buffer, qo_indptr, kv_indptr,
-                                        kv_indices, custom_mask, True, mask_indptr, d, 1.0, 1.0, sm_scale=scale)
+            module.extend_attention_fwd(q_engine, k_extend, v_extend, out, k_buffer, v_buffer, m["qo_indptr"],
+                                        m["kv_indptr"], m["kv_indices"], m["custom_mask"], True, m["mask_indptr"],
+                                        m["d"], 1.0, 1.0, sm_scale=scale)
         return out.transpose(0, 1)
 
     return run

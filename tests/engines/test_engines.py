@@ -155,6 +155,39 @@ def test_sglang_extend_called_for_target_verify_matches_the_reference(tree_shape
 
 
 @pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(), reason="the kernels need a GPU or the interpreter")
+def test_sglang_verify_rows_share_one_forward_metadata_across_the_rotated_layers(monkeypatch):
+    """As SGLang's backend builds the page table, masks and offsets once per forward for all layers, mla_verify's
+    engine rows build them once per case and every rotated cache (a layer) reads the same tensors: per-layer copies
+    would make each call fetch a page table no earlier layer left in L2. Each layer's output still matches."""
+    from verifybench.harness.components import mla_verify as component
+
+    sglang = _sglang()
+    device = "cuda" if torch.cuda.is_available() and not INTERPRET else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16
+    gen = torch.Generator().manual_seed(11)
+    heads, kv_lora, rope, d, lens = 2, 512, 64, 3, [20, 9]
+    starts = torch.tensor([0, lens[0] + d], dtype=torch.int32, device=device)
+    lens_t = torch.tensor(lens, dtype=torch.int32, device=device)
+    mask = torch.ones(d, d, dtype=torch.bool).tril().expand(2, d, d).contiguous().to(device)
+    layers = [(torch.randn(heads, 2 * d, kv_lora + rope, generator=gen).to(dtype).to(device),
+               torch.randn(sum(lens) + 2 * d, kv_lora + rope, generator=gen).to(dtype).to(device)) for _ in range(2)]
+    given = []
+    real = sglang.extend_verify
+
+    def spy(*args, metadata=None, **kw):
+        given.append(metadata)
+        return real(*args, metadata=metadata, **kw)
+
+    monkeypatch.setattr(sglang, "extend_verify", spy)
+    call = component._calls("sglang.extend", None, False, starts, lens_t, mask, kv_lora, 0.125)
+    for q, cache in layers:
+        ref = mv.mla_verify_reference(q.float(), cache.float(), starts, lens_t, mask, kv_lora, 0.125)
+        out = call(q, cache)
+        assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
+    assert len(given) == 2 and given[0] is not None and given[0] is given[1]
+
+
+@pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(), reason="the kernels need a GPU or the interpreter")
 @pytest.mark.parametrize("tokens_per_request", [1, 3])
 def test_sglang_mla_decode_matches_the_reference(tokens_per_request):
     """SGLang's decode at the MLA head (576 = 512 + 64, its split-rope path), B = 2 requests of different lengths
