@@ -126,7 +126,7 @@ def extend_verify(q, cache, starts, prefix_lens, mask, kv_lora: int, scale: floa
     [start_b, start_b + L_b), its D tree rows right after; mask bool [B, D, D]. The engine's: q [T, heads, DK]; k/v
     buffers [rows, 1, DK] and their first kv_lora values (one view); the tree tokens' own k/v passed apart; the
     forward's metadata (extend_metadata; pass one to share it across layers, as the backend does: a layer's kernel
-    then finds the page table where the previous layer's left it); max_len_extend = D; causal (the custom mask
+    then finds the page table in L2, where the previous layer left it); max_len_extend = D; causal (the custom mask
     decides). cc: the tiles as SGLang picks them on sm_<cc> (None: for this GPU)."""
     module = extend_module()
     heads, t, dk = q.shape
