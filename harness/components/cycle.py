@@ -9,7 +9,6 @@ the plain decode it is held against runs B tokens; a case of B > 1 names its bat
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from verifybench.harness.components.mla_verify import variant_config
 from verifybench.harness.engine import memory
 from verifybench.harness.engine.charts import write_png
 from verifybench.harness.engine.results import batch_of, cpu_numbers, withhold_on_cpu
-from verifybench.harness.engine.runner import CaseSkipped, CaseSpec
+from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, release_unreferenced
 from verifybench.harness.engine.timing import cuda_available, measure
 from verifybench.harness.model import presets
 from verifybench.harness.model.build import allreduce_stand_in_us, build_forward, device_wait, release_forwards
@@ -140,7 +139,7 @@ def make_cycle(fwd, cfg: SpecConfig, attention: str, allreduce_us: float) -> tup
     att_cfg, att_source = variant_config(attention, fwd.device)
     # a Cycle refers to itself (its target's ops and its graphs call its methods), so the previous case's buffers and
     # graphs wait for the collector: collected here, their memory is this one's (an H100 once ran out without it)
-    gc.collect()
+    release_unreferenced()
     cyc = Cycle(fwd, cfg, attention, device_wait(allreduce_us) if gpu else (lambda t: None), graphs=gpu,
                 attention_config=att_cfg, attention_pdl=False if attention == "extend" else None)
     return cyc, att_cfg, att_source

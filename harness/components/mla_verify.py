@@ -275,17 +275,14 @@ def make_case(preset: str, tp: int, context: int, n: int, tree_shape, variant: s
             return _calls(variant, cfg, launch_pdl, starts, lens, mask, kv_lora, scale, (heads, rope), dtype)
 
         qs = [torch.randn(heads, batch * n, dk, device=device).to(dtype) for _ in caches]  # one q per layer
-        if engine:  # the engine's inputs built, and its kernels compiled, before the timed region
-            guard = engines.engine_call(variant.split(".")[0])
-            try:
-                call = guard(calls)(starts, lens, mask)
-                fns = [lambda q=q, c=c: call(q, c) for q, c in zip(qs, caches)]
-                guard(lambda: [fn() for fn in fns])()
-            except engines.EngineMissing as e:
-                raise engines.skipped(e) from None
-        else:
-            call = calls(starts, lens, mask)
+        guard = engines.engine_call(variant.split(".")[0]) if engine else (lambda f: f)
+        try:  # an engine's inputs built, and its kernels compiled, before the timed region
+            call = guard(calls)(starts, lens, mask)
             fns = [lambda q=q, c=c: call(q, c) for q, c in zip(qs, caches)]
+            if engine:
+                guard(lambda: [fn() for fn in fns])()
+        except engines.EngineMissing as e:
+            raise engines.skipped(e) from None
 
         def check() -> tuple[bool, str]:
             q = torch.randn(heads, batch * n, dk, device=device).to(dtype)
