@@ -2,9 +2,11 @@
 FlashInfer, sgl-kernel, vLLM) and call its kernel as the engine calls it. Nothing here copies an engine's code or
 installs one; where an engine is missing, its rows are skipped with the reason in one line.
 
-Each adapter module is named for its engine (sglang.py) and gives, per kernel family, a function that builds the
-engine's inputs from ours once (outside the timed region) and returns the call to time. A component adds the engine's
-rows as variants named "<engine>.<kernel>" and checks them against the same plain-torch reference as ours.
+Each adapter module is named for its engine (sglang.py), says which release it follows (FOLLOWS) and gives, per kernel
+family, a function that builds the engine's inputs from ours once (outside the timed region) and returns the call to
+time. Every backend is declared once in backends.py; a component lists its engine rows ("<engine>.<kernel>") from
+there and checks them against the same plain-torch reference as ours. deployment.py says what a deployment's flags
+run for each part of the forward.
 """
 from __future__ import annotations
 

@@ -80,8 +80,8 @@ DECLARED = (
             "mla_verify", None, ANY_CUDA, True, "our serial extend with SGLang's tiles for this GPU: the engine's "
             "Triton verify kernel as the suite models it"),
     Backend("ours.split_kv", None, "verify_attention", "mla_verify", "split_kv", "verifybench.kernels.mla_verify.api",
-            "mla_verify", None, ANY_CUDA, True, "our split-KV verify: what a flash kernel over splits of the KV reaches "
-                                                "(FA3, FlashMLA, TRT-LLM MLA are of this family)"),
+            "mla_verify", None, ANY_CUDA, True,
+            "our split-KV verify: what a flash kernel over splits of the KV reaches (FA3, FlashMLA, TRT-LLM MLA)"),
     Backend("ours.extend@sm120", None, "verify_attention", "mla_verify", "extend@sm120",
             "verifybench.kernels.mla_verify.api", "mla_verify", None, ANY_CUDA, True,
             "our serial extend with the tiles SGLang picks on sm_120", tiles_cc=SM120),

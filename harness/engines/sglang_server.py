@@ -32,7 +32,8 @@ def quantization_config(group_size: int = 32) -> dict:
                "dynamic": False}
     return {"quant_method": "compressed-tensors", "format": "pack-quantized",
             "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None}},
-            "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", r"re:.*mlp\.(gate|up|gate_up|down)_proj.*"]}
+            "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*",
+                       r"re:.*mlp\.(gate|up|gate_up|down)_proj.*"]}
 
 
 def model_config() -> types.SimpleNamespace:
