@@ -128,10 +128,15 @@ def _sglang(args: tuple[str, ...], cc: int) -> Deployment:
         if topk > 1:
             raise ValueError(f"--engine-args: --attention-backend {name} with --speculative-eagle-topk {topk}: "
                              f"SGLang refuses it ({name} MLA only supports topk=1 for speculative decoding)")
-    named = {"decode attention": (decode, 0), "verify attention": (verify, 1)}
-    picked = {}
-    for part, (name, which) in named.items():
-        decided = f"--attention-backend {name}: {how}" if name == backend else f"{name}: its own flag, given"
+    own = {"decode": "--decode-attention-backend", "prefill": "--prefill-attention-backend"}
+    verify_flag = own["decode" if server.speculative_attention_mode == "decode" else "prefill"]
+    named = {"decode attention": (decode, 0, own["decode"]), "verify attention": (verify, 1, verify_flag)}
+    picked, overridden = {}, ""
+    for part, (name, which, flag) in named.items():
+        decided = f"--attention-backend {name}: {how}"
+        if getattr(server, flag[2:].replace("-", "_")) is not None:  # the part's own flag overrides it
+            decided = f"{flag} {name} (given)"
+            overridden += f"; {part.split()[0]} {name} ({flag})"
         if name in ATTENTION:
             picked[part] = ATTENTION[name][which]
             tiles = f"; its extend with the tiles SGLang picks on sm_{cc}" if picked[part] == "sglang.extend" else ""
@@ -152,7 +157,7 @@ def _sglang(args: tuple[str, ...], cc: int) -> Deployment:
     rows.append(REST)
     return Deployment("sglang", engines.version("sglang"), args, backend, picked["decode attention"],
                       picked["verify attention"], cc if picked["verify attention"] == "sglang.extend" else None,
-                      splits, moe, tuple(rows), cc, how, method, draft)
+                      splits, moe, tuple(rows), cc, how + overridden, method, draft)
 
 
 def _moe(server) -> tuple[str, str, str]:

@@ -50,6 +50,14 @@ def test_the_flashinfer_backend_runs_flashinfers_kernels(server_args):
     assert (d.decode_attention, d.verify_attention, d.extend_tiles_cc) == ("flashinfer.decode", "flashinfer.mla", None)
 
 
+def test_a_parts_own_backend_flag_decides_that_part_as_sglangs_hybrid_backend_does(server_args):
+    d = deployment.resolve("sglang", "--prefill-attention-backend flashinfer --decode-attention-backend triton")
+    assert (d.decode_attention, d.verify_attention) == ("sglang.decode", "flashinfer.mla")
+    assert "verify flashinfer (--prefill-attention-backend)" in d.line()
+    decode_mode = d.with_args("--speculative-attention-mode decode")  # verify then runs the decode backend
+    assert decode_mode.verify_attention == "sglang.extend"
+
+
 def test_a_kv_split_flag_reaches_the_deployment_and_a_lever_changes_one_flag(server_args):
     d = deployment.resolve("sglang", "--triton-attention-num-kv-splits 64")
     assert d.kv_splits == 64 and "(given)" in dict((p, how) for p, _, how in d.rows)["kv splits"]
