@@ -5,13 +5,11 @@ from __future__ import annotations
 
 from verifybench.harness.engine import stance, tables
 from verifybench.harness.engine.results import WITHHELD, batch_of
+from verifybench.harness.engines import backends
 
-# component: (the params key naming what ran, (our stand-in, the engine's kernel it stands in for) pairs)
-PAIRS = {
-    "mla_verify": ("variant", (("extend", "sglang.extend"), ("extend@sm120", "sglang.extend@sm120"))),
-    "mla_decode": ("impl", (("triton", "sglang.decode"), ("triton", "flashinfer.decode"))),
-    "moe_int4": ("impl", (("triton", "sglang.triton"),)),
-}
+# component: (the params key naming what ran, (our stand-in, the engine's kernel it stands in for) pairs), as
+# harness/engines/backends.py declares each engine backend's stand-in
+PAIRS = backends.stand_in_pairs()
 SHAPE_KEYS = ("context", "tokens", "tree", "routing")  # those a component's params carry name its shape
 FIGURES = ("engine_us", "ours_us", "roofline_us", "ours/engine")
 

@@ -28,7 +28,7 @@ import triton
 from verifybench.harness import engines
 from verifybench.harness.analysis.numbers import check_forward_rows
 from verifybench.harness.engine import ceiling, memory
-from verifybench.harness.engines import sglang
+from verifybench.harness.engines import backends
 from verifybench.harness.model import presets
 from verifybench.harness.engine.results import CPU_TIMING, batch_of, cpu_numbers
 from verifybench.harness.engine.tables import side_by_side
@@ -50,8 +50,9 @@ MAX_N = 8  # each request's region holds context + MAX_N rows, so every n of one
 MAX_COPIES = 64
 TOL = 1e-2  # bf16 output: a few ulp of bf16 over softmax-weighted fp32 sums
 IMPLS = ("triton", "triton-default", "torch")  # triton: select_config (tuned table); torch: model/forward.py's path
-# the engines' own kernels (harness/engines), rows of their own beside ours
-ENGINE_IMPLS = ("sglang.decode", "flashinfer.decode")
+# the engines' own kernels, rows of their own beside ours, as harness/engines/backends.py declares them
+ENGINE_IMPLS = tuple(b.row for b in backends.of(NAME, engines_only=True))
+ENGINES = tuple(dict.fromkeys(b.engine for b in backends.of(NAME, engines_only=True)))  # their table columns
 # triton.jit picks the interpreter at decoration time: CPU runs of the kernel need TRITON_INTERPRET=1 before import
 INTERPRET = interpret.active()
 
@@ -161,26 +162,23 @@ def requests_fn(impl: str, a: Attn, starts: list[int], lengths: list[int], cfgs:
 def engine_fns(impl: str, a: Attn, n: int, starts: torch.Tensor, lens: torch.Tensor, qs, caches) -> tuple:
     """The engine's decode of the requests (starts / lens [B]: n tokens each over rows [start_b, start_b + len_b))
     over the rotation, one run() per layer sharing one forward's metadata or plan (as the backend shares it), the
-    call the check makes, and FlashInfer's plan (None for SGLang); CaseSkipped with the one-line reason where the
+    call the check makes, FlashInfer's plan (None for SGLang) and what the record adds (SGLang's max_kv_splits),
+    through the backend's declared call (harness/engines/calls.py); CaseSkipped with the one-line reason where the
     engine cannot run here."""
+    backend = backends.for_row(NAME, impl)
+    guard = engines.engine_call(backend.engine)
     try:
-        if impl == "flashinfer.decode":
-            from verifybench.harness.engines import flashinfer
-
-            wrapper, plan = flashinfer.decode_planner(starts, lens, n, a.heads, a.kv_lora, a.d - a.kv_lora, a.scale,
-                                                      caches[0].dtype)
-            runs = [flashinfer.mla_run(q, c, a.kv_lora, wrapper) for q, c in zip(qs, caches)]
-            out = runs, lambda q, c: flashinfer.mla_run(q, c, a.kv_lora, wrapper)(), plan
-        else:
-            sglang.decode_module()
-            meta = sglang.decode_metadata(starts, lens, n, a.heads, a.kv_lora)
-            runs = [sglang.mla_decode(q, c, starts, lens, a.kv_lora, a.scale, meta) for q, c in zip(qs, caches)]
-            out = runs, lambda q, c: sglang.mla_decode(q, c, starts, lens, a.kv_lora, a.scale, meta)(), None
+        runs_here, why = backend.enabled(caches[0].device.type)
+        if not runs_here:
+            raise engines.EngineMissing(why)
+        make, plan = guard(backend.function("call"))(starts, lens, n, a.heads, a.kv_lora, a.d - a.kv_lora, a.scale,
+                                                     caches[0].dtype)
+        runs = [make(q, c) for q, c in zip(qs, caches)]
         # the engine's kernels compiled before the timed region, a failure there its rows' one-line skip
-        engines.engine_call(impl.split(".")[0])(lambda: [run() for run in runs])()
+        guard(lambda: [run() for run in runs])()
     except engines.EngineMissing as e:
         raise engines.skipped(e) from None
-    return out
+    return runs, lambda q, c: make(q, c)(), plan, getattr(make, "record", {})
 
 
 def check_requests(fn, alone, a: Attn, n: int, starts: list[int], lengths: list[int],
@@ -217,11 +215,12 @@ def _config(impl: str, a: Attn, n: int, length: int, device: str, dtype: torch.d
 def make_case(a: Attn, n: int, context: int, impl: str, device: str, measure_kw: dict, preset: str, tp: int,
               batch: int = 1) -> CaseSpec:
     dtype = _dtype(impl, device)
-    engine = impl in ENGINE_IMPLS
+    backend = backends.for_row(NAME, impl)
+    engine = backend is not None and backend.engine is not None
     length = context + n  # the verify forward writes its n tokens' slots, then attends all of them
     params = {"preset": preset, "tp": tp, "heads": a.heads, "DK": a.d, "kv_lora": a.kv_lora, "tokens": n,
               "context": context, "length": length, "batch": batch, "impl": impl, "device": device,
-              "dtype": str(dtype).split(".")[1], **({"engine": engines.label(impl.split(".")[0])} if engine else {})}
+              "dtype": str(dtype).split(".")[1], **({"engine": engines.label(backend.engine)} if engine else {})}
     requests = f"B{batch}/" if batch > 1 else ""  # B = 1 keeps the names the baselines compare by
     name = f"mla/{preset}-tp{tp}/ctx{context}/{requests}{impl}/n{n}"
 
@@ -232,10 +231,10 @@ def make_case(a: Attn, n: int, context: int, impl: str, device: str, measure_kw:
         firsts, lengths = starts.tolist(), lens.tolist()
         if engine:
             cfg, source = None, None
-            fns, fn, plan_call = engine_fns(impl, a, n, starts, lens, qs, caches)
+            fns, fn, plan_call, engine_record = engine_fns(impl, a, n, starts, lens, qs, caches)
             alone = lambda b: engine_fns(impl, a, n, starts[b:b + 1], lens[b:b + 1], (), caches)[1]  # noqa: E731
         else:
-            cfg, source = _config(impl, a, n, length, device, dtype)
+            cfg, source, plan_call, engine_record = *_config(impl, a, n, length, device, dtype), None, {}
             fn = requests_fn(impl, a, firsts, lengths, [cfg] * batch)
             fns = [lambda q=q, c=c: fn(q, c) for q, c in zip(qs, caches)]
             alone = lambda b: requests_fn(impl, a, firsts[b:b + 1], lengths[b:b + 1], [cfg])  # noqa: E731
@@ -246,14 +245,12 @@ def make_case(a: Attn, n: int, context: int, impl: str, device: str, measure_kw:
             d = {"bytes_moved": moved, "cache_bytes": batch * length * a.d * dtype.itemsize,
                  "gbps": ceiling.gbps(moved, m.median_us), "eta": ceiling.eta(moved, m.median_us, cp),
                  "floor_us": moved / (cp * 1e3), "copy_gbps": cp, "rotation": len(fns),
-                 **({"memory_note": plan.note} if plan.reduced else {})}
+                 **engine_record, **({"memory_note": plan.note} if plan.reduced else {})}
             if cfg is not None:
                 d["config"], d["config_source"] = cfg, source
                 d["splits_run"] = splits_run(cfg, length)
                 d["programs"] = batch * programs(cfg, a, n, length)  # one launch per request
-            if impl == "sglang.decode":
-                d["max_kv_splits"] = sglang.MAX_KV_SPLITS
-            if impl == "flashinfer.decode":  # planned once per decode forward, on the host, before the replay
+            if plan_call is not None:  # FlashInfer: planned once per decode forward, on the host, before the replay
                 from verifybench.harness.engines import flashinfer
 
                 d["plan_host_us"] = flashinfer.plan_host_us(plan_call)
@@ -261,7 +258,9 @@ def make_case(a: Attn, n: int, context: int, impl: str, device: str, measure_kw:
 
         return fns, (lambda: check_requests(fn, alone, a, n, firsts, lengths, caches[0])), derive
 
-    return CaseSpec(name=name, params=params, mode="graph", setup=setup, measure_kw={"device": device, **measure_kw})
+    # whatever fails in an engine's setup or check (an engine of another release) skips its row in one line
+    guarded = engines.engine_rows(backend.engine if engine else None, setup)
+    return CaseSpec(name=name, params=params, mode="graph", setup=guarded, measure_kw={"device": device, **measure_kw})
 
 
 def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = None,
@@ -312,10 +311,12 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
                         "config_source": d.get("config_source"), "programs": d.get("programs")})
         elif prm["impl"] == "triton-default":
             row["default_us"] = us
-        elif prm["impl"] == "sglang.decode":
-            row.update({"sglang_us": us, "engine": prm["engine"]})
-        elif prm["impl"] == "flashinfer.decode":
-            row.update({"flashinfer_us": us, "flashinfer_plan_host_us": r["derived"].get("plan_host_us")})
+        elif prm["impl"] in ENGINE_IMPLS:  # "<engine>_us" (and its host-side plan), as declared
+            engine = backends.for_row(NAME, prm["impl"]).engine
+            row[f"{engine}_us"] = us
+            row.setdefault("engine", prm["engine"])
+            if "plan_host_us" in d:
+                row[f"{engine}_plan_host_us"] = d["plan_host_us"]
         else:
             row.update({"torch_us": us, "torch_eta": d["eta"]})
 
@@ -325,10 +326,10 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
         lambda r: {"context": r["params"]["context"], **({"B": batch_of(r)} if several else {}),
                    "n": r["params"]["tokens"], "MB": r["derived"]["bytes_moved"] / 1e6,
                    "floor_us": r["derived"]["floor_us"]}, fill,
-        (("speedup", "torch_us", "triton_us"), ("triton/sglang", "triton_us", "sglang_us"),  # < 1: ours is the faster
-         ("triton/flashinfer", "triton_us", "flashinfer_us")),
+        (("speedup", "torch_us", "triton_us"),  # triton/<engine> < 1: ours is the faster
+         *((f"triton/{e}", "triton_us", f"{e}_us") for e in ENGINES)),
         # a CPU copy ceiling says nothing about a GPU kernel's distance from its own, nor an interpreter of its speed
-        lambda k: k.endswith("eta") or k in ("floor_us", "speedup", "triton/sglang", "triton/flashinfer"))
+        lambda k: k.endswith("eta") or k in ("floor_us", "speedup") or k.startswith("triton/"))
     return [("MLA decode per case (" + (CPU_TIMING if cpu_numbers(records) else "graph mode") + ", caches rotated)",
              per_case),
             ("MLA decode: Triton (tuned / default config) vs the torch path and the engines' kernels", side)]

@@ -31,6 +31,7 @@ import torch
 import triton
 
 from verifybench.harness import engines
+from verifybench.harness.engines import backends
 from verifybench.harness.analysis.numbers import (CONTEXT_SPREAD_HELP, check_context_spread, check_forward_rows,
                                                   check_spread_batches, context_spread_arg, spread_contexts)
 from verifybench.harness.engine import ceiling, memory
@@ -49,8 +50,10 @@ from verifybench.kernels.tree.inputs import random_tree
 NAME = "mla_verify"
 HELP = "MLA verify attention with the tree mask: engine-style serial extend vs split-KV, per context and per forward"
 TAKES_BATCH = True  # --batch: B requests per call, each over its own context (B > 1 cases name their batch)
-VARIANTS = ("extend", "split_kv", "sglang.extend", "flashinfer.mla")  # ours, then the engines' own kernels
-SM120 = 120  # the users' GPU: "@sm120" variants run the tiles SGLang picks there
+SM120 = backends.SM120  # the users' GPU: "@sm120" variants run the tiles SGLang picks there
+# ours, then the engines' own kernels, as harness/engines/backends.py declares them (this GPU's tiles; sm_120's)
+VARIANTS = tuple(b.row for b in backends.of(NAME, tiles_cc=None))
+SM120_VARIANTS = tuple(b.row for b in backends.of(NAME, tiles_cc=SM120))
 GPU_CONTEXTS = (1024, 4096, 16384, 32768)
 GPU_NS = (3, 6)  # the deployment's draft-token counts D (root included)
 CPU_MAX_CONTEXT = 4096  # the interpreter walks the keys serially: a longer context takes minutes per case
@@ -136,41 +139,18 @@ def variant_config(variant: str, device: str) -> tuple[dict, str]:
 def variants(device: str) -> tuple[str, ...]:
     """Ours and the engine's; on a GPU other than sm_120 also both extends with sm_120's tiles."""
     if device == "cuda" and _capability() != SM120:
-        return (*VARIANTS, "extend@sm120", "sglang.extend@sm120")
+        return (*VARIANTS, *SM120_VARIANTS)
     return VARIANTS
 
 
-def _per_input(make):
-    """call(q, cache) -> make(q, cache)(), made once per (q, cache): an engine's inputs are built from ours outside
-    the timed region (setup and the check call it first); the pair is held, so its ids cannot be reused meanwhile."""
-    built: dict = {}
-
-    def call(q, cache):
-        key = (id(q), id(cache))
-        if key not in built:
-            built[key] = (q, cache, make(q, cache))
-        return built[key][2]()
-    return call
-
-
 def _calls(variant, cfg, launch_pdl, starts, lens, mask, kv_lora, scale, q_shape=None, dtype=None):
-    """call(q, cache) -> the variant's output [heads, T, kv_lora]: ours, or the engine's kernel (_per_input)."""
-    if variant == "flashinfer.mla":
-        from verifybench.harness.engines import flashinfer
-
-        heads, rope = q_shape
-        d = mask.shape[-1]  # the chain's D (FlashInfer runs chains only)
-        wrapper, plan = flashinfer.verify_planner(starts, lens, d, heads, kv_lora, rope, scale, dtype)
-        call = _per_input(lambda q, cache: flashinfer.mla_run(q, cache, kv_lora, wrapper))
-        call.plan = plan
-        return call
-    if variant.startswith("sglang."):
-        from verifybench.harness.engines import sglang
-
-        cc = SM120 if variant.endswith("@sm120") else None
-        meta = sglang.extend_metadata(starts, lens, mask)  # one forward's: every layer (rotated cache) shares it
-        return _per_input(lambda q, cache: sglang.extend_verify(q, cache, starts, lens, mask, kv_lora, scale, cc=cc,
-                                                                metadata=meta))
+    """call(q, cache) -> the variant's output [heads, T, kv_lora]: ours, or the engine's kernel through its declared
+    call (harness/engines/calls.py: its inputs built once per (q, cache), outside the timed region)."""
+    backend = backends.for_row(NAME, variant)
+    if backend.engine:
+        heads, rope = q_shape or (None, None)
+        return backend.function("call")(starts, lens, mask, kv_lora, scale, heads=heads, rope=rope, dtype=dtype,
+                                        cc=backend.tiles_cc)
     ours = "split_kv" if variant == "split_kv" else "extend"
     return lambda q, cache: mv.mla_verify(q, cache, starts, lens, mask, kv_lora, scale, ours, cfg, pdl=launch_pdl)
 
@@ -238,32 +218,19 @@ def make_case(preset: str, tp: int, context: int, n: int, tree_shape, variant: s
     requests = (f"B{batch}/" if batch > 1 else "") + (f"spread{spread:g}/" if spread > 0 else "")
     name = f"mla_verify/{preset}-tp{tp}/ctx{context}/{requests}{mask_id}/{variant}/n{n}"
 
+    backend = backends.for_row(NAME, variant)
+    engine = backend.engine  # None: ours
+
     def setup():
         if device != "cuda" and not INTERPRET:
             raise CaseSkipped("the Triton kernels need a GPU, or TRITON_INTERPRET=1 set before import on CPU")
-        engine = variant.startswith(("sglang.", "flashinfer."))
-        if variant == "flashinfer.mla":
-            if tree_shape is not None:
-                raise engines.skipped("FlashInfer MLA ignores the tree mask (SGLang runs it for topk 1 only); it is "
-                                      "timed on chains")
-            try:
-                from verifybench.harness.engines import flashinfer
-
-                if device != "cuda":
-                    raise engines.EngineMissing("FlashInfer's MLA kernels need a CUDA GPU (they compile with nvcc)")
-                flashinfer.mla_module()
-            except engines.EngineMissing as e:
-                raise engines.skipped(e) from None
-            cfg, source = {"backend": "fa2"}, f"{engines.label('flashinfer')}, backend fa2, planned as SGLang does"
-        elif engine:
-            try:
-                from verifybench.harness.engines import sglang
-
-                tiles = sglang.extend_tiles(SM120 if variant.endswith("@sm120") else None)
-            except engines.EngineMissing as e:
-                raise engines.skipped(e) from None
-            on = " as on sm_120" if variant.endswith("@sm120") else ""
-            cfg, source = tiles, f"{engines.label('sglang')}'s launcher{on}"
+        if engine:
+            if tree_shape is not None and backend.chains_only:
+                raise engines.skipped(backend.chains_only)
+            runs, why = backend.enabled(device)
+            if not runs:
+                raise engines.skipped(why)
+            cfg, source = backend.function("setup")(backend.tiles_cc)
         else:
             cfg, source = variant_config(variant, device)
         caches, plan = planned_caches(sum(contexts) + batch * SPARE_ROWS, dk, device, dtype, batch)
@@ -275,14 +242,10 @@ def make_case(preset: str, tp: int, context: int, n: int, tree_shape, variant: s
             return _calls(variant, cfg, launch_pdl, starts, lens, mask, kv_lora, scale, (heads, rope), dtype)
 
         qs = [torch.randn(heads, batch * n, dk, device=device).to(dtype) for _ in caches]  # one q per layer
-        guard = engines.engine_call(variant.split(".")[0]) if engine else (lambda f: f)
-        try:  # an engine's inputs built, and its kernels compiled, before the timed region
-            call = guard(calls)(starts, lens, mask)
-            fns = [lambda q=q, c=c: call(q, c) for q, c in zip(qs, caches)]
-            if engine:
-                guard(lambda: [fn() for fn in fns])()
-        except engines.EngineMissing as e:
-            raise engines.skipped(e) from None
+        call = calls(starts, lens, mask)
+        fns = [lambda q=q, c=c: call(q, c) for q, c in zip(qs, caches)]
+        if engine:  # its inputs built, and its kernels compiled, before the timed region
+            engines.engine_call(engine)(lambda: [fn() for fn in fns])()
 
         def check() -> tuple[bool, str]:
             q = torch.randn(heads, batch * n, dk, device=device).to(dtype)
@@ -297,12 +260,12 @@ def make_case(preset: str, tp: int, context: int, n: int, tree_shape, variant: s
                  "floor_us": moved / (copy_gbps * 1e3), "copy_gbps": copy_gbps,
                  "per_forward_us": m.median_us * p.layers, "config": cfg, "config_source": source,
                  "pdl": pdl.resolve(launch_pdl, torch.device(device)), "rotation": len(fns),
-                 "kernel": engines.label(variant.split(".")[0]) if engine else "ours",
+                 "kernel": engines.label(engine) if engine else "ours",
                  **({"memory_note": plan.note} if plan.reduced else {})}
             if variant == "split_kv":
                 # the longest request's splits: the call waits for it
                 d["splits_launched"], d["splits_used"] = split_counts(cfg, heads, n, max(contexts), device, batch)
-            if variant == "flashinfer.mla":  # SGLang plans once per verify forward, on the host, before the replay
+            if hasattr(call, "plan"):  # FlashInfer: SGLang plans once per verify forward, on the host
                 from verifybench.harness.engines import flashinfer
 
                 d["plan_host_us"] = flashinfer.plan_host_us(call.plan)
@@ -311,7 +274,9 @@ def make_case(preset: str, tp: int, context: int, n: int, tree_shape, variant: s
 
         return fns, check, derive
 
-    return CaseSpec(name=name, params=params, mode="graph", setup=setup, measure_kw={"device": device, **measure_kw})
+    # whatever fails in an engine's setup or check (an engine of another release) skips its row in one line
+    return CaseSpec(name=name, params=params, mode="graph", setup=engines.engine_rows(engine, setup),
+                    measure_kw={"device": device, **measure_kw})
 
 
 def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = None,
@@ -354,7 +319,7 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
 # ---------------------------------------------------------------------------------------------------- tables
 
 # ours / the engine's, per tile set: the stand-in is faithful where these stay within 0.9-1.1
-FIDELITY = (("extend", "sglang.extend"), ("extend@sm120", "sglang.extend@sm120"))
+FIDELITY = backends.stand_in_pairs()[NAME][1]
 
 
 def spread_of(r: dict) -> float:

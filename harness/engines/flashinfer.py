@@ -12,6 +12,7 @@ import torch
 
 from verifybench.harness.engines import EngineMissing, engine_call, import_kernel_module
 
+FOLLOWS = "flashinfer 0.6.7.post3"  # the release whose calls this adapter makes, as SGLang 0.5.10.post1 makes them
 WORKSPACE_BYTES = 128 * 1024 * 1024  # the float workspace FlashInfer's docs recommend, as SGLang allocates it
 
 

@@ -13,6 +13,7 @@ import torch
 
 from verifybench.harness.engines import EngineMissing, engine_call, import_kernel_module
 
+FOLLOWS = "sglang 0.5.10.post1"  # the release whose calls this adapter makes (an engine skip line names it)
 EXTEND_MODULE = "sglang.srt.layers.attention.triton_ops.extend_attention"
 
 
@@ -40,6 +41,7 @@ def capability(module, cc: int | None):
                 delattr(module, k)
 
 
+@engine_call("sglang")
 def extend_tiles(cc: int | None, lq: int = 576, lv: int = 512) -> dict:
     """The installed SGLang's extend tiles for a head of Lq / Lv on sm_<cc>, as its launcher picks them:
     {block_rows, block_keys, num_warps}."""
