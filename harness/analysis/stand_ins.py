@@ -10,7 +10,7 @@ from verifybench.harness.engine.results import WITHHELD, batch_of
 PAIRS = {
     "mla_verify": ("variant", (("extend", "sglang.extend"), ("extend@sm120", "sglang.extend@sm120"))),
     "mla_decode": ("impl", (("triton", "sglang.decode"), ("triton", "flashinfer.decode"))),
-    "moe_int4": ("impl", (("triton", "sglang.triton"),)),
+    "moe_int4": ("impl", (("triton", "sglang.marlin"), ("triton", "sglang.triton"))),  # Marlin: what CUDA runs
 }
 SHAPE_KEYS = ("context", "tokens", "tree", "routing")  # those a component's params carry name its shape
 FIGURES = ("engine_us", "ours_us", "roofline_us", "ours/engine")

@@ -292,8 +292,8 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
     side.sort(key=lambda r: (r["preset"], r["n"]))
     return [("INT4 MoE layer per case (" + (CPU_TIMING if cpu_numbers(records) else
                                              "cold: weights rotated through the graph") + ")", per_case),
-            (f"INT4 MoE layer side by side (uniform routing unless named; dense = {_dense_ran(ok)}{engine_rows.ran(ok)})",
-             side)]
+            ("INT4 MoE layer side by side (uniform routing unless named; dense = "
+             f"{_dense_ran(ok)}{engine_rows.ran(ok)})", side)]
 
 
 def _dense_ran(records: list[dict]) -> str:
