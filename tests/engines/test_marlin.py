@@ -280,3 +280,22 @@ def test_a_marlin_layer_is_repacked_once_per_run_and_each_input_built_once():
         assert engine.record["marlin"]["block_size_m"] == 8 and "Marlin MoE" in engine.record["engine_note"]
     finally:
         rows.release()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 8])
+def test_sglangs_marlin_moe_matches_the_reference_on_a_gpu(n):
+    """The JIT kernels built with nvcc (minutes the first time; tvm-ffi caches them): scripts/marlin_check.py runs
+    the same at the Kimi-K2.5 TP8 shape."""
+    _module(marlin.GEMM_MODULE)
+    e, h, inter, topk = 16, 1024, 256, 2
+    gen = torch.Generator().manual_seed(n)
+    w13, w2 = torch.randn(e, 2 * inter, h, generator=gen) * 0.05, torch.randn(e, h, inter, generator=gen) * 0.05
+    layers = tuple(t.cuda() for t in (*moe.quantize_w4a16(w13, GROUP), *moe.quantize_w4a16(w2, GROUP)))
+    x = torch.randn(n, h, device="cuda").bfloat16()
+    tw, ids = moe.route_uniform(n, e, topk, seed=n, device="cuda")
+    run = marlin.moe_marlin(x, marlin.marlin_layer(*layers, GROUP, torch.bfloat16), tw, ids)
+    ref = moe.reference_moe_w4a16(x.float(), *layers, tw, ids)
+    out = run()
+    assert out.shape == ref.shape and out.dtype == torch.bfloat16
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
