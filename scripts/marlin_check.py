@@ -6,8 +6,9 @@ I 256 per rank, 384 experts, top-8, group 32) and a small one.
     PYTHONPATH=.ci/engines:.ci/engines-extra:tests/engine_stubs:tests/engine_stubs/no_sgl_kernel \\
         python3 scripts/marlin_check.py [--build-only]
 
-The Marlin GEMM is one translation unit of ~180 kernel instances, built by one nvcc on first use (minutes); tvm-ffi
-caches the build, so on a warm machine `--build-only` first, under its own time limit, then the check.
+The Marlin GEMM is one translation unit of ~180 kernel instances, built by one nvcc on first use (for sm_90 with CUDA
+13.0: 6 min of one CPU core, checked off-device); tvm-ffi caches the build, so on a warm machine `--build-only`
+first, under its own time limit, then the check.
 
 Exit 0: every check passed; 1: a check failed; 2: no check ran (no GPU, SGLang's JIT build or repack failed), with
 the reason in one line.
