@@ -6,8 +6,10 @@ with the same weights (its layout is a view of ours), check and timing: the call
 --moe-runner-backend triton, its config from try_get_optimal_moe_config, with the block alignment computed in torch
 outside the timed region (SGLang runs an sgl-kernel op there) and SiLU * up in torch (sgl-kernel's silu_and_mul in
 SGLang). On CUDA, SGLang 0.5.10.post1 serves compressed-tensors W4A16 MoE with Marlin instead (its Triton method is
-chosen on ROCm); this row is what its Triton runner costs on these weights. CPU: one case at the smallest n, in
-the interpreter (the kernels run there only under TRITON_INTERPRET=1).
+chosen on ROCm): "sglang.marlin" (harness/engines/marlin.py) is that path, its JIT kernels built with nvcc, our
+layers repacked once by SGLang's own loader step, fused_marlin_moe's calls (sgl-kernel's SiLU*up and top-k sum in
+torch where sgl-kernel is absent). Engine rows: moe_int4_engines.py. CPU: the Triton row in the interpreter at the
+smallest n (the kernels run there only under TRITON_INTERPRET=1); the Marlin row is listed, skipped (needs CUDA).
 
 Run: verifybench moe_int4   or   pytest --benchmark-only microbench/bench_moe_int4.py. Tune: verifybench tune.
 """
@@ -21,14 +23,14 @@ from pathlib import Path
 
 import torch
 
-from verifybench.harness import engines
 from verifybench.harness.engine import ceiling, memory
 from verifybench.harness.model import presets
 from verifybench.harness.engine.results import CPU_TIMING, cpu_numbers
 from verifybench.harness.engine.tables import side_by_side
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
-from verifybench.kernels.common import interpret
+from verifybench.harness.components import moe_int4_engines as engine_rows
+from verifybench.harness.components.moe_int4_engines import MARLIN, SGLANG
 from verifybench.kernels.moe_int4 import reference as moe
 from verifybench.kernels.moe_int4 import api as mt
 from verifybench.kernels.moe_int4 import configs as ms
@@ -41,7 +43,6 @@ CPU_NS = (1, 4, 8)
 LAYERS = 4  # distinct full weight sets in every rotation (a verify forward never re-reads a layer)
 MAX_SLOTS = 32
 TRACE_ENV = "VERIFYBENCH_MOE_TRACE"  # a routing trace file (moe.load_routing_trace formats) adds "trace" cases
-SGLANG = "sglang.triton"  # SGLang's Triton W4A16 MoE, timed beside ours
 IDEAL_INT4_GAIN = 2 / (0.5 + 2 / 32)  # bf16 bytes / int4+scale bytes per weight = 3.56
 TOL = 1e-2
 
@@ -95,13 +96,13 @@ _PLANS: dict = {}  # (preset, tp, device, what) -> memory plan of the layer sets
 def planned_layers(preset: str, tp: int, device: str, dense_dtype: torch.dtype | None = None) -> tuple[tuple,
                                                                                                        memory.Plan]:
     """The INT4 layer sets (dense_dtype None) or their dense copies, as many of LAYERS as fit the free memory
-    (engine/memory.py): the INT4 sets count twice (the kernel's planar repack is cached beside each), the dense
-    ones 3.56x an INT4 set. At least one set, else CaseSkipped."""
+    (engine/memory.py): the INT4 sets count three times (the kernel's planar repack and the Marlin row's copy are
+    cached beside each), the dense ones 3.56x an INT4 set. At least one set, else CaseSkipped."""
     p = preset_shape(preset, tp)
     int4_set = p.experts * moe.expert_bytes_int4(p.hidden, p.expert_intermediate, p.expert_group_size)
     key = (preset, tp, device, "int4")
     if key not in _PLANS:
-        _PLANS[key] = memory.plan(lambda c: 2 * c * int4_set, LAYERS, 1, f"the {preset} TP{tp} INT4 expert layers",
+        _PLANS[key] = memory.plan(lambda c: 3 * c * int4_set, LAYERS, 1, f"the {preset} TP{tp} INT4 expert layers",
                                   "layer sets", device)
     plan = _PLANS[key]
     if plan.units == 0:
@@ -140,41 +141,6 @@ def _slots(p: presets.Preset, n: int, device: str) -> int:
 
 # ---------------------------------------------------------------------------------------------------- cases
 
-class _Engine:
-    """SGLang's W4A16 MoE for one case: its config for n tokens, and call(layer, x, tw, ids) that builds the engine's
-    per-input state once per input (outside the timed region: setup and the check call it first) and runs it."""
-
-    def __init__(self, sglang, picked: dict, group_size: int):
-        self.sglang, self.picked, self.group_size, self.built = sglang, picked, group_size, {}
-        self.record = {"kernel": engines.label("sglang"), "config": picked["config"],
-                       "down_config": picked["down_config"], "config_source": picked["source"],
-                       "engine_note": ("fused_experts_impl's calls; block alignment in torch outside the timed "
-                                       "region (sgl-kernel op in SGLang), SiLU*up in torch (sgl-kernel in SGLang)")}
-
-    def call(self, layer: tuple, x, tw, ids):
-        key = (id(layer[0]), id(x), id(tw), id(ids))
-        if key not in self.built:
-            w13, w13s = self.sglang.w4a16_weights(layer[0], layer[1])
-            w2, w2s = self.sglang.w4a16_weights(layer[2], layer[3])
-            run = self.sglang.moe_w4a16(x, w13, w13s, w2, w2s, tw, ids, self.group_size, self.picked)
-            self.built[key] = (layer, x, tw, ids, run)  # held: the ids cannot be reused meanwhile
-        return self.built[key][-1]()
-
-
-def _sglang_setup(p: presets.Preset, n: int, device: str) -> _Engine:
-    """SGLang's kernels for this case, or the engine row's skip (one line, with the reason)."""
-    if device != "cuda" and not interpret.active():
-        raise CaseSkipped("the Triton kernels need a GPU, or TRITON_INTERPRET=1 set before import on CPU")
-    try:
-        from verifybench.harness.engines import sglang
-
-        picked = sglang.moe_w4a16_config(n, p.experts, p.hidden, p.expert_intermediate, p.topk,
-                                         p.expert_group_size)
-    except engines.EngineMissing as e:
-        raise engines.skipped(e) from None
-    return _Engine(sglang, picked, p.expert_group_size)
-
-
 def _config_record(impl: str, n: int, device: str, config: dict | None) -> dict:
     """The Triton kernel's config and where it came from (the tuned table, the default, or given by the case)."""
     if impl != "triton":
@@ -190,7 +156,7 @@ def make_case(preset: str, tp: int, impl: str, n: int, routing: str, device: str
     p = preset_shape(preset, tp)
     act_dtype = torch.bfloat16 if device == "cuda" else torch.float32
     dense_dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    if impl in ("triton", SGLANG):  # fp16 in the interpreter: its bf16 arithmetic is wrong
+    if impl in ("triton", SGLANG, MARLIN):  # fp16 in the interpreter: its bf16 arithmetic is wrong
         act_dtype = torch.bfloat16 if device == "cuda" else torch.float16
     weight_format = f"int4-g{p.expert_group_size}" if impl != "torch-dense" else str(dense_dtype).split(".")[1]
     params = {"preset": preset, "tp": tp, "impl": impl, "tokens": n, "routing": routing, "device": device,
@@ -200,8 +166,8 @@ def make_case(preset: str, tp: int, impl: str, n: int, routing: str, device: str
 
     def setup():
         engine = None
-        if impl == SGLANG:
-            engine = _sglang_setup(p, n, device)
+        if impl in (SGLANG, MARLIN):
+            engine = engine_rows.setup(impl, p, n, device)
         layers, plan = planned_layers(preset, tp, device)
         dense, notes = None, [plan.note] if plan.reduced else []
         if impl == "torch-dense":
@@ -227,11 +193,8 @@ def make_case(preset: str, tp: int, impl: str, n: int, routing: str, device: str
             tw, ids = _routing(routing, n, p, seed=1000 * n + s, device=device)
             counts.append(moe.moe_bytes(ids, p.hidden, bytes_per_expert, act_dtype.itemsize))
             fns.append(lambda layer=s % sets, x=x, tw=tw, ids=ids: call(layer, x, tw, ids, check_ids=False))
-        if engine is not None:  # the engine's per-input setup (its block alignment) done, and its kernels
-            try:  # compiled, before the timed region
-                engines.engine_call("sglang")(lambda: [fn() for fn in fns])()
-            except engines.EngineMissing as e:
-                raise engines.skipped(e) from None
+        if engine is not None:  # its per-input setup done and its kernels built before the timed region
+            engine_rows.first_calls(engine, fns)
 
         def check():
             x = torch.randn(n, p.hidden, device=device).to(act_dtype)
@@ -283,13 +246,15 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
         return [make_case(preset, tp, impl, n, "uniform", "cpu", mode, {})
                 for impl, mode in (("reference", "cold"), ("torch-dense", "graph")) for n in tokens or CPU_NS] + [
             _skipped_triton_case(preset, tp, min(tokens or CPU_NS)),
-            make_case(preset, tp, SGLANG, min(tokens or CPU_NS), "uniform", "cpu", "graph", {})]
+            make_case(preset, tp, SGLANG, min(tokens or CPU_NS), "uniform", "cpu", "graph", {}),
+            make_case(preset, tp, MARLIN, min(tokens or CPU_NS), "uniform", "cpu", "graph", {})]
     routings = ["uniform", "skewed"] + (["trace"] if os.environ.get(TRACE_ENV) else [])
     ns = tokens or GPU_NS
     ref_ns = [n for n in ns if n in REF_NS] or [min(ns)]
     out = [make_case(preset, tp, "triton", n, r, "cuda", "graph", {"max_time_s": 1.0}) for r in routings for n in ns]
     out += [make_case(preset, tp, "torch-dense", n, "uniform", "cuda", "graph", {"max_time_s": 1.0}) for n in ns]
-    out += [make_case(preset, tp, SGLANG, n, "uniform", "cuda", "graph", {"max_time_s": 1.0}) for n in ns]
+    out += [make_case(preset, tp, engine, n, "uniform", "cuda", "graph", {"max_time_s": 1.0})
+            for engine in (SGLANG, MARLIN) for n in ns]
     out += [make_case(preset, tp, "reference", n, "uniform", "cuda", "hot", {"max_time_s": 1.0}) for n in ref_ns]
     return out
 
@@ -311,6 +276,8 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
             row["torch_dense_us"] = us
         elif prm["impl"] == SGLANG:
             row["sglang_us"] = us
+        elif prm["impl"] == MARLIN:
+            row["marlin_us"] = us
         else:
             row["reference_us"] = us
 
@@ -319,24 +286,14 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
         lambda r: {"preset": f"{r['params']['preset']}-tp{r['params']['tp']}", "n": r["params"]["tokens"]}, fill,
         (("dense/int4", "torch_dense_us", "triton_us"), ("of_ideal_3.56x", "torch_dense_us", "triton_us",
                                                           IDEAL_INT4_GAIN), ("ref/triton", "reference_us", "triton_us"),
-         ("triton/sglang", "triton_us", "sglang_us")),
+         ("triton/sglang", "triton_us", "sglang_us"), ("triton/marlin", "triton_us", "marlin_us")),
         # CPU timings of torch paths and the interpreter: no eta, no verdict on the INT4 gain
-        ("eta", "floor_us", "dense/int4", "of_ideal_3.56x", "ref/triton", "triton/sglang"))
+        ("eta", "floor_us", "dense/int4", "of_ideal_3.56x", "ref/triton", "triton/sglang", "triton/marlin"))
     side.sort(key=lambda r: (r["preset"], r["n"]))
     return [("INT4 MoE layer per case (" + (CPU_TIMING if cpu_numbers(records) else
                                              "cold: weights rotated through the graph") + ")", per_case),
-            (f"INT4 MoE layer side by side (uniform routing unless named; dense = {_dense_ran(ok)}{_engine_ran(ok)})",
-             side)]
-
-
-def _engine_ran(records: list[dict]) -> str:
-    """The engine rows' kernel, from their own records: '; sglang = sglang 0.5.10.post1 Triton W4A16 ...'."""
-    engine = next((r for r in records if r["params"]["impl"] == SGLANG), None)
-    if engine is None:
-        return ""
-    kernel = engine["derived"].get("kernel", "sglang")
-    return (f"; sglang = {kernel}'s Triton W4A16 MoE, block alignment (torch) outside the timed region, SiLU*up in "
-            "torch")
+            ("INT4 MoE layer side by side (uniform routing unless named; dense = "
+             f"{_dense_ran(ok)}{engine_rows.ran(ok)})", side)]
 
 
 def _dense_ran(records: list[dict]) -> str:
@@ -353,7 +310,9 @@ def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
 
 
 def release() -> None:
-    """Drop the cached expert layers (about 5 GB for K2.5: four full layers) and the cached kernel weights."""
+    """Drop the cached expert layers (about 5 GB for K2.5: four full layers), the cached kernel weights and the
+    engine's Marlin copies."""
     int4_layers.cache_clear()
     dense_layers.cache_clear()
     _PLANS.clear()
+    engine_rows.release()

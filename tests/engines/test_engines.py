@@ -362,16 +362,16 @@ def test_sglang_w4a16_moe_called_as_fused_experts_matches_the_reference(m, topk)
 def test_the_moe_engine_row_is_skipped_in_one_line_without_sglang(monkeypatch):
     import importlib.util
 
-    from verifybench.harness.components import moe_int4
+    from verifybench.harness.components import moe_int4_engines
     from verifybench.harness.engine.runner import CaseSkipped
     from verifybench.harness.model import presets
 
     real = importlib.util.find_spec
     monkeypatch.setattr(engines, "version", lambda engine: None)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sglang" else real(name, *a))
-    monkeypatch.setattr(moe_int4.interpret, "active", lambda: True)
+    monkeypatch.setattr(moe_int4_engines.interpret, "active", lambda: True)
     with pytest.raises(CaseSkipped) as e:
-        moe_int4._sglang_setup(presets.get("tiny", 1), 1, "cpu")
+        moe_int4_engines.setup(moe_int4_engines.SGLANG, presets.get("tiny", 1), 1, "cpu")
     assert str(e.value).startswith("the engine's rows: sglang is not installed") and "\n" not in str(e.value)
 
 

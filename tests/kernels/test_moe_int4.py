@@ -643,3 +643,23 @@ def test_moe_side_by_side_title_names_the_dense_weights_and_device_that_ran():
     assert bench.tables(cpu)[1][0].endswith("dense = plain torch, float32 weights on CPU)")
     h200 = Path(__file__).resolve().parents[2] / "results/baselines/nvidia-h200-x1/moe_int4.json"
     assert bench.tables(results.load_run(h200)["cases"])[1][0].endswith("bfloat16 weights on GPU)")
+
+
+def test_moe_side_by_side_sets_ours_beside_sglangs_marlin_and_names_what_ran():
+    from verifybench.harness.engines import marlin
+
+    bench = importlib.import_module("verifybench.harness.components.moe_int4")
+    note = marlin.describe({"block_size_m": 8, "use_atomic_add": True, "torch_ops": ["silu_and_mul",
+                                                                                     "moe_sum_reduce"]})
+    derived = {"distinct_experts": 8, "bytes_moved": 1e7, "gbps": 1000.0, "eta": 0.5, "floor_us": 5.0}
+
+    def record(impl, us, **extra):
+        params = {"preset": "kimi-k2.5", "tp": 8, "impl": impl, "tokens": 1, "routing": "uniform", "device": "cuda"}
+        return {"name": f"moe/kimi-k2.5-tp8/{impl}/n1/uniform", "params": params, "mode": "graph", "device": "cuda",
+                "check": {"ok": True}, "summary": {"median_us": us}, "derived": {**derived, **extra}}
+
+    records = [record("triton", 20.0), record(bench.MARLIN, 40.0, kernel="sglang 0.5.10.post1", engine_note=note)]
+    (_, per_case), (title, side) = bench.tables(records)
+    assert [r["case"] for r in per_case] == [r["name"] for r in records]
+    assert side[0]["marlin_us"] == 40.0 and side[0]["triton/marlin"] == pytest.approx(0.5)
+    assert f"marlin = {note}" in title and "block_size_m 8" in title
