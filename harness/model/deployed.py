@@ -250,6 +250,7 @@ def _try(comp: Composition, part: str, engine_kernel: str, ours: str, build: Cal
 def compose(dep: Deployment, fwd) -> Composition:
     """The deployment's kernel per part on `fwd` (a VerifyForward), ours where the engine's cannot run here."""
     comp = Composition(dep)
+    gpu = fwd.device == "cuda"
     ours_decode = "ours.decode" if fwd.ops.name == "fused" else "torch reference (decode)"
     # decode attention: the plain decode step; the draft steps use the same backend
     if dep.decode_attention == "sglang.decode":
@@ -271,19 +272,58 @@ def compose(dep: Deployment, fwd) -> Composition:
         comp.ran["decode attention"], comp.ran["draft attention"] = ours_decode, "torch SDPA"
     # verify attention: the target verify forward of the cycle
     if dep.verify_attention == "sglang.extend":
-        comp.tree = _try(comp, "verify attention", "sglang.extend", "ours.extend", lambda: SglangExtend(
+        comp.tree = _try(comp, "verify attention", "sglang.extend", "ours.extend" if gpu else "torch reference",
+                         lambda: SglangExtend(
             dep.extend_tiles_cc))
     elif dep.verify_attention == "flashinfer.mla":
         def build():
             if fwd.device != "cuda":
                 raise EngineMissing("FlashInfer's MLA kernels need a CUDA GPU (they compile with nvcc)")
             return FlashinferMla(fwd.s, fwd.dtype)
-        comp.tree = _try(comp, "verify attention", "flashinfer.mla", "ours.split_kv", build)
+        comp.tree = _try(comp, "verify attention", "flashinfer.mla", "ours.split_kv" if gpu else "torch reference",
+                         build)
     else:
-        comp.ran["verify attention"] = dep.verify_attention
+        comp.ran["verify attention"] = dep.verify_attention if gpu else "torch reference"
     # routed experts
     comp.moe = deployed_moe(comp, fwd.device)
     return comp
+
+
+def check(comp: Composition, fwd, draft=None) -> tuple[bool, str]:
+    """The engine's decode (plain decode step) and draft-step attention against plain torch on fresh queries over
+    layer 0's cache and the draft's caches (the verify attention: Cycle.attention_error)."""
+    from verifybench.kernels.mla_verify.api import mla_verify_reference
+
+    ok, detail, s, b, dev = True, [], fwd.s, fwd.batch, fwd.device
+    scale = (s.qk_nope + s.qk_rope) ** -0.5
+    if comp.decode is not None:
+        cache = fwd.layers[0]["kv_cache"]
+        q = torch.randn(s.heads, b, s.latent, device=dev, dtype=fwd.dtype)
+        starts = torch.arange(b, device=dev, dtype=torch.int32) * fwd.region
+        prefix = torch.full((b,), fwd.context, device=dev, dtype=torch.int32)
+        got = (comp.decode(q, cache, fwd.context + 1, s.kv_lora, scale) if b == 1 else
+               comp.decode_batch(q, cache, starts, prefix, None, s.kv_lora, scale))
+        ref = mla_verify_reference(q, cache, starts, prefix, torch.ones(b, 1, 1, dtype=torch.bool, device=dev),
+                                   s.kv_lora, scale)
+        err = _rel(got, ref)
+        ok = ok and err <= 1e-2
+        detail.append(f"{comp.ran['decode attention']} decode vs torch rel_err {err:.2e}")
+    if comp.draft is not None and draft is not None:
+        dm = draft.d
+        end, per = draft.context + 1, 1
+        q = torch.randn(b * per, dm.heads, dm.head_dim, device=dev, dtype=fwd.dtype)
+        got = comp.draft(q, draft.k_cache, draft.v_cache, end, per)
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q.view(b, per, dm.heads, dm.head_dim).transpose(1, 2), draft.k_cache[:, :end].transpose(1, 2),
+            draft.v_cache[:, :end].transpose(1, 2), enable_gqa=dm.kv_heads != dm.heads).transpose(1, 2)
+        err = _rel(got, ref.reshape(got.shape))
+        ok = ok and err <= 1e-2
+        detail.append(f"{comp.ran['draft attention']} draft attention vs SDPA rel_err {err:.2e}")
+    return ok, "; ".join(detail)
+
+
+def _rel(got, ref) -> float:
+    return ((got.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
 def deployed_moe(comp: Composition, device: str):
@@ -291,7 +331,7 @@ def deployed_moe(comp: Composition, device: str):
     moe_fn(device) (imported lazily; the lead wires its final signature). SGLang's Triton W4A16 reads the checkpoint
     layout; the forward's weights are in ours (prepacked on a GPU), and a second copy of a rank's experts (~71 GB for
     K2.5 TP8) does not fit beside them."""
-    want = comp.deployment.moe
+    want, ours = comp.deployment.moe, "ours.moe" if device == "cuda" else "torch reference (moe)"
     if want == "sglang.marlin":
         def build():
             try:
@@ -302,12 +342,12 @@ def deployed_moe(comp: Composition, device: str):
             if make is None:
                 raise EngineMissing("harness/engines/marlin.py has no moe_fn(device) yet")
             return make(device)
-        return _try(comp, "moe", "sglang.marlin", "ours.moe", build)
+        return _try(comp, "moe", "sglang.marlin", ours, build)
     if want == "sglang.triton":
-        comp.stand_in("moe", "sglang.triton", "ours.moe", "SGLang's Triton W4A16 reads the checkpoint layout; a second "
+        comp.stand_in("moe", "sglang.triton", ours, "SGLang's Triton W4A16 reads the checkpoint layout; a second "
                       "copy of the rank's experts does not fit beside the forward's")
         return None
-    comp.ran["moe"] = "ours.moe"
+    comp.ran["moe"] = ours
     return None
 
 
@@ -320,3 +360,16 @@ def apply(fwd, comp: Composition):
     if comp.moe is not None:
         out.moe_fn = comp.moe
     return out
+
+
+def derived(comp: Composition, out: dict) -> dict:
+    """A cycle case's figures as the deployment runs them: what ran per part and the stand-ins; the plain decode step
+    with the host work the backend does before each decode replay (FlashInfer's plan()) added, said so."""
+    extra = {"deployment": comp.params(), "attention_ran": comp.ran.get("verify attention", out.get("attention_ran"))}
+    plan = comp.host.get("decode")
+    if plan is not None:
+        from verifybench.harness.engines import flashinfer
+
+        host_ms = flashinfer.plan_host_us(plan) / 1e3
+        extra.update(decode_ms=out["decode_ms"] + host_ms, decode_graph_ms=out["decode_ms"], decode_plan_host_ms=host_ms)
+    return extra
