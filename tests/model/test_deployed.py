@@ -180,3 +180,59 @@ def test_a_deployed_cycle_case_checks_the_engines_kernels_then_times_and_its_tab
     (title, rows), *_ = cycle.tables([{**case.as_dict(), "device": "cpu"}])
     assert title.startswith(_dep(splits=4).line()) and rows[0]["variant"] == "deployed"
     assert cycle.tables([])[0][0] == Deployment(None, None).line()  # without --engine: the suite's kernels
+
+
+def _ab_cycle(tmp_path, device="cuda"):
+    """The committed H200 cycle's (2,1,3) extend case as three deployment variants of known cycle and decode ms; the
+    flashinfer variant's verify attention stood in for (no mla_verify beside it to project with)."""
+    import copy
+    from pathlib import Path
+
+    from verifybench.harness.engine import results
+
+    h200 = Path(__file__).resolve().parents[2] / "results/baselines/nvidia-h200-x1"
+    run = results.read_json(h200 / "cycle.json")
+    (base,) = [c for c in run["cases"] if c["check"]["ok"] and c["params"]["attention"] == "extend"
+               and (c["params"]["steps"], c["params"]["topk"], c["params"]["draft_tokens"]) == (2, 1, 3)]
+    cases = []
+    for tag, flags, cycle_ms, decode_ms, stood in (
+            ("deployed", "", 30.0, 20.0, []),
+            ("triton-attention-num-kv-splits=64", "--triton-attention-num-kv-splits 64", 26.0, 16.0, []),
+            ("attention-backend=flashinfer", "--attention-backend flashinfer", 24.0, 15.0,
+             [["verify attention", "flashinfer.mla", "ours.split_kv", "flashinfer is not installed"]])):
+        c = copy.deepcopy(base)
+        c["name"] = f"cycle/kimi/{tag}/s2k1d3/x"
+        c["device"] = device
+        c["params"].update(deployment=tag, engine="sglang", engine_version="0.5.10.post1", engine_args=flags,
+                           deployment_line="the engine as deployed: sglang 0.5.10.post1, attention triton",
+                           kernels={})
+        c["summary"]["median_us"] = cycle_ms * 1e3
+        c["derived"].update(cycle_ms=cycle_ms, decode_ms=decode_ms,
+                            deployment={"kernels": {}, "stand_ins": stood})
+        cases.append(c)
+    run["cases"] = cases
+    results.write_json_atomic(tmp_path / "cycle.json", run)
+    return tmp_path / "cycle.json"
+
+
+def test_advise_ranks_the_ab_variants_by_measured_ms_with_each_variants_own_decode(tmp_path, capsys):
+    from verifybench.harness.cli import main as cli_main
+
+    assert cli_main(["advise", str(_ab_cycle(tmp_path))]) == 0
+    text = capsys.readouterr().out
+    assert text.split("## The answer\n")[1].startswith("(for the engine as deployed: sglang 0.5.10.post1")
+    section = text.split("## The engine's flags, measured A/B")[1].split("\n## ")[0]
+    ranked = [x for x in section.splitlines() if x[:3] in ("1. ", "2. ")]
+    assert ranked[0].startswith("1. triton-attention-num-kv-splits=64") and "26 ms per cycle" in ranked[0]
+    assert "saves 4 ms against the deployed" in ranked[0] and "tau* 1.62" in ranked[0]  # 26 / its own 16
+    assert ranked[1].startswith("2. deployed") and "tau* 1.5" in ranked[1]  # 30 / 20
+    assert "- attention-backend=flashinfer (--attention-backend flashinfer): not ranked" in section
+    assert "no mla_verify result to project with" in section
+
+
+def test_advise_on_a_cpu_ab_withholds_its_figures_and_still_names_the_stand_ins(tmp_path, capsys):
+    from verifybench.harness.cli import main as cli_main
+
+    assert cli_main(["advise", str(_ab_cycle(tmp_path, "cpu"))]) == 0
+    section = capsys.readouterr().out.split("## The engine's flags, measured A/B")[1].split("\n## ")[0]
+    assert "26" not in section and "flashinfer.mla" in section and "withheld" in section
