@@ -30,6 +30,7 @@ from verifybench.harness.model.forward import FORWARD_MAX_TOKENS, allocated_byte
 
 NAME = "cycle"
 TAKES_BATCH = True  # --batch: requests per cycle
+TAKES_DEPLOYMENT = True  # `run --engine`: the engine as deployed (and ours beside it)
 HELP = "the whole EAGLE-3 cycle (draft, tree, verify with the tree mask, sync, bookkeeping, re-extend) per phase"
 GPU_CONFIGS = "2,1,3;3,1,4;5,1,6;5,4,8"  # (steps, topk, draft tokens): SGLang's chain default for Kimi and beyond
 CPU_CONFIGS = "2,1,3;2,2,3"

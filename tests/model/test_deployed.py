@@ -236,3 +236,27 @@ def test_advise_on_a_cpu_ab_withholds_its_figures_and_still_names_the_stand_ins(
     assert cli_main(["advise", str(_ab_cycle(tmp_path, "cpu"))]) == 0
     section = capsys.readouterr().out.split("## The engine's flags, measured A/B")[1].split("\n## ")[0]
     assert "26" not in section and "flashinfer.mla" in section and "withheld" in section
+
+
+def test_verify_with_an_engine_runs_the_forward_with_its_decode_and_checks_it_first(resolved):
+    _sglang_or_skip()
+    from verifybench.harness.components import verify
+
+    specs = verify.cases("tiny", 1, 64, (1,), engine="sglang")
+    full = next(s for s in specs if s.params["variant"] == "full")
+    assert "/deployed/full/n1" in full.name and full.params["engine"] == "sglang"
+    case = full.run(max_time_s=0.05)
+    assert case.check_ok, case.check_detail
+    assert "sglang.decode decode vs torch" in case.check_detail
+    assert case.derived["deployment"]["kernels"]["decode attention"] == "sglang.decode"
+
+
+def test_run_with_an_engine_gives_the_cycle_the_deployment_and_ours_beside_it(resolved):
+    from verifybench.harness import run
+
+    scope = {"preset": "tiny", "tp": 1, "context": 64, "tokens": None, "batch": None, "options": {},
+             "engine": "sglang", "engine_args": "--triton-attention-num-kv-splits 32"}
+    tags = {s.params["deployment"] for s in run._cases("cycle", scope)}
+    assert tags == {"deployed", "ours"}
+    assert {s.params.get("deployment") for s in run._cases("verify", scope)} == {"deployed"}
+    assert "deployment" not in run._cases("cycle", {**scope, "engine": None, "engine_args": None})[0].params
