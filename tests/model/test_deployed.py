@@ -260,3 +260,16 @@ def test_run_with_an_engine_gives_the_cycle_the_deployment_and_ours_beside_it(re
     assert tags == {"deployed", "ours"}
     assert {s.params.get("deployment") for s in run._cases("verify", scope)} == {"deployed"}
     assert "deployment" not in run._cases("cycle", {**scope, "engine": None, "engine_args": None})[0].params
+
+
+def test_plan_on_an_ab_cycle_plans_one_variant_with_its_own_decode(tmp_path, capsys):
+    from verifybench.harness.cli import main as cli_main
+
+    path = _ab_cycle(tmp_path)
+    assert cli_main(["plan", str(path), "--accept-len", "3:2.4", "--deployment",
+                     "triton-attention-num-kv-splits=64"]) == 0
+    out = capsys.readouterr().out
+    assert "planning the deployment variant 'triton-attention-num-kv-splits=64'" in out
+    assert "26" in out and "1.62" in out  # its cycle, and tau* against its own 16 ms decode
+    assert cli_main(["plan", str(path), "--accept-len", "3:2.4", "--deployment", "nope"]) == 2
+    assert "holds attention-backend=flashinfer, deployed, triton" in capsys.readouterr().err
