@@ -12,6 +12,9 @@ import argparse
 import statistics
 from pathlib import Path
 
+from verifybench.harness.analysis.cycle_charts import passing_rows as _ok, row_key as _key
+from verifybench.harness.analysis.cycle_charts import several_batches as _several_batches
+from verifybench.harness.analysis.cycle_charts import several_contexts as _several_contexts
 from verifybench.harness.analysis.cycle_charts import context_chart as _context_chart
 from verifybench.harness.analysis.cycle_charts import context_chart_line  # noqa: F401 (cycle.context_chart_line)
 from verifybench.harness.analysis.numbers import check_forward_rows, context_list, contexts_arg
@@ -19,7 +22,7 @@ from verifybench.harness.analysis.plan import parse_configs as read_configs
 from verifybench.harness.components.mla_verify import variant_config
 from verifybench.harness.engine import memory
 from verifybench.harness.engine.charts import write_png
-from verifybench.harness.engine.results import batch_of, cpu_numbers, withhold_on_cpu
+from verifybench.harness.engine.results import cpu_numbers, withhold_on_cpu
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, release_unreferenced
 from verifybench.harness.engine.timing import cuda_available, measure
 from verifybench.harness.model import deployed, deployments, presets
@@ -262,28 +265,6 @@ def _derive(m, fwd, cyc: Cycle, cfg: SpecConfig, attention, ar_us, ar_source, to
     if plan.reduced:
         out["memory_note"] = plan.note
     return out
-
-
-def _ok(records):
-    return [r for r in records if r["check"]["ok"] and "phases_ms" in r.get("derived", {})]
-
-
-def _key(r, contexts: bool = False, batches: bool = False) -> dict:
-    """The row's configuration; its attention label says what ran (on CPU the torch reference stands in)."""
-    p = r["params"]
-    ran = r.get("derived", {}).get("attention_ran", p["attention"])
-    return {**({"deployment": p["deployment"]} if "deployment" in p else {}),
-            **({"context": p["context"]} if contexts else {}), **({"B": batch_of(r)} if batches else {}),
-            "steps,topk,D": f"{p['steps']},{p['topk']},{p['draft_tokens']}",
-            "attention": p["attention"] if ran == p["attention"] else f"torch reference (not {p['attention']})"}
-
-
-def _several_contexts(rows) -> bool:
-    return len({r["params"]["context"] for r in rows}) > 1
-
-
-def _several_batches(rows) -> bool:
-    return len({batch_of(r) for r in rows}) > 1
 
 
 def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
