@@ -5,6 +5,9 @@ Run: verifybench cycle [--configs "2,1,3;3,1,4;5,1,6;5,4,8"] [--attention extend
                       [--batch 1,2,4,8]
 With --batch, B requests at once, each over its own context: draft, tree, verify and re-extend carry B times the rows,
 the plain decode it is held against runs B tokens; a case of B > 1 names its batch (B1 names are unchanged).
+With --engine sglang [--engine-args "FLAGS"]: each part runs the kernel those flags deploy (model/deployed.py; ours in
+its place where it cannot run here, named with the reason); --ab "FLAGS;FLAGS" (or --ab levers) runs the cases once
+more per variant of the flags, named for it; `verifybench advise` on the folder ranks them by measured ms per cycle.
 """
 from __future__ import annotations
 
@@ -51,7 +54,8 @@ PHASES_AGREE = 0.03
 def add_arguments(p) -> None:
     p.add_argument("--configs", type=nonempty("configurations"), default=None,
                    help="(steps,topk,draft_tokens) triples separated by ';' (default "
-                   f"{GPU_CONFIGS} on a GPU, {BATCH_CONFIGS} with several --batch sizes, {CPU_CONFIGS} on CPU); "
+                   f"{GPU_CONFIGS} on a GPU, {BATCH_CONFIGS} with several --batch sizes or --ab, {CPU_CONFIGS} on "
+                   "CPU); "
                    f"draft tokens include the root, at most {FORWARD_MAX_TOKENS}")
     p.add_argument("--attention", type=nonempty("attention variants"), default=None,
                    help="verify attention variants, comma-separated: extend (the "
@@ -112,7 +116,7 @@ def cases(preset: str, tp: int, context: int = presets.CONTEXT, tokens: tuple[in
             raise ValueError(f"{name}: an empty list; leave the option out for the defaults")
     several_batches = len(batch or ()) > 1
     cfgs = parse_configs(configs if configs is not None else (CPU_CONFIGS if not gpu else BATCH_CONFIGS
-                                                              if several_batches else GPU_CONFIGS))
+                                                              if several_batches or ab else GPU_CONFIGS))
     if tokens:
         cfgs = [c for c in cfgs if c.draft_tokens in tokens]
         if not cfgs:
