@@ -16,6 +16,7 @@ from verifybench.harness.model.deployments import stand_in_text
 # our kernel that stands in for each engine kernel, as mla_verify / mla_decode name them
 VERIFY_OURS = {"sglang.extend": "extend", "flashinfer.mla": "split_kv"}
 DECODE_OURS = {"sglang.decode": "triton", "flashinfer.decode": "triton"}
+PROJECTED = ("verify attention", "decode attention")  # the parts whose engine kernel a component result times
 
 
 def deployed_cases(run: dict) -> list[dict]:
@@ -54,8 +55,8 @@ def _projected(case: dict, runs: dict) -> tuple[float | None, float | None, str]
                                     + (f" with {splits} KV splits" if splits not in (None, 8) else ""))
             decode += layers * (theirs - mine) / 1e3  # the plain decode step only: the cycle runs no MLA decode
             how.append(f"decode {engine} {theirs:.3g} us per layer (mla_decode) for {ours}'s {mine:.3g}")
-        elif part == "moe":
-            how.append(f"MoE: {ours} stood in for {engine} (not projected)")
+        else:  # the draft's attention (a small cache) and the MoE: measured with ours, said so
+            how.append(f"{part}: {ours} stood in for {engine} (not projected)")
     return cycle, decode, "; ".join(how)
 
 
@@ -69,7 +70,7 @@ def rows(runs: dict) -> list[dict]:
         row = {"context": p["context"], "B": batch_of(c), "shape": case_config(c), "variant": p["deployment"],
                "flags": p.get("engine_args") or "(the engine's defaults)", "cycle_ms": d["cycle_ms"],
                "decode_ms": d["decode_ms"], "status": "measured", "note": "", "stand_ins": stand_in_text(stood)}
-        if stood and any(part != "moe" for part, *_ in stood):
+        if any(part in PROJECTED for part, *_ in stood):
             cycle, decode, how = _projected(c, runs)
             row.update(cycle_ms=cycle, decode_ms=decode, status="projected" if cycle is not None else "unranked",
                        note=how)

@@ -273,8 +273,7 @@ def compose(dep: Deployment, fwd) -> Composition:
     # verify attention: the target verify forward of the cycle
     if dep.verify_attention == "sglang.extend":
         comp.tree = _try(comp, "verify attention", "sglang.extend", "ours.extend" if gpu else "torch reference",
-                         lambda: SglangExtend(
-            dep.extend_tiles_cc))
+                         lambda: SglangExtend(dep.extend_tiles_cc))
     elif dep.verify_attention == "flashinfer.mla":
         def build():
             if fwd.device != "cuda":

@@ -273,3 +273,29 @@ def test_plan_on_an_ab_cycle_plans_one_variant_with_its_own_decode(tmp_path, cap
     assert "26" in out and "1.62" in out  # its cycle, and tau* against its own 16 ms decode
     assert cli_main(["plan", str(path), "--accept-len", "3:2.4", "--deployment", "nope"]) == 2
     assert "holds attention-backend=flashinfer, deployed, triton" in capsys.readouterr().err
+
+
+def test_advise_projects_a_variant_whose_kernel_stood_in_from_the_engine_rows_of_mla_verify(tmp_path, capsys):
+    """The flashinfer variant ran our split-KV in FlashInfer's place: its cycle is the measured one with split_kv's
+    per-forward attention swapped for FlashInfer's from mla_verify (here 2 ms more), marked projected."""
+    import copy
+    from pathlib import Path
+
+    from verifybench.harness.cli import main as cli_main
+    from verifybench.harness.engine import results
+
+    cycle = _ab_cycle(tmp_path)
+    mv = results.read_json(Path(__file__).resolve().parents[2] / "results/baselines/nvidia-h200-x1/mla_verify.json")
+    split = [c for c in mv["cases"] if c["params"]["variant"] == "split_kv" and c["check"]["ok"]]
+    for c in split:
+        f = copy.deepcopy(c)
+        f["name"] = c["name"].replace("split_kv", "flashinfer.mla")
+        f["params"]["variant"] = "flashinfer.mla"
+        f["derived"]["per_forward_us"] = c["derived"]["per_forward_us"] + 2000.0
+        mv["cases"].append(f)
+    results.write_json_atomic(tmp_path / "mla_verify.json", mv)
+    assert cli_main(["advise", str(cycle), str(tmp_path / "mla_verify.json")]) == 0
+    section = capsys.readouterr().out.split("## The engine's flags, measured A/B")[1].split("\n## ")[0]
+    line = next(x for x in section.splitlines() if "attention-backend=flashinfer (" in x)
+    assert line.startswith("2. ") and "26 ms per cycle" in line and "[projected]" in line  # 24 + 2
+    assert "verify attention flashinfer.mla" in section and "(mla_verify)" in section
