@@ -343,8 +343,9 @@ def deployed_moe(comp: Composition, device: str):
             return make(device)
         return _try(comp, "moe", "sglang.marlin", ours, build)
     if want == "sglang.triton":
-        comp.stand_in("moe", "sglang.triton", ours, "SGLang's Triton W4A16 reads the checkpoint layout; a second "
-                      "copy of the rank's experts does not fit beside the forward's")
+        comp.stand_in("moe", "sglang.triton", ours, "SGLang's Triton W4A16 reads the checkpoint layout (a second "
+                      "copy of the rank's experts does not fit beside the forward's) and aligns its blocks with an "
+                      "sgl-kernel op (not installed; the adapter's torch stand-in syncs, so it is not in a graph)")
         return None
     comp.ran["moe"] = ours
     return None
