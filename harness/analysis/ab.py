@@ -68,7 +68,7 @@ def rows(runs: dict) -> list[dict]:
         p, d = c["params"], c["derived"]
         stood = d.get("deployment", {}).get("stand_ins", [])
         row = {"context": p["context"], "B": batch_of(c), "shape": case_config(c), "variant": p["deployment"],
-               "flags": p.get("engine_args") or "(the engine's defaults)", "cycle_ms": d["cycle_ms"],
+               "flags": p.get("engine_args") or "the engine's defaults", "cycle_ms": d["cycle_ms"],
                "decode_ms": d["decode_ms"], "status": "measured", "note": "", "stand_ins": stand_in_text(stood)}
         if any(part in PROJECTED for part, *_ in stood):
             cycle, decode, how = _projected(c, runs)

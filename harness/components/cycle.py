@@ -296,8 +296,8 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
     # other = the cycle minus the phases, and the shares: derived from two passes, withheld on CPU
     engine = withhold_on_cpu(records, engine, lambda k: k.endswith("_%") or k == "other_ms")
     fine = withhold_on_cpu(records, fine, ("sum_vs_cycle_%",))
-    beyond = withhold_on_cpu(records, beyond, lambda k: k not in ("context", "B", "steps,topk,D", "attention",
-                                                                  "bare_forward_ms", "verify_in_cycle_ms"))
+    beyond = withhold_on_cpu(records, beyond, lambda k: k not in ("deployment", "context", "B", "steps,topk,D",
+                                                                  "attention", "bare_forward_ms", "verify_in_cycle_ms"))
     vs = withhold_on_cpu(records, vs, ("break-even accept len",))
     first = rows[0]["derived"] if rows else {}
     allreduce = (f"device wait of {first.get('allreduce_stand_in_us')} us ({first.get('allreduce_source')})"
