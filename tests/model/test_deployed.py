@@ -299,3 +299,17 @@ def test_advise_projects_a_variant_whose_kernel_stood_in_from_the_engine_rows_of
     line = next(x for x in section.splitlines() if "attention-backend=flashinfer (" in x)
     assert line.startswith("2. ") and "26 ms per cycle" in line and "[projected]" in line  # 24 + 2
     assert "verify attention flashinfer.mla" in section and "(mla_verify)" in section
+
+
+def test_at_two_requests_the_engines_decode_and_draft_read_each_requests_own_rows(monkeypatch):
+    _, decode, _ = _sglang_or_skip()
+    seen = []
+    _record(monkeypatch, decode, "decode_attention_fwd", seen)
+    fwd2 = build_forward("tiny", 1, None, 32, 0.0, batch=2).at_batch(2)
+    comp = deployed.compose(_dep(), fwd2)
+    cyc = Cycle(deployed.apply(fwd2, comp), SpecConfig(2, 1, 3), "extend", lambda t: None, graphs=False,
+                deployed=comp)
+    ok, detail = deployed.check(comp, deployed.apply(fwd2, comp), cyc.draft)
+    assert ok, detail
+    assert {args[0].shape[0] for args, _, _ in seen} == {2}  # B rows: one query per request
+    assert cyc.attention_error() <= 1e-2
