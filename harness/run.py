@@ -98,7 +98,8 @@ def resolve_scope(args) -> dict:
                 os.environ["VERIFYBENCH_ALLREDUCE_FROM"] = before
             raise
     return {"preset": preset, "tp": tp, "context": context, "out": out, "tokens": getattr(args, "tokens", None),
-            "batch": getattr(args, "batch", None), "cpu": not gpu, "options": component_options(args)}
+            "batch": getattr(args, "batch", None), "cpu": not gpu, "options": component_options(args),
+            "engine": getattr(args, "engine", None), "engine_args": getattr(args, "engine_args", None)}
 
 
 def component_options(args) -> dict:
@@ -116,6 +117,10 @@ def _cases(name: str, scope: dict) -> list:
     module = components.load(name)
     if scope.get("batch") and getattr(module, "TAKES_BATCH", False):
         options = {**options, "batch": scope["batch"]}
+    if scope.get("component") != name and getattr(module, "TAKES_DEPLOYMENT", False) and (
+            scope.get("engine") or scope.get("engine_args")):  # `run --engine`: the engine as deployed
+        options = {**options, "engine": scope["engine"], "engine_args": scope.get("engine_args"),
+                   **({"beside_ours": True} if name == "cycle" else {})}  # ours beside it: what it could reach
     return module.cases(scope["preset"], scope["tp"], scope["context"], scope["tokens"], **options)
 
 
@@ -252,7 +257,7 @@ def write_report(runs: dict[str, dict], scope: dict, out_dir: Path, notices: lis
     first = next(iter(runs.values()))
     fp, stamp = first["fingerprint"], results.stamp(first)
     lines = [f"# verifybench run: {scope['preset']} TP{scope['tp']}, context {scope['context']}, on {fp['gpu_model']}",
-             ""]
+             "", f"For {deployment_line(runs)}.", ""]
     lines += report_opening(runs, scope, out_dir)
     lines += [f"**{line}**" for line in notices] + ([""] if notices else [])
     if memory.cap_bytes() is not None:
@@ -326,8 +331,20 @@ def prepare(scope: dict) -> Path:
     return out
 
 
+def deployment_line(runs: dict[str, dict]) -> str:
+    """Whom the run answers for: the engine as deployed (`run --engine`; ours beside it), else the suite's kernels."""
+    from verifybench.harness.model.deployments import SUITE
+
+    line = next((c["params"]["deployment_line"] for run in runs.values() for c in run["cases"]
+                 if c.get("params", {}).get("deployment") == "deployed"), None)
+    return f"{line}, with the suite's kernels beside it (what the engine could reach)" if line else SUITE.line()
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from verifybench.harness.model import deployments
+
     add_scope_arguments(p, batch=True)
+    deployments.add_arguments(p)
     p.add_argument("--components", default=None,
                    help=f"comma-separated subset (default all, in this order: {', '.join(components.REGISTRY)})")
 

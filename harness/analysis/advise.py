@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from verifybench.harness.analysis import batches, inputs, plan, stand_ins
+from verifybench.harness.analysis import ab, batches, inputs, plan, stand_ins
 from verifybench.harness.analysis.levers import attention_per_forward_ms, engine_attention_levers
 from verifybench.harness.analysis.levers import lever as _lever
 from verifybench.harness.analysis.levers import ok_cases as _ok
@@ -92,8 +92,11 @@ def cycle_at(runs: dict, context: int | None) -> tuple[dict, int]:
 
 
 def decode_ms(runs: dict) -> float:
-    """plan's T_decode of the cycle file: the median of its passing cases' plain decode."""
-    return float(np.median([c["derived"]["decode_ms"] for c in _ok(runs["cycle"])]))
+    """plan's T_decode of the cycle file: the median of its passing cases' plain decode (a deployment's own where
+    the file ran one: ours beside it decodes with our kernel)."""
+    cases = _ok(runs["cycle"])
+    mine = [c for c in cases if c["params"].get("deployment") == "deployed"] or cases
+    return float(np.median([c["derived"]["decode_ms"] for c in mine]))
 
 
 def forward_fit(runs: dict):
@@ -112,7 +115,9 @@ def levers(runs: dict, found: dict, taus, context: int | None, engine: str) -> l
     cases, ctx = cycle_at(runs, context)
     decode = decode_ms(runs)
     # the engine's cycle: extend (its serial kernel) at its shape, else the nearest the file holds
-    base_case = cases.get((ENGINE_CONFIG, "extend")) or next(
+    base_case = cases.get((ENGINE_CONFIG, "extend")) or next(  # a deployment's own cycle first (cycle --engine)
+        (c for k, c in cases.items() if k[0] == ENGINE_CONFIG and c["params"].get("deployment") == "deployed"),
+        None) or next(
         (c for k, c in cases.items() if k[1] == "extend"), None) or next(iter(cases.values()))
     base_att = base_case["params"]["attention"]
     config = plan.case_config(base_case)
@@ -122,7 +127,7 @@ def levers(runs: dict, found: dict, taus, context: int | None, engine: str) -> l
     f_cycle = str(found["cycle"])
 
     # verify attention kernel
-    split = cases.get((config, "split_kv")) if base_att == "extend" else None
+    split = cases.get((config, "split_kv")) if base_att in ("extend", "sglang.extend") else None
     if split is not None and (stance.stand_in(split) or stance.stand_in(base_case)):
         # a torch reference stood in for the kernels: its time says nothing about extend against split_kv
         missing.append(("verify attention", f"{MEASURE['verify attention']} where the kernels run (this cycle's "
@@ -339,12 +344,23 @@ def would_rank(runs: dict) -> list[str]:
     return out
 
 
+def deployment_line(runs: dict) -> str:
+    """Whom the answer is for: the deployment the cycle ran as (cycle --engine), else the suite's kernels."""
+    from verifybench.harness.model.deployments import SUITE
+
+    return next((c["params"]["deployment_line"] for c in runs.get("cycle", {}).get("cases", [])
+                 if c.get("params", {}).get("deployment") == "deployed"), SUITE.line())
+
+
 def lines_for(runs: dict, found: dict, taus=None, context: int | None = None, engine: str = "sglang",
               nccl_from: Path | None = None) -> list[str]:
     """The answer, then the ranked levers, then lost settings: plain lines for the terminal and the report.
     CPU numbers (stance.any_cpu): the answer's figures withheld, and the levers listed unranked (would_rank)."""
     cpu = is_cpu(runs)
-    per_batch = []
+    per_batch, measured_ab, line = [], ab.lines(runs), deployment_line(runs)
+    if "cycle" in runs:  # the A/B's variants have their section; the rest reads the deployment and ours beside it
+        runs = {**runs, "cycle": {**runs["cycle"], "cases": [c for c in runs["cycle"]["cases"] if c.get(
+            "params", {}).get("deployment") in (None, "deployed", "ours")]}}
     if "cycle" in runs and len(batches.batches(runs["cycle"])) > 1 or any(
             batches.batch_of(c) > 1 for c in runs.get("cycle", {}).get("cases", [])):
         # the answer and the levers are one request's; B requests at once get their own section
@@ -353,13 +369,15 @@ def lines_for(runs: dict, found: dict, taus=None, context: int | None = None, en
         runs = {**runs, "cycle": batches.smallest_batch(runs["cycle"])}
     if "verify" in runs:  # its fit is one request's
         runs = {**runs, "verify": batches.smallest_batch(runs["verify"])}
-    out = ["## The answer"] + (["(CPU numbers: every figure below is withheld)"] if cpu else [])
+    out = ["## The answer", f"(for {line})"] + (["(CPU numbers: every figure below is withheld)"] if cpu else [])
     ans = answer(runs, found, context)
     out += [f"{re.split(r'[0-9(:=]', a)[0].strip()}: {results.WITHHELD}" if cpu else a for a in ans]
+    out += measured_ab
     if cpu:
         return out + would_rank(runs) + per_batch + stand_ins.lines(runs) + (
             ["", "## Lost settings"] + env.nccl_warnings(nccl_from) if nccl_from is not None else [])
-    out += ["", "## Levers, ranked by ms saved per cycle (each alone, against the engine's cycle)"]
+    out += ["", "## Levers, ranked by ms saved per cycle (each alone, against the engine's cycle)" if not measured_ab
+            else "## Levers the A/B did not run (arithmetic on the component results, each alone)"]
     for i, lv in enumerate(levers(runs, found, taus, context, engine), 1):
         if "missing" in lv:
             out.append(f"- {lv['lever']}: not measured here; measure it with `{lv['missing']}`")

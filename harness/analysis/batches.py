@@ -111,16 +111,19 @@ def rows(run: dict, tau_of=None, costing: dict | None = None) -> list[dict]:
     cases = passing_cases(run)
     decode: dict[tuple, list[float]] = {}
     for c in cases:
-        decode.setdefault((c["params"]["context"], batch_of(c)), []).append(c["derived"]["decode_ms"])
+        # a deployment variant's tau* is against its own decode step (cycle --engine --ab), never another's
+        decode.setdefault((c["params"]["context"], batch_of(c), c["params"].get("deployment")), []).append(
+            c["derived"]["decode_ms"])
     out = []
     for c in cases:
         p, b = c["params"], batch_of(c)
         config = case_config(c)
         cycle_ms = c["summary"]["median_us"] / 1e3
-        dec = float(np.median(decode[(p["context"], b)]))
+        dec = float(np.median(decode[(p["context"], b, p.get("deployment"))]))
         nbytes = c["derived"].get("allreduce_bytes") or (
             b * p["draft_tokens"] * presets.get(p["preset"], p["tp"]).hidden * HIDDEN_BYTES)
-        row = {"context": p["context"], "B": b, "config": config, "attention": p["attention"], "cycle_ms": cycle_ms,
+        att = p["attention"] if "deployment" not in p else f"{p['attention']} [{p['deployment']}]"
+        row = {"context": p["context"], "B": b, "config": config, "attention": att, "cycle_ms": cycle_ms,
                "decode_ms": dec, "tau_star": cycle_ms / dec, "allreduce_bytes": nbytes}
         if costing and "base" in costing:
             _cost(row, c, costing)

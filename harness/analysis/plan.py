@@ -267,6 +267,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "variant the file holds, ranked together)")
     p.add_argument("--context", type=context_arg, default=None,
                    help="cycle result of `cycle --contexts`: the context to plan at (one of those it holds)")
+    p.add_argument("--deployment", default=None, metavar="VARIANT",
+                   help="cycle result of `cycle --engine ... --ab`: the variant to plan (deployed, ours, or an A/B "
+                   "variant's name; default deployed), its own plain decode as T_decode")
     p.add_argument("--batch", type=int_in(1, FORWARD_ROWS_MAX), default=None,
                    help="cycle result of `cycle --batch`: the batch size to rank at (default its smallest, then the "
                    "per-batch answer for every batch it holds)")
@@ -283,6 +286,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"tree build, sync, bookkeeping per cycle (ms; default {ASSUMED_OTHER_MS} ASSUMED)")
     p.add_argument("--json", type=out_path, default=None, metavar="OUT",
                    help="also write the rows as JSON (a new file: never over the input or an existing file)")
+
+
+def one_deployment(run: dict, tag: str | None) -> dict:
+    """A cycle result's cases of one deployment variant (`cycle --engine ... --ab`: `tag`, default "deployed"), its
+    T_decode its own; a result of the suite's kernels as it is. Says which it plans."""
+    tags = sorted({c["params"]["deployment"] for c in run["cases"] if "deployment" in c.get("params", {})})
+    if not tags:
+        if tag is not None:
+            raise ValueError(f"--deployment {tag}: the cycle result ran the suite's kernels (no cycle --engine)")
+        print("planning the suite's kernels (the cycle ran no --engine)")
+        return run
+    want = tag or ("deployed" if "deployed" in tags else tags[0])
+    if want not in tags:
+        raise ValueError(f"--deployment {want}: the cycle result holds {', '.join(tags)}")
+    cases = [c for c in run["cases"] if c.get("params", {}).get("deployment") == want]
+    others = [t for t in tags if t != want]
+    print(f"planning the deployment variant {want!r}: {cases[0]['params'].get('deployment_line')}, flags "
+          f"{cases[0]['params'].get('engine_args') or '(defaults)'}" + (f" (the file also holds {', '.join(others)})"
+                                                                      if others else ""))
+    return {**run, "cases": cases}
 
 
 def _costs(args, configs) -> tuple[dict, float, list[str], str | None]:
@@ -306,6 +329,7 @@ def _costs(args, configs) -> tuple[dict, float, list[str], str | None]:
         if args.batch is None and len(sizes) > 1:
             args.per_batch = run
         run = {**run, "cases": [c for c in run["cases"] if batches.batch_of(c) == (args.batch or min(sizes))]}
+        run = one_deployment(run, args.deployment)
         extra = [f"--{k}" for k, v in given.items() if v is not None] + (["--verify-ms"] if args.verify_ms else [])
         if extra:
             raise ValueError(f"{' '.join(extra)}: the cycle result's measured phases are used; cost flags go with a "

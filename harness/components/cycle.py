@@ -5,6 +5,9 @@ Run: verifybench cycle [--configs "2,1,3;3,1,4;5,1,6;5,4,8"] [--attention extend
                       [--batch 1,2,4,8]
 With --batch, B requests at once, each over its own context: draft, tree, verify and re-extend carry B times the rows,
 the plain decode it is held against runs B tokens; a case of B > 1 names its batch (B1 names are unchanged).
+With --engine sglang [--engine-args "FLAGS"]: each part runs the kernel those flags deploy (model/deployed.py; ours in
+its place where it cannot run here, named with the reason); --ab "FLAGS;FLAGS" (or --ab levers) runs the cases once
+more per variant of the flags, named for it; `verifybench advise` on the folder ranks them by measured ms per cycle.
 """
 from __future__ import annotations
 
@@ -12,15 +15,20 @@ import argparse
 import statistics
 from pathlib import Path
 
+from verifybench.harness.analysis.cycle_charts import passing_rows as _ok, row_key as _key
+from verifybench.harness.analysis.cycle_charts import several_batches as _several_batches
+from verifybench.harness.analysis.cycle_charts import several_contexts as _several_contexts
+from verifybench.harness.analysis.cycle_charts import context_chart as _context_chart
+from verifybench.harness.analysis.cycle_charts import context_chart_line  # noqa: F401 (cycle.context_chart_line)
 from verifybench.harness.analysis.numbers import check_forward_rows, context_list, contexts_arg
 from verifybench.harness.analysis.plan import parse_configs as read_configs
 from verifybench.harness.components.mla_verify import variant_config
 from verifybench.harness.engine import memory
 from verifybench.harness.engine.charts import write_png
-from verifybench.harness.engine.results import batch_of, cpu_numbers, withhold_on_cpu
+from verifybench.harness.engine.results import cpu_numbers, withhold_on_cpu
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, release_unreferenced
 from verifybench.harness.engine.timing import cuda_available, measure
-from verifybench.harness.model import presets
+from verifybench.harness.model import deployed, deployments, presets
 from verifybench.harness.model.build import allreduce_stand_in_us, build_forward, device_wait, release_forwards
 from verifybench.harness.model.cycle import ATTENTION, ENGINE_PHASES, PHASES, Cycle, SpecConfig
 from verifybench.harness.model.draft import draft_shape, weight_bytes
@@ -28,6 +36,7 @@ from verifybench.harness.model.forward import FORWARD_MAX_TOKENS, allocated_byte
 
 NAME = "cycle"
 TAKES_BATCH = True  # --batch: requests per cycle
+TAKES_DEPLOYMENT = True  # `run --engine`: the engine as deployed (and ours beside it)
 HELP = "the whole EAGLE-3 cycle (draft, tree, verify with the tree mask, sync, bookkeeping, re-extend) per phase"
 GPU_CONFIGS = "2,1,3;3,1,4;5,1,6;5,4,8"  # (steps, topk, draft tokens): SGLang's chain default for Kimi and beyond
 CPU_CONFIGS = "2,1,3;2,2,3"
@@ -45,7 +54,8 @@ PHASES_AGREE = 0.03
 def add_arguments(p) -> None:
     p.add_argument("--configs", type=nonempty("configurations"), default=None,
                    help="(steps,topk,draft_tokens) triples separated by ';' (default "
-                   f"{GPU_CONFIGS} on a GPU, {BATCH_CONFIGS} with several --batch sizes, {CPU_CONFIGS} on CPU); "
+                   f"{GPU_CONFIGS} on a GPU, {BATCH_CONFIGS} with several --batch sizes or --ab, {CPU_CONFIGS} on "
+                   "CPU); "
                    f"draft tokens include the root, at most {FORWARD_MAX_TOKENS}")
     p.add_argument("--attention", type=nonempty("attention variants"), default=None,
                    help="verify attention variants, comma-separated: extend (the "
@@ -54,6 +64,7 @@ def add_arguments(p) -> None:
                    help="several contexts, comma-separated (e.g. 1024,4096,16384): the cycle's phases per context and "
                    "a chart of cycle ms against context (cycle_contexts-<UTC time>.png in the results folder; on a GPU "
                    "only, said so on CPU); replaces --context")
+    deployments.add_arguments(p, ab=True)
 
 
 def parse_contexts(text) -> list[int]:
@@ -92,17 +103,20 @@ def _plan(preset: str, tp: int, context: int, cfgs: list[SpecConfig], batch: int
 
 def cases(preset: str, tp: int, context: int = presets.CONTEXT, tokens: tuple[int, ...] | None = None,
           configs: str | None = None, attention: str | None = None, contexts: str | None = None,
-          batch: tuple[int, ...] | None = None) -> list[CaseSpec]:
+          batch: tuple[int, ...] | None = None, engine: str | None = None, engine_args: str | None = None,
+          ab: str | None = None, beside_ours: bool = False) -> list[CaseSpec]:
     """One case per (context, batch, configuration, attention variant); `tokens` keeps the configurations with those
     draft-token counts; `contexts` ("1024,4096") replaces the one context; `batch` the requests per cycle (default
-    1), each with its own cache of the context."""
+    1), each with its own cache of the context. With `engine`: per deployment (the one given, each --ab variant,
+    and with `beside_ours` ours) the attention is the deployment's; a variant whose flags set the draft shape runs
+    that shape, FlashInfer's verify only chains (topk 1)."""
     gpu = cuda_available()
     for name, text in (("--configs", configs), ("--attention", attention), ("--contexts", contexts)):
         if isinstance(text, str) and not text.strip():
             raise ValueError(f"{name}: an empty list; leave the option out for the defaults")
     several_batches = len(batch or ()) > 1
     cfgs = parse_configs(configs if configs is not None else (CPU_CONFIGS if not gpu else BATCH_CONFIGS
-                                                              if several_batches else GPU_CONFIGS))
+                                                              if several_batches or ab else GPU_CONFIGS))
     if tokens:
         cfgs = [c for c in cfgs if c.draft_tokens in tokens]
         if not cfgs:
@@ -119,11 +133,20 @@ def cases(preset: str, tp: int, context: int = presets.CONTEXT, tokens: tuple[in
     batches = tuple(batch or (1,))
     check_forward_rows(batches, [c.draft_tokens for c in cfgs], "--configs D")
     several = contexts is not None
+    deps = deployments.variants(engine, engine_args, ab, beside_ours)
     out = []
     for ctx in parse_contexts(contexts) if several else [context]:
         plan = _plan(preset, tp, ctx, cfgs, max(batches))
-        out += [_case(preset, tp, ctx, c, v, plan, several, b, max(batches)) for b in batches for c in cfgs
-                for v in variants]
+        if not deps:
+            out += [_case(preset, tp, ctx, c, v, plan, several, b, max(batches)) for b in batches for c in cfgs
+                    for v in variants]
+        for tag, dep in deps:
+            shape = deployments.spec_shape(dep)
+            mine = [SpecConfig(*shape)] if shape else [c for c in cfgs if c.topk == 1 or not
+                                                       deployments.chains_only(dep)]
+            atts = ([deployments.cycle_attention(dep)] if dep.engine else variants if attention else ["split_kv"])
+            out += [_case(preset, tp, ctx, c, v, plan, several, b, max(batches), (tag, dep)) for b in batches
+                    for c in mine for v in atts]
     return out
 
 
@@ -131,17 +154,18 @@ def _median_ms(samples_us: list[float]) -> float:
     return statistics.median(samples_us) / 1e3
 
 
-def make_cycle(fwd, cfg: SpecConfig, attention: str, allreduce_us: float) -> tuple[Cycle, dict, str]:
+def make_cycle(fwd, cfg: SpecConfig, attention: str, allreduce_us: float, comp=None) -> tuple[Cycle, dict, str]:
     """The cycle over `fwd` as the component runs it: the logits all-gather a device wait of the allreduce
     stand-in's latency (none on CPU), the attention variant's tiles (the engine's for extend, with no programmatic
-    dependent launch, as the engine launches its Triton kernels); also the tiles and where they come from."""
+    dependent launch, as the engine launches its Triton kernels); also the tiles and where they come from. comp: a
+    deployment's composition (model/deployed.py): its verify and draft attention in place of ours."""
     gpu = fwd.device == "cuda"
     att_cfg, att_source = variant_config(attention, fwd.device)
     # a Cycle refers to itself (its target's ops and its graphs call its methods), so the previous case's buffers and
     # graphs wait for the collector: collected here, their memory is this one's (an H100 once ran out without it)
     release_unreferenced()
     cyc = Cycle(fwd, cfg, attention, device_wait(allreduce_us) if gpu else (lambda t: None), graphs=gpu,
-                attention_config=att_cfg, attention_pdl=False if attention == "extend" else None)
+                attention_config=att_cfg, attention_pdl=False if attention == "extend" else None, deployed=comp)
     return cyc, att_cfg, att_source
 
 
@@ -151,7 +175,9 @@ def as_requests(batch: int, value) -> list:
 
 
 def _case(preset: str, tp: int, context: int, cfg: SpecConfig, attention: str, plan: memory.Plan,
-          named_context: bool = False, batch: int = 1, max_batch: int = 1) -> CaseSpec:
+          named_context: bool = False, batch: int = 1, max_batch: int = 1, deployment=None) -> CaseSpec:
+    """deployment: (tag, Deployment) the case runs as (None: the suite's kernels, named as before)."""
+    tag, dep = deployment or (None, None)
     ar_us, ar_source = allreduce_stand_in_us()
     layers = plan.units if plan.reduced else None
     total = presets.get(preset, tp).layers
@@ -160,13 +186,16 @@ def _case(preset: str, tp: int, context: int, cfg: SpecConfig, attention: str, p
         if plan.units == 0:
             raise CaseSkipped(plan.skip)
         fwd = build_forward(preset, tp, layers, context, ar_us, max_batch).at_batch(batch)
-        cyc, att_cfg, att_source = make_cycle(fwd, cfg, attention, ar_us)
+        comp = deployed.compose(dep, fwd) if dep is not None and dep.engine else None
+        fwd = deployed.apply(fwd, comp) if comp else fwd
+        cyc, att_cfg, att_source = make_cycle(fwd, cfg, attention, ar_us, comp)
         d = cfg.draft_tokens
 
         def check():
             err = cyc.attention_error()
-            ok = err <= 1e-2
-            detail = [f"tree attention vs masked torch reference rel_err {err:.2e}"]
+            ok, kernels = deployed.check(comp, fwd, cyc.draft) if comp else (True, "")
+            ok = ok and err <= 1e-2
+            detail = [f"tree attention vs masked torch reference rel_err {err:.2e}"] + ([kernels] if kernels else [])
             greedy = as_requests(batch, cyc.greedy_continuation(ROOT_TOKEN))
             each = "" if batch == 1 else f" in each of {batch} requests"
             if cfg.topk == 1:  # a chain: the target's own continuation is a path the tree holds
@@ -186,17 +215,19 @@ def _case(preset: str, tp: int, context: int, cfg: SpecConfig, attention: str, p
             return ok, "; ".join(detail)
 
         def derive(m):
-            return {**_derive(m, fwd, cyc, cfg, attention, ar_us, ar_source, total, plan),
-                    "attention_config": att_cfg, "attention_config_source": att_source}
+            out = {**_derive(m, fwd, cyc, cfg, attention, ar_us, ar_source, total, plan),
+                   "attention_config": att_cfg, "attention_config_source": att_source}
+            return {**out, **deployed.derived(comp, out)} if comp else out
 
         return cyc.step, check, derive
 
     label = f"{preset}-tp{tp}" + (f"-L{plan.units}" if plan.reduced else "")
-    return CaseSpec(f"cycle/{label}/" + (f"ctx{context}/" if named_context else "")
-                    + (f"B{batch}/" if batch > 1 else "") + f"{cfg.label}/{attention}",
+    shown = dep.verify_attention if dep is not None and dep.engine else attention  # the deployment's kernel
+    return CaseSpec(f"cycle/{label}/" + (f"{tag}/" if tag else "") + (f"ctx{context}/" if named_context else "")
+                    + (f"B{batch}/" if batch > 1 else "") + f"{cfg.label}/{shown}",
                     {"preset": preset, "tp": tp, "context": context, "batch": batch, "layers": layers,
-                     "steps": cfg.steps,
-                     "topk": cfg.topk, "draft_tokens": cfg.draft_tokens, "attention": attention}, "cycle", setup,
+                     "steps": cfg.steps, "topk": cfg.topk, "draft_tokens": cfg.draft_tokens, "attention": shown,
+                     **(deployments.params(tag, dep) if dep is not None else {})}, "cycle", setup,
                     {"phases": PHASES, "max_time_s": CASE_MAX_TIME_S})
 
 
@@ -240,27 +271,6 @@ def _derive(m, fwd, cyc: Cycle, cfg: SpecConfig, attention, ar_us, ar_source, to
     return out
 
 
-def _ok(records):
-    return [r for r in records if r["check"]["ok"] and "phases_ms" in r.get("derived", {})]
-
-
-def _key(r, contexts: bool = False, batches: bool = False) -> dict:
-    """The row's configuration; its attention label says what ran (on CPU the torch reference stands in)."""
-    p = r["params"]
-    ran = r.get("derived", {}).get("attention_ran", p["attention"])
-    return {**({"context": p["context"]} if contexts else {}), **({"B": batch_of(r)} if batches else {}),
-            "steps,topk,D": f"{p['steps']},{p['topk']},{p['draft_tokens']}",
-            "attention": p["attention"] if ran == p["attention"] else f"torch reference (not {p['attention']})"}
-
-
-def _several_contexts(rows) -> bool:
-    return len({r["params"]["context"] for r in rows}) > 1
-
-
-def _several_batches(rows) -> bool:
-    return len({batch_of(r) for r in rows}) > 1
-
-
 def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
     """The deployment's per-phase table, the fine phases (device and host), the verify beyond the bare forward,
     and the cycle against a plain decode step."""
@@ -286,8 +296,8 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
     # other = the cycle minus the phases, and the shares: derived from two passes, withheld on CPU
     engine = withhold_on_cpu(records, engine, lambda k: k.endswith("_%") or k == "other_ms")
     fine = withhold_on_cpu(records, fine, ("sum_vs_cycle_%",))
-    beyond = withhold_on_cpu(records, beyond, lambda k: k not in ("context", "B", "steps,topk,D", "attention",
-                                                                  "bare_forward_ms", "verify_in_cycle_ms"))
+    beyond = withhold_on_cpu(records, beyond, lambda k: k not in ("deployment", "context", "B", "steps,topk,D",
+                                                                  "attention", "bare_forward_ms", "verify_in_cycle_ms"))
     vs = withhold_on_cpu(records, vs, ("break-even accept len",))
     first = rows[0]["derived"] if rows else {}
     allreduce = (f"device wait of {first.get('allreduce_stand_in_us')} us ({first.get('allreduce_source')})"
@@ -295,7 +305,8 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
     setup = [{"layers": f"{first.get('layers_run')} of {first.get('layers_total')}", "graphs": first.get("graphs"),
               "allreduce": allreduce, "logits gather": first.get("logits_gather"),
               **({"memory": first["memory_note"]} if first.get("memory_note") else {})}] if rows else []
-    return [("setup (CPU: eager torch, perf_counter between phases; the tree attention is the torch reference)" if cpu
+    return [deployments.table(records),
+            ("setup (CPU: eager torch, perf_counter between phases; the tree attention is the torch reference)" if cpu
              else "setup (one GPU: allreduce and all-gather are device waits of a stated latency)", setup),
             ("the cycle as the deployment's profiler splits it (ms per cycle; other = cycle - the phases, blank "
              f"where the phases' sum is more than {100 * PHASES_AGREE:.0f}% off the cycle)", engine),
@@ -345,43 +356,6 @@ def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:
 
     over_b = batches.chart({"cases": records}, directory, stamp)  # tau* over B (advise: speedup at an acceptance)
     return out + ([over_b] if over_b else [])
-
-
-def context_chart_line(records: list[dict], directory: Path, stamp: str) -> str:
-    """`cycle --contexts`'s chart of cycle ms against context, written, in one line saying where; on CPU none, said
-    why: its lines would compare extend and split_kv where the torch reference ran for both, a comparison the
-    tables do not make."""
-    rows = _ok(records)
-    if not _several_contexts(rows):
-        return "no chart of cycle ms against context: fewer than two contexts passed their checks"
-    if cpu_numbers(records):
-        return ("no chart of cycle ms against context on CPU: the torch reference ran for every attention variant, "
-                "so its lines would compare nothing; the tables give each context's cycle ms")
-    return f"chart: {_context_chart(rows, directory, stamp)}"
-
-
-def _context_chart(rows, directory: Path, stamp: str) -> Path:
-    """Cycle ms against context, one line per (configuration, attention): extend against split_kv."""
-    import matplotlib.pyplot as plt
-
-    least = min(batch_of(r) for r in rows)  # over batches: the batch chart (analysis/batches.py)
-    rows = [r for r in rows if batch_of(r) == least]
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    lines: dict[tuple, list] = {}
-    for r in rows:
-        lines.setdefault((_key(r)["steps,topk,D"], _key(r)["attention"]), []).append(  # what ran
-            (r["params"]["context"], r["derived"]["cycle_ms"]))
-    for (cfg, att), pts in sorted(lines.items()):
-        pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "s--" if "split_kv" in att else "o-", label=f"{cfg} {att}")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted({p[0] for pts in lines.values() for p in pts}))
-    ax.get_xaxis().set_major_formatter(plt.FuncFormatter(lambda v, _: f"{int(v)}"))
-    ax.set_xlabel("context (tokens in the KV cache)")
-    ax.set_ylabel("ms per cycle")
-    ax.set_title("EAGLE-3 cycle against context: extend vs split_kv" + (f" ({least} requests)" if least > 1 else ""))
-    ax.legend(fontsize=8)
-    return write_png(fig, Path(directory) / f"cycle_contexts-{stamp}.png")
 
 
 def release() -> None:

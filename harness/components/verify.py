@@ -20,7 +20,7 @@ from verifybench.harness.engine.charts import write_png
 from verifybench.harness.engine.results import batch_of, cpu_numbers, stamp, withhold_on_cpu
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cuda_available
-from verifybench.harness.model import presets
+from verifybench.harness.model import deployed, deployments, presets
 from verifybench.kernels.common import config_tables, pdl
 from verifybench.kernels.moe_int4.reference import reference_moe_w4a16
 from verifybench.harness.model.build import (allreduce_stand_in_us, as_checkpoint, build_forward, release_forwards)
@@ -28,6 +28,7 @@ from verifybench.harness.model.forward import COMPONENTS, FORWARD_MAX_TOKENS, TO
 
 NAME = "verify"
 TAKES_BATCH = True  # --batch: B requests per forward, each over its own context (B > 1 cases name their batch)
+TAKES_DEPLOYMENT = True  # --engine: the forward with the deployment's decode attention and MoE (model/deployed.py)
 HELP = "synthetic one-rank verify forward per token count n and its decomposition"  # n: what ran, said beside it
 TOKENS = tuple(range(1, 9))
 TOKENS_CPU = (1, 2, 3)  # the CPU smoke run: the torch reference MoE is slow; three points still make a fit
@@ -67,12 +68,18 @@ def plan_layers(preset: str, tp: int, layers: int | None, context: int, batch: i
                        + (f" for {batch} requests" if batch > 1 else ""), "layers", device)
 
 
+def add_arguments(p) -> None:
+    deployments.add_arguments(p)
+
+
 def _case(preset, tp, layers, context, n, variant: str, comps: frozenset, plan: memory.Plan | None = None,
-          batch: int = 1, max_batch: int = 1) -> CaseSpec:
+          batch: int = 1, max_batch: int = 1, deployment=None) -> CaseSpec:
     """variant "full-nopdl": the whole forward with programmatic dependent launch off (kernels/common/pdl.py; the other
     variants follow VERIFYBENCH_PDL), measured beside "full" to show what the overlap buys; its check: the residual
     stream equals the PDL forward's bit for bit (every kernel is deterministic, so a difference is a race).
-    `plan`: the memory plan (fewer layers than wanted: named in the case name, params and derived figures)."""
+    `plan`: the memory plan (fewer layers than wanted: named in the case name, params and derived figures);
+    `deployment`: (tag, Deployment) whose decode attention and MoE the forward runs (None: ours)."""
+    tag, dep = deployment or (None, None)
     ar_us, ar_source = allreduce_stand_in_us()
     no_pdl = variant == "full-nopdl"
     total = layers or presets.get(preset, tp).layers
@@ -84,6 +91,8 @@ def _case(preset, tp, layers, context, n, variant: str, comps: frozenset, plan: 
         if plan is not None and plan.units == 0:
             raise CaseSkipped(plan.skip)
         fwd = build_forward(preset, tp, layers, context, ar_us, max_batch).at_batch(batch)
+        comp = deployed.compose(dep, fwd) if dep is not None else None
+        fwd = deployed.apply(fwd, comp) if comp else fwd
 
         def run():
             if not no_pdl:
@@ -114,7 +123,10 @@ def _case(preset, tp, layers, context, n, variant: str, comps: frozenset, plan: 
             err = rel_error(got, ref)
             ok = err <= 1e-2 and 0 <= int(accepted[0]) < n and bool(torch.isfinite(fwd.buf[n]["predict"]).all())
             detail = f"moe rel_err {err:.2e}; accepted {int(accepted[0])} of {n - 1}"
-            if fwd.ops is not TORCH_OPS:
+            if comp is not None:  # the engine's decode attention against torch before it is timed
+                good, said = deployed.check(comp, fwd)
+                ok, detail = ok and good, f"{detail}; {said}" if said else detail
+            if fwd.ops is not TORCH_OPS:  # fused (or the engine's attention) against plain torch
                 err_fwd = fused_vs_torch(fwd, n)
                 ok = ok and err_fwd <= FORWARD_TOLERANCE
                 detail += f"; first {CHECK_LAYERS} layers fused vs torch small ops rel_err {err_fwd:.2e}"
@@ -125,6 +137,8 @@ def _case(preset, tp, layers, context, n, variant: str, comps: frozenset, plan: 
                  "variant": variant, "allreduce_stand_in_us": ar_us, "allreduce_source": ar_source,
                  "ops": fwd.ops.name}
             d["pdl"] = not no_pdl and pdl.enabled(fwd.device)
+            if comp is not None:
+                d["deployment"] = comp.params()
             d["config_source"] = config_tables.sources(fwd.device)  # per kernel: tuned / default
             d.update(layers_run=len(fwd.layers), layers_total=total)
             if plan is not None and plan.reduced:
@@ -145,16 +159,18 @@ def _case(preset, tp, layers, context, n, variant: str, comps: frozenset, plan: 
 
         return run, check, derive
 
-    return CaseSpec(f"verify/{label}/" + (f"B{batch}/" if batch > 1 else "") + f"{variant}/n{n}",
-                    {"preset": preset, "tp": tp, "tokens": n, "batch": batch,
-                     "context": context, "layers": layers, "variant": variant}, "graph", setup,
+    return CaseSpec(f"verify/{label}/" + (f"{tag}/" if tag else "") + (f"B{batch}/" if batch > 1 else "")
+                    + f"{variant}/n{n}", {"preset": preset, "tp": tp, "tokens": n, "batch": batch, "context": context,
+                                          "layers": layers, "variant": variant,
+                                          **(deployments.params(tag, dep) if dep is not None else {})}, "graph", setup,
                     {"calls_per_sample": 1, "max_time_s": CASE_MAX_TIME_S})
 
 
 def cases(preset: str, tp: int, context: int = presets.CONTEXT, tokens: tuple[int, ...] | None = None,
-          layers: int | None = None, batch: tuple[int, ...] | None = None) -> list[CaseSpec]:
+          layers: int | None = None, batch: tuple[int, ...] | None = None, engine: str | None = None,
+          engine_args: str | None = None) -> list[CaseSpec]:
     """Per n: the full forward, each component alone (isolated) and the forward without it (marginal); where PDL
-    can run, the full forward without it too. The layers are planned against the free memory here (listing
+    can run, the full forward without it too. With `engine`: the forward as that deployment runs it. The layers are planned against the free memory here (listing
     allocates nothing; the components before have released theirs): fewer layers when short, every case skipped
     with the bytes needed and free when not even the least fits."""
     ns = tokens or (TOKENS if cuda_available() else TOKENS_CPU)
@@ -166,9 +182,10 @@ def cases(preset: str, tp: int, context: int = presets.CONTEXT, tokens: tuple[in
     plan = plan_layers(preset, tp, layers, context, top)
     out = []
     gpu = cuda_available()
+    deps = deployments.variants(engine, engine_args)
     for b, n in ((b, n) for b in batches for n in ns):
         def add(variant, comps):
-            out.append(_case(preset, tp, layers, context, n, variant, comps, plan, b, top))
+            out.append(_case(preset, tp, layers, context, n, variant, comps, plan, b, top, deps[0] if deps else None))
         add("full", frozenset(COMPONENTS))
         if gpu and pdl.enabled("cuda"):  # PDL on: its cost is shown beside it
             add("full-nopdl", frozenset(COMPONENTS))
@@ -401,7 +418,7 @@ def tables(records: list[dict], cycle: dict | None = None,
     # the deployment's assumed draft and overhead are never added to CPU times: the cycle column goes too
     be = withhold_on_cpu(records, be, ("break-even accept len", "pays off at full acceptance", "cycle_ms"))
     layers = setup_lines(records)[0]["layers"] if full else "all"
-    out = [("setup (CPU: one rank, torch ops, no allreduce runs)" if cpu else
+    out = [deployments.table(records), ("setup (CPU: one rank, torch ops, no allreduce runs)" if cpu else
             "setup (one GPU: the allreduce is a calibrated device wait, not a collective)", setup_lines(records)),
            (f"verify forward ({layers} layers), isolated components (us; each alone in its own "
             + ("CPU loop" if cpu else "graph") + "); no_comm = "

@@ -75,10 +75,11 @@ class Cycle:
     """The cycle over a built target forward `fwd` (shared, not modified: a shallow copy gets the tree attention and
     the cycle's head; its batch is the cycle's). gather(t) stands for an all-gather of logits into `t` (in place);
     `graphs`: capture draft, verify and re-extend (CUDA only); attention_config / attention_pdl: the tree
-    attention's tiles and programmatic dependent launch (None: its defaults)."""
+    attention's tiles and programmatic dependent launch (None: its defaults); deployed: a model/deployed.py
+    Composition whose verify attention (tree) and draft-step attention replace ours where it has them."""
 
     def __init__(self, fwd: VerifyForward, cfg: SpecConfig, attention: str, gather: Callable, graphs: bool,
-                 attention_config: dict | None = None, attention_pdl: bool | None = None):
+                 attention_config: dict | None = None, attention_pdl: bool | None = None, deployed=None):
         if attention not in ATTENTION:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
         d = cfg.draft_tokens
@@ -125,6 +126,9 @@ class Cycle:
         self.draft_override: torch.Tensor | None = None  # [B * (D - 1)] tokens put in place of the draft's
         self.attention_config, self.attention_pdl = attention_config, attention_pdl
         # the target forward as the cycle runs it: tree-masked attention, the cycle's head, captured hidden states
+        self.tree = deployed.tree if deployed is not None else None  # the engine's verify attention, or None: ours
+        if deployed is not None and deployed.draft is not None:
+            self.draft.attention = deployed.draft
         self.target = copy.copy(fwd)
         self.target.ops = dataclasses.replace(fwd.ops, mla=self._tree_attention, mla_batch=lambda q, cache, *rest:
                                               self._tree_attention(q, cache, None, *rest[-2:]))
@@ -139,6 +143,8 @@ class Cycle:
     # ------------------------------------------------------------------------------------------- graph bodies
 
     def _tree_attention(self, q, cache, length, kv_lora, scale):
+        if self.tree is not None:
+            return self.tree(q, cache, kv_lora, scale)
         if self.cuda:
             return mla_verify(q, cache, self.starts, self.prefix, self.mask, kv_lora, scale, variant=self.attention,
                               config=self.attention_config, pdl=self.attention_pdl)
@@ -153,6 +159,8 @@ class Cycle:
         emb = self.draft.embed[self.cand.remainder(self.fwd.s.vocab)]
         self.fwd.allreduce_fn(emb)
         self.fwd.buf[self.d]["h0"].copy_(emb)
+        if self.tree is not None:  # the engine's per-forward metadata (its tree mask copied in), shared by the layers
+            self.tree.prepare(self.starts, self.prefix, self.mask)
         self.target.forward(self.d, frozenset(COMPONENTS))
 
     def _draft_body(self):
@@ -225,6 +233,8 @@ class Cycle:
         tree.assign_req_to_token(self.req_to_token, self.req_pool, self.seq_lens, self.out_cache_loc, d,
                                  backend=self.backend)
         mark("tree")
+        if self.tree is not None and self.tree.plan is not None:  # FlashInfer: plan() on the host before the replay
+            self.tree.plan()
         self._verify_run()
         predict = tree.argmax(self.full_logits, backend=self.backend)
         predicts, accept_index, accept_num = tree.verify_tree_greedy(
@@ -308,9 +318,13 @@ class Cycle:
         q = torch.randn(s.heads, b * d, s.latent, device=dev, dtype=self.fwd.dtype)
         saved = self.mask.clone()
         vis = torch.rand(b, d, d, device=dev) < 0.5
+        if self.tree is not None and self.tree.chain_only:  # exact for chains only (FlashInfer ignores the mask)
+            vis = torch.ones_like(vis)
         self.mask.copy_((vis | torch.eye(d, dtype=torch.bool, device=dev)).tril_())
         try:
             cache, scale = self.fwd.layers[0]["kv_cache"], (s.qk_nope + s.qk_rope) ** -0.5
+            if self.tree is not None:
+                self.tree.prepare(self.starts, self.prefix, self.mask)
             got = self._tree_attention(q, cache, None, s.kv_lora, scale)
             ref = mla_verify_reference(q, cache, self.starts, self.prefix, self.mask, s.kv_lora, scale)
         finally:

@@ -84,6 +84,10 @@ class DraftModel:
         self.k_cache = torch.randn(batch, context + max_rows, d.kv_heads, d.head_dim, **w)
         self.v_cache = torch.randn(batch, context + max_rows, d.kv_heads, d.head_dim, **w)
         self.logits = torch.zeros(batch * max_rows, d.vocab_full, device=device, dtype=torch.float32)
+        # the draft steps' attention as a deployment runs it (model/deployed.py): attention(q [rows, heads, hd], k, v
+        # caches, end, rows per request) -> [rows, heads, hd]; None: SDPA. The re-extend keeps SDPA (the engine runs
+        # its extend kernel there, not its decode)
+        self.attention: Callable | None = None
 
     def forward(self, ids: torch.Tensor, hidden: torch.Tensor, fuse: bool):
         d, rows, b = self.d, ids.shape[0], self.batch
@@ -101,11 +105,14 @@ class DraftModel:
         end = self.context + per
         self.k_cache[:, self.context:end].copy_(k.view(b, per, d.kv_heads, d.head_dim))
         self.v_cache[:, self.context:end].copy_(v.view(b, per, d.kv_heads, d.head_dim))
-        attn = F.scaled_dot_product_attention(q.view(b, per, d.heads, d.head_dim).transpose(1, 2),
-                                              self.k_cache[:, :end].transpose(1, 2),
-                                              self.v_cache[:, :end].transpose(1, 2),
-                                              enable_gqa=d.kv_heads != d.heads)
-        out = F.linear(attn.transpose(1, 2).reshape(rows, d.heads * d.head_dim), self.o)
+        if self.attention is not None and not fuse:
+            attn = self.attention(q.view(rows, d.heads, d.head_dim), self.k_cache, self.v_cache, end, per)
+        else:
+            attn = F.scaled_dot_product_attention(q.view(b, per, d.heads, d.head_dim).transpose(1, 2),
+                                                  self.k_cache[:, :end].transpose(1, 2),
+                                                  self.v_cache[:, :end].transpose(1, 2),
+                                                  enable_gqa=d.kv_heads != d.heads).transpose(1, 2)
+        out = F.linear(attn.reshape(rows, d.heads * d.head_dim), self.o)
         self.allreduce(out)
         h = hidden.clone()
         y = self.add_rmsnorm(h, out, self.norms["post"])
