@@ -99,7 +99,8 @@ def resolve_scope(args) -> dict:
             raise
     return {"preset": preset, "tp": tp, "context": context, "out": out, "tokens": getattr(args, "tokens", None),
             "batch": getattr(args, "batch", None), "cpu": not gpu, "options": component_options(args),
-            "engine": getattr(args, "engine", None), "engine_args": getattr(args, "engine_args", None)}
+            "engine": getattr(args, "engine", None), "engine_args": getattr(args, "engine_args", None),
+            "deploy_cc": getattr(args, "deploy_cc", None)}
 
 
 def component_options(args) -> dict:
@@ -120,6 +121,7 @@ def _cases(name: str, scope: dict) -> list:
     if scope.get("component") != name and getattr(module, "TAKES_DEPLOYMENT", False) and (
             scope.get("engine") or scope.get("engine_args")):  # `run --engine`: the engine as deployed
         options = {**options, "engine": scope["engine"], "engine_args": scope.get("engine_args"),
+                   "deploy_cc": scope.get("deploy_cc"),
                    **({"beside_ours": True} if name == "cycle" else {})}  # ours beside it: what it could reach
     return module.cases(scope["preset"], scope["tp"], scope["context"], scope["tokens"], **options)
 

@@ -104,7 +104,7 @@ def _plan(preset: str, tp: int, context: int, cfgs: list[SpecConfig], batch: int
 def cases(preset: str, tp: int, context: int = presets.CONTEXT, tokens: tuple[int, ...] | None = None,
           configs: str | None = None, attention: str | None = None, contexts: str | None = None,
           batch: tuple[int, ...] | None = None, engine: str | None = None, engine_args: str | None = None,
-          ab: str | None = None, beside_ours: bool = False) -> list[CaseSpec]:
+          ab: str | None = None, beside_ours: bool = False, deploy_cc: int | None = None) -> list[CaseSpec]:
     """One case per (context, batch, configuration, attention variant); `tokens` keeps the configurations with those
     draft-token counts; `contexts` ("1024,4096") replaces the one context; `batch` the requests per cycle (default
     1), each with its own cache of the context. With `engine`: per deployment (the one given, each --ab variant,
@@ -133,7 +133,7 @@ def cases(preset: str, tp: int, context: int = presets.CONTEXT, tokens: tuple[in
     batches = tuple(batch or (1,))
     check_forward_rows(batches, [c.draft_tokens for c in cfgs], "--configs D")
     several = contexts is not None
-    deps = deployments.variants(engine, engine_args, ab, beside_ours)
+    deps = deployments.variants(engine, engine_args, ab, beside_ours, deploy_cc)
     out = []
     for ctx in parse_contexts(contexts) if several else [context]:
         plan = _plan(preset, tp, ctx, cfgs, max(batches))

@@ -168,7 +168,7 @@ def _case(preset, tp, layers, context, n, variant: str, comps: frozenset, plan: 
 
 def cases(preset: str, tp: int, context: int = presets.CONTEXT, tokens: tuple[int, ...] | None = None,
           layers: int | None = None, batch: tuple[int, ...] | None = None, engine: str | None = None,
-          engine_args: str | None = None) -> list[CaseSpec]:
+          engine_args: str | None = None, deploy_cc: int | None = None) -> list[CaseSpec]:
     """Per n: the full forward, each component alone (isolated) and the forward without it (marginal); where PDL
     can run, the full forward without it too. With `engine`: the forward as that deployment runs it. The layers are planned against the free memory here (listing
     allocates nothing; the components before have released theirs): fewer layers when short, every case skipped
@@ -182,7 +182,7 @@ def cases(preset: str, tp: int, context: int = presets.CONTEXT, tokens: tuple[in
     plan = plan_layers(preset, tp, layers, context, top)
     out = []
     gpu = cuda_available()
-    deps = deployments.variants(engine, engine_args)
+    deps = deployments.variants(engine, engine_args, cc=deploy_cc)
     for b, n in ((b, n) for b in batches for n in ns):
         def add(variant, comps):
             out.append(_case(preset, tp, layers, context, n, variant, comps, plan, b, top, deps[0] if deps else None))

@@ -18,13 +18,8 @@ SPEC_FLAGS = {"--speculative-num-steps": 0, "--speculative-eagle-topk": 1, "--sp
 
 
 def add_arguments(p, ab: bool = False) -> None:
-    """--engine and --engine-args (and with `ab`, --ab) on a command's parser."""
-    p.add_argument("--engine", choices=("sglang",), default=None,
-                   help="answer for this engine as deployed: each part of the forward runs the kernel the engine's "
-                   "flags select (ours standing in where it cannot run here, said so); default: the suite's kernels")
-    p.add_argument("--engine-args", default=None, metavar="FLAGS",
-                   help="the engine's server flags, quoted, e.g. \"--attention-backend triton "
-                   "--triton-attention-num-kv-splits 8\" (default: the engine's defaults)")
+    """--engine, --engine-args, --deploy-cc (deployment.add_arguments: the one declaration) and with `ab`, --ab."""
+    deployment_module.add_arguments(p)
     if ab:
         p.add_argument("--ab", default=None, metavar="FLAGS;FLAGS;...",
                        help="A/B the engine's flags: the same cases again once per variant, each with those flags "
@@ -61,14 +56,14 @@ def tag(flags: str) -> str:
 
 
 def variants(engine: str | None, engine_args: str | None = None, ab: str | None = None,
-             beside_ours: bool = False) -> list[tuple[str, Deployment]]:
+             beside_ours: bool = False, cc: int | None = None) -> list[tuple[str, Deployment]]:
     """[(tag, deployment)]: the deployment given ("deployed"), one per --ab variant (its flags added), and with
     `beside_ours` the suite's kernels ("ours": what the engine could reach). [] without an engine (the suite's)."""
     if engine is None:
         if ab is not None or engine_args is not None:
             raise ValueError("--engine-args and --ab need --engine (the engine whose flags they are)")
         return []
-    base = deployment_module.resolve(engine, engine_args)
+    base = deployment_module.resolve(engine, engine_args, cc)
     out = [("deployed", base)] + [(tag(flags), base.with_args(flags)) for flags in parse_ab(ab)]
     return out + ([("ours", SUITE)] if beside_ours else [])
 
