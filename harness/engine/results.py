@@ -269,7 +269,7 @@ def batch_of(record: dict) -> int:
     return record["params"].get("batch", 1)
 
 
-def current_params(component: str, params: dict, where: str = "params") -> dict:
+def current_params(component: str, params: dict, where: str = "params", fill: bool = True) -> dict:
     """`params` of a case of `component` under today's keys: an older file's keys renamed, the keys it lacked added
     with the value they meant. A new copy; ResultsError when an old and a new key both hold, and disagree."""
     out = dict(params)
@@ -281,7 +281,7 @@ def current_params(component: str, params: dict, where: str = "params") -> dict:
             raise ResultsError(f"{where}: both {old!r} ({value!r}) and {new!r} ({out[new]!r}), which name one "
                                "quantity")
         out[new] = value
-    for key, value in MISSING_PARAMS_KEYS.get(component, {}).items():
+    for key, value in MISSING_PARAMS_KEYS.get(component, {}).items() if fill else ():
         out.setdefault(key, value)
     return out
 
@@ -289,9 +289,19 @@ def current_params(component: str, params: dict, where: str = "params") -> dict:
 def _current_keys(data: dict, where: str) -> None:
     """Every case's params under today's keys, so no reader needs to know an older file's (in place: the cases of a
     file just read; a case's params dict is replaced, never edited, since a component's spec may share it)."""
+    component = data["component"]
     for case in data["cases"]:
         if isinstance(case.get("params"), dict):
-            case["params"] = current_params(data["component"], case["params"], f"{where}: case {case['name']!r}")
+            case["params"] = current_params(component, case["params"], f"{where}: case {case['name']!r}",
+                                            fill=False)
+    # a key no case carries is an older file's (filled with what it meant); one that some cases carry and others
+    # lack is a fault of those others, left missing for the reader to name (result_cases.py), never filled
+    carried = {k for c in data["cases"] if isinstance(c.get("params"), dict) for k in c["params"]}
+    for case in data["cases"]:
+        if isinstance(case.get("params"), dict):
+            for key, value in MISSING_PARAMS_KEYS.get(component, {}).items():
+                if key not in carried:
+                    case["params"][key] = value
 
 
 def _median_problem(value) -> str | None:
@@ -409,15 +419,16 @@ def check_needs(run: dict, needs, where: str) -> dict:
 
 def load_run(path: Path, needs: dict[str, tuple[Need, ...]] | None = None, reader: str = "this command",
              gpu_only: bool = False) -> dict:
-    """Load and validate one suite result file; raises ResultsError with the reason, never returns bad data.
-    `needs`: the kinds (components) `reader` takes, each with the fields it reads; `gpu_only`: a CPU smoke run
+    """Load and validate one suite result file; raises ResultsError with the reason, never returns bad data (a
+    case with a bad field is left out, counted on stderr: result_cases.py). `needs`: the kinds (components) `reader` takes, each with the fields it reads; `gpu_only`: a CPU smoke run
     is refused (its numbers support no conclusion)."""
+    from verifybench.harness.engine import result_cases
+
     run = validate_run(read_json(path), str(path))
-    if needs is not None:
-        if run["component"] not in needs:
-            raise ResultsError(f"{path}: a {run['component']!r} result; {reader} needs a "
-                               f"{' or '.join(needs)} result")
-        check_needs(run, needs[run["component"]], str(path))
+    if needs is not None and run["component"] not in needs:
+        raise ResultsError(f"{path}: a {run['component']!r} result; {reader} needs a {' or '.join(needs)} result")
+    # every field a command reads, checked in the one reader: a case with a bad one left out and counted
+    run = result_cases.read(run, str(path), needs[run["component"]] if needs is not None else ())
     refused = stance.refusal(run, path) if gpu_only else None
     if refused:
         raise ResultsError(refused)
