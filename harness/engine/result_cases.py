@@ -45,11 +45,12 @@ def case_problem(component: str, case: dict, needs=()) -> str | None:
     """What is wrong with one case for a command that reads `needs` (results.Need), as "field X must be ..., got Y";
     None when nothing is. A batch missing here is one missing from a file whose other cases carry it (an older
     file that never wrote it meant one request, and results.validate_run filled it in)."""
-    checks = dict(PLACE.get(component, {}))
+    checks = {}
     if case["check"]["ok"]:
         for need in needs:
             if need.where is None or need.where(case):
                 checks.update(need.fields)
+    checks.update(PLACE.get(component, {}))  # the stricter check of a field a command's Need names too
     for path, check in checks.items():
         value = _field(case, path)
         if value is _MISSING or not check.ok(value):

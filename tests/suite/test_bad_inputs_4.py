@@ -1,0 +1,170 @@
+"""Bad input, fourth pass: result files read through one reader (a bad case left out, named and counted, never
+merged), a batched answer that names its B, the regressions of the third pass, and the small ones."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from verifybench.harness.cli import main
+from verifybench.harness.engine import results
+
+BASELINES = Path(__file__).resolve().parents[2] / "results" / "baselines" / "nvidia-h200-x1"
+TAUS = ["--accept-len", "3:2.4,6:3.1"]
+
+
+def _case(b, steps, topk, d, cycle_ms, decode_ms, context=4096, ok=True):
+    """A GPU cycle case at B requests, as `verifybench cycle --batch` stores it."""
+    table = {"draft": 1.0, "verify": cycle_ms - 1.5, "reextend": 0.3, "other": 0.2}
+    case = {"name": f"cycle/kimi-k2.5-tp8/ctx{context}/B{b}/s{steps}k{topk}d{d}/extend",
+            "params": {"preset": "kimi-k2.5", "tp": 8, "context": context, "batch": b, "steps": steps, "topk": topk,
+                       "draft_tokens": d, "attention": "extend"},
+            "check": {"ok": ok, "detail": "ok" if ok else "mismatch"},
+            "derived": {"table_ms": table, "decode_ms": decode_ms, "bare_forward_ms": cycle_ms - 2.5,
+                        "beyond_bare_total_ms": 1.0, "beyond_bare_ms": {"sync": 0.1},
+                        "attention_per_forward_ms": {"tree": 0.5}, "allreduce_bytes": b * d * 7168 * 2}}
+    if ok:
+        case.update(mode="cycle", device="cuda", samples_us=[cycle_ms * 1e3] * 3,
+                    summary={"n": 3, "median_us": cycle_ms * 1e3})
+    return case
+
+
+def _cycle_file(folder: Path, sizes=(1, 2, 4, 8), ok=True, edit=None) -> Path:
+    """A GPU cycle result at each B of `sizes`, shapes (2,1,3) and (5,1,6); plain decode and the cycle grow with B."""
+    cases = []
+    for b in sizes:
+        decode = 10.0 + 0.5 * b
+        cases += [_case(b, 2, 1, 3, decode * {1: 1.5, 2: 1.8, 4: 2.2, 8: 2.9}[b], decode, ok=ok),
+                  _case(b, 5, 1, 6, decode * {1: 2.0, 2: 2.5, 4: 3.3, 8: 4.4}[b], decode, ok=ok)]
+    run = results.make_run("cycle", [], {"gpu_model": "NVIDIA H200", "cuda_available": True, "slug": "h200",
+                                         "gpus": [{"name": "NVIDIA H200"}]})
+    run["cases"] = cases
+    if edit:
+        edit(run)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "cycle-20261201T000000Z.json"
+    path.write_text(json.dumps(run))
+    return path
+
+
+def _at_b(b):
+    return lambda run: [c for c in run["cases"] if c["params"]["batch"] == b]
+
+
+def _run(argv, capsys):
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    return rc, out, [line for line in err.splitlines() if line.strip()]
+
+
+# ---- one reader for result files
+
+def test_a_batched_cycle_case_without_its_batch_is_left_out_not_merged_into_b1(tmp_path, capsys):
+    path = _cycle_file(tmp_path, edit=lambda run: [c["params"].pop("batch") for c in _at_b(2)(run)])
+    rc, out, err = _run(["advise", tmp_path, *TAUS], capsys)
+    assert rc == 0 and "measured at B 1, 4, 8)" in out and "B 1, 1" not in out
+    assert len(err) == 1 and err[0].startswith(f"note: {path}: 2 of 8 cases left out")
+    assert "case 'cycle/kimi-k2.5-tp8/ctx4096/B2/s2k1d3/extend': field params.batch must be" in err[0]
+    assert "got missing" in err[0]
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.5, 100, "2", None, True])
+def test_a_bad_batch_size_in_a_result_file_is_left_out_naming_the_file_the_case_and_the_field(bad, tmp_path, capsys):
+    def edit(run):
+        run["cases"][2]["params"]["batch"] = bad
+    path = _cycle_file(tmp_path, edit=edit)
+    for argv in (["plan", path, "--context", "4096", *TAUS], ["advise", path, *TAUS]):
+        rc, out, err = _run(argv, capsys)
+        assert rc == 0 and len(err) == 1, err
+        assert err[0].startswith(f"note: {path}: 1 of 8 cases left out") and "field params.batch must be an " \
+            "integer in 1..64, got" in err[0] and "B2/s2k1d3" in err[0]
+        assert bad == "2" or f"B {bad}" not in out and f"B {bad!r}" not in out
+
+
+def test_a_batch_times_draft_tokens_past_the_forward_rows_limit_is_left_out(tmp_path, capsys):
+    def edit(run):
+        run["cases"][-1]["params"]["batch"] = 16  # x D 6 = 96 rows
+    path = _cycle_file(tmp_path, edit=edit)
+    rc, out, err = _run(["plan", path, *TAUS], capsys)
+    assert rc == 0 and "params.batch x params.draft_tokens = 16 x 6 = 96 rows; at most 64" in err[0]
+
+
+def test_a_stored_median_far_from_its_own_samples_is_left_out(tmp_path, capsys):
+    def edit(run):
+        run["cases"][1]["summary"]["median_us"] *= 10
+    path = _cycle_file(tmp_path, edit=edit)
+    rc, out, err = _run(["plan", path, *TAUS], capsys)
+    assert rc == 0 and len(err) == 1 and f"note: {path}: 1 of 8 cases left out" in err[0]
+    assert "field summary.median_us" in err[0] and "disagrees with the median of its 3 samples" in err[0]
+
+
+def test_every_case_of_a_result_with_a_bad_field_refuses_it_in_one_line(tmp_path, capsys):
+    def edit(run):
+        for c in run["cases"]:
+            c["params"]["context"] = "4096"
+    path = _cycle_file(tmp_path, edit=edit)
+    rc, out, err = _run(["plan", path, *TAUS], capsys)
+    assert rc == 2 and len(err) == 1 and err[0].startswith(f"error: {path}: case ")
+    assert "field params.context must be an integer in 1..1048576, got '4096'" in err[0]
+
+
+def test_plan_on_a_cycle_whose_every_check_failed_names_the_file(tmp_path, capsys):
+    path = _cycle_file(tmp_path, sizes=(2, 4, 8), ok=False)
+    rc, out, err = _run(["plan", tmp_path, *TAUS], capsys)
+    assert rc == 2 and len(err) == 1 and f"{path}: no passing case (every check failed" in err[0]
+
+
+def test_advise_on_a_cycle_whose_every_check_failed_says_so_and_does_not_blame_the_accept_length(tmp_path, capsys):
+    path = _cycle_file(tmp_path, sizes=(2, 4, 8), ok=False)
+    rc, out, err = _run(["advise", tmp_path, *TAUS], capsys)
+    assert rc == 0 and f"cycle ({path}): no passing case: every check failed" in out
+    assert "--accept-len" not in " ".join(err)
+
+
+# ---- a batched answer names its B, each rate per request or in total
+
+def test_advise_on_a_batched_cycle_without_b1_names_the_b_of_its_answer_and_levers(tmp_path, capsys):
+    _cycle_file(tmp_path, sizes=(2, 4, 8))
+    rc, out, err = _run(["advise", tmp_path, *TAUS], capsys)
+    assert rc == 0
+    assert re.search(r"^## The answer at B = 2 \(.*tok/s per request", out, re.M), out
+    assert re.search(r"^## Levers, .* at B = 2 \(", out, re.M)
+
+
+def test_plan_at_one_batch_of_a_batched_cycle_says_per_request_and_in_total_and_keeps_the_per_batch_section(
+        tmp_path, capsys):
+    _cycle_file(tmp_path, sizes=(2, 4, 8))
+    rc, out, err = _run(["plan", tmp_path, "--batch", "2", *TAUS], capsys)
+    best = re.search(r"^best: .* at ([0-9.]+) tok/s per request at B 2 \(([0-9.]+) in total\)", out, re.M)
+    assert rc == 0 and best, out
+    assert float(best[2]) == pytest.approx(2 * float(best[1]), rel=1e-3)
+    assert "## Per batch" in out
+
+
+# ---- regressions
+
+def test_advise_refuses_an_accept_length_past_what_the_shape_can_accept(capsys):
+    rc, out, err = _run(["advise", BASELINES, "--accept-len", "4:9"], capsys)
+    assert rc == 2 and len(err) == 1 and "--accept-len: accept length 9 for 4 outside 1..4" in err[0]
+
+
+def test_compare_reads_a_gpu_pytest_benchmark_file_with_gloo_rows_as_gpu_numbers(capsys):
+    f = BASELINES / "pytest-benchmark.json.gz"
+    rc, out, err = _run(["compare", f, f], capsys)
+    assert rc == 0 and "CPU numbers" not in out and "summary: SAME 545" in out
+
+
+# ---- compare on folders: each refusal says what to pass
+
+def test_compare_folder_refusals_say_what_to_pass_instead(tmp_path, capsys):
+    folder = tmp_path / "f"
+    folder.mkdir()
+    (folder / "verify-20261201T000000Z.json").write_bytes((BASELINES / "verify.json").read_bytes())
+    mine = tmp_path / "mine.json"
+    mine.write_bytes((BASELINES / "verify.json").read_bytes())
+    text = tmp_path / "x.txt"
+    text.write_bytes(mine.read_bytes())
+    for other in (mine, text):
+        rc, out, err = _run(["compare", folder, other], capsys)
+        assert rc == 2 and len(err) == 1 and f"BASE {folder}" in err[0] and "pass --kind verify" in err[0], err
