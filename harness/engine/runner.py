@@ -26,6 +26,17 @@ CPU_MAX_TIME_S = 0.2  # per case, unless VERIFYBENCH_MAX_TIME_S says otherwise
 CPU_MIN_SAMPLES = 2
 
 
+_SAID: set[str] = set()
+
+
+def say_once(line: str) -> None:
+    """Print a line about a component's cases once per process (a command lists its cases twice: to check the
+    scope before anything runs, then to run them)."""
+    if line not in _SAID:
+        _SAID.add(line)
+        print(line)
+
+
 class CaseSkipped(Exception):
     """Raised by a case's setup when the case cannot run on this machine (a backend or P2P missing, too little
     memory): the case is recorded with the reason, and it is neither timed nor counted as a failure."""

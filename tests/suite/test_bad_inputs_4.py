@@ -168,3 +168,49 @@ def test_compare_folder_refusals_say_what_to_pass_instead(tmp_path, capsys):
     for other in (mine, text):
         rc, out, err = _run(["compare", folder, other], capsys)
         assert rc == 2 and len(err) == 1 and f"BASE {folder}" in err[0] and "pass --kind verify" in err[0], err
+
+
+# ---- options mean the same on CPU and GPU
+
+CPU_ONLY = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the CPU smoke profile's listing")
+
+
+@CPU_ONLY
+def test_mla_decode_on_cpu_runs_the_tokens_and_context_given_and_keeps_b_times_n_within_the_limit(monkeypatch,
+                                                                                                     capsys):
+    from verifybench.harness.analysis.numbers import FORWARD_ROWS_MAX
+    from verifybench.harness.components import mla_decode as bench
+
+    monkeypatch.setattr(bench, "INTERPRET", True)  # the interpreted kernels' rows listed too
+    specs = bench.cases("tiny", 1, 128, (2,), batch=(2,))
+    assert {(s.params["context"], s.params["tokens"], s.params["batch"]) for s in specs} == {(128, 2, 2)}
+    specs = bench.cases("tiny", 1, 64, (1,), batch=(20,))
+    assert {s.params["tokens"] for s in specs} == {1}
+    assert all(s.params["batch"] * s.params["tokens"] <= FORWARD_ROWS_MAX for s in specs)
+    with pytest.raises(ValueError, match="--batch 20 x --tokens 4 = 80 tokens per verify forward"):
+        bench.cases("tiny", 1, 64, (4,), batch=(20,))
+    capsys.readouterr()
+    from verifybench.harness.engine import runner
+
+    monkeypatch.setattr(runner, "_SAID", set())
+    assert {s.params["context"] for s in bench.cases("tiny", 1, 64)} == set(bench.CPU_CONTEXTS)
+    said = capsys.readouterr().out.splitlines()
+    assert said == ["mla_decode on CPU: context 256 in place of the profile's 64 (enough keys for the split kernel "
+                    "to split; --context N runs N)"]
+
+
+@CPU_ONLY
+@pytest.mark.parametrize("tokens, batch", [((1, 2, 4, 8), None), ((1,), (1, 2))])
+def test_run_takes_the_readmes_token_counts_on_cpu_and_the_cycle_says_which_shapes_it_runs(tokens, batch, capsys,
+                                                                                             monkeypatch):
+    from verifybench.harness import components
+    from verifybench.harness import run as run_mod
+    from verifybench.harness.engine import runner
+
+    monkeypatch.setattr(runner, "_SAID", set())
+    scope = {"preset": "tiny", "tp": 1, "context": 64, "tokens": tokens, "batch": batch, "options": {}}
+    run_mod.check_cases(list(components.REGISTRY), scope)
+    cycle = run_mod._cases("cycle", scope)  # listed a second time, as run does: said once
+    assert cycle and {s.params["draft_tokens"] for s in cycle} == {3}
+    out = capsys.readouterr().out
+    assert out.count("cycle: --tokens ") == 1 and "names no draft-token count of its default shapes" in out
