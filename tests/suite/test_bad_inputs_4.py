@@ -214,3 +214,65 @@ def test_run_takes_the_readmes_token_counts_on_cpu_and_the_cycle_says_which_shap
     assert cycle and {s.params["draft_tokens"] for s in cycle} == {3}
     out = capsys.readouterr().out
     assert out.count("cycle: --tokens ") == 1 and "names no draft-token count of its default shapes" in out
+
+
+# ---- memory limits: the process's and the container's, and a CPU allocation failure skipped like a CUDA one
+
+def test_cpu_free_memory_is_held_to_the_process_rlimit(monkeypatch):
+    import resource
+
+    from verifybench.harness.engine import memory
+
+    real = resource.getrlimit
+    size = int(Path("/proc/self/statm").read_text().split()[0]) * resource.getpagesize()
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (size + memory.GIB, resource.RLIM_INFINITY)
+                        if which == resource.RLIMIT_AS else real(which))
+    assert 0.9 * memory.GIB < memory.free_bytes("cpu") <= memory.GIB
+    with pytest.raises(Exception, match=r"under this process's rlimit \(ulimit -v / -d\)"):
+        memory.require(2 * memory.GIB, "a test allocation", "cpu")
+
+
+@pytest.mark.parametrize("files, free", [
+    ({"memory.max": "3221225472", "memory.current": "1073741824"}, 2 << 30),  # cgroup v2
+    ({"memory.max": "max", "memory.current": "1073741824"}, None),  # v2, no limit
+    ({"memory/memory.limit_in_bytes": "2147483648", "memory/memory.usage_in_bytes": "536870912"}, 3 << 29),  # v1
+    ({"memory/memory.limit_in_bytes": "9223372036854771712", "memory/memory.usage_in_bytes": "5"}, None),  # v1 none
+], ids=["v2", "v2-max", "v1", "v1-none"])
+def test_the_container_memory_limit_is_read_from_cgroup_v2_and_v1(files, free, tmp_path):
+    from verifybench.harness.engine import memory
+
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text + "\n")
+    assert memory.container_free_bytes(tmp_path) == free
+
+
+def test_a_cpu_allocation_failure_is_skipped_like_a_cuda_out_of_memory():
+    from verifybench.harness.engine.runner import CaseSpec
+
+    def setup():
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 5368750080 bytes. Error code 12 (Cannot allocate memory)")
+    case = CaseSpec("x", {}, "hot", setup).run()
+    assert case.skipped == ("out of memory despite the memory plan: can't allocate memory: you tried to allocate "
+                            "5368750080 bytes (twice; the second time after collecting unreferenced memory)")
+
+    def other():
+        raise RuntimeError("a shape mismatch")
+    with pytest.raises(RuntimeError, match="a shape mismatch"):
+        CaseSpec("y", {}, "hot", other).run()
+
+
+@CPU_ONLY
+def test_verify_under_ulimit_v_is_skipped_by_the_memory_plan_not_a_traceback(tmp_path):
+    import resource
+    import subprocess
+    import sys
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (6 << 30, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    proc = subprocess.run([sys.executable, "-m", "verifybench.harness.cli", "verify", "--batch", "64", "--tokens", "1",
+                           "--context", "1048576", "--out", str(tmp_path)], preexec_fn=limit, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "skipped 17: " in proc.stdout and " is free" in proc.stdout  # under the rlimit, or less memory than it
