@@ -276,3 +276,58 @@ def test_verify_under_ulimit_v_is_skipped_by_the_memory_plan_not_a_traceback(tmp
                           text=True, timeout=600)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "skipped 17: " in proc.stdout and " is free" in proc.stdout  # under the rlimit, or less memory than it
+
+
+# ---- the small ones
+
+def test_trace_without_a_cycle_range_keeps_the_last_cycles_copy_after_its_last_kernel(tmp_path):
+    from trace_builders import eager_engine_trace
+
+    from verifybench.harness.analysis import trace
+
+    r = trace.decompose([eager_engine_trace(cycles=4).write(tmp_path / "t.json")])
+    assert r["found_by"].startswith("periodic kernel sequence: 6 kernels per cycle") and r["cycles"] == 4
+    assert r["per_cycle_us"]["memcpy"] == 3.0 and r["per_cycle_us"]["total"] == 88.0
+
+
+def test_expert_bytes_int4_refuses_a_group_size_that_does_not_divide_hidden_or_inter():
+    from verifybench.kernels.moe_int4.reference import expert_bytes_int4
+
+    with pytest.raises(ValueError, match="group_size 32 does not divide hidden = 100"):
+        expert_bytes_int4(100, 30, 32)
+    with pytest.raises(ValueError, match="group_size 32 does not divide inter = 48"):
+        expert_bytes_int4(128, 48, 32)
+    assert expert_bytes_int4(128, 64, 32) == 2 * 64 * (64 + 4 * 2) + 128 * (32 + 2 * 2)
+
+
+def test_quantize_w4a16_refuses_a_float_group_size_in_one_line():
+    import torch
+
+    from verifybench.kernels.moe_int4.reference import dequantize_w4a16, quantize_w4a16
+
+    w = torch.randn(4, 64)
+    with pytest.raises(ValueError, match="group_size must be an int, got float 32.0"):
+        quantize_w4a16(w, 32.0)
+    packed, scales = quantize_w4a16(w, 32)
+    with pytest.raises(ValueError, match="group_size must be an int, got float 32.0"):
+        dequantize_w4a16(packed, scales, 32.0)
+
+
+def _tree_record(backend, skipped=False):
+    rec = {"name": f"tree/verify/{backend}/d4t2s2/B1", "device": "cpu", "check": {"ok": not skipped},
+           "params": {"step": "verify", "backend": backend, "tree": "d4t2s2", "batch": 1, "variant": "x"},
+           "derived": {}}
+    if skipped:
+        rec["skipped"] = "Triton kernels not run: TRITON_INTERPRET='0' turns the interpreter off"
+    else:
+        rec.update(mode="cpu-loop", summary={"median_us": 5.0})
+    return rec
+
+
+def test_kv_tree_tables_say_the_kernels_did_not_run_when_the_interpreter_is_off():
+    from verifybench.harness.components import kv_tree
+
+    titles = " | ".join(t for t, _ in kv_tree.tables([_tree_record("reference"), _tree_record("kernel", True)]))
+    assert "ran in the" not in titles and titles.count("the kernels did not run: the Triton interpreter is off") == 2
+    titles = " | ".join(t for t, _ in kv_tree.tables([_tree_record("reference"), _tree_record("kernel")]))
+    assert titles.count("the kernels ran in the Triton interpreter") == 2
