@@ -386,7 +386,7 @@ FIELD_EDITS = {  # (baseline, the command's arguments after the file, edit of th
     "plan: zero decode_ms": ("cycle.json", ["plan"], lambda d: _first(d)["derived"].update(decode_ms=0),
                              "field derived.decode_ms must be a finite number > 0, got 0"),
     "plan: string steps": ("cycle.json", ["plan"], lambda d: _first(d)["params"].update(steps="2"),
-                           "field params.steps must be an integer >= 1, got '2'"),
+                           "field params.steps must be an integer in 1..64, got '2'"),
     "plan: missing table_ms": ("cycle.json", ["plan"], lambda d: _first(d)["derived"].pop("table_ms"),
                                "field derived.table_ms must be an object of finite numbers, got missing"),
     "plan: null phase": ("cycle.json", ["plan"], lambda d: _first(d)["derived"]["table_ms"].update(other=None),
@@ -395,7 +395,7 @@ FIELD_EDITS = {  # (baseline, the command's arguments after the file, edit of th
                           "the stored median must be > 0, got 0"),
     "plan: missing tokens": ("verify.json", ["plan"], lambda d: [c for c in d["cases"] if c["check"]["ok"] and c[
         "params"].get("variant") == "full"][2]["params"].pop("tokens"),
-                             "field params.tokens must be an integer >= 1, got missing"),
+                             "field params.tokens must be an integer in 1..64, got missing"),
     "plan: params a list": ("verify.json", ["plan"], lambda d: _first(d).update(params=[1]),
                             "field 'params' is not an object"),
     "project: null copy": ("verify.json", ["project"], lambda d: _first(d, "full")["derived"].update(copy_gbps=None),
