@@ -4,11 +4,80 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
-from verifybench.harness.analysis.numbers import FORWARD_ROWS_MAX, MAX_CONTEXT, TOKEN_COUNT_MAX
-from verifybench.harness.engine.results import Check, ResultsError, _field, _is_count, _MISSING
+from verifybench.harness.engine.limits import FORWARD_ROWS_MAX, MAX_CONTEXT, TOKEN_COUNT_MAX
+
+
+class ResultsError(ValueError):
+    """A results file that is missing, corrupt, foreign or of an unsupported version."""
+
+
+# ---- what a command reads from a kind of result, checked when the file is read
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_count(v) -> bool:
+    return _is_number(v) and isinstance(v, int) and v >= 1
+
+
+@dataclass(frozen=True)
+class Check:
+    """What a field must hold, in words (for the error) and as a test."""
+
+    what: str
+    ok: Callable[[object], bool]
+
+
+COUNT = Check("an integer >= 1", _is_count)
+COUNT_OR_NULL = Check("null or an integer >= 1", lambda v: v is None or _is_count(v))
+POSITIVE = Check("a finite number > 0", lambda v: _is_number(v) and math.isfinite(v) and v > 0)
+NONNEGATIVE = Check("a finite number >= 0", lambda v: _is_number(v) and math.isfinite(v) and v >= 0)
+TEXT = Check("a non-empty string", lambda v: isinstance(v, str) and bool(v))
+FINITE_TABLE = Check("an object of finite numbers", lambda v: isinstance(v, dict) and bool(v) and all(
+    _is_number(x) and math.isfinite(x) for x in v.values()))
+BYTES_TABLE = Check("an object of byte counts >= 0", lambda v: isinstance(v, dict) and bool(v) and all(
+    _is_number(x) and math.isfinite(x) and x >= 0 for x in v.values()))
+
+
+@dataclass(frozen=True)
+class Need:
+    """Fields (dotted paths, e.g. "derived.decode_ms") a command reads from each passing case `where` selects
+    (default: every passing case), and what each must hold."""
+
+    fields: dict[str, Check]
+    where: Callable[[dict], bool] | None = None
+
+
+_MISSING = object()
+
+
+def _field(case: dict, path: str):
+    value = case
+    for key in path.split("."):
+        value = value.get(key, _MISSING) if isinstance(value, dict) else _MISSING
+    return value
+
+
+def check_needs(run: dict, needs, where: str) -> dict:
+    """ResultsError naming the file, the case and the field when a passing case lacks what a Need asks."""
+    for need in needs:
+        for case in run["cases"]:
+            if not case["check"]["ok"] or (need.where is not None and not need.where(case)):
+                continue
+            for path, check in need.fields.items():
+                value = _field(case, path)
+                if value is _MISSING or not check.ok(value):
+                    got = "missing" if value is _MISSING else f"{value!r}"[:60]
+                    raise ResultsError(f"{where}: case {case['name']!r}: field {path} must be {check.what}, got {got}")
+    return run
+
+
 
 BATCH = Check(f"an integer in 1..{FORWARD_ROWS_MAX}", lambda v: _is_count(v) and v <= FORWARD_ROWS_MAX)
 TOKENS = Check(f"an integer in 1..{TOKEN_COUNT_MAX}", lambda v: _is_count(v) and v <= TOKEN_COUNT_MAX)
