@@ -76,15 +76,17 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 NO_LIMIT = 1 << 60  # cgroup v1 writes "no limit" as a page-rounded 2^63 - 1
 
 
-def _cgroup_paths(root: Path) -> tuple[Path | None, Path | None]:
+def _cgroup_paths(root: Path, proc_cgroup: str | None = None) -> tuple[Path | None, Path | None]:
     """(this process's cgroup v2 folder, its v1 memory controller folder), each where it exists: the path
-    /proc/self/cgroup names under `root`, else `root` itself (a container sees its own cgroup as the root)."""
+    /proc/self/cgroup (or `proc_cgroup`, its text) names under `root`, else `root` itself (a container sees its own
+    cgroup as the root)."""
     v2 = v1 = None
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        lines = []
-    for line in lines:
+    if proc_cgroup is None:
+        try:
+            proc_cgroup = Path("/proc/self/cgroup").read_text()
+        except OSError:
+            proc_cgroup = ""
+    for line in proc_cgroup.splitlines():
         hier, controllers, path = (line.split(":", 2) + ["", ""])[:3]
         if hier == "0" and controllers == "":
             v2 = root / path.lstrip("/")
@@ -95,14 +97,15 @@ def _cgroup_paths(root: Path) -> tuple[Path | None, Path | None]:
     return v2, v1
 
 
-def container_free_bytes(root: Path | None = None) -> int | None:
-    """What the container's memory limit leaves: cgroup v2 memory.max - memory.current, or v1 memory.limit_in_bytes
-    - memory.usage_in_bytes (None: no limit set)."""
-    v2, v1 = _cgroup_paths(root or CGROUP_ROOT)
+def container_free_bytes(root: Path | None = None, proc_cgroup: str | None = None) -> int | None:
+    """What the container's memory limit leaves: cgroup v2 memory.max - memory.current (the least over the process's
+    cgroup and its parents), or v1 memory.limit_in_bytes - memory.usage_in_bytes (None: no limit set)."""
+    root = root or CGROUP_ROOT
+    v2, v1 = _cgroup_paths(root, proc_cgroup)
     free = []
-    if v2 is not None:
-        limit, used = _read_int(v2 / "memory.max"), _read_int(v2 / "memory.current")
-        if limit is not None:
+    for folder in ([v2, *(p for p in v2.parents if p.is_relative_to(root))] if v2 is not None else []):
+        limit, used = _read_int(folder / "memory.max"), _read_int(folder / "memory.current")
+        if limit is not None:  # a parent's limit holds its children too
             free.append(limit - (used or 0))
     if v1 is not None:
         limit, used = _read_int(v1 / "memory.limit_in_bytes"), _read_int(v1 / "memory.usage_in_bytes")

@@ -331,3 +331,15 @@ def test_kv_tree_tables_say_the_kernels_did_not_run_when_the_interpreter_is_off(
     assert "ran in the" not in titles and titles.count("the kernels did not run: the Triton interpreter is off") == 2
     titles = " | ".join(t for t, _ in kv_tree.tables([_tree_record("reference"), _tree_record("kernel")]))
     assert titles.count("the kernels ran in the Triton interpreter") == 2
+
+
+def test_a_parent_cgroups_memory_limit_holds_the_process_cgroup_under_it(tmp_path):
+    from verifybench.harness.engine import memory
+
+    leaf = tmp_path / "a" / "b"
+    leaf.mkdir(parents=True)
+    (leaf / "memory.max").write_text("max\n")
+    (leaf / "memory.current").write_text("100\n")
+    (tmp_path / "a" / "memory.max").write_text("1100\n")
+    (tmp_path / "a" / "memory.current").write_text("600\n")
+    assert memory.container_free_bytes(tmp_path, "0::/a/b\n") == 500
