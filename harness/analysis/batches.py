@@ -51,7 +51,8 @@ def answer_batch(run: dict, path=None) -> str:
     """The heading's words for an answer read from one batch of a batched cycle (smallest_batch): its B, and that
     each tok/s is per request."""
     b = min(batches(run), default=1)
-    return f" at B = {b} (the smallest batch of {path or 'the cycle result'}; tok/s per request, {b}x that in total)"
+    rate = "one request: tok/s per request is the total" if b == 1 else f"tok/s per request, {b}x that in total"
+    return f" at B = {b} (the smallest batch of {path or 'the cycle result'}; {rate})"
 
 
 def allreduce_costing(path: Path | None) -> dict | None:

@@ -236,7 +236,8 @@ def answer(rows: list[dict], decode_ms: float, compare_d=COMPARE_D, batch: int |
     """The one-line answer: the best config, then the best at two draft-token counts side by side. `batch`: a
     batched cycle's B, named with each rate per request and in total."""
     best = rows[0]
-    per = "" if batch is None else f" per request at B {batch} ({batch * best['tok_s']:.4g} in total)"
+    per = "" if batch is None else f" per request at B {batch}" + (
+        f" ({batch * best['tok_s']:.4g} in total)" if batch > 1 else " (one request: the total)")
     dec = "" if batch is None else f" per request at B {batch}"
     lines = [f"best: {best['config']} at {best['tok_s']:.4g} tok/s{per}, {best['speedup']:.3g}x plain decode "
              f"({1000 / decode_ms:.4g} tok/s{dec}); it pays above tau* = {best['tau_star']:.3g}"

@@ -160,10 +160,10 @@ def left_out_line(run: dict, where: str) -> str | None:
             f"merged with the others): " + "; ".join(left[:3]) + more)
 
 
-def read(run: dict, where: str, needs=(), say=True) -> dict:
+def read(run: dict, where: str, needs=()) -> dict:
     """screen, then its one line on stderr (so the command's own output stays as it was)."""
     run = screen(run, where, needs)
     line = left_out_line(run, where)
-    if line and say:
+    if line:
         print(line, file=sys.stderr)
     return run
