@@ -85,6 +85,20 @@ def engine_trace(moe_us: float = 30.0, cycles: int = 3, ranges: bool = False, de
     return b
 
 
+def eager_engine_trace(cycles: int = 4) -> Builder:
+    """engine_trace's cycle with every kernel launched eagerly (no CUDA graph to find cycles by: the periodic
+    kernel sequence finds them), its D2H copy of 3 us after the cycle's last kernel."""
+    b = Builder()
+    for k in range(cycles):
+        g, c = 1000.0 + 100 * k, 500.0 + 100 * k
+        for i, (name, at, dur) in enumerate(((NCCL, 0, 10.0), (MLA, 10, 20.0), (MARLIN, 30, 30.0), (GEMM, 60, 5.0),
+                                             (VERIFY, 70, 4.0), (MYSTERY, 80, 2.0))):
+            b.eager(name, c + i, g + at, dur)
+        b.eager("Memcpy DtoH (Device -> Pinned)", c + 12, g + 85, 3.0, cat="gpu_memcpy", call="cudaMemcpyAsync")
+        b.call("cudaStreamSynchronize", c + 13, 70.0)
+    return b
+
+
 ENGINE_CYCLE = {"allreduce": 10.0, "attention": 20.0, "moe": 30.0, "router": 4.0, "projections": 5.0,
                 "tree_sampling": 4.0, "other": 2.0, "memcpy": 3.0, "misc": 0.0,
                 "gpu_idle": 14.0, "overlap": 4.0, "total": 88.0}

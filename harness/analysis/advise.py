@@ -357,7 +357,7 @@ def lines_for(runs: dict, found: dict, taus=None, context: int | None = None, en
     """The answer, then the ranked levers, then lost settings: plain lines for the terminal and the report.
     CPU numbers (stance.any_cpu): the answer's figures withheld, and the levers listed unranked (would_rank)."""
     cpu = is_cpu(runs)
-    per_batch, measured_ab, line = [], ab.lines(runs), deployment_line(runs)
+    per_batch, at_b, measured_ab, line = [], "", ab.lines(runs), deployment_line(runs)
     if "cycle" in runs:  # the A/B's variants have their section; the rest reads the deployment and ours beside it
         runs = {**runs, "cycle": {**runs["cycle"], "cases": [c for c in runs["cycle"]["cases"] if c.get(
             "params", {}).get("deployment") in (None, "deployed", "ours")]}}
@@ -367,17 +367,18 @@ def lines_for(runs: dict, found: dict, taus=None, context: int | None = None, en
         # each B costed at its own allreduce size: the sweep (NCCL's settings) first, else a multi-GPU result
         per_batch = batches.lines(runs["cycle"], taus, found.get("allreduce_sweep") or found.get("allreduce"))
         runs = {**runs, "cycle": batches.smallest_batch(runs["cycle"])}
+        at_b = batches.answer_batch(runs["cycle"], found.get("cycle"))
     if "verify" in runs:  # its fit is one request's
         runs = {**runs, "verify": batches.smallest_batch(runs["verify"])}
-    out = ["## The answer", f"(for {line})"] + (["(CPU numbers: every figure below is withheld)"] if cpu else [])
+    out = ["## The answer" + at_b, f"(for {line})"] + (["(CPU numbers: every figure below is withheld)"] if cpu else [])
     ans = answer(runs, found, context)
     out += [f"{re.split(r'[0-9(:=]', a)[0].strip()}: {results.WITHHELD}" if cpu else a for a in ans]
     out += measured_ab
     if cpu:
         return out + would_rank(runs) + per_batch + stand_ins.lines(runs) + (
             ["", "## Lost settings"] + env.nccl_warnings(nccl_from) if nccl_from is not None else [])
-    out += ["", "## Levers, ranked by ms saved per cycle (each alone, against the engine's cycle)" if not measured_ab
-            else "## Levers the A/B did not run (arithmetic on the component results, each alone)"]
+    out += ["", ("## Levers, ranked by ms saved per cycle (each alone, against the engine's cycle)" if not measured_ab
+                 else "## Levers the A/B did not run (arithmetic on the component results, each alone)") + at_b]
     for i, lv in enumerate(levers(runs, found, taus, context, engine), 1):
         if "missing" in lv:
             out.append(f"- {lv['lever']}: not measured here; measure it with `{lv['missing']}`")

@@ -47,6 +47,14 @@ def smallest_batch(run: dict) -> dict:
     return {**run, "cases": [c for c in run["cases"] if batch_of(c) == least]}
 
 
+def answer_batch(run: dict, path=None) -> str:
+    """The heading's words for an answer read from one batch of a batched cycle (smallest_batch): its B, and that
+    each tok/s is per request."""
+    b = min(batches(run), default=1)
+    rate = "one request: tok/s per request is the total" if b == 1 else f"tok/s per request, {b}x that in total"
+    return f" at B = {b} (the smallest batch of {path or 'the cycle result'}; {rate})"
+
+
 def allreduce_costing(path: Path | None) -> dict | None:
     """What the per-batch rows cost each B's allreduce with, read from `path`: from an NCCL sweep, nccl under the
     default setting (what a server pays untouched) and, as the lever, under the sweep's winner; from a multi-GPU
@@ -304,7 +312,7 @@ def lines(run: dict, tau_of=None, allreduce_from: Path | None = None) -> list[st
         left = (f"; B {', '.join(map(str, sorted(e['uncosted_B'])))} not judged: allreduce size not measured"
                 if e.get("uncosted_B") else "")
         out.append(f"- context {e['context']}, ({','.join(map(str, e['config']))}) {e['attention']}: {got} "
-                   f"(measured at B {', '.join(map(str, sorted(e['measured_B'])))}{left})")
+                   f"(measured at B {', '.join(map(str, sorted(set(e['measured_B']))))}{left})")
     return out + allreduce_line(table, costing)
 
 

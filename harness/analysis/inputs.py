@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from verifybench.harness.analysis import plan
-from verifybench.harness.engine import result_files, results
+from verifybench.harness.engine import result_cases, result_files, results
 
 
 def file_kind(p: Path, kinds: tuple[str, ...]) -> str:
@@ -54,7 +54,7 @@ def load(found: dict[str, Path], kinds: tuple[str, ...]) -> dict[str, dict]:
             run = results.validate_run(data, str(found[kind]))
             if run["component"] != kind:
                 raise results.ResultsError(f"{found[kind]}: a {run['component']!r} result where a {kind} result is due")
-            out[kind] = results.check_needs(run, plan.NEEDS.get(kind, ()), str(found[kind]))
+            out[kind] = result_cases.read(run, str(found[kind]), plan.NEEDS.get(kind, ()))
     models = {}
     for kind, run in out.items():
         if isinstance(run.get("fingerprint"), dict):
@@ -69,9 +69,21 @@ def match_shapes(given: dict, runs: dict) -> list[str]:
     """--accept-len keys against the shapes of the cycle result (D or steps,topk,D): refused where none matches (the
     acceptance would be dropped without a word); a note line naming the keys that match none where others do (a
     README flow gives 3:2.4,6:3.1 to a CPU cycle that ran D = 3 only)."""
+    for key, tau in given.items():  # as plan refuses it: past the most a shape can accept, whatever the file holds
+        top = plan.max_accept_len(key) if isinstance(key, tuple) else key
+        if tau > top:
+            raise ValueError(f"--accept-len: accept length {tau:g} for {key} outside 1..{top} (min(steps, D-1) + "
+                             "bonus: at most D)")
     if "cycle" not in runs:
         return []
     shapes = {plan.case_config(c) for c in plan.passing_cases(runs["cycle"])}
+    if not shapes:  # the answer says the cycle has no passing case; the accept length is not to blame
+        return []
+    for key, tau in given.items():
+        for shape in shapes:
+            if key in (shape, shape[2]) and tau > plan.max_accept_len(shape):
+                raise ValueError(f"--accept-len: accept length {tau:g} for {shape} outside 1.."
+                                 f"{plan.max_accept_len(shape)} (min(steps, D-1) + bonus)")
     unmatched = [k for k in given if not any(k == s or k == s[2] for s in shapes)]
     held = f"the cycle result holds {', '.join(map(str, sorted(shapes)))}"
     if unmatched and len(unmatched) == len(given):

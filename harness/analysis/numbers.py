@@ -13,10 +13,8 @@ INTEGER = re.compile(r"[+-]?[0-9]+")
 DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|[+-]?(nan|inf|infinity)", re.IGNORECASE)
 from verifybench.harness.engine.exits import EXIT_BAD_INPUT
 
-TOKEN_COUNT_MAX = 64  # the largest token count any --tokens takes (tokens per verify), so the largest accept length
-FORWARD_ROWS_MAX = TOKEN_COUNT_MAX  # B requests x D tokens in one verify forward (what SGLang captures per batch size)
+from verifybench.harness.engine.limits import FORWARD_ROWS_MAX, MAX_CONTEXT, TOKEN_COUNT_MAX  # noqa: E402,F401
 BATCH_MAX = 4096  # requests per batch: past any serving batch, and a range up to it stays small
-MAX_CONTEXT = 1 << 20  # tokens in the KV cache; K2.5's window is 262144
 CONTEXT_SPREAD_MAX = 1.0  # --context-spread S stays below it: the shortest request's context c x (1 - S) stays > 0
 MAX_STEP_MS = 60_000.0  # a time per step given by hand: past a minute it is a unit slip (and sums of it stay finite)
 MAX_GBPS = 100_000.0  # a copy bandwidth given by hand: 100 TB/s, far past any GPU's memory

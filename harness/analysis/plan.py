@@ -97,7 +97,10 @@ def load_result(given) -> tuple[dict, Path, str]:
     """(run, its file, a note when a folder or a glob chose it): the latest cycle result, else verify result, of a
     folder; every field plan reads checked; a CPU smoke run refused."""
     path, note = result_files.pick_input(given, tuple(NEEDS), "RESULT")
-    return results.load_run(path, NEEDS, "plan", gpu_only=True), path, note
+    run = results.load_run(path, NEEDS, "plan", gpu_only=True)
+    if not passing_cases(run):
+        raise results.ResultsError(f"{path}: no passing case (every check failed or it holds none): nothing to plan")
+    return run, path, note
 
 
 def cycle_cases(run: dict, attention: str = "all", context: int | None = None) -> list[dict]:
@@ -229,11 +232,15 @@ TABLE_COLUMNS = {"config": "config", "draft_ms": "draft_ms", "verify_ms": "verif
                  "tok_s": "tok/s", "speedup": "speedup", "tau_star": "break-even tau*", "pays": "pays"}
 
 
-def answer(rows: list[dict], decode_ms: float, compare_d=COMPARE_D) -> list[str]:
-    """The one-line answer: the best config, then the best at two draft-token counts side by side."""
+def answer(rows: list[dict], decode_ms: float, compare_d=COMPARE_D, batch: int | None = None) -> list[str]:
+    """The one-line answer: the best config, then the best at two draft-token counts side by side. `batch`: a
+    batched cycle's B, named with each rate per request and in total."""
     best = rows[0]
-    lines = [f"best: {best['config']} at {best['tok_s']:.4g} tok/s, {best['speedup']:.3g}x plain decode "
-             f"({1000 / decode_ms:.4g} tok/s); it pays above tau* = {best['tau_star']:.3g}"
+    per = "" if batch is None else f" per request at B {batch}" + (
+        f" ({batch * best['tok_s']:.4g} in total)" if batch > 1 else " (one request: the total)")
+    dec = "" if batch is None else f" per request at B {batch}"
+    lines = [f"best: {best['config']} at {best['tok_s']:.4g} tok/s{per}, {best['speedup']:.3g}x plain decode "
+             f"({1000 / decode_ms:.4g} tok/s{dec}); it pays above tau* = {best['tau_star']:.3g}"
              + ("" if best["speedup"] > 1 else "; at this acceptance no configuration beats plain decode")]
     by_d = {}
     for r in rows:  # rows are best first: the first seen per D is its best
@@ -243,7 +250,7 @@ def answer(rows: list[dict], decode_ms: float, compare_d=COMPARE_D) -> list[str]
         lo, hi = by_d[pair[0]], by_d[pair[1]]
         winner = hi if hi["tok_s"] > lo["tok_s"] else lo
         loser = lo if winner is hi else hi
-        lines.append(f"{pair[0]} vs {pair[1]} draft tokens: {lo['config']} {lo['tok_s']:.4g} tok/s (tau "
+        lines.append(f"{pair[0]} vs {pair[1]} draft tokens{dec}: {lo['config']} {lo['tok_s']:.4g} tok/s (tau "
                      f"{lo['tau']:.3g}, T_cycle {lo['cycle_ms']:.4g} ms, tau* {lo['tau_star']:.3g}) vs {hi['config']} "
                      f"{hi['tok_s']:.4g} tok/s (tau {hi['tau']:.3g}, T_cycle {hi['cycle_ms']:.4g} ms, tau* "
                      f"{hi['tau_star']:.3g}): {winner['config_tuple'][2]} wins by "
@@ -321,13 +328,15 @@ def _costs(args, configs) -> tuple[dict, float, list[str], str | None]:
             print(note)
     else:
         args.result = None
-    args.per_batch = None
+    args.per_batch, args.at_batch = None, None
     if run is not None and run["component"] == "cycle":
         sizes = batches.batches(run)
         if args.batch is not None and args.batch not in sizes:
             raise ValueError(f"--batch {args.batch}: the cycle result holds batches {sizes}")
-        if args.batch is None and len(sizes) > 1:
+        if len(sizes) > 1:
             args.per_batch = run
+        if len(sizes) > 1 or min(sizes) > 1:  # a batched answer names its B
+            args.at_batch = args.batch or min(sizes)
         run = {**run, "cases": [c for c in run["cases"] if batches.batch_of(c) == (args.batch or min(sizes))]}
         run = one_deployment(run, args.deployment)
         extra = [f"--{k}" for k, v in given.items() if v is not None] + (["--verify-ms"] if args.verify_ms else [])
@@ -342,8 +351,8 @@ def _costs(args, configs) -> tuple[dict, float, list[str], str | None]:
                 raise ValueError(f"--configs: {missing} not in {args.result} (it holds "
                                  f"{sorted({k[0] for k in costs})})")
             costs = {k: v for k, v in costs.items() if k[0] in configs}
-        at = (f" at batch {args.batch or min(sizes)} (--batch picks another)" if len(sizes) > 1 or min(sizes) > 1
-              else "")
+        at = (f" at batch {args.at_batch} (--batch picks another); tok/s per request, {args.at_batch}x that in "
+              "total" if args.at_batch else "")
         notes, line_note = [f"costs: measured cycle (median) and phases of {args.result}{at}"], None
         if args.attention != "all":
             others = [a for a in held if a != args.attention]
@@ -419,7 +428,7 @@ def run(args) -> int:
     rows = rank(costs, decode, tau_of)
     if any(r["verify_from"] in ("interpolated", "extrapolated") for r in rows):
         notes.append(line_note)
-    lines = answer(rows, decode)
+    lines = answer(rows, decode, batch=getattr(args, "at_batch", None))
     print("\n".join(notes))
     print(tabulate([{TABLE_COLUMNS[k]: r[k] for k in TABLE_COLUMNS} for r in rows], headers="keys", floatfmt=".4g"))
     print("\n".join(lines))

@@ -21,10 +21,10 @@ RESULT_COMMAND = "verifybench verify, or verifybench run --components verify"
 
 def load_against(path: str | Path) -> dict:
     """A suite verify result from a GPU (schema verifybench.result, component verify), or TraceError."""
-    from verifybench.harness.engine.results import ResultsError, load_run
+    from verifybench.harness.engine.results import ResultsError, load_run, read_json, validate_run
 
-    try:
-        run = load_run(Path(path))
+    try:  # its kind first: another kind's cases are not read as a verify result's
+        run = validate_run(read_json(Path(path)), str(path))
     except ResultsError as e:
         raise TraceError(str(e)) from None
     if run["component"] != "verify":

@@ -198,10 +198,14 @@ def by_period(trace: Trace) -> tuple[list[Cycle], str] | None:
     s, reps = s + offset, (covered - offset) // p
     chunks = [kernels[s + k * p: s + (k + 1) * p] for k in range(reps)]
     others = [op for op in trace.gpu if op.cat != "kernel"]
+    firsts = [min(op.start_us for op in chunk) for chunk in chunks]
+    # the last cycle spans one period too (its copies after its last kernel are its own): the median spacing, else
+    # to the end of the trace
+    last_hi = firsts[-1] + float(median(np.diff(firsts))) if reps > 1 else float("inf")
     cycles = []
     for k, chunk in enumerate(chunks):
-        lo = min(op.start_us for op in chunk)
-        hi = min(op.start_us for op in chunks[k + 1]) if k + 1 < reps else max(op.end_us for op in chunk)
+        lo = firsts[k]
+        hi = firsts[k + 1] if k + 1 < reps else max(last_hi, max(op.end_us for op in chunk))
         ops = chunk + [op for op in others if lo <= op.start_us < hi]
         c = _cycle([(trace.launch_of(op), op) for op in ops if trace.launch_of(op) is not None])
         c.ops = sorted(ops, key=lambda o: o.start_us)

@@ -25,8 +25,8 @@ from verifybench.harness.analysis.plan import parse_configs as read_configs
 from verifybench.harness.components.mla_verify import variant_config
 from verifybench.harness.engine import memory
 from verifybench.harness.engine.charts import write_png
-from verifybench.harness.engine.results import cpu_numbers, withhold_on_cpu
-from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, release_unreferenced
+from verifybench.harness.engine.results import batch_of, cpu_numbers, withhold_on_cpu
+from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, release_unreferenced, say_once
 from verifybench.harness.engine.timing import cuda_available, measure
 from verifybench.harness.model import deployed, deployments, presets
 from verifybench.harness.model.build import allreduce_stand_in_us, build_forward, device_wait, release_forwards
@@ -118,10 +118,14 @@ def cases(preset: str, tp: int, context: int = presets.CONTEXT, tokens: tuple[in
     cfgs = parse_configs(configs if configs is not None else (CPU_CONFIGS if not gpu else BATCH_CONFIGS
                                                               if several_batches or ab else GPU_CONFIGS))
     if tokens:
-        cfgs = [c for c in cfgs if c.draft_tokens in tokens]
-        if not cfgs:
+        kept = [c for c in cfgs if c.draft_tokens in tokens]
+        if not kept and configs is not None:
             raise ValueError(f"--tokens {','.join(map(str, tokens))}: no cycle configuration has that many draft "
                              "tokens (see --configs)")
+        if not kept:  # `run --tokens 1,2,4,8` on CPU, whose shapes have D = 3: the cycle runs them, said so
+            say_once(f"cycle: --tokens {','.join(map(str, tokens))} names no draft-token count of its default shapes "
+                     f"({';'.join(f'{c.steps},{c.topk},{c.draft_tokens}' for c in cfgs)}): it runs those (`verifybench cycle --configs` picks others)")
+        cfgs = kept or cfgs
     too_many = [c.label for c in cfgs if c.draft_tokens > FORWARD_MAX_TOKENS]
     if too_many:
         raise ValueError(f"--configs: at most {FORWARD_MAX_TOKENS} draft tokens, got {', '.join(too_many)}")

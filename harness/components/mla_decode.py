@@ -32,7 +32,7 @@ from verifybench.harness.engines import backends
 from verifybench.harness.model import presets
 from verifybench.harness.engine.results import CPU_TIMING, batch_of, cpu_numbers
 from verifybench.harness.engine.tables import side_by_side
-from verifybench.harness.engine.runner import CPU_COPIES, CaseSkipped, CaseSpec, rel_error
+from verifybench.harness.engine.runner import CPU_COPIES, CaseSkipped, CaseSpec, rel_error, say_once
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
 from verifybench.kernels.common import interpret
 from verifybench.kernels.mla_decode import api as md
@@ -45,7 +45,9 @@ TAKES_BATCH = True  # --batch: B requests per call, each over its own context (B
 GPU_NS = (1, 4, 8)
 GPU_CONTEXTS = (4096, 32768)
 CPU_NS = (1, 4, 8)
-CPU_CONTEXTS = (256,)
+CPU_CONTEXTS = (256,)  # in place of the CPU profile's default context (presets.CPU_CONTEXT), said so
+CPU_INTERPRETED_NS = (1, 4)  # the interpreted kernels' n without --tokens
+CPU_INTERPRETED_CONTEXT_MAX = 4096  # past it the interpreter takes minutes a case
 MAX_N = 8  # each request's region holds context + MAX_N rows, so every n of one context shares it
 MAX_COPIES = 64
 TOL = 1e-2  # bf16 output: a few ulp of bf16 over softmax-weighted fp32 sums
@@ -276,13 +278,24 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
     if not cuda_available():
         if preset != "tiny":
             raise ValueError(f"preset {preset!r} needs a GPU (a 37 MB cache per layer at 32k); use 'tiny' on CPU")
-        check_forward_rows(batches, tokens or CPU_NS)
+        # --tokens and --context mean what they mean on a GPU; where the CPU profile picks a value, one line says so
+        ns, interpreted_ns = tokens or CPU_NS, tokens or CPU_INTERPRETED_NS
+        check_forward_rows(batches, (*ns, *interpreted_ns))  # B x n at most FORWARD_ROWS_MAX, every row
+        contexts = CPU_CONTEXTS if context == presets.CPU_CONTEXT else (context,)
+        if contexts != (context,):
+            say_once(f"mla_decode on CPU: context {', '.join(map(str, contexts))} in place of the profile's "
+                     f"{context} (enough keys for the split kernel to split; --context N runs N)")
+        interpreted = tuple(min(c, CPU_INTERPRETED_CONTEXT_MAX) for c in contexts)
+        if INTERPRET and interpreted != contexts:
+            say_once(f"mla_decode on CPU: the interpreted kernels at context {CPU_INTERPRETED_CONTEXT_MAX} in place "
+                     f"of {', '.join(map(str, contexts))} (the Triton interpreter's time); the torch path at "
+                     f"{', '.join(map(str, contexts))}")
         rotation = {"calls_per_sample": CPU_COPIES}  # a sample is one pass over the caches
-        out = [make_case(a, n, c, "torch", "cpu", rotation, preset, tp, b) for c in CPU_CONTEXTS for b in batches
-               for n in tokens or CPU_NS]
+        out = [make_case(a, n, c, "torch", "cpu", rotation, preset, tp, b) for c in contexts for b in batches
+               for n in ns]
         if INTERPRET:
             out += [make_case(a, n, c, impl, "cpu", {}, preset, tp, b) for impl in ("triton", *ENGINE_IMPLS)
-                    for c in CPU_CONTEXTS for b in batches for n in (1, 4)]
+                    for c in interpreted for b in batches for n in interpreted_ns]
         return out
     check_forward_rows(batches, tokens or GPU_NS)
     return [make_case(a, n, c, impl, "cuda", {"max_time_s": 0.5}, preset, tp, b)

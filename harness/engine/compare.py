@@ -164,12 +164,28 @@ def inputs(args) -> tuple[Path, Path, list[str]]:
             shared = sorted(set(result_files.kinds_in(base[0])) & set(result_files.kinds_in(new[0])))
             raise results.ResultsError(f"BASE {base[0]} and NEW {new[0]} are both folders: name the kind with "
                                        f"--kind (both hold: {', '.join(shared) or 'no kind in common'})")
-    if kind is None and any(len(g) == 1 and g[0].is_dir() for g in (base, new)):
-        raise results.ResultsError("the other side's file name says no kind of result to take from the folder; "
-                                   "name it with --kind (e.g. --kind verify)")
+    folders = [(label, g[0]) for label, g in (("BASE", base), ("NEW", new)) if len(g) == 1 and g[0].is_dir()]
+    if kind is None and folders:
+        label, folder = folders[0]
+        raise results.ResultsError(f"{label} {folder} is a folder and the other side's file name says no kind of "
+                                   f"result to take from it: {_pass_kind(folder)}")
     kinds = (kind,) if kind else ()
-    (b, nb), (n, nn) = result_files.pick_input(base, kinds, "BASE"), result_files.pick_input(new, kinds, "NEW")
+    try:
+        (b, nb), (n, nn) = result_files.pick_input(base, kinds, "BASE"), result_files.pick_input(new, kinds, "NEW")
+    except results.ResultsError as e:
+        if getattr(args, "kind", None) is not None or not folders:
+            raise
+        # the kind came from the other side's file name (a name of the user's, new.json): say what to pass
+        raise results.ResultsError(f"{e}; the kind {kind!r} came from the other side's file name: "
+                                   f"{_pass_kind(folders[0][1])}") from None
     return b, n, [note for note in (nb, nn) if note]
+
+
+def _pass_kind(folder: Path) -> str:
+    """What to pass instead when a folder's kind is not known: --kind with a kind it holds, or a file."""
+    held = result_files.kinds_in(folder)
+    return (f"pass --kind {held[0]} (it holds: {', '.join(held)}), or name a file in it" if held else
+            "it holds no result file; name a result file instead")
 
 
 def _gpu(run: RunData) -> str:
@@ -193,9 +209,13 @@ def cpu_against_gpu(base: RunData, new: RunData, gb: str, gn: str) -> str | None
 
 
 def cpu_numbers(*runs: RunData) -> bool:
-    """Either run holds CPU numbers (stance.py): a CPU fingerprint or CPU-timed cases."""
-    return any(stance.cpu_fingerprint(r.fingerprint) or any(c.device == "cpu" for c in r.cases.values())
-               for r in runs)
+    """Either run holds CPU numbers (stance.py): a CPU fingerprint, or no case timed anywhere but on the CPU (a GPU
+    run's few host-timed rows, gloo's allreduce beside the GPU cases, leave it a GPU run: those rows are named
+    host-timed in its verdicts)."""
+    def cpu_only(run: RunData) -> bool:
+        timed = [c for c in run.cases.values() if c.ok]
+        return bool(timed) and all(c.device == "cpu" for c in timed)
+    return any(stance.cpu_fingerprint(r.fingerprint) or cpu_only(r) for r in runs)
 
 
 def _version(run: RunData) -> str:

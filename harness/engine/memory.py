@@ -6,8 +6,9 @@ do not count (activations, temporaries, graph pools, allocator rounding: the K2.
 and peaks near 74 GiB on an H200); the reserve is kept for the CUDA context and library workspaces. "Free" on a GPU
 is what the device has free once dead Python objects are collected and torch's cache has returned its unused
 blocks (blocks a cache keeps are not counted: a graph's private pool or a fragment cannot serve a new large tensor),
-and under the cap no more than the cap minus what torch has reserved; on a CPU it is the kernel's MemAvailable (and
-under the cap, the cap minus this process's RSS).
+and under the cap no more than the cap minus what torch has reserved; on a CPU it is the least of the kernel's
+MemAvailable, what the container's cgroup limit leaves (v2 memory.max, v1 memory.limit_in_bytes) and what the
+process's rlimits leave (ulimit -v, -d), and under the cap, the cap minus this process's RSS.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import gc
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from verifybench.harness.engine.env_vars import positive_float
@@ -50,7 +52,7 @@ def apply_cap() -> dict | None:
     return dict(_applied) or {"cap_bytes": cap}
 
 
-def _cpu_available_bytes() -> int:
+def _meminfo_available_bytes() -> int:
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -59,6 +61,81 @@ def _cpu_available_bytes() -> int:
     except OSError:
         pass
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _read_int(path: Path) -> int | None:
+    """An integer file of the kernel's (None: absent, unreadable, or "max", no limit)."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+NO_LIMIT = 1 << 60  # cgroup v1 writes "no limit" as a page-rounded 2^63 - 1
+
+
+def _cgroup_paths(root: Path, proc_cgroup: str | None = None) -> tuple[Path | None, Path | None]:
+    """(this process's cgroup v2 folder, its v1 memory controller folder), each where it exists: the path
+    /proc/self/cgroup (or `proc_cgroup`, its text) names under `root`, else `root` itself (a container sees its own
+    cgroup as the root)."""
+    v2 = v1 = None
+    if proc_cgroup is None:
+        try:
+            proc_cgroup = Path("/proc/self/cgroup").read_text()
+        except OSError:
+            proc_cgroup = ""
+    for line in proc_cgroup.splitlines():
+        hier, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if hier == "0" and controllers == "":
+            v2 = root / path.lstrip("/")
+        elif "memory" in controllers.split(","):
+            v1 = root / "memory" / path.lstrip("/")
+    v2 = next((p for p in (v2, root) if p is not None and (p / "memory.max").is_file()), None)
+    v1 = next((p for p in (v1, root / "memory") if p is not None and (p / "memory.limit_in_bytes").is_file()), None)
+    return v2, v1
+
+
+def container_free_bytes(root: Path | None = None, proc_cgroup: str | None = None) -> int | None:
+    """What the container's memory limit leaves: cgroup v2 memory.max - memory.current (the least over the process's
+    cgroup and its parents), or v1 memory.limit_in_bytes - memory.usage_in_bytes (None: no limit set)."""
+    root = root or CGROUP_ROOT
+    v2, v1 = _cgroup_paths(root, proc_cgroup)
+    free = []
+    for folder in ([v2, *(p for p in v2.parents if p.is_relative_to(root))] if v2 is not None else []):
+        limit, used = _read_int(folder / "memory.max"), _read_int(folder / "memory.current")
+        if limit is not None:  # a parent's limit holds its children too
+            free.append(limit - (used or 0))
+    if v1 is not None:
+        limit, used = _read_int(v1 / "memory.limit_in_bytes"), _read_int(v1 / "memory.usage_in_bytes")
+        if limit is not None and limit < NO_LIMIT:
+            free.append(limit - (used or 0))
+    return max(0, min(free)) if free else None
+
+
+def process_free_bytes() -> int | None:
+    """What this process's own limits leave (ulimit -v, ulimit -d): RLIMIT_AS less its address space, RLIMIT_DATA
+    less its data segment (None: neither set)."""
+    import resource
+
+    try:
+        with open("/proc/self/statm") as f:
+            fields = [int(x) * os.sysconf("SC_PAGE_SIZE") for x in f.read().split()]
+    except (OSError, ValueError):
+        return None
+    free = []
+    for limit, used in ((resource.RLIMIT_AS, fields[0]), (resource.RLIMIT_DATA, fields[5])):
+        soft = resource.getrlimit(limit)[0]
+        if soft != resource.RLIM_INFINITY:
+            free.append(soft - used)
+    return max(0, min(free)) if free else None
+
+
+def _cpu_available_bytes() -> int:
+    """The least of what the kernel has available (MemAvailable), what the container's cgroup limit leaves and what
+    this process's rlimits leave: an allocation past any of them fails."""
+    return min(x for x in (_meminfo_available_bytes(), container_free_bytes(), process_free_bytes()) if x is not None)
 
 
 def _cpu_rss_bytes() -> int:
@@ -121,6 +198,11 @@ def shortfall(what: str, need: int, free: int, device: str) -> str:
     """The one message of the suite for too little memory: what, the bytes it needs (with the rule's margin and
     reserve) and the bytes free."""
     where = f" under {CAP_ENV}={os.environ[CAP_ENV]}" if cap_bytes() is not None else ""
+    if device == "cpu" and not where:  # name the limit that binds, where it is not the machine's memory
+        limits = {"this process's rlimit (ulimit -v / -d)": process_free_bytes(),
+                  "the container's cgroup memory limit": container_free_bytes()}
+        binding = [name for name, left in limits.items() if left is not None and left <= free]
+        where = f" under {binding[0]}" if binding else ""
     return (f"{what} needs {gib(budget(need, device))} ({need} B planned + {MARGIN:.0%} + "
             f"{gib(RESERVE_BYTES[device])} reserve) "
             f"but {gib(free)} ({free} B) is free{where}")

@@ -1,4 +1,3 @@
-# Over 400 lines: the one schema: its writer, its validator and the reader of older files' keys.
 """Results store: one versioned JSON schema for every component, atomic writes, validated loads.
 
 A file holds a run of one component: its fingerprint and a list of case records (parameters, mode, samples and
@@ -16,9 +15,13 @@ import zlib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
 
 from verifybench.harness.engine.timing import Measurement
+from verifybench.harness.engine import result_cases
+# the error, and what a command reads from a kind of result, live with the one reader of a file's cases
+from verifybench.harness.engine.result_cases import (  # noqa: F401
+    BYTES_TABLE, COUNT, COUNT_OR_NULL, FINITE_TABLE, NONNEGATIVE, POSITIVE, TEXT, Check, Need, ResultsError,
+    _field, _is_count, _is_number, _MISSING, check_needs)
 from verifybench.harness.engine import stance
 # the stance on figures that carry no conclusion lives in stance.py; re-exported for the importers of results
 from verifybench.harness.engine.stance import (  # noqa: F401
@@ -32,10 +35,6 @@ SCHEMA_VERSION = 1
 # queued behind a 100 us device spin.
 METHOD_VERSION = 2
 DEFAULT_OUT = Path("verifybench-results")  # relative to the working directory: never inside results/ by default
-
-
-class ResultsError(ValueError):
-    """A results file that is missing, corrupt, foreign or of an unsupported version."""
 
 
 @dataclass
@@ -269,7 +268,7 @@ def batch_of(record: dict) -> int:
     return record["params"].get("batch", 1)
 
 
-def current_params(component: str, params: dict, where: str = "params") -> dict:
+def current_params(component: str, params: dict, where: str = "params", fill: bool = True) -> dict:
     """`params` of a case of `component` under today's keys: an older file's keys renamed, the keys it lacked added
     with the value they meant. A new copy; ResultsError when an old and a new key both hold, and disagree."""
     out = dict(params)
@@ -281,7 +280,7 @@ def current_params(component: str, params: dict, where: str = "params") -> dict:
             raise ResultsError(f"{where}: both {old!r} ({value!r}) and {new!r} ({out[new]!r}), which name one "
                                "quantity")
         out[new] = value
-    for key, value in MISSING_PARAMS_KEYS.get(component, {}).items():
+    for key, value in MISSING_PARAMS_KEYS.get(component, {}).items() if fill else ():
         out.setdefault(key, value)
     return out
 
@@ -289,9 +288,19 @@ def current_params(component: str, params: dict, where: str = "params") -> dict:
 def _current_keys(data: dict, where: str) -> None:
     """Every case's params under today's keys, so no reader needs to know an older file's (in place: the cases of a
     file just read; a case's params dict is replaced, never edited, since a component's spec may share it)."""
+    component = data["component"]
     for case in data["cases"]:
         if isinstance(case.get("params"), dict):
-            case["params"] = current_params(data["component"], case["params"], f"{where}: case {case['name']!r}")
+            case["params"] = current_params(component, case["params"], f"{where}: case {case['name']!r}",
+                                            fill=False)
+    # a key no case carries is an older file's (filled with what it meant); one that some cases carry and others
+    # lack is a fault of those others, left missing for the reader to name (result_cases.py), never filled
+    carried = {k for c in data["cases"] if isinstance(c.get("params"), dict) for k in c["params"]}
+    for case in data["cases"]:
+        if isinstance(case.get("params"), dict):
+            for key, value in MISSING_PARAMS_KEYS.get(component, {}).items():
+                if key not in carried:
+                    case["params"][key] = value
 
 
 def _median_problem(value) -> str | None:
@@ -345,79 +354,16 @@ def validate_run(data: dict, where: str) -> dict:
     return data
 
 
-# ---- what a command reads from a kind of result, checked when the file is read
-
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _is_count(v) -> bool:
-    return _is_number(v) and isinstance(v, int) and v >= 1
-
-
-@dataclass(frozen=True)
-class Check:
-    """What a field must hold, in words (for the error) and as a test."""
-
-    what: str
-    ok: Callable[[object], bool]
-
-
-COUNT = Check("an integer >= 1", _is_count)
-COUNT_OR_NULL = Check("null or an integer >= 1", lambda v: v is None or _is_count(v))
-POSITIVE = Check("a finite number > 0", lambda v: _is_number(v) and math.isfinite(v) and v > 0)
-NONNEGATIVE = Check("a finite number >= 0", lambda v: _is_number(v) and math.isfinite(v) and v >= 0)
-TEXT = Check("a non-empty string", lambda v: isinstance(v, str) and bool(v))
-FINITE_TABLE = Check("an object of finite numbers", lambda v: isinstance(v, dict) and bool(v) and all(
-    _is_number(x) and math.isfinite(x) for x in v.values()))
-BYTES_TABLE = Check("an object of byte counts >= 0", lambda v: isinstance(v, dict) and bool(v) and all(
-    _is_number(x) and math.isfinite(x) and x >= 0 for x in v.values()))
-
-
-@dataclass(frozen=True)
-class Need:
-    """Fields (dotted paths, e.g. "derived.decode_ms") a command reads from each passing case `where` selects
-    (default: every passing case), and what each must hold."""
-
-    fields: dict[str, Check]
-    where: Callable[[dict], bool] | None = None
-
-
-_MISSING = object()
-
-
-def _field(case: dict, path: str):
-    value = case
-    for key in path.split("."):
-        value = value.get(key, _MISSING) if isinstance(value, dict) else _MISSING
-    return value
-
-
-def check_needs(run: dict, needs, where: str) -> dict:
-    """ResultsError naming the file, the case and the field when a passing case lacks what a Need asks."""
-    for need in needs:
-        for case in run["cases"]:
-            if not case["check"]["ok"] or (need.where is not None and not need.where(case)):
-                continue
-            for path, check in need.fields.items():
-                value = _field(case, path)
-                if value is _MISSING or not check.ok(value):
-                    got = "missing" if value is _MISSING else f"{value!r}"[:60]
-                    raise ResultsError(f"{where}: case {case['name']!r}: field {path} must be {check.what}, got {got}")
-    return run
-
-
 def load_run(path: Path, needs: dict[str, tuple[Need, ...]] | None = None, reader: str = "this command",
              gpu_only: bool = False) -> dict:
-    """Load and validate one suite result file; raises ResultsError with the reason, never returns bad data.
-    `needs`: the kinds (components) `reader` takes, each with the fields it reads; `gpu_only`: a CPU smoke run
+    """Load and validate one suite result file; raises ResultsError with the reason, never returns bad data (a
+    case with a bad field is left out, counted on stderr: result_cases.py). `needs`: the kinds (components) `reader` takes, each with the fields it reads; `gpu_only`: a CPU smoke run
     is refused (its numbers support no conclusion)."""
     run = validate_run(read_json(path), str(path))
-    if needs is not None:
-        if run["component"] not in needs:
-            raise ResultsError(f"{path}: a {run['component']!r} result; {reader} needs a "
-                               f"{' or '.join(needs)} result")
-        check_needs(run, needs[run["component"]], str(path))
+    if needs is not None and run["component"] not in needs:
+        raise ResultsError(f"{path}: a {run['component']!r} result; {reader} needs a {' or '.join(needs)} result")
+    # every field a command reads, checked in the one reader: a case with a bad one left out and counted
+    run = result_cases.read(run, str(path), needs[run["component"]] if needs is not None else ())
     refused = stance.refusal(run, path) if gpu_only else None
     if refused:
         raise ResultsError(refused)

@@ -26,6 +26,17 @@ CPU_MAX_TIME_S = 0.2  # per case, unless VERIFYBENCH_MAX_TIME_S says otherwise
 CPU_MIN_SAMPLES = 2
 
 
+_SAID: set[str] = set()
+
+
+def say_once(line: str) -> None:
+    """Print a line about a component's cases once per process (a command lists its cases twice: to check the
+    scope before anything runs, then to run them)."""
+    if line not in _SAID:
+        _SAID.add(line)
+        print(line)
+
+
 class CaseSkipped(Exception):
     """Raised by a case's setup when the case cannot run on this machine (a backend or P2P missing, too little
     memory): the case is recorded with the reason, and it is neither timed nor counted as a failure."""
@@ -61,8 +72,12 @@ class CaseSpec:
                                 **{**self.measure_kw, **overrides})
             except CaseSkipped as e:
                 return self._skipped(str(e))
-            except torch.cuda.OutOfMemoryError as e:  # the memory plan missed: the case is lost, not the run
-                first_line = str(e).splitlines()[0]
+            except (torch.cuda.OutOfMemoryError, MemoryError) as e:  # the plan missed: the case is lost, not the run
+                first_line = (str(e) or type(e).__name__).splitlines()[0]
+            except RuntimeError as e:  # the CPU allocator's failure (a limit the plan could not see) reads the same
+                if not cpu_out_of_memory(e):
+                    raise
+                first_line = cpu_out_of_memory(e)
             # outside the except block: its traceback no longer holds the case's tensors, nor do these
             fn = check = derive = None  # noqa: F841
             release_unreferenced()
@@ -72,6 +87,14 @@ class CaseSpec:
     def _skipped(self, reason: str) -> Case:
         return Case(name=self.name, params=self.params, check_ok=False, check_detail=f"skipped: {reason}",
                     skipped=reason)
+
+
+def cpu_out_of_memory(e: BaseException) -> str | None:
+    """The CPU allocator's out-of-memory error as one line ("can't allocate memory: you tried to allocate N
+    bytes"), None for any other error."""
+    text = str(e)
+    at = text.find("can't allocate memory")
+    return text[at:].splitlines()[0].split(". Error code")[0] if at >= 0 else None
 
 
 def release_unreferenced() -> None:

@@ -25,11 +25,17 @@ def _capturing(t: torch.Tensor) -> bool:
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
-def _check_group(k: int, group_size: int) -> None:
+def _check_group(k: int, group_size: int, name: str = "K") -> int:
+    """group_size as an int (a float, even 32.0, is refused: it sizes a reshape), a positive multiple of PACK
+    dividing `k`."""
+    if isinstance(group_size, (bool, torch.Tensor)) or not hasattr(group_size, "__index__"):
+        raise ValueError(f"group_size must be an int, got {type(group_size).__name__} {group_size!r}")
+    group_size = group_size.__index__()
     if group_size <= 0 or group_size % PACK:
         raise ValueError(f"group_size must be a positive multiple of {PACK}, got {group_size}")
     if k % group_size:
-        raise ValueError(f"group_size {group_size} does not divide K = {k}")
+        raise ValueError(f"group_size {group_size} does not divide {name} = {k}")
+    return group_size
 
 
 def pack_nibbles(nibbles: torch.Tensor) -> torch.Tensor:
@@ -73,7 +79,7 @@ def quantize_w4a16(w: torch.Tensor, group_size: int = 32) -> tuple[torch.Tensor,
     if w.dim() < 2:
         raise ValueError(f"w must be [..., N, K], got shape {tuple(w.shape)}")
     k = w.shape[-1]
-    _check_group(k, group_size)
+    group_size = _check_group(k, group_size)
     bad = ~torch.isfinite(w)
     if bad.any():
         at = bad.nonzero()[0].tolist()
@@ -97,7 +103,7 @@ def dequantize_w4a16(packed: torch.Tensor, scales: torch.Tensor, group_size: int
     if scales.dtype != torch.bfloat16:
         raise TypeError(f"scales must be bfloat16, got {scales.dtype}")
     k = packed.shape[-1] * PACK
-    _check_group(k, group_size)
+    group_size = _check_group(k, group_size)
     if packed.dim() < 2 or scales.shape != (*packed.shape[:-1], k // group_size):
         raise ValueError(f"scales shape {tuple(scales.shape)} does not match packed {tuple(packed.shape)} "
                          f"with group_size {group_size} (want {(*packed.shape[:-1], k // group_size)})")
@@ -352,8 +358,8 @@ def trace_windows(trace: torch.Tensor, m: int, count: int, *, seed: int = 0, dev
 def expert_bytes_int4(hidden: int, inter: int, group_size: int = 32) -> int:
     """One expert's packed weights + bf16 scales, gate_up [2I, H] and down [H, I] (3.10 MB at K2.5 TP8)."""
     hidden, inter = check_int("hidden", hidden, 1), check_int("inter", inter, 1)
-    if check_int("group_size", group_size, PACK) % PACK:
-        raise ValueError(f"group_size must be a positive multiple of {PACK}, got {group_size}")
+    group_size = _check_group(hidden, group_size, "hidden")  # gate_up's groups run over H, down's over I
+    _check_group(inter, group_size, "inter")
     return 2 * inter * (hidden // 2 + hidden // group_size * 2) + hidden * (inter // 2 + inter // group_size * 2)
 
 
