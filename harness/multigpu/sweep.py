@@ -27,7 +27,7 @@ from tabulate import tabulate
 
 from verifybench.harness.engine import fingerprint
 from verifybench.harness.engine import results, stance, tables
-from verifybench.harness.multigpu.ranks import SAFE_ENV, force_safe_env
+from verifybench.harness.multigpu.driver import SAFE_ENV, force_safe_env
 
 # Knobs that matter for small allreduces on one node, PCIe boxes without NVLink first. "default" is the environment
 # as launched. A setting's group comes from its variables (VAR_GROUP): the settings of a group are alternatives,
