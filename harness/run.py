@@ -16,6 +16,7 @@ from verifybench.harness.analysis import advise
 from verifybench.harness.analysis.numbers import (FORWARD_ROWS_MAX, MAX_CONTEXT, context_arg, int_in, out_path,
                                                   request_batches_arg, tokens_arg)
 from verifybench.harness.engine import fingerprint, hostpin, hostprobe, interpreter, memory, results, tables, timing
+from verifybench.harness.engine.exits import EXIT_FAILED, EXIT_OK
 from verifybench.harness.engine.runner import release_unreferenced
 from verifybench.harness.engine.timing import cuda_available
 from verifybench.harness.model.presets import CONTEXT, CPU_CONTEXT
@@ -350,7 +351,7 @@ def run(args) -> int:
     print("\n== summary" + (f" (CPU smoke profile: CPU numbers) {interpreter.describe()}" if scope["cpu"] else ""))
     for line in summary_lines(runs, time.monotonic() - started, path):
         print(line)
-    return 1 if any(failed_cases(r) for r in runs.values()) else 0
+    return EXIT_FAILED if any(failed_cases(r) for r in runs.values()) else EXIT_OK
 
 
 def run_one(args) -> int:
@@ -375,4 +376,4 @@ def run_one(args) -> int:
     print("\n== summary" + (f" (CPU smoke profile: CPU numbers) {interpreter.describe()}" if scope["cpu"] else ""))
     for line in summary_lines({args.command: result}, time.monotonic() - started, None):
         print(line)
-    return 1 if failed_cases(result) else 0
+    return EXIT_FAILED if failed_cases(result) else EXIT_OK

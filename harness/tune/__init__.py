@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from verifybench.harness.analysis.numbers import finite_float
+from verifybench.harness.engine.exits import EXIT_FAILED, EXIT_OK
 from verifybench.harness.engine.timing import cuda_available
 from verifybench.kernels.common import config_tables
 
@@ -99,5 +100,5 @@ def run(args) -> int:
         print(f"{name}: wrote {paths[name]}")
     if empty:
         print(f"measured nothing, no table written: {', '.join(empty)}")
-        return 1
-    return 0
+        return EXIT_FAILED
+    return EXIT_OK
