@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from verifybench.harness.engine.env_vars import positive_float
+from verifybench.kernels.common import devices
 
 CAP_ENV = "VERIFYBENCH_MEMORY_CAP_GIB"
 MARGIN = 0.05
@@ -43,7 +44,7 @@ def apply_cap() -> dict | None:
     import torch
 
     if torch.cuda.is_available() and not _applied:
-        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        total = devices.total_memory_bytes("cuda")
         fraction = min(1.0, cap / total)
         torch.cuda.set_per_process_memory_fraction(fraction)
         _applied.update(cap_bytes=cap, total_bytes=total, fraction=fraction)

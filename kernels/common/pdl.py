@@ -19,7 +19,7 @@ import os
 
 import torch
 
-from verifybench.kernels.common import interpret
+from verifybench.kernels.common import devices, interpret
 
 ENV = "VERIFYBENCH_PDL"
 _FORCED: list[bool] = []
@@ -27,7 +27,7 @@ _FORCED: list[bool] = []
 
 @functools.lru_cache(maxsize=None)
 def _capable(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 9
+    return devices.capability(torch.device("cuda", index)) >= 90
 
 
 def capable(device) -> bool:

@@ -27,8 +27,8 @@ from verifybench.kernels.common import config_tables
 from verifybench.kernels.mla_decode import kernels
 from verifybench.kernels.common import pdl as _pdl
 from verifybench.kernels.common.validators import check_q_cache
-from verifybench.kernels.mla_decode.configs import (cached_config, check_config, default_config, default_num_splits,
-                                                   sm_count)
+from verifybench.kernels.common.devices import sm_count
+from verifybench.kernels.mla_decode.configs import cached_config, check_config, default_config, default_num_splits
 
 LOG2E = 1.4426950408889634
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
