@@ -22,7 +22,8 @@ import torch.distributed as dist
 
 from tabulate import tabulate
 
-from verifybench.harness.analysis.numbers import Parser, batches_arg, finite_float, positive_int, tokens_arg
+from verifybench.harness.analysis.numbers import (Parser, batches_arg, finite_float, name_list, positive_int,
+                                                  split_list, tokens_arg)
 from verifybench.harness.collectives.allreduce_results import COMPONENT, ENGINE_MODE, MODES, build_cases, tables
 from verifybench.harness.collectives.backends import (ALL_BACKENDS, BACKEND_HELP, ELEMENT_BYTES, GPU_BACKENDS, Comm,
                                                       check_eager, check_graph, count_wrong, expected_sum,
@@ -80,10 +81,7 @@ def plan_sizes(hidden: int, tokens: list[int], batches: list[int], extra: list[i
 def check_arguments(args) -> list[str]:
     """Everything a rank would refuse after the rendezvous, refused before it (ValueError naming the option): the
     backends, modes, sizes, token and batch counts, the preset. Returns the backends asked for."""
-    requested = args.backend.split(",") if args.backend else list(ALL_BACKENDS)
-    unknown = [b for b in requested if b not in ALL_BACKENDS]
-    if unknown or len(set(requested)) != len(requested):
-        raise ValueError(f"--backend takes distinct names of {', '.join(ALL_BACKENDS)}, got {args.backend!r}")
+    requested = name_list(args.backend, "--backend", ALL_BACKENDS) if args.backend else list(ALL_BACKENDS)
     gpu_only = [b for b in requested if b in GPU_BACKENDS] if args.backend else []
     if gpu_only and not torch.cuda.is_available():
         raise ValueError(f"--backend {','.join(gpu_only)} needs a CUDA GPU and this machine has none: use "
@@ -103,7 +101,7 @@ def _make_plan(args, device_type: str, requested: list[str]) -> dict:
     hidden = args.hidden or presets.get(args.preset).hidden  # TP does not divide the hidden size
     try:
         pow2 = tuple(parse_bytes(x) for x in args.pow2.split(":")) if args.pow2 else None
-        extra = [parse_bytes(s) for s in args.sizes.split(",")] if args.sizes else []
+        extra = [parse_bytes(s) for s in split_list(args.sizes, "--sizes", "byte counts")] if args.sizes else []
     except ValueError:
         raise ValueError(f"--sizes / --pow2 take byte counts like 14336, 14K, 1M (--pow2 MIN:MAX), got "
                          f"{args.sizes or args.pow2!r}") from None
@@ -113,10 +111,7 @@ def _make_plan(args, device_type: str, requested: list[str]) -> dict:
         raise ValueError(f"--sizes must be positive byte counts, got {args.sizes!r}")
     sizes = plan_sizes(hidden, sorted(args.tokens), sorted(args.batches), extra, pow2)
     warm, samples, iso, k = DEFAULT_COUNTS[device_type]
-    modes = args.mode.split(",") if args.mode else list(MODES)
-    unknown = [m for m in modes if m not in MODES]
-    if unknown:
-        raise ValueError(f"unknown mode(s) {unknown}; choose from {', '.join(MODES)}")
+    modes = name_list(args.mode, "--mode", MODES) if args.mode else list(MODES)
     return {"sizes": sizes, "backends": requested, "modes": modes, "preset": args.preset, "tp": args.tp,
             "hidden": hidden, "warmup_calls": args.warmup or warm, "samples": args.samples or samples,
             "isolated_samples": args.isolated_samples or iso, "calls_per_sample": args.calls_per_sample or k}
@@ -213,7 +208,7 @@ class AllreduceJob(Job):
         check_arguments(args)
 
     def make_plan(self, args) -> dict:
-        requested = args.backend.split(",") if args.backend else list(ALL_BACKENDS)
+        requested = name_list(args.backend, "--backend", ALL_BACKENDS) if args.backend else list(ALL_BACKENDS)
         cuda = torch.cuda.is_available() and any(b in GPU_BACKENDS for b in requested)
         return _make_plan(args, "cuda" if cuda else "cpu", requested)
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from verifybench.harness.analysis.numbers import split_list
 from verifybench.harness.engine import fingerprint
 from verifybench.harness.engine import results, stance, tables
 from verifybench.harness.engine.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
@@ -66,7 +67,7 @@ def parse_setting(text: str) -> tuple[str, dict]:
     if text in ("", "default"):
         return "default", {}
     env = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
+    for part in split_list(text, "", "NCCL_NAME=VALUE[,NCCL_NAME=VALUE...] or default"):
         key, eq, value = part.partition("=")
         if not eq or not key.startswith("NCCL_"):
             raise ValueError(f"bad setting {part!r} in {text!r}: expected NCCL_NAME=VALUE")
