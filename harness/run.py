@@ -20,7 +20,7 @@ from verifybench.harness.engine.exits import EXIT_FAILED, EXIT_OK
 from verifybench.harness.engine.runner import release_unreferenced
 from verifybench.harness.engine.timing import cuda_available
 from verifybench.harness.model.presets import CONTEXT, CPU_CONTEXT
-from verifybench.kernels.common import config_tables
+from verifybench.kernels.common import config_tables, settings
 
 
 def cpu_banner() -> str:
@@ -62,7 +62,7 @@ def add_scope_arguments(p: argparse.ArgumentParser, tokens: bool = True, batch: 
     p.add_argument("--allreduce-from", metavar="RESULT[:BACKEND]", default=None,
                    help="one GPU: the allreduce stand-in waits the latency measured in this allreduce or NCCL-sweep "
                    "result (the named backend, else the fastest; graph mode, nearest size) instead of the reference "
-                   "7.7 us; the same as VERIFYBENCH_ALLREDUCE_FROM")
+                   "7.7 us; the same as VERIFYBENCH_ALLREDUCE_FROM, for this run only")
 
 
 def batch_components() -> list[str]:
@@ -85,21 +85,14 @@ def resolve_scope(args) -> dict:
     context = context if args.context is None else args.context
     presets.get(preset, tp)  # unknown preset, or a TP that does not divide: ValueError naming it
     out = Path(args.out) if args.out else None
-    if getattr(args, "allreduce_from", None):
+    allreduce_from = getattr(args, "allreduce_from", None)
+    if allreduce_from:
         from verifybench.harness.model import build
 
-        before = os.environ.get("VERIFYBENCH_ALLREDUCE_FROM")
-        os.environ["VERIFYBENCH_ALLREDUCE_FROM"] = args.allreduce_from
-        try:
-            build.allreduce_stand_in_us()  # the file read and checked now, before anything is measured
-        except Exception:  # a refused file must not stay in force for what this process runs next
-            if before is None:
-                os.environ.pop("VERIFYBENCH_ALLREDUCE_FROM", None)
-            else:
-                os.environ["VERIFYBENCH_ALLREDUCE_FROM"] = before
-            raise
+        build.allreduce_stand_in_us(source=allreduce_from)  # the file read and checked now, before anything is measured
     return {"preset": preset, "tp": tp, "context": context, "out": out, "tokens": getattr(args, "tokens", None),
-            "batch": getattr(args, "batch", None), "cpu": not gpu, "options": component_options(args)}
+            "batch": getattr(args, "batch", None), "cpu": not gpu, "options": component_options(args),
+            "allreduce_from": allreduce_from}
 
 
 def component_options(args) -> dict:
@@ -117,7 +110,10 @@ def _cases(name: str, scope: dict) -> list:
     module = components.load(name)
     if scope.get("batch") and getattr(module, "TAKES_BATCH", False):
         options = {**options, "batch": scope["batch"]}
-    return module.cases(scope["preset"], scope["tp"], scope["context"], scope["tokens"], **options)
+    from verifybench.harness.model import build
+
+    with build.allreduce_source(scope.get("allreduce_from")):  # --allreduce-from, handed to the stand-in
+        return module.cases(scope["preset"], scope["tp"], scope["context"], scope["tokens"], **options)
 
 
 def check_cases(names: list[str], scope: dict) -> None:
@@ -284,7 +280,7 @@ def write_report(runs: dict[str, dict], scope: dict, out_dir: Path, notices: lis
 
 
 def _check_pin_cpu() -> None:
-    text = os.environ.get(hostpin.ENV)
+    text = settings.read(hostpin.ENV)
     if text is None or text.strip().lower() in ("auto", "off"):
         return
     allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -306,7 +302,7 @@ def check_environment(gpu: bool) -> None:
     hostprobe.process_gate()
     memory.cap_bytes()
     _check_pin_cpu()
-    trace = os.environ.get("VERIFYBENCH_MOE_TRACE")
+    trace = settings.read(settings.MOE_TRACE)
     if trace is not None and not Path(trace).is_file():
         raise ValueError(f"VERIFYBENCH_MOE_TRACE must name a routing trace file, got {trace!r} (no such file)")
 

@@ -18,7 +18,7 @@ import torch
 from verifybench.harness.engine import hostpin, topology
 from verifybench.harness.engine.nvml import nvml_handles, try_call as _try
 from verifybench.harness.engine.topology import NVLINK_MAX_LINKS
-from verifybench.kernels.common import devices
+from verifybench.kernels.common import devices, settings
 
 ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_")
 # clock-event reasons that mean the GPU ran slower than asked (idle, app-clock and sync-boost are not throttling)
@@ -126,10 +126,10 @@ def _git() -> dict:
         r = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10)
         return r.stdout.strip() if r.returncode == 0 else None
 
-    if os.environ.get("VERIFYBENCH_GIT_COMMIT"):
+    if settings.read(settings.GIT_COMMIT):
         # the launcher says which commit it sent (a copy without .git, or an exported snapshot inside another
         # checkout, whose enclosing HEAD would be the wrong answer)
-        return {"commit": os.environ["VERIFYBENCH_GIT_COMMIT"], "dirty": None, "source": "environment"}
+        return {"commit": settings.read(settings.GIT_COMMIT), "dirty": None, "source": "environment"}
     try:
         commit = git("rev-parse", "HEAD")
     except Exception:

@@ -17,10 +17,10 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-from verifybench.harness.engine.env_vars import positive_float
-from verifybench.kernels.common import devices
+from verifybench.kernels.common import devices, settings
+from verifybench.kernels.common.settings import positive_float
 
-CAP_ENV = "VERIFYBENCH_MEMORY_CAP_GIB"
+CAP_ENV = settings.MEMORY_CAP_GIB
 MARGIN = 0.05
 RESERVE_BYTES = {"cuda": 1 << 30, "cpu": 64 << 20}
 GIB = 1 << 30
@@ -29,7 +29,7 @@ _applied: dict = {}
 
 def cap_bytes() -> int | None:
     """VERIFYBENCH_MEMORY_CAP_GIB in bytes (None when unset); ValueError naming it for anything but a number > 0."""
-    text = os.environ.get(CAP_ENV)
+    text = settings.read(CAP_ENV)
     if text is None or not text.strip():
         return None
     return int(positive_float(CAP_ENV, text, "GiB", " (e.g. 94 to act like a 96 GB card)") * GIB)
@@ -121,7 +121,7 @@ def gib(nbytes: float) -> str:
 def shortfall(what: str, need: int, free: int, device: str) -> str:
     """The one message of the suite for too little memory: what, the bytes it needs (with the rule's margin and
     reserve) and the bytes free."""
-    where = f" under {CAP_ENV}={os.environ[CAP_ENV]}" if cap_bytes() is not None else ""
+    where = f" under {CAP_ENV}={settings.read(CAP_ENV)}" if cap_bytes() is not None else ""
     return (f"{what} needs {gib(budget(need, device))} ({need} B planned + {MARGIN:.0%} + "
             f"{gib(RESERVE_BYTES[device])} reserve) "
             f"but {gib(free)} ({free} B) is free{where}")
