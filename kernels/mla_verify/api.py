@@ -19,7 +19,6 @@ picks the variant; the kernels' files hold their grids and launches.
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -29,7 +28,7 @@ from verifybench.kernels.common import compiler
 from verifybench.kernels.mla_verify import kernels_extend as extend
 from verifybench.kernels.mla_verify import kernels_split_kv as split_kv
 from verifybench.kernels.common import pdl as _pdl
-from verifybench.kernels.common.validators import check_q_cache
+from verifybench.kernels.common.validators import check_out, check_q_cache
 from verifybench.kernels.common.devices import DEFAULT_SMS, SMEM_LIMIT_BYTES, sm_count  # noqa: F401 (for callers)
 
 VARIANTS = ("split_kv", "extend")
@@ -219,12 +218,7 @@ def mla_verify(q, cache, starts, prefix_lens, mask, kv_lora, scale, variant="spl
     heads, t, dk = q.shape
     if q.stride(2) != 1 or cache.stride(1) != 1:
         raise ValueError(f"q and cache need unit stride along DK, got strides {q.stride()} and {cache.stride()}")
-    if out is None:
-        out = torch.empty(heads, t, kv_lora, dtype=q.dtype, device=q.device)
-    elif (not isinstance(out, torch.Tensor) or out.shape != (heads, t, kv_lora) or out.dtype != q.dtype
-          or out.device != q.device or out.stride(2) != 1):
-        raise ValueError(f"out must be a [{heads}, {t}, {kv_lora}] {q.dtype} tensor on {q.device} with unit stride "
-                         f"along its last dim, got {getattr(out, 'shape', type(out))}")
+    out = check_out(out, (heads, t, kv_lora), q.dtype, q.device)
     mask = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
     on = _pdl.resolve(pdl, q.device)
     num_splits = 1
