@@ -17,7 +17,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from verifybench.harness.analysis.numbers import MAX_CONTEXT, context_arg, positive_int, tokens_upto
+from verifybench.harness.analysis.numbers import MAX_CONTEXT, context_arg, name_list, positive_int, tokens_upto
 from verifybench.harness.model.presets import CONTEXT
 from verifybench.harness.model.forward import FORWARD_MAX_TOKENS
 from verifybench.harness.engine import results
@@ -158,10 +158,7 @@ def run(args) -> int:
         raise ValueError(f"{plan.note}: pass --layers {plan.units} to trace the forward that fits")
     from verifybench.harness.model.forward import COMPONENTS
 
-    comps = tuple(c.strip() for c in args.components.split(",") if c.strip())
-    unknown = [c for c in comps if c not in COMPONENTS]
-    if unknown:
-        raise ValueError(f"--components: unknown {', '.join(unknown)}; choose from {', '.join(COMPONENTS)}")
+    comps = tuple(name_list(args.components, "--components", COMPONENTS)) if args.components else ()
     if args.what == "cycle":
         from verifybench.harness.components.cycle import parse_configs
 

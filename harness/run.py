@@ -16,10 +16,11 @@ from verifybench.harness.analysis import advise
 from verifybench.harness.analysis.numbers import (FORWARD_ROWS_MAX, MAX_CONTEXT, context_arg, int_in, out_path,
                                                   request_batches_arg, tokens_arg)
 from verifybench.harness.engine import fingerprint, hostpin, hostprobe, interpreter, memory, results, tables, timing
+from verifybench.harness.engine.exits import EXIT_FAILED, EXIT_OK
 from verifybench.harness.engine.runner import release_unreferenced
 from verifybench.harness.engine.timing import cuda_available
 from verifybench.harness.model.presets import CONTEXT, CPU_CONTEXT
-from verifybench.kernels.common import config_tables
+from verifybench.kernels.common import config_tables, settings
 
 
 def cpu_banner() -> str:
@@ -61,7 +62,7 @@ def add_scope_arguments(p: argparse.ArgumentParser, tokens: bool = True, batch: 
     p.add_argument("--allreduce-from", metavar="RESULT[:BACKEND]", default=None,
                    help="one GPU: the allreduce stand-in waits the latency measured in this allreduce or NCCL-sweep "
                    "result (the named backend, else the fastest; graph mode, nearest size) instead of the reference "
-                   "7.7 us; the same as VERIFYBENCH_ALLREDUCE_FROM")
+                   "7.7 us; the same as VERIFYBENCH_ALLREDUCE_FROM, for this run only")
 
 
 def batch_components() -> list[str]:
@@ -84,23 +85,16 @@ def resolve_scope(args) -> dict:
     context = context if args.context is None else args.context
     presets.get(preset, tp)  # unknown preset, or a TP that does not divide: ValueError naming it
     out = Path(args.out) if args.out else None
-    if getattr(args, "allreduce_from", None):
+    allreduce_from = getattr(args, "allreduce_from", None)
+    if allreduce_from:
         from verifybench.harness.model import build
 
-        before = os.environ.get("VERIFYBENCH_ALLREDUCE_FROM")
-        os.environ["VERIFYBENCH_ALLREDUCE_FROM"] = args.allreduce_from
-        try:
-            build.allreduce_stand_in_us()  # the file read and checked now, before anything is measured
-        except Exception:  # a refused file must not stay in force for what this process runs next
-            if before is None:
-                os.environ.pop("VERIFYBENCH_ALLREDUCE_FROM", None)
-            else:
-                os.environ["VERIFYBENCH_ALLREDUCE_FROM"] = before
-            raise
+        build.allreduce_stand_in_us(source=allreduce_from)  # the file read and checked now, before anything is measured
     return {"preset": preset, "tp": tp, "context": context, "out": out, "tokens": getattr(args, "tokens", None),
             "batch": getattr(args, "batch", None), "cpu": not gpu, "options": component_options(args),
             "engine": getattr(args, "engine", None), "engine_args": getattr(args, "engine_args", None),
-            "deploy_cc": getattr(args, "deploy_cc", None)}
+            "deploy_cc": getattr(args, "deploy_cc", None),
+            "allreduce_from": allreduce_from}
 
 
 def component_options(args) -> dict:
@@ -123,7 +117,10 @@ def _cases(name: str, scope: dict) -> list:
         options = {**options, "engine": scope["engine"], "engine_args": scope.get("engine_args"),
                    "deploy_cc": scope.get("deploy_cc"),
                    **({"beside_ours": True} if name == "cycle" else {})}  # ours beside it: what it could reach
-    return module.cases(scope["preset"], scope["tp"], scope["context"], scope["tokens"], **options)
+    from verifybench.harness.model import build
+
+    with build.allreduce_source(scope.get("allreduce_from")):  # --allreduce-from, handed to the stand-in
+        return module.cases(scope["preset"], scope["tp"], scope["context"], scope["tokens"], **options)
 
 
 def check_cases(names: list[str], scope: dict) -> None:
@@ -290,7 +287,7 @@ def write_report(runs: dict[str, dict], scope: dict, out_dir: Path, notices: lis
 
 
 def _check_pin_cpu() -> None:
-    text = os.environ.get(hostpin.ENV)
+    text = settings.read(hostpin.ENV)
     if text is None or text.strip().lower() in ("auto", "off"):
         return
     allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -312,7 +309,7 @@ def check_environment(gpu: bool) -> None:
     hostprobe.process_gate()
     memory.cap_bytes()
     _check_pin_cpu()
-    trace = os.environ.get("VERIFYBENCH_MOE_TRACE")
+    trace = settings.read(settings.MOE_TRACE)
     if trace is not None and not Path(trace).is_file():
         raise ValueError(f"VERIFYBENCH_MOE_TRACE must name a routing trace file, got {trace!r} (no such file)")
 
@@ -369,7 +366,7 @@ def run(args) -> int:
     print("\n== summary" + (f" (CPU smoke profile: CPU numbers) {interpreter.describe()}" if scope["cpu"] else ""))
     for line in summary_lines(runs, time.monotonic() - started, path):
         print(line)
-    return 1 if any(failed_cases(r) for r in runs.values()) else 0
+    return EXIT_FAILED if any(failed_cases(r) for r in runs.values()) else EXIT_OK
 
 
 def run_one(args) -> int:
@@ -394,4 +391,4 @@ def run_one(args) -> int:
     print("\n== summary" + (f" (CPU smoke profile: CPU numbers) {interpreter.describe()}" if scope["cpu"] else ""))
     for line in summary_lines({args.command: result}, time.monotonic() - started, None):
         print(line)
-    return 1 if failed_cases(result) else 0
+    return EXIT_FAILED if failed_cases(result) else EXIT_OK

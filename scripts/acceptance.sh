@@ -12,7 +12,7 @@
 #   for minutes and prove nothing the run does not), tune, defaults_vs_tuned.py, record --what cycle, cycle
 #   --contexts, a run on no tables, and on several GPUs the torchrun jobs and the NCCL sweep. --cpu checks that the
 #   GPU-only commands refuse in one line, and that the H200 baseline is refused as other hardware.
-# Left to tests/suite/test_docs.py (parsed, not run): docs/FINDINGS.md and results/baselines/INDEX.md, whose commands
+# Left to tests/suite/test_docs.py (parsed, not run): docs/FINDINGS.md (and its archive), results/baselines/INDEX.md, whose commands
 # are the measurements behind dated findings and baselines (hours of GPU time), and the engines' own commands (curl,
 # SGLang, vLLM) in README.md and docs/trace.md.
 set -uo pipefail

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from verifybench.harness.engine import fingerprint, results
+from verifybench.harness.engine.exits import EXIT_BAD_INPUT, EXIT_OK
 from verifybench.harness.engine.timing import cuda_available, measure
 from verifybench.harness.model.build import allreduce_stand_in_us, build_forward
 from verifybench.kernels.common import config_tables, devices
@@ -96,7 +97,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not cuda_available():
         print("defaults_vs_tuned needs a CUDA GPU", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     if args.rounds < 1:
         ap.error("--rounds must be >= 1")
     if args.user_dir is not None and not any(args.user_dir.glob("*_configs.json")):
@@ -116,7 +117,7 @@ def main(argv=None) -> int:
     print(f"{gpu}, {args.preset} TP{args.tp}, context {args.context}: shipped tables (tuned) vs defaults"
           + (" vs the user's tables (retuned)" if args.user_dir else "") + " (gap: slower than tuned by)\n"
           + table(rows))
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

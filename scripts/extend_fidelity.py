@@ -23,6 +23,7 @@ def main(argv=None) -> int:
     from tabulate import tabulate
 
     from verifybench.harness.engines import EngineMissing, one_line, sglang
+    from verifybench.harness.engine.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
     from verifybench.kernels.mla_verify import api as mv
 
     known = sorted(mv.ENGINE_EXTEND_CONFIGS)  # the capabilities whose engine tiles the suite holds
@@ -33,7 +34,7 @@ def main(argv=None) -> int:
     if not ccs or any(cc not in known for cc in ccs):
         print(f"error: --cc takes compute capabilities among {','.join(map(str, known))}, got {args.cc!r}",
               file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     rows = []
     for cc in ccs:
         try:
@@ -41,10 +42,10 @@ def main(argv=None) -> int:
             kernels = {"sglang.extend": sglang.extend_compiled(cc)}
         except EngineMissing as e:
             print(f"error: SGLang's extend kernel: {e}", file=sys.stderr)
-            return 2
+            return EXIT_BAD_INPUT
         except Exception as e:  # the installed SGLang's kernel no longer compiles as its launch is described here
             print(f"error: compiling SGLang's extend kernel for sm_{cc}: {one_line(e)}", file=sys.stderr)
-            return 1
+            return EXIT_FAILED
         ours = mv.compiled_resources("extend", {**mv.ENGINE_EXTEND_CONFIGS[cc], **tiles}, cc,
                                      mask_words=args.mask == "words")
         kernels[f"extend ({args.mask} mask)"] = ours["_extend_kernel"]
@@ -54,7 +55,7 @@ def main(argv=None) -> int:
                              "registers": r["registers"], "stack_B": r["stack_bytes"],
                              "loop": "prefix" if i == 0 else f"#{i + 1}", **loop})
     print(tabulate(rows, headers="keys"))
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from pathlib import Path  # noqa: E402
 
 import probe_cases  # noqa: E402  (scripts/probe_cases.py: the inputs, by class)
 from probe_base import Case, Result  # noqa: E402
+from verifybench.harness.engine.exits import EXIT_FAILED, EXIT_OK  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 OUTCOMES = ("clear", "right", "traceback", "hang", "silent", "unclear", "refused-valid")
@@ -190,7 +191,7 @@ def main() -> int:
     print(f"\n{time.monotonic() - t_start:.0f} s")
     args.out.write_text(json.dumps({"counts": counts, "total": total, "tried": len(records),
                                     "wall_s": round(time.monotonic() - t_start, 1), "records": records}, indent=1))
-    return 0 if total["clear"] + total["right"] == len(records) else 1
+    return EXIT_OK if total["clear"] + total["right"] == len(records) else EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -88,20 +88,43 @@ def accept_len(text: str) -> float:
     return value
 
 
+def split_list(text: str, name: str, takes: str) -> list[str]:
+    """The items of a comma list, stripped, in the order given; ValueError naming `name` and what it `takes` for an
+    empty item (an empty list included: it would run the defaults unasked). Every comma-list option reads its text
+    through this, then name_list or count_list checks the items."""
+    items = [part.strip() for part in text.split(",")]
+    if not all(items):
+        raise ValueError(f"{name + ' ' if name else ''}takes {takes}, got {text!r} (an empty item)")
+    return items
+
+
+def name_list(text: str, name: str, choices) -> list[str]:
+    """'nccl,gloo' -> ['nccl', 'gloo']: distinct names among `choices`, in the order given; ValueError naming `name`,
+    the unknown names and the choices otherwise."""
+    choices = list(choices)
+    items = split_list(text, name, f"names among {', '.join(choices)}")
+    unknown = [n for n in items if n not in choices]
+    if unknown:
+        raise ValueError(f"unknown {name} {', '.join(unknown)}: choose from {', '.join(choices)}, got {text!r}")
+    twice = sorted({n for n in items if items.count(n) > 1})
+    if twice:
+        raise ValueError(f"{name} lists {', '.join(twice)} twice, got {text!r}")
+    return items
+
+
 def count_list(text: str, name: str, high: int, ranges: bool = True, noun: str = "count") -> tuple[int, ...]:
     """'1,2,4,8' or '1-8' (or both: '1-3,8') -> (1, 2, 4, 8), in the order given: integers written as digits, in
     1..high, none twice, no empty item; ValueError naming `name` (argparse names it itself: "") otherwise."""
     lead = f"{name} " if name else ""
-    example = "1,2,4,8 or 1-8" if ranges else "1024,4096"
+    takes = f"positive integers like {'1,2,4,8 or 1-8' if ranges else '1024,4096'}"
     out: list[int] = []
-    for part in text.split(","):
-        m = re.fullmatch(r"\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?", part)
+    for part in split_list(text, name, takes):
+        m = re.fullmatch(r"([0-9]+)\s*(?:-\s*([0-9]+))?", part)
         if not m or (m[2] and not ranges):
-            raise ValueError(f"{lead}takes positive integers like {example}, got {text!r}"
-                             + (" (an empty item)" if not part.strip() else ""))
+            raise ValueError(f"{lead}takes {takes}, got {text!r}")
         lo, hi = int(m[1]), int(m[2] or m[1])
         if hi < lo:
-            raise ValueError(f"{name + ': ' if name else ''}the range {part.strip()!r} runs backwards, got {text!r}")
+            raise ValueError(f"{name + ': ' if name else ''}the range {part!r} runs backwards, got {text!r}")
         if lo < 1 or hi > high:
             raise ValueError(f"{lead}must be in 1..{high}, got {text!r}")
         out += range(lo, hi + 1)
@@ -138,6 +161,17 @@ def check_forward_rows(batches, tokens, what: str = "--tokens") -> None:
 def context_list(text: str, name: str = "--contexts") -> tuple[int, ...]:
     """Contexts (tokens in the KV cache), no ranges: '1024,4096'."""
     return count_list(text, name, MAX_CONTEXT, ranges=False, noun="context")
+
+
+def nonempty(name: str):
+    """An argparse type: the text as given, refused when empty (an empty list would run the defaults unasked); for a
+    list its command checks later, with what it knows then."""
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError("an empty list; leave the option out for the defaults")
+        return text
+    parse.__name__ = name
+    return parse
 
 
 def _arg(read, what: str):
@@ -292,7 +326,7 @@ RATES_HELP = ("per-depth acceptance p1,p2,... each in [0, 1]: one rate for every
 
 
 def parse_rates(text: str) -> list[float]:
-    return [_number(t.strip(), "--accept-rates", 0, 1) for t in text.split(",")]
+    return [_number(t, "--accept-rates", 0, 1) for t in split_list(text, "--accept-rates", "rates like 0.8,0.6")]
 
 
 def out_path(text: str) -> Path:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from verifybench.harness.analysis.numbers import name_list
 from verifybench.harness.model.presets import default_scope
 
 # In `verifybench run` order: the baseline first, so every results folder holds the copy ceiling.
@@ -49,16 +50,7 @@ def parse_names(text: str | None) -> list[str]:
     """A comma-separated component list (None: all), checked: known names, no duplicates, not empty."""
     if text is None:
         return list(REGISTRY)
-    names = [n.strip() for n in text.split(",")]
-    if not all(names):
-        raise ValueError(f"--components {text!r}: empty name in the list")
-    unknown = [n for n in names if n not in REGISTRY]
-    if unknown:
-        raise ValueError(f"unknown component(s) {', '.join(unknown)}; choose from {', '.join(REGISTRY)}")
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise ValueError(f"--components names {', '.join(dupes)} more than once")
-    return names
+    return name_list(text, "--components", REGISTRY)
 
 
 def bench_cases(name: str, presets: tuple[str, ...] | None = None, keep=None) -> list:

@@ -11,7 +11,6 @@ more per variant of the flags, named for it; `verifybench advise` on the folder 
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 from pathlib import Path
 
@@ -20,12 +19,12 @@ from verifybench.harness.analysis.cycle_charts import several_batches as _severa
 from verifybench.harness.analysis.cycle_charts import several_contexts as _several_contexts
 from verifybench.harness.analysis.cycle_charts import context_chart as _context_chart
 from verifybench.harness.analysis.cycle_charts import context_chart_line  # noqa: F401 (cycle.context_chart_line)
-from verifybench.harness.analysis.numbers import check_forward_rows, context_list, contexts_arg
+from verifybench.harness.analysis.numbers import check_forward_rows, context_list, contexts_arg, name_list, nonempty
 from verifybench.harness.analysis.plan import parse_configs as read_configs
 from verifybench.harness.components.mla_verify import variant_config
 from verifybench.harness.engine import memory
 from verifybench.harness.engine.charts import write_png
-from verifybench.harness.engine.results import batch_of, cpu_numbers, withhold_on_cpu
+from verifybench.harness.engine.results import cpu_numbers, withhold_on_cpu
 from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, release_unreferenced, say_once
 from verifybench.harness.engine.timing import cuda_available, measure
 from verifybench.harness.model import deployed, deployments, presets
@@ -78,16 +77,6 @@ def parse_configs(text: str) -> list[SpecConfig]:
     return [SpecConfig(*t) for t in read_configs(text)]
 
 
-def nonempty(name: str):
-    """An argparse type: the text as given, refused when empty (an empty list would run the defaults unasked)."""
-    def parse(text: str) -> str:
-        if not text.strip():
-            raise argparse.ArgumentTypeError("an empty list; leave the option out for the defaults")
-        return text
-    parse.__name__ = name
-    return parse
-
-
 def _plan(preset: str, tp: int, context: int, cfgs: list[SpecConfig], batch: int = 1) -> memory.Plan:
     """The layers that fit: the target forward and the draft with `batch` requests' caches (the largest batch of
     the run: every batch at a context runs the same layers, so they compare)."""
@@ -129,11 +118,8 @@ def cases(preset: str, tp: int, context: int = presets.CONTEXT, tokens: tuple[in
     too_many = [c.label for c in cfgs if c.draft_tokens > FORWARD_MAX_TOKENS]
     if too_many:
         raise ValueError(f"--configs: at most {FORWARD_MAX_TOKENS} draft tokens, got {', '.join(too_many)}")
-    variants = ([v.strip() for v in attention.split(",")] if attention is not None
+    variants = (name_list(attention, "--attention", ATTENTION) if attention is not None
                 else list(ATTENTION) if gpu else ["split_kv"])
-    bad = [v for v in variants if v not in ATTENTION]
-    if bad or len(set(variants)) != len(variants):
-        raise ValueError(f"--attention takes distinct names of {', '.join(ATTENTION)}, got {attention!r}")
     batches = tuple(batch or (1,))
     check_forward_rows(batches, [c.draft_tokens for c in cfgs], "--configs D")
     several = contexts is not None

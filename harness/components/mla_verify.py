@@ -158,8 +158,7 @@ def _calls(variant, cfg, launch_pdl, starts, lens, mask, kv_lora, scale, q_shape
 def split_counts(cfg: dict, heads: int, n: int, context: int, device: str, batch: int = 1) -> tuple[int, int]:
     """(splits launched per request, splits each request of `context` uses) of a split_kv call of `batch` requests,
     as the kernel cuts them."""
-    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count \
-        if device == "cuda" else mv.DEFAULT_SMS
+    sms = devices.sm_count(device)
     launched = cfg["num_splits"] or mv.default_num_splits(batch, heads * n, cfg["block_rows"], sms)
     keys = context + n
     splits = max(1, min(launched, triton.cdiv(keys, cfg["min_split_keys"])))

@@ -16,7 +16,6 @@ Run: verifybench moe_int4   or   pytest --benchmark-only microbench/bench_moe_in
 from __future__ import annotations
 
 import math
-import os
 from functools import lru_cache
 
 from pathlib import Path
@@ -31,6 +30,7 @@ from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, rel_error
 from verifybench.harness.engine.timing import cold_rotation_sets, cuda_available
 from verifybench.harness.components import moe_int4_engines as engine_rows
 from verifybench.harness.components.moe_int4_engines import MARLIN, SGLANG
+from verifybench.kernels.common import settings
 from verifybench.kernels.moe_int4 import reference as moe
 from verifybench.kernels.moe_int4 import api as mt
 from verifybench.kernels.moe_int4 import configs as ms
@@ -42,7 +42,7 @@ REF_NS = (1, 4, 8)
 CPU_NS = (1, 4, 8)
 LAYERS = 4  # distinct full weight sets in every rotation (a verify forward never re-reads a layer)
 MAX_SLOTS = 32
-TRACE_ENV = "VERIFYBENCH_MOE_TRACE"  # a routing trace file (moe.load_routing_trace formats) adds "trace" cases
+TRACE_ENV = settings.MOE_TRACE  # a routing trace file (moe.load_routing_trace formats) adds "trace" cases
 IDEAL_INT4_GAIN = 2 / (0.5 + 2 / 32)  # bf16 bytes / int4+scale bytes per weight = 3.56
 TOL = 1e-2
 
@@ -127,7 +127,7 @@ def _routing(kind: str, m: int, p: presets.Preset, seed: int, device: str):
     if kind == "skewed":
         return moe.route_skewed(m, p.experts, p.topk, seed=seed, device=device)
     if kind == "trace":
-        trace = moe.load_routing_trace(os.environ[TRACE_ENV], p.experts, p.topk)
+        trace = moe.load_routing_trace(settings.read(TRACE_ENV), p.experts, p.topk)
         return moe.trace_windows(trace, m, 1, seed=seed, device=device)[0]
     raise ValueError(f"unknown routing {kind!r}")
 
@@ -248,7 +248,7 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
             _skipped_triton_case(preset, tp, min(tokens or CPU_NS)),
             make_case(preset, tp, SGLANG, min(tokens or CPU_NS), "uniform", "cpu", "graph", {}),
             make_case(preset, tp, MARLIN, min(tokens or CPU_NS), "uniform", "cpu", "graph", {})]
-    routings = ["uniform", "skewed"] + (["trace"] if os.environ.get(TRACE_ENV) else [])
+    routings = ["uniform", "skewed"] + (["trace"] if settings.read(TRACE_ENV) else [])
     ns = tokens or GPU_NS
     ref_ns = [n for n in ns if n in REF_NS] or [min(ns)]
     out = [make_case(preset, tp, "triton", n, r, "cuda", "graph", {"max_time_s": 1.0}) for r in routings for n in ns]

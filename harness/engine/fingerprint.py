@@ -18,6 +18,7 @@ import torch
 from verifybench.harness.engine import hostpin, topology
 from verifybench.harness.engine.nvml import nvml_handles, try_call as _try
 from verifybench.harness.engine.topology import NVLINK_MAX_LINKS
+from verifybench.kernels.common import devices, settings
 
 ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_")
 # clock-event reasons that mean the GPU ran slower than asked (idle, app-clock and sync-boost are not throttling)
@@ -125,10 +126,10 @@ def _git() -> dict:
         r = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10)
         return r.stdout.strip() if r.returncode == 0 else None
 
-    if os.environ.get("VERIFYBENCH_GIT_COMMIT"):
+    if settings.read(settings.GIT_COMMIT):
         # the launcher says which commit it sent (a copy without .git, or an exported snapshot inside another
         # checkout, whose enclosing HEAD would be the wrong answer)
-        return {"commit": os.environ["VERIFYBENCH_GIT_COMMIT"], "dirty": None, "source": "environment"}
+        return {"commit": settings.read(settings.GIT_COMMIT), "dirty": None, "source": "environment"}
     try:
         commit = git("rev-parse", "HEAD")
     except Exception:
@@ -160,14 +161,9 @@ def collect() -> dict:
         "git": _git(),
     }
     if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        fp["torch_device"] = {
-            "name": props.name,
-            "sm_count": props.multi_processor_count,
-            "capability": f"{props.major}.{props.minor}",
-            "memory_bytes": props.total_memory,
-            "l2_bytes": getattr(props, "L2_cache_size", None),
-        }
+        p = devices.properties("cuda")
+        fp["torch_device"] = {"name": p["name"], "sm_count": p["sms"], "capability": f"{p['cc'] // 10}.{p['cc'] % 10}",
+                              "memory_bytes": p["memory"], "l2_bytes": p["l2"]}
     fp["gpu_model"] = gpu_model(fp)
     fp["slug"] = machine_slug(fp)
     return fp

@@ -14,8 +14,9 @@ import os
 import torch
 
 from verifybench.harness.engine.nvml import nvml_handles
+from verifybench.kernels.common import settings
 
-ENV = "VERIFYBENCH_PIN_CPU"
+ENV = settings.PIN_CPU
 _state: dict = {"policy": "off", "cpu": None, "reason": "not requested", "applied": False}
 
 
@@ -45,12 +46,12 @@ def pin(policy: str | None = None) -> dict:
     if policy is None and _state.get("applied"):
         return dict(_state)
     _state["applied"] = True
-    policy = (policy or os.environ.get(ENV) or ("auto" if torch.cuda.is_available() else "off")).strip().lower()
+    policy = (policy or settings.read(ENV) or ("auto" if torch.cuda.is_available() else "off")).strip().lower()
     if not hasattr(os, "sched_setaffinity"):
         _state.update(policy=policy, cpu=None, reason="no sched_setaffinity on this platform")
         return dict(_state)
     if policy == "off":
-        _state.update(policy="off", cpu=None, reason=f"{ENV}=off" if os.environ.get(ENV) else "no GPU")
+        _state.update(policy="off", cpu=None, reason=f"{ENV}=off" if settings.read(ENV) else "no GPU")
         return dict(_state)
     allowed = os.sched_getaffinity(0)
     if policy == "auto":

@@ -15,9 +15,10 @@ speed wanders.
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import time
+
+from verifybench.kernels.common import settings
 
 PROBE_ITERS = 2000  # about 40-80 us of interpreter work on the CPUs we run on
 
@@ -41,7 +42,7 @@ def probe_us(reps: int = 5) -> float:
 
 SLOW_FACTOR = 1.4  # fast state ~85-105 us, slow ~130-170 us on the lent VMs: 1.4x the fastest read splits them
 CALIBRATE_S = 0.3  # first read of a process: probe this long for the fast-state reference (fast spells: ~0.2 s)
-GATE_ENV = "VERIFYBENCH_HOST_GATE"
+GATE_ENV = settings.HOST_GATE
 
 
 class HostGate:
@@ -68,7 +69,7 @@ _process_gate: HostGate | None = None
 def process_gate() -> HostGate | None:
     """The process-wide gate (one fast-state reference per process), or None when VERIFYBENCH_HOST_GATE=off."""
     global _process_gate
-    setting = os.environ.get(GATE_ENV, "on").strip().lower()
+    setting = settings.read(GATE_ENV, "on").strip().lower()
     if setting not in ("on", "off"):
         raise ValueError(f"{GATE_ENV} must be on or off, got {setting!r}")
     if setting == "off":

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from verifybench.harness.engine.env_vars import positive_float
+from verifybench.kernels.common import devices, settings
+from verifybench.kernels.common.settings import positive_float
 
-CAP_ENV = "VERIFYBENCH_MEMORY_CAP_GIB"
+CAP_ENV = settings.MEMORY_CAP_GIB
 MARGIN = 0.05
 RESERVE_BYTES = {"cuda": 1 << 30, "cpu": 64 << 20}
 GIB = 1 << 30
@@ -30,7 +31,7 @@ _applied: dict = {}
 
 def cap_bytes() -> int | None:
     """VERIFYBENCH_MEMORY_CAP_GIB in bytes (None when unset); ValueError naming it for anything but a number > 0."""
-    text = os.environ.get(CAP_ENV)
+    text = settings.read(CAP_ENV)
     if text is None or not text.strip():
         return None
     return int(positive_float(CAP_ENV, text, "GiB", " (e.g. 94 to act like a 96 GB card)") * GIB)
@@ -45,7 +46,7 @@ def apply_cap() -> dict | None:
     import torch
 
     if torch.cuda.is_available() and not _applied:
-        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        total = devices.total_memory_bytes("cuda")
         fraction = min(1.0, cap / total)
         torch.cuda.set_per_process_memory_fraction(fraction)
         _applied.update(cap_bytes=cap, total_bytes=total, fraction=fraction)
@@ -197,7 +198,7 @@ def gib(nbytes: float) -> str:
 def shortfall(what: str, need: int, free: int, device: str) -> str:
     """The one message of the suite for too little memory: what, the bytes it needs (with the rule's margin and
     reserve) and the bytes free."""
-    where = f" under {CAP_ENV}={os.environ[CAP_ENV]}" if cap_bytes() is not None else ""
+    where = f" under {CAP_ENV}={settings.read(CAP_ENV)}" if cap_bytes() is not None else ""
     if device == "cpu" and not where:  # name the limit that binds, where it is not the machine's memory
         limits = {"this process's rlimit (ulimit -v / -d)": process_free_bytes(),
                   "the container's cgroup memory limit": container_free_bytes()}

@@ -8,6 +8,7 @@ from typing import Sequence
 import torch
 
 from verifybench.harness.engine.capture import graph_capture
+from verifybench.kernels.common import devices
 
 MODES = ("cold", "hot", "graph", "isolated", "host_sync", "host_call", "cycle")
 MODE_HELP = {
@@ -36,8 +37,7 @@ def host_timed(mode: str, device: str) -> bool:
 
 def l2_bytes(device: int | None = None) -> int:
     """L2 size of the current CUDA device in bytes."""
-    props = torch.cuda.get_device_properties(torch.cuda.current_device() if device is None else device)
-    size = getattr(props, "L2_cache_size", 0)
+    size = devices.properties(torch.cuda.current_device() if device is None else device)["l2"]
     if not size:
         raise RuntimeError("this torch build does not report the L2 size; cannot size the cold-mode flush")
     return int(size)

@@ -6,7 +6,6 @@ a failing check yields a Case with no time.
 from __future__ import annotations
 
 import gc
-import os
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -15,6 +14,7 @@ import torch
 from verifybench.harness.engine import timing
 from verifybench.harness.engine.results import Case
 from verifybench.harness.engine.timing import Measurement, measure
+from verifybench.kernels.common import settings
 
 Check = Callable[[], tuple[bool, str]]
 # The CPU smoke profile: a CPU case's figures are withheld, the run checks every case and the plumbing, so it
@@ -146,7 +146,7 @@ def cpu_measure_kw(measure_kw: dict) -> dict:
     the same count) is kept as given."""
     if measure_kw.get("samples") is not None:
         return measure_kw
-    cap_s = timing.max_time_from_env() if os.environ.get(timing.MAX_TIME_ENV) is not None else CPU_MAX_TIME_S
+    cap_s = timing.max_time_from_env() if settings.read(timing.MAX_TIME_ENV) is not None else CPU_MAX_TIME_S
     given_s = measure_kw.get("max_time_s")
     return {"calls_per_sample": 1, **measure_kw, "warmup_calls": 1, "warmup_s": 0.0, "min_samples": CPU_MIN_SAMPLES,
             "max_time_s": cap_s if given_s is None else min(cap_s, given_s)}

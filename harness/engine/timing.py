@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -16,7 +15,8 @@ from verifybench.harness.engine import fingerprint
 from verifybench.harness.engine import hostprobe
 from verifybench.harness.engine import modes
 from verifybench.harness.engine import stance
-from verifybench.harness.engine.env_vars import positive_float
+from verifybench.kernels.common import settings
+from verifybench.kernels.common.settings import positive_float
 from verifybench.harness.engine.modes import MODES, cache_bytes, host_timed
 from verifybench.harness.engine.stats import Summary, summarize
 
@@ -26,7 +26,7 @@ ROTATION_MIN_SETS = 4
 TARGET_SAMPLE_US = 500.0  # auto K aims for samples this long, so event resolution (~0.5 us) is < 0.1%
 MAX_CALLS_PER_SAMPLE = 1024
 DEFAULT_MAX_TIME_S = 2.0  # per case; VERIFYBENCH_MAX_TIME_S overrides (quick CPU runs)
-MAX_TIME_ENV = "VERIFYBENCH_MAX_TIME_S"
+MAX_TIME_ENV = settings.MAX_TIME_S
 PHASE_PASS_CYCLES = 200  # cycles of the per-phase pass (at most as many as sampled; at least min_samples)
 GATE_BATCH_S = 0.02  # gated batches stay this short, so one rarely spans a change of host state
 
@@ -91,7 +91,7 @@ class Measurement:
 
 def max_time_from_env() -> float:
     """VERIFYBENCH_MAX_TIME_S (seconds per case, > 0), else DEFAULT_MAX_TIME_S; ValueError naming it."""
-    text = os.environ.get(MAX_TIME_ENV)
+    text = settings.read(MAX_TIME_ENV)
     if text is None:
         return DEFAULT_MAX_TIME_S
     return positive_float(MAX_TIME_ENV, text, "seconds")

@@ -3,8 +3,8 @@ the tree verify and the allreduce (a calibrated device wait on one GPU), cached 
 """
 from __future__ import annotations
 
+import contextlib
 import math
-import os
 
 import torch
 
@@ -12,6 +12,7 @@ from verifybench.harness.engine.runner import release_unreferenced
 from verifybench.harness.engine.timing import cuda_available, measure
 from verifybench.harness.model import presets
 from verifybench.harness.model.forward import TORCH_OPS, VerifyForward, fused_ops
+from verifybench.kernels.common import settings
 from verifybench.kernels.moe_int4.reference import reference_moe_w4a16
 
 # The stand-in allreduce when no measured figure is given: NCCL's all_reduce_perf, graph mode, 2xH200
@@ -103,23 +104,41 @@ def forward_ops(device: str):
 
 def ops_choice(device: str) -> str:
     """VERIFYBENCH_VERIFY_OPS (fused or torch; default fused on a GPU, torch on CPU), checked."""
-    choice = os.environ.get("VERIFYBENCH_VERIFY_OPS", "fused" if device == "cuda" else "torch")
+    choice = settings.read(settings.VERIFY_OPS, "fused" if device == "cuda" else "torch")
     if choice not in ("fused", "torch"):
         raise ValueError(f"VERIFYBENCH_VERIFY_OPS must be fused or torch, got {choice!r}")
     return choice
 
 
 MAX_ALLREDUCE_US = 10_000.0  # 10 ms: beyond any allreduce of a verify step (a unit slip, us for ns, lands above)
+_SOURCE: list[str] = []  # the --allreduce-from of the cases being listed (allreduce_source), innermost last
 
 
-def allreduce_stand_in_us(size_bytes: int | None = None) -> tuple[float, str]:
+@contextlib.contextmanager
+def allreduce_source(spec: str | None):
+    """Inside the block the stand-in reads `spec` (a run's --allreduce-from, PATH[:BACKEND]) in place of
+    VERIFYBENCH_ALLREDUCE_FROM: handed in by the caller, never written to the environment, so nothing the process or
+    a child runs later sees it. None: no change."""
+    if spec is None:
+        yield
+        return
+    _SOURCE.append(spec)
+    try:
+        yield
+    finally:
+        _SOURCE.pop()
+
+
+def allreduce_stand_in_us(size_bytes: int | None = None, source: str | None = None) -> tuple[float, str]:
     """The latency the one-GPU stand-in waits, and where it comes from. VERIFYBENCH_ALLREDUCE_US: a number of
     microseconds in [0, MAX_ALLREDUCE_US]. VERIFYBENCH_ALLREDUCE_FROM: an allreduce result or NCCL sweep summary,
     PATH or PATH:BACKEND, whose measured time is taken at `size_bytes` (the forward's hidden x n x 2 B, nearest
-    size) or, without it, as the median over its verify sizes; fastest backend unless one is named. Not both."""
-    text, spec = os.environ.get("VERIFYBENCH_ALLREDUCE_US"), os.environ.get("VERIFYBENCH_ALLREDUCE_FROM")
+    size) or, without it, as the median over its verify sizes; fastest backend unless one is named. Not both.
+    `source` (else the innermost allreduce_source) stands in for VERIFYBENCH_ALLREDUCE_FROM: --allreduce-from."""
+    source = source or (_SOURCE[-1] if _SOURCE else None)
+    text, spec = settings.read(settings.ALLREDUCE_US), source or settings.read(settings.ALLREDUCE_FROM)
     if text is not None and spec is not None:
-        raise ValueError("set VERIFYBENCH_ALLREDUCE_US or VERIFYBENCH_ALLREDUCE_FROM, not both")
+        raise ValueError("set VERIFYBENCH_ALLREDUCE_US or VERIFYBENCH_ALLREDUCE_FROM (--allreduce-from), not both")
     if spec is not None:
         from verifybench.harness.collectives.allreduce_results import stand_in_from_result
 

@@ -20,26 +20,31 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from verifybench.harness.analysis.numbers import Parser, batches_arg, finite_float, positive_int, tokens_arg
-from verifybench.harness.model import presets
-from verifybench.harness.collectives.backends import (ALL_BACKENDS, BACKEND_HELP, ELEMENT_BYTES, GPU_BACKENDS, Comm, backend_versions,
-                                        check_eager, check_graph, count_wrong, expected_sum, make_backend,
-                                        prepare_for_timing, unavailable_reason)
-from verifybench.harness.collectives.allreduce_results import ENGINE_MODE, MODES
-from verifybench.harness.multigpu.output import Output
-from verifybench.harness.multigpu.guard import init_group, maybe_fault, parse_fault, start_ranks
-from verifybench.harness.multigpu.ranks import Agreement, run_backends
-from verifybench.harness.multigpu.watchdog import Watchdog
+from tabulate import tabulate
+
+from verifybench.harness.analysis.numbers import (Parser, batches_arg, finite_float, name_list, positive_int,
+                                                  split_list, tokens_arg)
+from verifybench.harness.collectives.allreduce_results import COMPONENT, ENGINE_MODE, MODES, build_cases, tables
+from verifybench.harness.collectives.backends import (ALL_BACKENDS, BACKEND_HELP, ELEMENT_BYTES, GPU_BACKENDS, Comm,
+                                                      check_eager, check_graph, count_wrong, expected_sum,
+                                                      make_backend, prepare_for_timing, unavailable_reason)
+from verifybench.harness.engine import results
+from verifybench.harness.engine.exits import EXIT_BAD_INPUT, EXIT_INTERRUPTED
 from verifybench.harness.engine.results import DEFAULT_OUT
+from verifybench.harness.engine.tables import render
 from verifybench.harness.engine.timing import measure
+from verifybench.harness.model import presets
+from verifybench.harness.multigpu.driver import Job, Output, Rank, launch
 
 MODE_HELP = {"graph": "K ops captured in one CUDA graph, replay time / K (CPU: K calls in a loop)",
              "eager": "K ops back to back between two CUDA events, / K (host launch gaps show when the host is slower)",
              "isolated": "one op per sample after a device-side barrier across ranks (p50/p99)"}
 # (warm-up calls, samples, isolated samples, K calls per graph/eager sample): fixed, identical on every rank
 DEFAULT_COUNTS = {"cuda": (20, 100, 1000, 64), "cpu": (3, 10, 20, 4)}
-STORE_TIMEOUT_S = 600  # blocking store reads; the watchdog ends a real hang long before
 DEFAULT_HANG_TIMEOUT_S = 30.0
+# The file name's prefix names the kind of result: the one-rank `allreduce` component writes allreduce-<stamp>.json,
+# this job allreduce_ranks-<stamp>.json; its stored component stays "allreduce", so baselines load and compare.
+FILE_PREFIX = "allreduce_ranks"
 
 
 # ---- sizes ----
@@ -73,50 +78,10 @@ def plan_sizes(hidden: int, tokens: list[int], batches: list[int], extra: list[i
     return sorted(sizes.items())
 
 
-# ---- one rank ----
-
-def run_rank(args, info, store, guard: Watchdog) -> int:
-    """Everything one rank does; rank 0 also prints and saves. Returns the exit code."""
-    agree = Agreement(store, info)
-    requested = args.backend.split(",") if args.backend else list(ALL_BACKENDS)
-    use_cuda = torch.cuda.is_available() and any(b in GPU_BACKENDS for b in requested)
-    nccl_log_dir = _enable_nccl_log() if use_cuda and args.nccl_log else None
-    device = init_group(info, store, use_cuda, args.hang_timeout, guard)
-    comm = Comm(info.rank, info.world_size, info.local_world_size, device, store)
-    plan = agree.broadcast(_make_plan(args, device.type, requested) if info.rank == 0 else None)
-    me = {"host": info.host, "local_rank": info.local_rank, "pid": os.getpid(),
-          "device": torch.cuda.get_device_name(device) if use_cuda else "cpu",
-          "unavailable": {b: unavailable_reason(b, _comm_for(b, comm)) for b in plan["backends"]}}
-    ranks = agree.allgather(me)
-    skipped: dict[str, str] = {}
-    for r, who in enumerate(ranks):
-        for b, reason in who["unavailable"].items():
-            if reason:
-                skipped.setdefault(b, f"rank {r}: {reason}")
-    fault = parse_fault(args.fault)
-    counter = itertools.count()
-    out = Output(args, info, plan, device.type, ranks) if info.rank == 0 else None
-    run_backends(plan["backends"], skipped,
-                 lambda name: _run_backend(name, _comm_for(name, comm), plan, guard, agree, fault, counter),
-                 agree, guard, out, lambda: backend_versions(comm))
-    guard.mark("finish")
-    if out:
-        out.finish(skipped, nccl_log_dir, added_env=(*NCCL_LOG_VARS, "NCCL_DEBUG_FILE") if nccl_log_dir else ())
-        return 0 if out.all_ok else 1
-    return 0
-
-
-def _comm_for(backend: str, comm: Comm) -> Comm:
-    return replace(comm, device=torch.device("cpu")) if backend == "gloo" else comm
-
-
 def check_arguments(args) -> list[str]:
     """Everything a rank would refuse after the rendezvous, refused before it (ValueError naming the option): the
     backends, modes, sizes, token and batch counts, the preset. Returns the backends asked for."""
-    requested = args.backend.split(",") if args.backend else list(ALL_BACKENDS)
-    unknown = [b for b in requested if b not in ALL_BACKENDS]
-    if unknown or len(set(requested)) != len(requested):
-        raise ValueError(f"--backend takes distinct names of {', '.join(ALL_BACKENDS)}, got {args.backend!r}")
+    requested = name_list(args.backend, "--backend", ALL_BACKENDS) if args.backend else list(ALL_BACKENDS)
     gpu_only = [b for b in requested if b in GPU_BACKENDS] if args.backend else []
     if gpu_only and not torch.cuda.is_available():
         raise ValueError(f"--backend {','.join(gpu_only)} needs a CUDA GPU and this machine has none: use "
@@ -128,11 +93,15 @@ def check_arguments(args) -> list[str]:
     return requested
 
 
+def _comm_for(backend: str, comm: Comm) -> Comm:
+    return replace(comm, device=torch.device("cpu")) if backend == "gloo" else comm
+
+
 def _make_plan(args, device_type: str, requested: list[str]) -> dict:
     hidden = args.hidden or presets.get(args.preset).hidden  # TP does not divide the hidden size
     try:
         pow2 = tuple(parse_bytes(x) for x in args.pow2.split(":")) if args.pow2 else None
-        extra = [parse_bytes(s) for s in args.sizes.split(",")] if args.sizes else []
+        extra = [parse_bytes(s) for s in split_list(args.sizes, "--sizes", "byte counts")] if args.sizes else []
     except ValueError:
         raise ValueError(f"--sizes / --pow2 take byte counts like 14336, 14K, 1M (--pow2 MIN:MAX), got "
                          f"{args.sizes or args.pow2!r}") from None
@@ -142,17 +111,16 @@ def _make_plan(args, device_type: str, requested: list[str]) -> dict:
         raise ValueError(f"--sizes must be positive byte counts, got {args.sizes!r}")
     sizes = plan_sizes(hidden, sorted(args.tokens), sorted(args.batches), extra, pow2)
     warm, samples, iso, k = DEFAULT_COUNTS[device_type]
-    modes = args.mode.split(",") if args.mode else list(MODES)
-    unknown = [m for m in modes if m not in MODES]
-    if unknown:
-        raise ValueError(f"unknown mode(s) {unknown}; choose from {', '.join(MODES)}")
+    modes = name_list(args.mode, "--mode", MODES) if args.mode else list(MODES)
     return {"sizes": sizes, "backends": requested, "modes": modes, "preset": args.preset, "tp": args.tp,
             "hidden": hidden, "warmup_calls": args.warmup or warm, "samples": args.samples or samples,
             "isolated_samples": args.isolated_samples or iso, "calls_per_sample": args.calls_per_sample or k}
 
 
-def _run_backend(name, comm, plan, guard, agree, fault, counter) -> tuple[list[dict], str | None]:
+def _run_backend(name: str, rank: Rank) -> tuple[list[dict], str | None]:
     """Check then time every size of one backend. Returns this rank's records, or the agreed setup error."""
+    plan, guard, agree = rank.plan, rank.guard, rank.agree
+    comm = _comm_for(name, rank.comm)
     guard.mark(f"{name}: setup")
     max_numel = max(size for size, _ in plan["sizes"]) // ELEMENT_BYTES
     try:
@@ -170,7 +138,7 @@ def _run_backend(name, comm, plan, guard, agree, fault, counter) -> tuple[list[d
 
     records = []
     for size, origin in plan["sizes"]:
-        maybe_fault(fault, comm.rank, next(counter))
+        rank.next_case()
         guard.mark(f"{name} {size}B: check")
         numel = size // ELEMENT_BYTES
         local = {"wrong_eager": None, "wrong_graph": None, "error": None}
@@ -224,6 +192,75 @@ def _enable_nccl_log() -> str | None:
     folder = tempfile.mkdtemp(prefix="verifybench-nccl-")
     os.environ.update({**NCCL_LOG_VARS, "NCCL_DEBUG_FILE": f"{folder}/nccl.%h.%p.log"})
     return folder
+
+
+class AllreduceJob(Job):
+    """The allreduce table: per backend, every size checked (nccl-tests' #wrong) then timed in each mode."""
+
+    component, file_prefix, log_tag, empty_ok = COMPONENT, FILE_PREFIX, "[allreduce]", True
+
+    def __init__(self):
+        self.cuda = False
+        self.nccl_log_dir: str | None = None
+        self.nccl_log: dict | None = None
+
+    def check(self, args) -> None:
+        check_arguments(args)
+
+    def make_plan(self, args) -> dict:
+        requested = name_list(args.backend, "--backend", ALL_BACKENDS) if args.backend else list(ALL_BACKENDS)
+        cuda = torch.cuda.is_available() and any(b in GPU_BACKENDS for b in requested)
+        return _make_plan(args, "cuda" if cuda else "cpu", requested)
+
+    def uses_cuda(self, plan: dict) -> bool:
+        return torch.cuda.is_available() and any(b in GPU_BACKENDS for b in plan["backends"])
+
+    def before_group(self, args, cuda: bool) -> None:
+        self.cuda = cuda
+        self.nccl_log_dir = _enable_nccl_log() if cuda and args.nccl_log else None
+
+    def unavailable(self, backend: str, comm: Comm) -> str | None:
+        return unavailable_reason(backend, _comm_for(backend, comm))
+
+    def run_backend(self, name: str, rank: Rank) -> tuple[list[dict], str | None]:
+        return _run_backend(name, rank)
+
+    def build_cases(self, backend, per_rank, plan, world_size):
+        return build_cases(backend, per_rank, plan, world_size), []  # its tables are read from the cases
+
+    def extra(self, out: Output) -> dict:
+        return {"preset": out.plan["preset"], "tp": out.plan["tp"], "hidden": out.plan["hidden"],
+                "label": out.args.label, "device": "cuda" if self.cuda else "cpu", "nccl_log": self.nccl_log,
+                "time_definition": "max over ranks of each rank's median; graph and eager: one sample = K ops / K"}
+
+    def closing(self, out: Output) -> None:
+        """NCCL's log read back; the variables this run set for itself (that log) kept out of the fingerprint, so
+        that compare's NCCL_* diff shows only the user's configuration."""
+        if self.nccl_log_dir:
+            from verifybench.harness.multigpu.sweep import parse_nccl_logs
+
+            self.nccl_log = parse_nccl_logs(Path(self.nccl_log_dir))
+            for key in (*NCCL_LOG_VARS, "NCCL_DEBUG_FILE"):
+                out.fp["env"].pop(key, None)
+
+    def report(self, out: Output, run: dict) -> None:
+        world, plan = out.info.world_size, out.plan
+        if not self.cuda:
+            print("NOTE: run on CPU: CPU numbers (gloo, perf_counter timing), not GPU numbers.")
+        if world == 1:
+            print("NOTE: one rank: each op has no peer (busbw 0). Multi-GPU: torchrun --nproc-per-node=N -m "
+                  "verifybench.harness.multigpu.allreduce")
+        print(f"\n# allreduce, {world} ranks on {out.info.nnodes} node(s), bf16 sum; time = max over ranks of the "
+              f"per-rank median; K={plan['calls_per_sample']} ops per graph/eager sample, warm-up "
+              f"{plan['warmup_calls']}, samples {plan['samples']} (isolated {plan['isolated_samples']})")
+        for title, rows in tables(run["cases"]):
+            if rows:
+                # CPU-timed rows (gloo): through tables.render, which names a withheld column once above the table
+                withheld = any(results.WITHHELD in row.values() for row in rows)
+                print(f"\n{title}\n" + (render(rows) if withheld else
+                                         tabulate(rows, headers="keys", floatfmt=".2f", stralign="right")))
+        if self.nccl_log and self.nccl_log.get("transports"):
+            print(f"NCCL transport (rank 0): {self.nccl_log['transports']}")
 
 
 # ---- entry ----
@@ -280,13 +317,13 @@ def main(argv: list[str] | None = None) -> int:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             print("error: --nccl-sweep is the driver: run it with plain python, it starts torchrun per setting",
                   file=sys.stderr)
-            return 2
+            return EXIT_BAD_INPUT
         if not args.list:  # what every setting's job would refuse, refused once
             try:
                 check_arguments(args)
             except ValueError as e:
                 print(f"error: {e}", file=sys.stderr)
-                return 2
+                return EXIT_BAD_INPUT
         from verifybench.harness.multigpu.sweep import run_sweep
 
         try:
@@ -295,8 +332,8 @@ def main(argv: list[str] | None = None) -> int:
             print(flush=True)  # the progress line stops mid-way
             print("interrupted: the setting's torchrun is ended; the summary is written only by a whole sweep, the "
                   "finished settings' results stay in its folder", file=sys.stderr)
-            return 130
-    return start_ranks(run_rank, args, STORE_TIMEOUT_S, check_arguments)
+            return EXIT_INTERRUPTED
+    return launch(AllreduceJob(), args)
 
 
 if __name__ == "__main__":

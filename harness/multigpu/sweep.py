@@ -25,9 +25,11 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from verifybench.harness.analysis.numbers import split_list
 from verifybench.harness.engine import fingerprint
 from verifybench.harness.engine import results, stance, tables
-from verifybench.harness.multigpu.ranks import SAFE_ENV, force_safe_env
+from verifybench.harness.engine.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+from verifybench.harness.multigpu.driver import SAFE_ENV, force_safe_env
 
 # Knobs that matter for small allreduces on one node, PCIe boxes without NVLink first. "default" is the environment
 # as launched. A setting's group comes from its variables (VAR_GROUP): the settings of a group are alternatives,
@@ -65,7 +67,7 @@ def parse_setting(text: str) -> tuple[str, dict]:
     if text in ("", "default"):
         return "default", {}
     env = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
+    for part in split_list(text, "", "NCCL_NAME=VALUE[,NCCL_NAME=VALUE...] or default"):
         key, eq, value = part.partition("=")
         if not eq or not key.startswith("NCCL_"):
             raise ValueError(f"bad setting {part!r} in {text!r}: expected NCCL_NAME=VALUE")
@@ -335,10 +337,10 @@ def run_sweep(args) -> int:
         settings = sweep_settings(args)
     except ValueError as e:
         print(f"error: --setting: {e}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     if args.list:
         print_setting_list(settings)
-        return 0
+        return EXIT_OK
     gpus = _gpu_count()
     nproc = args.nproc_per_node or gpus or 2
     backends = GPU_SWEEP_BACKENDS if gpus else CPU_SWEEP_BACKENDS
@@ -441,4 +443,5 @@ def _report(outcomes: list[dict], nproc: int, root: Path, launched: dict, cpu: b
     else:
         print("\nno setting finished with passing checks at the verify sizes: nothing to recommend")
     print(f"saved {path}")
-    return 0 if all(o["status"] == "ok" or o["status"].startswith("skipped") for o in outcomes) else 1
+    passed = all(o["status"] == "ok" or o["status"].startswith("skipped") for o in outcomes)
+    return EXIT_OK if passed else EXIT_FAILED

@@ -18,35 +18,34 @@ or VERIFYBENCH_ALLREDUCE_FROM). A rank that dies or hangs ends the job non-zero 
 from __future__ import annotations
 
 import argparse
-import itertools
-import os
 import sys
 import traceback
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from tabulate import tabulate
 
 from verifybench.harness.analysis.numbers import Parser, context_arg, positive_int, tokens_arg
-from verifybench.harness.collectives.backends import (DTYPE, ArOp, Comm, backend_versions, capture_graph,
-                                                      check_eager, check_graph, expected_sum, unavailable_reason)
-from verifybench.harness.engine import results
+from verifybench.harness.collectives.allreduce_results import measurement_from_dict
+from verifybench.harness.collectives.backends import (DTYPE, ArOp, Comm, capture_graph, check_eager, check_graph,
+                                                      expected_sum)
+from verifybench.harness.engine import results, tables
+from verifybench.harness.engine.results import Case
 from verifybench.harness.engine.timing import measure
 from verifybench.harness.model.forward import VerifyForward
 from verifybench.harness.model.presets import CONTEXT, CPU_CONTEXT
-from verifybench.harness.multigpu import report
-from verifybench.harness.multigpu.guard import init_group, maybe_fault, parse_fault, start_ranks
-from verifybench.harness.multigpu.ranks import Agreement, run_backends
-from verifybench.harness.multigpu.verify_output import Output
+from verifybench.harness.multigpu.driver import Agreement, Job, Output, Rank, launch
 from verifybench.harness.multigpu.verify_setup import (BACKEND_HELP, NO_HEAD, VARIANTS, build_forward,
                                                        make_allreduce_fn, make_plan)
-from verifybench.harness.multigpu.watchdog import Watchdog
 
 
 REL_TOL = 1e-2  # bf16 paths; a real allreduce gives bit-identical streams (sums broadcast to all)
 CONTROL_MIN_REL = 0.1  # without the allreduce the ranks' streams must differ by at least this, or the check is blind
-STORE_TIMEOUT_S = 600  # blocking store reads; the watchdog ends a real hang long before
 DEFAULT_HANG_TIMEOUT_S = 120.0  # the first forward of each n compiles Triton kernels: allow for a cold cache
+COMPONENT = "verify_dist"
+# figures derived from the timed variants (differences and ratios): on CPU, timer noise, withheld in the table
+DERIVED_COLUMNS = ("AR marginal(us)", "per AR(us)", "AR alone/op(us)", "no-AR+stand-ins(us)")
 
 
 # ---- the cross-rank check (pure: unit-tested) ----
@@ -186,8 +185,9 @@ def _time_variant(fwd: VerifyForward, n: int, variant: str, plan: dict) -> dict:
     return m.as_dict()
 
 
-def run_backend(name, fwd, plan, comm, agree, xchg, guard, fault, counter) -> tuple[list[dict], str | None]:
+def run_backend(name: str, fwd: VerifyForward, xchg: TensorExchange, rank: Rank) -> tuple[list[dict], str | None]:
     """Check then time every n for one backend. Returns this rank's records, or the agreed setup error."""
+    plan, comm, agree, guard = rank.plan, rank.comm, rank.agree, rank.guard
     guard.mark(f"{name}: setup")
     try:
         fn, error = make_allreduce_fn(name, comm, max(plan["tokens"]) * fwd.s.hidden), None
@@ -199,7 +199,7 @@ def run_backend(name, fwd, plan, comm, agree, xchg, guard, fault, counter) -> tu
     fwd.allreduce_fn = (lambda t: None) if plan["no_allreduce"] else fn
     records = []
     for n in plan["tokens"]:
-        maybe_fault(fault, comm.rank, next(counter))
+        rank.next_case()
         guard.mark(f"{name} n{n}: check")
         ok, detail = check_n(fwd, n, fwd.allreduce_fn, comm, agree, xchg)
         rec = {"n": n, "ok": ok, "detail": detail, "variants": {}}
@@ -213,41 +213,128 @@ def run_backend(name, fwd, plan, comm, agree, xchg, guard, fault, counter) -> tu
     return records, None
 
 
+# ---- the job: rank 0's cases, table and notes ----
 
-def run_rank(args, info, store, guard: Watchdog) -> int:
-    """Everything one rank does; rank 0 also prints and saves. Returns the exit code."""
-    agree = Agreement(store, info)
-    plan = agree.broadcast(make_plan(args) if info.rank == 0 else None)  # rank 0's word on every count
-    cuda = plan["device"] == "cuda"
-    device = init_group(info, store, cuda, args.hang_timeout, guard)
-    comm = Comm(info.rank, info.world_size, info.local_world_size, device, store)
-    skipped: dict[str, str] = {}
-    for r, reasons in enumerate(agree.allgather({b: unavailable_reason(b, comm) for b in plan["backends"]})):
-        for b, reason in reasons.items():
-            if reason:
-                skipped.setdefault(b, f"rank {r}: {reason}")
-    guard.mark("build the forward")
-    fwd = build_forward(plan, device.type, info.rank) if set(plan["backends"]) - set(skipped) else None
-    me = {"host": info.host, "local_rank": info.local_rank, "pid": os.getpid(),
-          "device": torch.cuda.get_device_name(device) if cuda else "cpu",
-          "allocated_gb": torch.cuda.memory_allocated(device) / 1e9 if cuda else None,
-          "ops": getattr(getattr(fwd, "ops", None), "name", "torch") if fwd else None}  # fused kernels on a GPU
-    ranks = agree.allgather(me)
-    out = Output(args, info, plan, ranks) if info.rank == 0 else None
-    for n in plan["tokens"] if fwd else ():  # compile every kernel of every n with no collective inside
-        guard.mark(f"compile n{n}")
-        fwd.forward(n, VARIANTS["without-allreduce"])
-        if cuda:
-            torch.cuda.synchronize()
-    xchg, fault, counter = TensorExchange(store, info), parse_fault(args.fault), itertools.count()
-    run_backends(plan["backends"], skipped,
-                 lambda name: run_backend(name, fwd, plan, comm, agree, xchg, guard, fault, counter),
-                 agree, guard, out, lambda: backend_versions(comm))
-    guard.mark("finish")
-    if out:
-        out.finish(skipped)
-        return 0 if out.all_ok else 1
-    return 0
+def build_cases(name: str, per_rank: list[list[dict]], plan: dict, world_size: int) -> tuple[list[Case], list[dict]]:
+    """Per n and variant one Case: time = max over ranks of each rank's median, samples of that slowest rank.
+    The allreduce figures go on the full forward's case and into the table row."""
+    cases, rows = [], []
+    n_ar = 2 * plan["layers_run"]
+    for i, n in enumerate(plan["tokens"]):
+        recs = [r[i] for r in per_rank]
+        stand_in = plan["stand_in_by_n_us"][i]
+        ok, detail = recs[0]["ok"], recs[0]["detail"]
+        size = n * plan["hidden"] * 2
+        row = {"n": n, "size(B)": size, "backend": name}
+        base = {"preset": plan["preset"], "tp": plan["tp"], "world_size": world_size, "backend": name, "tokens": n,
+                "context": plan["context"], "layers": plan["layers_run"]}
+        if plan["no_allreduce"]:
+            base["debug"] = "no-allreduce"
+        if not ok:
+            cases += [Case(f"{COMPONENT}/{name}/{v}/n{n}", {**base, "variant": v}, False, detail) for v in VARIANTS]
+            rows.append({**row, "full(us)": "FAIL", "check": "FAIL"})
+            continue
+        meds = {v: [r["variants"][v]["summary"]["median_us"] for r in recs] for v in VARIANTS}
+        t = {v: max(m) for v, m in meds.items()}
+        marginal = t["full"] - t["without-allreduce"]
+        ar = {"allreduces_per_forward": n_ar, "allreduce_bytes": size, "allreduce_marginal_us": marginal,
+              "per_allreduce_marginal_us": marginal / n_ar, "per_allreduce_alone_us": t["only-allreduce"] / n_ar,
+              "stand_in_us": stand_in, "stand_in_forward_us": t["without-allreduce"] + n_ar * stand_in}
+        for v in VARIANTS:
+            slowest = max(range(world_size), key=lambda r: meds[v][r])
+            derived = {"time_us": t[v], "rank_medians_us": meds[v], "slowest_rank": slowest,
+                       **(ar if v == "full" else {})}
+            cases.append(Case(f"{COMPONENT}/{name}/{v}/n{n}", {**base, "variant": v}, True, detail,
+                              measurement_from_dict(recs[slowest]["variants"][v]), derived))
+        rows.append({**row, "full(us)": t["full"], "no-AR(us)": t["without-allreduce"], "AR marginal(us)": marginal,
+                     "per AR(us)": marginal / n_ar, "AR alone/op(us)": t["only-allreduce"] / n_ar,
+                     "stand-in(us)": stand_in, "no-AR+stand-ins(us)": ar["stand_in_forward_us"], "check": "ok"})
+    return cases, (results.withhold(rows, DERIVED_COLUMNS) if plan["device"] == "cpu" else rows)
+
+
+def table_text(rows: list[dict], device: str) -> str:
+    """The per-n table; on CPU through tables.render, which names the withheld columns once above the table instead
+    of repeating "withheld: CPU numbers" in every cell."""
+    return tables.render(rows) if device == "cpu" else tabulate(rows, headers="keys", floatfmt=".1f", stralign="right")
+
+
+def notes(plan: dict, world_size: int) -> list[str]:
+    """What a reader of the table must know: CPU numbers, ranks against TP, layers run, the stand-in."""
+    p, out = plan, []
+    if p["device"] == "cpu":
+        out.append("NOTE: run on CPU: CPU numbers (gloo, perf_counter timing), not GPU numbers; the figures "
+                   "derived from them (allreduce marginal, per allreduce, with stand-ins) are withheld.")
+    if world_size < p["tp"]:
+        out.append(f"NOTE: {world_size} ranks of a TP-{p['tp']} model: each rank holds the shapes one of "
+                   f"{p['tp']} ranks holds, and the allreduce spans {world_size} ranks, not {p['tp']}.")
+    elif world_size > p["tp"]:
+        out.append(f"NOTE: {world_size} ranks, each with the shapes of a TP-{p['tp']} rank: the allreduce spans "
+                   f"{world_size} ranks, more than a TP-{p['tp']} model has.")
+    if world_size == 1:
+        out.append("NOTE: one rank: the allreduce has no peer. Multi-GPU: torchrun --nproc-per-node=N -m "
+                   "verifybench.harness.multigpu.verify")
+    if p["layers_run"] != p["preset_layers"]:
+        out.append(f"NOTE: {p['layers_run']} of the preset's {p['preset_layers']} layers, not scaled.")
+    if p["no_allreduce"]:
+        out.append("NOTE: --no-allreduce (debug): the allreduce is a no-op, the cross-rank check must fail.")
+    per_n = "" if len(set(p["stand_in_by_n_us"])) == 1 else "; at each n's size in the table"
+    out.append(f"stand-in: {p['stand_in_us']:g} us per allreduce in the one-GPU report ({p['stand_in_source']})"
+               + per_n)
+    return out
+
+
+class VerifyJob(Job):
+    """The distributed verify: per backend and n, the cross-rank check, then the forward with and without its
+    allreduce, and the allreduces alone, in graph mode."""
+
+    component, file_prefix, log_tag = COMPONENT, COMPONENT, "[verify_dist]"
+    refused = (ValueError, MemoryError)
+
+    def __init__(self):
+        self.fwd: VerifyForward | None = None
+        self.xchg: TensorExchange | None = None
+
+    def make_plan(self, args) -> dict:
+        return make_plan(args)
+
+    def prepare(self, rank: Rank, skipped: dict) -> dict:
+        """This rank's forward (none when every backend is skipped), every kernel of every n compiled with no
+        collective inside."""
+        plan, device, cuda = rank.plan, rank.comm.device, rank.comm.device.type == "cuda"
+        rank.guard.mark("build the forward")
+        fwd = build_forward(plan, device.type, rank.info.rank) if set(plan["backends"]) - set(skipped) else None
+        for n in plan["tokens"] if fwd else ():
+            rank.guard.mark(f"compile n{n}")
+            fwd.forward(n, VARIANTS["without-allreduce"])
+            if cuda:
+                torch.cuda.synchronize()
+        self.fwd, self.xchg = fwd, TensorExchange(rank.store, rank.info)
+        return {"allocated_gb": torch.cuda.memory_allocated(device) / 1e9 if cuda else None,
+                "ops": getattr(getattr(fwd, "ops", None), "name", "torch") if fwd else None}  # fused kernels on GPU
+
+    def run_backend(self, name: str, rank: Rank) -> tuple[list[dict], str | None]:
+        return run_backend(name, self.fwd, self.xchg, rank)
+
+    build_cases = staticmethod(build_cases)
+
+    def extra(self, out: Output) -> dict:
+        return {"table": out.rows, "notes": notes(out.plan, out.info.world_size), "ops": out.ranks[0]["ops"],
+                "allreduce": ("disabled (--no-allreduce, debug)" if out.plan["no_allreduce"] else
+                              "real: through the named backend across the ranks, inside the forward's CUDA graph"),
+                "time_definition": "max over ranks of each rank's median; graph mode, one forward per replay; "
+                                   "per AR = (full - without-allreduce) / (2 x layers)"}
+
+    def report(self, out: Output, run: dict) -> None:
+        p = out.plan
+        for line in notes(p, out.info.world_size):
+            print(line)
+        ar = "NO allreduce (debug)" if p["no_allreduce"] else "real allreduce"
+        print(f"\n# verify forward, {p['preset']} TP-{p['tp']} rank shapes on {out.info.world_size} ranks, "
+              f"{p['layers_run']} layers, context {p['context']}, {out.ranks[0]['ops'] or 'no'} ops; {ar}, "
+              f"2 per layer; time = max over ranks of the per-rank median, "
+              f"{'cpu-loop (no CUDA graph)' if p['device'] == 'cpu' else 'graph mode'}, warm-up {p['warmup_calls']}, "
+              f"samples {p['samples']}")
+        print(table_text(out.rows, p["device"]), flush=True)
 
 
 # ---- entry ----
@@ -282,9 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    report.PREFIX = "[verify_dist]"
     # bad arguments (make_plan refuses them): every rank says so and exits 2, before any rendezvous
-    return start_ranks(run_rank, args, STORE_TIMEOUT_S, make_plan, (ValueError, MemoryError))
+    return launch(VerifyJob(), args)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from verifybench.harness.collectives.backends import GPU_BACKENDS, Comm, make_backend
+from verifybench.harness.analysis.numbers import name_list
 from verifybench.harness.engine import memory
 from verifybench.harness.model import build, presets
 from verifybench.harness.model.forward import COMPONENTS, VerifyForward, allocated_bytes
@@ -140,10 +141,7 @@ def make_allreduce_fn(name: str, comm: Comm, max_numel: int):
 def make_plan(args) -> dict:
     """Everything every rank must agree on; validated before any process group exists (same answer on every rank)."""
     cuda = torch.cuda.is_available()
-    backends = args.allreduce.split(",") if args.allreduce else ["nccl" if cuda else "gloo"]
-    unknown = [b for b in backends if b not in BACKENDS]
-    if unknown:
-        raise ValueError(f"unknown --allreduce {unknown}; choose from {', '.join(BACKENDS)}")
+    backends = name_list(args.allreduce, "--allreduce", BACKENDS) if args.allreduce else ["nccl" if cuda else "gloo"]
     if "gloo" in backends and len(backends) > 1:
         raise ValueError("gloo runs the forward on CPU: run it on its own, not with GPU backends")
     if not cuda and backends != ["gloo"]:

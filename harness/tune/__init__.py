@@ -14,7 +14,8 @@ import importlib
 import time
 from pathlib import Path
 
-from verifybench.harness.analysis.numbers import finite_float
+from verifybench.harness.analysis.numbers import finite_float, name_list
+from verifybench.harness.engine.exits import EXIT_FAILED, EXIT_OK
 from verifybench.harness.engine.timing import cuda_available
 from verifybench.kernels.common import config_tables
 
@@ -33,11 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def parse_components(text: str) -> list[str]:
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in TUNERS]
-    if unknown or not names or len(set(names)) != len(names):
-        raise ValueError(f"--components: choose from {', '.join(TUNERS)} (each once), got {text!r}")
-    return names
+    return name_list(text, "--components", TUNERS)
 
 
 def table_path(name: str, out: Path | None) -> Path:
@@ -99,5 +96,5 @@ def run(args) -> int:
         print(f"{name}: wrote {paths[name]}")
     if empty:
         print(f"measured nothing, no table written: {', '.join(empty)}")
-        return 1
-    return 0
+        return EXIT_FAILED
+    return EXIT_OK

@@ -12,10 +12,11 @@ from pathlib import Path
 import torch
 
 from verifybench.kernels.common import devices  # a module attribute, so a test can stand in for the GPU
+from verifybench.kernels.common import settings
 from verifybench.kernels.common.atomic_files import write_atomic
 
-CONFIG_DIR_ENV = "VERIFYBENCH_CONFIG_DIR"  # where `verifybench tune` writes and selection reads the user's tables
-TABLES_ENV = "VERIFYBENCH_CONFIG_TABLES"  # "none": every kernel runs its defaults, as on a GPU nobody tuned
+CONFIG_DIR_ENV = settings.CONFIG_DIR  # where `verifybench tune` writes and selection reads the user's tables
+TABLES_ENV = settings.CONFIG_TABLES  # "none": every kernel runs its defaults, as on a GPU nobody tuned
 
 _TABLES: dict[str, dict] = {}
 _EPOCH = [0]  # bumped by every save and every hide: selection caches key on state()
@@ -47,8 +48,8 @@ def save(table: dict, path: Path | str) -> Path:
 
 def user_dir() -> Path:
     """$VERIFYBENCH_CONFIG_DIR, else ~/.config/verifybench (XDG_CONFIG_HOME when set)."""
-    if os.environ.get(CONFIG_DIR_ENV):
-        return Path(os.environ[CONFIG_DIR_ENV]).expanduser()
+    if settings.read(CONFIG_DIR_ENV):
+        return Path(settings.read(CONFIG_DIR_ENV)).expanduser()
     return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "verifybench"
 
 
@@ -61,7 +62,7 @@ def hidden() -> bool:
     """Whether selection ignores every table (VERIFYBENCH_CONFIG_TABLES=none, or inside defaults_only())."""
     if _HIDDEN:
         return _HIDDEN[-1]
-    value = os.environ.get(TABLES_ENV, "")
+    value = settings.read(TABLES_ENV, "")
     if value not in ("", "none"):
         raise ValueError(f"{TABLES_ENV} must be unset or 'none' (defaults only), got {value!r}")
     return value == "none"
@@ -82,7 +83,7 @@ def defaults_only(on: bool = True):
 
 def state() -> tuple:
     """What a cached selection depends on besides its own key: saves, hiding, the user's folder."""
-    return _EPOCH[0], os.environ.get(TABLES_ENV), os.environ.get(CONFIG_DIR_ENV)
+    return _EPOCH[0], settings.read(TABLES_ENV), settings.read(CONFIG_DIR_ENV)
 
 
 def merged(shipped: Path | str) -> dict:

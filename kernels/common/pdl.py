@@ -15,19 +15,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 
 import torch
 
-from verifybench.kernels.common import interpret
+from verifybench.kernels.common import devices, interpret, settings
 
-ENV = "VERIFYBENCH_PDL"
+ENV = settings.PDL
 _FORCED: list[bool] = []
 
 
 @functools.lru_cache(maxsize=None)
 def _capable(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 9
+    return devices.capability(torch.device("cuda", index)) >= 90
 
 
 def capable(device) -> bool:
@@ -42,7 +41,7 @@ def enabled(device) -> bool:
     """Whether kernels on `device` launch with PDL by default (see the module doc)."""
     if _FORCED:
         return _FORCED[-1] and capable(device)
-    value = os.environ.get(ENV, "1")
+    value = settings.read(ENV, "1")
     if value not in ("0", "1"):
         raise ValueError(f"{ENV} must be 0 or 1, got {value!r}")
     return value == "1" and capable(device)

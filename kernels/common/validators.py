@@ -35,3 +35,27 @@ def check_q_cache(q, cache, dtypes: tuple, tokens: str, width: str, width_word: 
     if q.device != cache.device:
         raise ValueError(f"q and cache must be on one device, got {q.device} and {cache.device}")
     return heads, t, w
+
+
+def check_out(out, shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A caller's `out` buffer: a tensor of `shape` and `dtype` on `device`, unit stride along its last dim (the
+    kernels store rows); None -> a fresh one."""
+    if out is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    if (not isinstance(out, torch.Tensor) or out.shape != shape or out.dtype != dtype or out.device != device
+            or out.stride(-1) != 1):
+        raise ValueError(f"out must be a [{', '.join(map(str, shape))}] {dtype} tensor on {device} with unit stride "
+                         f"along its last dim, got {getattr(out, 'shape', type(out))}")
+    return out
+
+
+def check_matrix(name: str, t, dtypes: tuple, dtype_names: str, shape_words: str = "2-D",
+                 wrong_kind: type[Exception] = ValueError) -> None:
+    """`t` a 2-D tensor with a dtype among `dtypes` (named `dtype_names` in the error); a non-tensor or another
+    dtype raises `wrong_kind` (TypeError where a family's API has always said so), a wrong rank a ValueError."""
+    if not isinstance(t, torch.Tensor):
+        raise wrong_kind(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise wrong_kind(f"{name} must be {dtype_names}, got {t.dtype}")
+    if t.dim() != 2:
+        raise ValueError(f"{name} must be {shape_words}, got shape {tuple(t.shape)}")

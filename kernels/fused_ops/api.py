@@ -29,6 +29,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from verifybench.kernels.common import interpret
 from verifybench.kernels.common import pdl as _pdl
+from verifybench.kernels.common.validators import check_matrix
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MAX_ROW = 16384  # a whole row lives in registers: 16384 fp32 over 16 warps = 32 values per thread
@@ -98,12 +99,7 @@ def _row_warps(block: int) -> int:
 # ---------------------------------------------------------------------------------------------------- checks
 
 def _check_rows(name: str, t, n: int | None = None, width: int | None = None) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in FLOAT_DTYPES:
-        raise ValueError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
-    if t.dim() != 2:
-        raise ValueError(f"{name} must be 2-D [rows, features], got shape {tuple(t.shape)}")
+    check_matrix(name, t, FLOAT_DTYPES, "float16, bfloat16 or float32", "2-D [rows, features]")
     if n is not None and t.shape[0] != n or width is not None and t.shape[1] != width:
         raise ValueError(f"{name} must be [{n}, {width}], got {tuple(t.shape)}")
     if t.shape[1] > 1 and t.stride(1) != 1:

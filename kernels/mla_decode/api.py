@@ -26,9 +26,9 @@ import torch
 from verifybench.kernels.common import config_tables
 from verifybench.kernels.mla_decode import kernels
 from verifybench.kernels.common import pdl as _pdl
-from verifybench.kernels.common.validators import check_q_cache
-from verifybench.kernels.mla_decode.configs import (cached_config, check_config, default_config, default_num_splits,
-                                                   sm_count)
+from verifybench.kernels.common.validators import check_out, check_q_cache
+from verifybench.kernels.common.devices import sm_count
+from verifybench.kernels.mla_decode.configs import cached_config, check_config, default_config, default_num_splits
 
 LOG2E = 1.4426950408889634
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -89,10 +89,5 @@ def mla_decode(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, ou
         num_splits = default_num_splits(length, rows, cfg["block_rows"], sm_count(q.device))
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
         raise ValueError(f"num_splits must be an int >= 1, got {num_splits!r}")
-    if out is None:
-        out = torch.empty(heads, n, kv_lora, dtype=q.dtype, device=q.device)
-    elif (not isinstance(out, torch.Tensor) or out.shape != (heads, n, kv_lora) or out.dtype != q.dtype
-          or out.device != q.device or out.stride(2) != 1):
-        raise ValueError(f"out must be a [{heads}, {n}, {kv_lora}] {q.dtype} tensor on {q.device} with unit stride "
-                         f"along its last dim, got {getattr(out, 'shape', type(out))}")
+    out = check_out(out, (heads, n, kv_lora), q.dtype, q.device)
     return kernels.launch(q, cache, out, length, num_splits, cfg, scale * LOG2E, _pdl.resolve(pdl, q.device))

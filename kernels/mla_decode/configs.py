@@ -34,21 +34,12 @@ FP32_CONFIGS = ({**DEFAULT_CONFIG, "block_keys": 32}, {**DEFAULT_CONFIG, "block_
                 {**DEFAULT_CONFIG, "block_keys": 16, "num_stages": 1})
 MIN_SPLIT_KEYS = 64
 PROGRAMS_PER_SM = 2  # stage-1 programs the default split count aims at per SM
-DEFAULT_SMS = 132  # an H100/H200; used off CUDA (the interpreter)
 CONFIG_PATH = Path(__file__).with_name("mla_decode_configs.json")
 CONFIG_KEYS = ("num_splits", *DEFAULT_CONFIG)  # what select_config returns and `config` may hold
 TABLE_EXTRAS = ("us", "default_us", "torch_us")  # timings the tuner stores beside a config
 
 
-@functools.lru_cache(maxsize=None)
-def sm_count(device: torch.device) -> int:
-    """SMs of a CUDA device; DEFAULT_SMS elsewhere (the interpreter)."""
-    if device.type != "cuda":
-        return DEFAULT_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def default_num_splits(length: int, rows: int, block_rows: int, sms: int = DEFAULT_SMS) -> int:
+def default_num_splits(length: int, rows: int, block_rows: int, sms: int = devices.DEFAULT_SMS) -> int:
     """Splits of the context so that stage 1 has about PROGRAMS_PER_SM programs per SM, each split keeping at least
     MIN_SPLIT_KEYS keys (fewer and the partial outputs cost more traffic than the keys they cover)."""
     row_blocks = triton.cdiv(rows, block_rows)
@@ -125,7 +116,7 @@ def default_config(n: int, heads: int, length: int, device="cpu", dtype: torch.d
             raise ValueError(f"MLA decode in fp32 at D={d}, kv_lora={kv_lora} needs {sized[-1][1][1]} B of shared "
                              f"memory per block at least; this GPU allows {limits[1]} B: use bf16 or fp16")
         tile = fitting[0]
-    return {"num_splits": default_num_splits(length, heads * n, tile["block_rows"], sm_count(torch.device(device))),
+    return {"num_splits": default_num_splits(length, heads * n, tile["block_rows"], devices.sm_count(device)),
             **tile}
 
 

@@ -19,7 +19,6 @@ picks the variant; the kernels' files hold their grids and launches.
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -29,8 +28,8 @@ from verifybench.kernels.common import compiler
 from verifybench.kernels.mla_verify import kernels_extend as extend
 from verifybench.kernels.mla_verify import kernels_split_kv as split_kv
 from verifybench.kernels.common import pdl as _pdl
-from verifybench.kernels.common.validators import check_q_cache
-from verifybench.kernels.common.devices import SMEM_LIMIT_BYTES  # noqa: F401 (per block, for callers)
+from verifybench.kernels.common.validators import check_out, check_q_cache
+from verifybench.kernels.common.devices import DEFAULT_SMS, SMEM_LIMIT_BYTES, sm_count  # noqa: F401 (for callers)
 
 VARIANTS = ("split_kv", "extend")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -38,7 +37,6 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 WORD_BITS = {torch.uint8: 8, torch.int8: 8, torch.int16: 16, torch.int32: 32, torch.int64: 64}  # bit-packed masks
 MAX_TREE = 64  # tree tokens per request
 LOG2E = 1.4426950408889634
-DEFAULT_SMS = 132  # an H100/H200; used off CUDA (the interpreter)
 PROGRAMS_PER_SM = 2  # split_kv programs the default split count aims at per SM
 MAX_SPLITS = 256  # the combine holds all splits of a row at once
 
@@ -180,13 +178,6 @@ def check_config(variant: str, config: dict | None = None) -> dict:
     return cfg
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return DEFAULT_SMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def default_num_splits(batch: int, rows_per_request: int, block_rows: int, sms: int = DEFAULT_SMS) -> int:
     """Splits per request so that split_kv runs about PROGRAMS_PER_SM programs per SM at long contexts (shorter
     requests use fewer: each used split keeps >= min_split_keys keys; the rest exit at once)."""
@@ -227,17 +218,12 @@ def mla_verify(q, cache, starts, prefix_lens, mask, kv_lora, scale, variant="spl
     heads, t, dk = q.shape
     if q.stride(2) != 1 or cache.stride(1) != 1:
         raise ValueError(f"q and cache need unit stride along DK, got strides {q.stride()} and {cache.stride()}")
-    if out is None:
-        out = torch.empty(heads, t, kv_lora, dtype=q.dtype, device=q.device)
-    elif (not isinstance(out, torch.Tensor) or out.shape != (heads, t, kv_lora) or out.dtype != q.dtype
-          or out.device != q.device or out.stride(2) != 1):
-        raise ValueError(f"out must be a [{heads}, {t}, {kv_lora}] {q.dtype} tensor on {q.device} with unit stride "
-                         f"along its last dim, got {getattr(out, 'shape', type(out))}")
+    out = check_out(out, (heads, t, kv_lora), q.dtype, q.device)
     mask = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
     on = _pdl.resolve(pdl, q.device)
     num_splits = 1
     if variant == "split_kv":
-        num_splits = cfg["num_splits"] or default_num_splits(b, heads * d, cfg["block_rows"], _sm_count(q.device))
+        num_splits = cfg["num_splits"] or default_num_splits(b, heads * d, cfg["block_rows"], sm_count(q.device))
     plan = _launches(variant, cfg, heads, b, d, dk, kv_lora, words, num_splits)
     if variant == "extend":
         return extend.launch(plan, q, cache, starts, prefix_lens, mask, out, scale * LOG2E, on)

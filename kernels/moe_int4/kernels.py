@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # PDL (sm_90+; triton >= 3.3)
 
-from verifybench.kernels.common import interpret
+from verifybench.kernels.common import devices, interpret
 from verifybench.kernels.moe_int4.reference import PACK
 from verifybench.kernels.moe_int4.kernels_dequant import (DENORMAL_OFFSET, UNDO_DENORMAL, _bf16_bits, _dot_chunk,
                                                           _group_sum, _h2_group_dot, _h2_pair, _k_of, _load_planes,
@@ -300,7 +300,7 @@ def check_config(cfg: dict, s, device: torch.device) -> None:
         raise ValueError(f"gate_up.BLOCK_W must be a power of two >= {wpg} words (one group), got {c1['BLOCK_W']!r}")
     if c1.get("PREFETCH", 1) not in (0, 1, False, True):
         raise ValueError(f"gate_up.PREFETCH must be 0 or 1, got {c1['PREFETCH']!r}")
-    if cfg.get("pdl") and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 9:
+    if cfg.get("pdl") and device.type == "cuda" and devices.capability(device) < 90:
         raise ValueError("pdl (programmatic dependent launch) needs sm_90 or newer")
 
 

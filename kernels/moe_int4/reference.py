@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from verifybench.kernels.common.validators import check_int
+from verifybench.kernels.common.validators import check_int, check_matrix
 
 PACK = 8  # int4 values per int32 word
 QMIN, QMAX, QOFFSET = -8, 7, 8  # nibble = q + 8, in 0..15
@@ -136,10 +136,7 @@ def check_moe_inputs(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weigh
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if x.dtype not in act_dtypes:
-        raise TypeError(f"x must be one of {[str(d) for d in act_dtypes]}, got {x.dtype}")
-    if x.dim() != 2:
-        raise ValueError(f"x must be [M, H], got shape {tuple(x.shape)}")
+    check_matrix("x", x, act_dtypes, f"one of {[str(d) for d in act_dtypes]}", "[M, H]", TypeError)
     m, h = x.shape
     if m == 0:
         raise ValueError("M = 0: x has no tokens (an empty batch is the caller's to skip)")

@@ -15,6 +15,7 @@ import torch
 
 from verifybench.kernels.common import interpret
 from verifybench.kernels.common import pdl as _pdl
+from verifybench.kernels.common.validators import check_matrix
 from verifybench.kernels.skinny_gemm import kernels
 from verifybench.kernels.fused_ops.api import silu_mul_reference
 from verifybench.kernels.skinny_gemm.configs import cached_config, check_config, sm_count
@@ -43,12 +44,7 @@ def bytes_moved(n: int, N: int, K: int, itemsize: int = 2) -> int:
 
 def _check_inputs(x, w, act=None) -> None:
     for name, t in (("x", x), ("w", w)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in FLOAT_DTYPES:
-            raise ValueError(f"{name} must be bfloat16, float16 or float32, got {t.dtype}")
-        if t.dim() != 2:
-            raise ValueError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
+        check_matrix(name, t, FLOAT_DTYPES, "bfloat16, float16 or float32")
     if x.dtype != w.dtype:
         raise ValueError(f"x and w must have one dtype, got {x.dtype} and {w.dtype}")
     if x.device != w.device:

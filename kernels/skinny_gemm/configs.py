@@ -10,8 +10,8 @@ import torch
 from verifybench.kernels.common import interpret
 from verifybench.kernels.common import compiler, config_tables, devices
 from verifybench.kernels.skinny_gemm import kernels
-from verifybench.kernels.common.devices import device_name
-from verifybench.kernels.skinny_gemm.kernels import DEFAULT_SMS, DOT_BLOCK_M, auto_split_k
+from verifybench.kernels.common.devices import DEFAULT_SMS, device_name, sm_count  # noqa: F401 (sm_count: callers')
+from verifybench.kernels.skinny_gemm.kernels import DOT_BLOCK_M, auto_split_k
 
 CONFIG_PATH = Path(__file__).with_name("skinny_gemm_configs.json")
 FMA_MAX_TOKENS = 8  # the fma kernel unrolls one accumulator per token, 8 at most
@@ -37,14 +37,6 @@ _INTERPRET = interpret.active()
 
 def _pow2(v) -> bool:
     return isinstance(v, int) and v > 0 and v & (v - 1) == 0
-
-
-def sm_count(device) -> int:
-    """SMs of a CUDA device; DEFAULT_SMS elsewhere (the interpreter)."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return DEFAULT_SMS
 
 
 def default_config(n: int, N: int, K: int, sms: int = DEFAULT_SMS, dtype: torch.dtype = torch.bfloat16) -> dict:

@@ -37,9 +37,9 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from verifybench.kernels.common import pdl as _pdl
+from verifybench.kernels.common.devices import DEFAULT_SMS
 
 DOT_BLOCK_M = 16  # tl.dot needs every dimension >= 16: tokens are padded to 16
-DEFAULT_SMS = 132  # H200; used where no CUDA device reports its count
 COUNTER_SLOTS = 1 << 14  # column blocks a split launch may have (N / BLOCK_N); grown outside capture if needed
 
 

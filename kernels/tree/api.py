@@ -30,6 +30,7 @@ from verifybench.kernels.tree import kernels as _tt
 from verifybench.kernels.tree.kernels import (FLAG_CYCLE, FLAG_DUPLICATE_INDEX,  # noqa: F401 (re-exported)
                                              FLAG_ID_RANGE, FLAG_MISSING_PARENT, FLAG_NAN_SCORE, FLAG_UNSORTED,
                                              MASK_MODES)
+from verifybench.kernels.common.devices import total_memory_bytes
 from verifybench.kernels.common.validators import check_int
 
 BACKENDS = ("reference", "kernel")
@@ -124,8 +125,7 @@ def tree_mask_numel(mask_mode: str, batch: int, num_verify_tokens: int, seq_lens
 def _check_mask_bytes(mask_mode: str, batch: int, d: int, seq_lens_sum: int, dtype, device) -> None:
     """Refuses, before allocating, a tree mask larger than the device's whole memory (a huge seq_lens)."""
     need = tree_mask_numel(mask_mode, batch, d, seq_lens_sum) * torch.empty(0, dtype=dtype).element_size()
-    have = (torch.cuda.get_device_properties(device).total_memory if device.type == "cuda"
-            else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    have = total_memory_bytes(device) or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if need > have:
         raise ValueError(f"seq_lens: the {mask_mode} tree mask needs {need:,} bytes (num_verify_tokens={d} x "
                          f"(seq_lens sum {seq_lens_sum:,} + B*D)); {device} has {have:,} bytes in all")

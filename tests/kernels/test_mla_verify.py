@@ -202,7 +202,7 @@ def test_default_split_count_fills_the_sms_and_runs(monkeypatch):
     assert mv.default_num_splits(1, 32, 16, 132) == 132  # 2 row blocks x 132 = 2 programs per SM
     assert mv.default_num_splits(64, 32, 16, 132) == 3
     assert mv.default_num_splits(1, 8, 16, 10 ** 4) == mv.MAX_SPLITS
-    monkeypatch.setattr(mv, "_sm_count", lambda device: 3)  # 6 splits: few interpreted programs
+    monkeypatch.setattr(mv, "sm_count", lambda device: 3)  # 6 splits: few interpreted programs
     _check(_inputs([50, 0], 4, torch.float16, seed=11), "split_kv", {"min_split_keys": 16, "block_keys": 16})
 
 

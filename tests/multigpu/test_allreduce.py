@@ -481,16 +481,16 @@ def test_each_kind_of_result_the_torchrun_room_writes_has_its_own_file_prefix(mo
 
     from verifybench.harness.components import allreduce as one_rank
     from verifybench.harness.engine import fingerprint
-    from verifybench.harness.multigpu import output, verify_output
-    from verifybench.harness.multigpu.ranks import RankInfo
+    from verifybench.harness.multigpu import allreduce, driver, verify
+    from verifybench.harness.multigpu.driver import RankInfo
 
     monkeypatch.setattr(fingerprint, "collect", lambda: {"env": {}})
     info = RankInfo(0, 2, 0, 2, "127.0.0.1", 1, True, "r", "h")
-    job = output.Output(SimpleNamespace(name=None, out=None, label=None), info, {}, "cpu", [])
+    job = driver.Output(allreduce.AllreduceJob(), SimpleNamespace(name=None, out=None, label=None), info, {}, [])
     prefix, _, stamp = job.name.removesuffix(".json").rpartition("-")
     assert prefix == "allreduce_ranks" and re.fullmatch(r"\d{8}T\d{6}Z", stamp)
-    assert output.COMPONENT == "allreduce"
-    kinds = [one_rank.NAME, prefix, sweep.COMPONENT, verify_output.COMPONENT]
+    assert allreduce.COMPONENT == "allreduce"
+    kinds = [one_rank.NAME, prefix, sweep.COMPONENT, verify.COMPONENT]
     assert kinds == ["allreduce", "allreduce_ranks", "allreduce_sweep", "verify_dist"]
 
 

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 import early_jobs
-from verifybench.harness.multigpu import allreduce, guard, report, verify, watchdog
-from verifybench.harness.multigpu.ranks import RankInfo
+from verifybench.harness.multigpu import allreduce, driver, verify, watchdog
+from verifybench.harness.multigpu.driver import RankInfo
 from torchrun_jobs import REPO, alive, assert_no_orphans, rank_processes, rank_step, start_job
 
 # The faulty rank is not rank 0, and more healthy ranks than rank 0 see it fail (a late failure path once blamed
@@ -143,11 +143,11 @@ def test_an_unwritable_out_is_refused_before_the_rendezvous_on_rank_0(tmp_path):
     blocker.write_text("x")
     info = RankInfo(0, 2, 0, 2, "127.0.0.1", 1, True, "r", "h")
     with pytest.raises(ValueError, match="output folder .*a-file/sub is not writable"):
-        guard.check_edge(SimpleNamespace(hang_timeout=30, out=blocker / "sub"), info)
+        driver.check_edge(SimpleNamespace(hang_timeout=30, out=blocker / "sub"), info)
     other = RankInfo(1, 2, 1, 2, "127.0.0.1", 1, True, "r", "h")  # only rank 0 writes results
-    guard.check_edge(SimpleNamespace(hang_timeout="30", out=blocker / "sub"), other)
+    driver.check_edge(SimpleNamespace(hang_timeout="30", out=blocker / "sub"), other)
     args = SimpleNamespace(hang_timeout="12.5", out=None)
-    guard.check_edge(args, info)
+    driver.check_edge(args, info)
     assert args.hang_timeout == 12.5
 
 
@@ -226,7 +226,7 @@ def _exit_message(w: watchdog.Watchdog, why: dict[int, str]) -> str:
     with pytest.raises(SystemExit):
         w.peers_down(why, "; this rank's RuntimeError followed from it")
     (message, code), = said
-    assert code == report.EXIT_PEER_FAILED
+    assert code == watchdog.EXIT_PEER_FAILED
     return message
 
 
@@ -245,12 +245,12 @@ def test_peers_gone_together_are_named_together_never_the_lowest_rank_alone():
 def test_only_a_sibling_worker_of_this_job_is_ever_killed():
     other = subprocess.Popen(["sleep", "60"])  # another command line, another parent: not this job's worker
     try:
-        assert not report._same_job(other.pid)
-        assert report.process_state(other.pid) in ("S", "R")
+        assert not watchdog._same_job(other.pid)
+        assert watchdog.process_state(other.pid) in ("S", "R")
     finally:
         other.kill()
         other.wait()
-    assert report.process_state(other.pid) is None
+    assert watchdog.process_state(other.pid) is None
 
 
 JOB_COUNTS = [("allreduce", flag) for flag in ("--warmup", "--samples", "--isolated-samples", "--calls-per-sample",
@@ -282,8 +282,8 @@ def test_a_sweep_time_that_is_not_a_positive_number_of_seconds_is_refused_when_p
 def test_a_fault_that_cannot_be_read_is_refused_at_the_edge_naming_the_allowed_values(spec):
     info = RankInfo(1, 2, 1, 2, "127.0.0.1", 1, True, "r", "h")
     with pytest.raises(ValueError, match=r"expected exit-early:RANK\[@CASE\] or hang:RANK\[@CASE\]"):
-        guard.check_edge(SimpleNamespace(hang_timeout=30, out=None, fault=spec), info)
-    guard.check_edge(SimpleNamespace(hang_timeout=30, out=None, fault="hang:1@2"), info)
+        driver.check_edge(SimpleNamespace(hang_timeout=30, out=None, fault=spec), info)
+    driver.check_edge(SimpleNamespace(hang_timeout=30, out=None, fault="hang:1@2"), info)
 
 
 @pytest.mark.parametrize("job, argv", [("allreduce", ["--backend", "gloo,nccl"]), ("allreduce", ["--backend", "pynccl"]),

@@ -12,7 +12,7 @@ import torch
 
 import early_jobs
 from verifybench.harness.model.forward import allocated_bytes
-from verifybench.harness.multigpu import verify as vd, verify_output as vd_output, verify_setup as setup
+from verifybench.harness.multigpu import verify as vd, verify_setup as setup
 from verifybench.harness.engine.results import WITHHELD, load_run
 from torchrun_jobs import BOUND_S, TORCHRUN, assert_no_orphans, run_job, run_jobs_at_once
 
@@ -119,10 +119,10 @@ def test_the_allreduce_marginal_is_withheld_on_cpu_and_shown_on_a_gpu(device):
     perf_counter times is no allreduce cost."""
     plan = {"layers_run": 3, "tokens": [1], "stand_in_by_n_us": [7.7], "hidden": 256, "preset": "tiny", "tp": 1,
             "context": 64, "no_allreduce": False, "device": device}
-    cases, (row,) = vd_output.build_cases("gloo", [_rank_records(100.0, 12486.0, 30.0)] * 2, plan, 2)
+    cases, (row,) = vd.build_cases("gloo", [_rank_records(100.0, 12486.0, 30.0)] * 2, plan, 2)
     assert cases[0].derived["allreduce_marginal_us"] == -12386.0  # stored as measured, for tools that read it
     assert row["full(us)"] == 100.0 and row["no-AR(us)"] == 12486.0 and row["stand-in(us)"] == 7.7
-    for column in vd_output.DERIVED_COLUMNS:
+    for column in vd.DERIVED_COLUMNS:
         assert (row[column] == WITHHELD) == (device == "cpu"), column
     assert row["AR marginal(us)"] == (WITHHELD if device == "cpu" else -12386.0)
 
@@ -130,8 +130,8 @@ def test_the_allreduce_marginal_is_withheld_on_cpu_and_shown_on_a_gpu(device):
 def test_cpu_verify_dist_table_says_withheld_once_above_it_not_in_every_cell():
     plan = {"layers_run": 3, "tokens": [1], "stand_in_by_n_us": [7.7], "hidden": 256, "preset": "tiny", "tp": 1,
             "context": 64, "no_allreduce": False, "device": "cpu"}
-    _, rows = vd_output.build_cases("gloo", [_rank_records(100.0, 12486.0, 30.0)] * 2, plan, 2)
-    text = vd_output.table_text(rows * 3, "cpu")
+    _, rows = vd.build_cases("gloo", [_rank_records(100.0, 12486.0, 30.0)] * 2, plan, 2)
+    text = vd.table_text(rows * 3, "cpu")
     assert text.count("withheld") == 1 and text.startswith("withheld (CPU numbers): AR marginal(us)")
     assert "full(us)" in text and WITHHELD not in text
 

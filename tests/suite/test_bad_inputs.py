@@ -100,11 +100,11 @@ RUN_ARGS = [
     (["run", "--tokens", "٣"], "argument --tokens: takes positive integers"),  # a digit int() reads, not ASCII
     (["run", "--out", ""], "argument --out: an empty path"),
     (["run", "--out", " "], "argument --out: an empty path"),
-    (["run", "--components", "harness,harness"], "unknown component(s) harness"),
-    (["run", "--components", "verify,verify"], "--components names verify more than once"),
-    (["run", "--components", ""], "empty name"),
-    (["run", "--components", "verify,,baseline"], "empty name"),
-    (["run", "--components", "verify,nope"], "unknown component(s) nope"),
+    (["run", "--components", "harness,harness"], "unknown --components harness"),
+    (["run", "--components", "verify,verify"], "--components lists verify twice"),
+    (["run", "--components", ""], "an empty item"),
+    (["run", "--components", "verify,,baseline"], "an empty item"),
+    (["run", "--components", "verify,nope"], "unknown --components nope"),
     (["run", "--components", "verify", "--tokens", "9"], "the verify forward runs n = 1..8"),
     (["run", "--components", "mla_decode", "--tokens", "16"], "the MLA decode caches hold n = 1..8"),
 ]

@@ -245,3 +245,40 @@ def test_ci_install_says_each_step_before_it_runs():
              and not line.startswith(("pip_install()", "||", "has \"$module\""))]
     unsaid = [lines[i] for i in steps if "say " not in lines[i] and not lines[i - 1].startswith("say ")]
     assert len(steps) >= 6 and not unsaid
+
+
+BARE_EXIT = re.compile(r"^\s*((return|sys\.exit\(|raise SystemExit\(|os\._exit\(|hard_exit\()\s*(1|2|130|141)\)?"
+                       r"|return [01] if .* else [01])\s*(#.*)?$")
+
+
+def test_exit_codes_are_named_outside_exits_py():
+    """A command's exit status is one of harness/engine/exits.py's constants, never a bare 1, 2, 130 or 141 (a
+    bare `return 0` of a helper stays: 0 is also a count)."""
+    bare = []
+    for folder in ("harness", "scripts", "microbench"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            if path.name == "exits.py":
+                continue
+            for i, line in enumerate(path.read_text().splitlines(), 1):
+                if BARE_EXIT.match(line):
+                    bare.append(f"{path.relative_to(REPO)}:{i}: {line.strip()}")
+    assert not bare, "use harness/engine/exits.py's constants:\n" + "\n".join(bare)
+
+
+def test_every_setting_is_read_through_settings_py_and_listed_in_the_docs():
+    """A VERIFYBENCH_* variable the code names is one kernels/common/settings.py lists (and reads: no os.environ of
+    one elsewhere), and docs/measuring.md's Settings table lists the same variables."""
+    from verifybench.kernels.common import settings
+
+    named, direct = set(), []
+    for folder in ("harness", "kernels"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            text = path.read_text()
+            named |= set(re.findall(r"VERIFYBENCH_[A-Z0-9_]*[A-Z0-9]", text))
+            if path.name != "settings.py":
+                direct += [f"{path.relative_to(REPO)}: {line.strip()}" for line in text.splitlines()
+                           if re.search(r"(environ|getenv).*VERIFYBENCH_", line)]
+    assert named <= set(settings.VARIABLES), sorted(named - set(settings.VARIABLES))
+    assert not direct, direct
+    table = (REPO / "docs" / "measuring.md").read_text().split("## Settings", 1)[1].split("\n## ", 1)[0]
+    assert re.findall(r"^\| `(VERIFYBENCH_\w+)`", table, re.M) == list(settings.VARIABLES)

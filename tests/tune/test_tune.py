@@ -45,7 +45,7 @@ def test_tune_without_cuda_exits_2_in_one_line_and_writes_nothing(user_dir, caps
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--components", "skinny_gemm,skinny_gemm"], "each once"),
+    (["--components", "skinny_gemm,skinny_gemm"], "lists skinny_gemm twice"),
     (["--components", "nope"], "--components"),
     (["--tp", "0"], "--tp must be >= 1"),
     (["--preset", "nope"], "nope"),
