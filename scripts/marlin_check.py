@@ -21,6 +21,8 @@ import time
 
 import torch
 
+from verifybench.harness.engine.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+
 # (name, experts, hidden, intermediate per rank, topk, group)
 SHAPES = (("kimi-k2.5 tp8", 384, 7168, 256, 8, 32), ("small", 16, 1024, 256, 2, 32))
 TOKENS = (1, 4, 8)
@@ -45,14 +47,14 @@ def random_layer(e: int, h: int, inter: int, group: int, seed: int) -> tuple:
 def main(argv: list[str]) -> int:
     if argv not in ([], ["--build-only"]):
         print("usage: scripts/marlin_check.py [--build-only]")
-        return 2
+        return EXIT_BAD_INPUT
     from verifybench.harness.engines import EngineMissing, engine_call, import_kernel_module, label, marlin
     from verifybench.harness.engine.runner import rel_error
     from verifybench.kernels.moe_int4 import reference as moe
 
     if not torch.cuda.is_available():
         print(f"marlin_check: {label('sglang')}: {marlin.CPU_REASON}")
-        return 2
+        return EXIT_BAD_INPUT
     try:
         t0 = time.perf_counter()
         engine_call("sglang")(lambda: (
@@ -87,9 +89,9 @@ def main(argv: list[str]) -> int:
             del ours, layer
     except EngineMissing as e:
         print(f"marlin_check: {e}")
-        return 2
+        return EXIT_BAD_INPUT
     print(f"marlin_check: {'all checks passed' if not failed else f'{failed} checks FAILED'}")
-    return 1 if failed else 0
+    return EXIT_FAILED if failed else EXIT_OK
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import sys
 import torch
 
 from verifybench.harness.components import mla_verify as comp
+from verifybench.harness.engine.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from verifybench.harness.engine.runner import rel_error
 from verifybench.harness.engine.timing import measure
 from verifybench.harness.model import presets
@@ -31,7 +32,7 @@ def main() -> int:
     a = p.parse_args()
     if not torch.cuda.is_available():
         print("split_kv_sweep: needs a CUDA GPU", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     s = presets.get("kimi-k2.5", 8)
     heads, kv_lora, rope = s.heads, s.kv_lora, s.qk_rope
     dk, scale, dtype = kv_lora + rope, (s.qk_nope + s.qk_rope) ** -0.5, torch.bfloat16
@@ -88,16 +89,16 @@ def main() -> int:
     for context in sorted({r["context"] for r in rows}):
         for d in sorted({r["D"] for r in rows}):
             rs = [r for r in rows if r["context"] == context and r["D"] == d and r["us"] is not None]
-            fi = next((r["us"] for r in rs if r["config"] == "flashinfer.mla"), float("nan"))
+            fi_us = next((r["us"] for r in rs if r["config"] == "flashinfer.mla"), float("nan"))
             dflt = mv.DEFAULT_CONFIGS["split_kv"]
             dlabel = (f"{dflt['block_rows']}x{dflt['block_keys']} w{dflt['num_warps']} s{dflt['num_stages']} "
                       f"msk{dflt['min_split_keys']} nsNone")
             de = next((r["us"] for r in rs if r["config"] == dlabel), float("nan"))
             best = min((r for r in rs if r["config"] != "flashinfer.mla"), key=lambda r: r["us"])
-            print(f"{context:>6} {d:>2} {fi:>10.1f} {de:>8.1f} {best['us']:>8.1f}  {best['config']}")
+            print(f"{context:>6} {d:>2} {fi_us:>10.1f} {de:>8.1f} {best['us']:>8.1f}  {best['config']}")
     failed = [r for r in rows if r["us"] is None]
     print(f"{len(rows)} cases, {len(failed)} failed checks")
-    return 1 if failed else 0
+    return EXIT_FAILED if failed else EXIT_OK
 
 
 if __name__ == "__main__":
