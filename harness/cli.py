@@ -14,9 +14,9 @@ import os
 import signal
 import sys
 
-from verifybench.harness.engine import interpreter
+from verifybench.harness.measure import interpreter
 
-from verifybench.harness.engine.exits import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_STDOUT_CLOSED
+from verifybench.harness.measure.exits import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_STDOUT_CLOSED
 
 INTERRUPTED = "verifybench: interrupted; the files already saved are complete, nothing half-written is left"
 
@@ -66,31 +66,31 @@ from verifybench.harness.analysis.numbers import Parser  # noqa: E402
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("verifybench.harness.run", "the main job: every component for a preset, result JSON + markdown report + "
             "charts"),
-    "compare": ("verifybench.harness.engine.compare", "noise-aware comparison of two result files: SAME / FAST / "
+    "compare": ("verifybench.harness.measure.compare", "noise-aware comparison of two result files: SAME / FAST / "
                 "SLOW / AMBG per case"),
     "tune": ("verifybench.harness.tune", "tune the Triton kernels' configs for this GPU (writes a per-user table)"),
-    "env": ("verifybench.harness.engine.env", "the run fingerprint: GPUs, links, clocks, versions, "
+    "env": ("verifybench.harness.measure.env", "the run fingerprint: GPUs, links, clocks, versions, "
             "NCCL_*/CUDA_*/TORCH_* variables"),
-    "project": ("verifybench.harness.analysis.project", "what-if: a stored verify decomposition on another GPU "
+    "project": ("verifybench.harness.answers.project", "what-if: a stored verify decomposition on another GPU "
                 "described by numbers"),
-    "plan": ("verifybench.harness.analysis.plan", "rank (steps, topk, draft tokens) by tokens/s from measured costs "
+    "plan": ("verifybench.harness.answers.plan", "rank (steps, topk, draft tokens) by tokens/s from measured costs "
              "and an acceptance profile, with the break-even accept length"),
-    "advise": ("verifybench.harness.analysis.advise", "the answer first, then the levers that move a verify cycle, "
+    "advise": ("verifybench.harness.answers.advise", "the answer first, then the levers that move a verify cycle, "
                "ranked by ms saved, with the engine setting for each"),
     "breakeven": ("verifybench.harness.analysis.breakeven", "speedup and break-even accept length of speculative "
                   "decoding"),
-    "trace": ("verifybench.harness.analysis.trace", "decompose an engine's profiler trace (SGLang, vLLM, or the "
+    "trace": ("verifybench.harness.answers.trace", "decompose an engine's profiler trace (SGLang, vLLM, or the "
               "suite's own) into the suite's components, with GPU idle time"),
     "record": ("verifybench.harness.record", "record a profiler trace of the suite's own verify "
                "forward (GPU), for `verifybench trace`"),
-    "hostprobe": ("verifybench.harness.engine.hostnoise", "how much this host's CPU speed wanders (host-timed "
+    "hostprobe": ("verifybench.harness.measure.hostnoise", "how much this host's CPU speed wanders (host-timed "
                   "figures follow it)"),
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
     from verifybench.harness import components, run
-    from verifybench.harness.engine.modes import MODE_HELP
+    from verifybench.harness.measure.modes import MODE_HELP
 
     p = Parser(
         prog="verifybench",
@@ -148,7 +148,7 @@ def _stdout_closed() -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    from verifybench.harness.engine.results import ResultsError
+    from verifybench.harness.measure.results import ResultsError
 
     before = quiet_sigint(True)  # build_parser imports every command's module
     try:

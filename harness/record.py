@@ -20,9 +20,9 @@ from pathlib import Path
 from verifybench.harness.analysis.numbers import MAX_CONTEXT, context_arg, name_list, positive_int, tokens_upto
 from verifybench.harness.model.presets import CONTEXT
 from verifybench.harness.model.forward import FORWARD_MAX_TOKENS
-from verifybench.harness.engine import results
-from verifybench.harness.engine.timing import cuda_available, measure
-from verifybench.harness.engine.capture import graph_capture
+from verifybench.harness.measure import results
+from verifybench.harness.measure.timing import cuda_available, measure
+from verifybench.harness.measure.capture import graph_capture
 
 RANGE = "verify_forward"
 CYCLE_RANGE = "spec_cycle"
@@ -151,7 +151,7 @@ def run(args) -> int:
     if not str(args.out).endswith(".json.gz"):
         raise ValueError(f"the trace is written gzipped: give a name ending in .json.gz, got {args.out}")
     presets.get(args.preset, args.tp, args.layers)
-    plan = verify.plan_layers(args.preset, args.tp, args.layers, args.context)  # engine/memory.py's rule
+    plan = verify.plan_layers(args.preset, args.tp, args.layers, args.context)  # measure/memory.py's rule
     if plan.units == 0:
         raise ValueError(plan.skip)
     if plan.reduced:

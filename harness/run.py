@@ -12,13 +12,13 @@ from pathlib import Path
 import torch
 
 from verifybench.harness import components
-from verifybench.harness.analysis import advise
+from verifybench.harness.answers import advise
 from verifybench.harness.analysis.numbers import (FORWARD_ROWS_MAX, MAX_CONTEXT, context_arg, int_in, out_path,
                                                   request_batches_arg, tokens_arg)
-from verifybench.harness.engine import fingerprint, hostpin, hostprobe, interpreter, memory, results, tables, timing
-from verifybench.harness.engine.exits import EXIT_FAILED, EXIT_OK
-from verifybench.harness.engine.runner import release_unreferenced
-from verifybench.harness.engine.timing import cuda_available
+from verifybench.harness.measure import fingerprint, hostpin, hostprobe, interpreter, memory, results, tables, timing
+from verifybench.harness.measure.exits import EXIT_FAILED, EXIT_OK
+from verifybench.harness.measure.runner import release_unreferenced
+from verifybench.harness.measure.timing import cuda_available
 from verifybench.harness.model.presets import CONTEXT, CPU_CONTEXT
 from verifybench.kernels.common import config_tables, settings
 

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from verifybench.harness.engine import fingerprint, results
-from verifybench.harness.engine.exits import EXIT_BAD_INPUT, EXIT_OK
-from verifybench.harness.engine.timing import cuda_available, measure
+from verifybench.harness.measure import fingerprint, results
+from verifybench.harness.measure.exits import EXIT_BAD_INPUT, EXIT_OK
+from verifybench.harness.measure.timing import cuda_available, measure
 from verifybench.harness.model.build import allreduce_stand_in_us, build_forward
 from verifybench.kernels.common import config_tables, devices
 

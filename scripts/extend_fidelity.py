@@ -23,7 +23,7 @@ def main(argv=None) -> int:
     from tabulate import tabulate
 
     from verifybench.harness.engines import EngineMissing, one_line, sglang
-    from verifybench.harness.engine.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+    from verifybench.harness.measure.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
     from verifybench.kernels.mla_verify import api as mv
 
     known = sorted(mv.ENGINE_EXTEND_CONFIGS)  # the capabilities whose engine tiles the suite holds

@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from verifybench.harness.engine.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+from verifybench.harness.measure.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 
 # (name, experts, hidden, intermediate per rank, topk, group)
 SHAPES = (("kimi-k2.5 tp8", 384, 7168, 256, 8, 32), ("small", 16, 1024, 256, 2, 32))
@@ -49,7 +49,7 @@ def main(argv: list[str]) -> int:
         print("usage: scripts/marlin_check.py [--build-only]")
         return EXIT_BAD_INPUT
     from verifybench.harness.engines import EngineMissing, engine_call, import_kernel_module, label, marlin
-    from verifybench.harness.engine.runner import rel_error
+    from verifybench.harness.measure.runner import rel_error
     from verifybench.kernels.moe_int4 import reference as moe
 
     if not torch.cuda.is_available():

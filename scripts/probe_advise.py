@@ -162,14 +162,14 @@ def limit_cases(work: Path) -> list[Case]:
     out.append(cli(cls, ["compare", H200 / "cycle.json", bad_version], "method_version"))
 
     def one_allreduce():
-        from verifybench.harness.analysis import trace_against
+        from verifybench.harness.answers import trace_against
         return trace_against._layers({"per_cycle_calls": {"allreduce": 1.0}}, 61, None, "t")[1]
     out.append(api(cls, "trace --against <one allreduce kernel per cycle>", one_allreduce, bad=False,
                    check=lambda r: ("1 allreduce kernel per cycle" in str(r.value), str(r.value))))
 
     def kv_tree_off():
         from verifybench.harness.components import kv_tree
-        from verifybench.harness.engine.runner import CaseSkipped
+        from verifybench.harness.measure.runner import CaseSkipped
         spec = next(s for s in kv_tree.cases("tiny", 1, 64) if s.params["backend"] == "kernel")
         try:
             kv_tree._setup(spec.params)

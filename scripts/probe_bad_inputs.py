@@ -32,7 +32,7 @@ from pathlib import Path  # noqa: E402
 
 import probe_cases  # noqa: E402  (scripts/probe_cases.py: the inputs, by class)
 from probe_base import Case, Result  # noqa: E402
-from verifybench.harness.engine.exits import EXIT_FAILED, EXIT_OK  # noqa: E402
+from verifybench.harness.measure.exits import EXIT_FAILED, EXIT_OK  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 OUTCOMES = ("clear", "right", "traceback", "hang", "silent", "unclear", "refused-valid")

@@ -61,9 +61,9 @@ def module_main(cls, module, argv, needle="", **kw) -> Case:
 
 
 def _suite(path: Path, cases=None) -> Path:
-    from verifybench.harness.engine import results
-    from verifybench.harness.engine.results import Case as RCase
-    from verifybench.harness.engine.timing import Measurement
+    from verifybench.harness.measure import results
+    from verifybench.harness.measure.results import Case as RCase
+    from verifybench.harness.measure.timing import Measurement
 
     cases = cases or {"x": np.random.default_rng(1).normal(100, 0.5, 50)}
     recs = [RCase(n, {}, True, "", Measurement("graph", "cuda", "cuda_event", list(map(float, s)), 1, 3, "ci_target",

@@ -44,7 +44,7 @@ def output_cases(work: Path) -> list[Case]:
 
     def write_into(path):
         def fn():
-            from verifybench.harness.engine import results
+            from verifybench.harness.measure import results
             results.write_json_atomic(path, {"a": 1})
         return fn
 
@@ -56,7 +56,7 @@ def output_cases(work: Path) -> list[Case]:
     fail_dir.mkdir()
 
     def failing_writer():
-        from verifybench.harness.engine import results
+        from verifybench.harness.measure import results
 
         def write(f):
             f.write(b"half")
@@ -69,7 +69,7 @@ def output_cases(work: Path) -> list[Case]:
     killed_dir.mkdir()
 
     def killed_then_rewritten():
-        from verifybench.harness.engine import results
+        from verifybench.harness.measure import results
         pid = os.fork()
         if pid == 0:
             results.write_atomic(killed_dir / "r.json", lambda f: (f.write(b"half"), os.kill(os.getpid(),
@@ -95,7 +95,7 @@ def output_cases(work: Path) -> list[Case]:
         return fn
 
     def results_write():
-        from verifybench.harness.engine import results
+        from verifybench.harness.measure import results
         return results.write_json_atomic(work / "mode" / "r.json", {"a": 1})
 
     def table_write():
@@ -127,7 +127,7 @@ def output_cases(work: Path) -> list[Case]:
                    check=lambda r: (r.kind == "return" and not r.value[1], f"before/after: {r.value}")))
 
     def gz_round_trip():
-        from verifybench.harness.engine import results
+        from verifybench.harness.measure import results
         p = results.write_json_atomic(work / "g" / "r.json.gz", {"a": [1.0, float("nan")]})
         return json.loads(gzip.open(p, "rt").read())
 

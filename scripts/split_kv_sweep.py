@@ -13,9 +13,9 @@ import sys
 import torch
 
 from verifybench.harness.components import mla_verify as comp
-from verifybench.harness.engine.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
-from verifybench.harness.engine.runner import rel_error
-from verifybench.harness.engine.timing import measure
+from verifybench.harness.measure.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+from verifybench.harness.measure.runner import rel_error
+from verifybench.harness.measure.timing import measure
 from verifybench.harness.model import presets
 from verifybench.kernels.mla_verify import api as mv
 

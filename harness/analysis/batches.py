@@ -7,7 +7,7 @@ plain decode carries B: tau* rises, and past some B a shape no longer pays. `lar
 and context. With a measured allreduce over message sizes (a multi-GPU allreduce result or an NCCL sweep) each row's
 cycle and plain decode are re-costed at their own message size: the one-GPU stand-in (one latency per call whatever
 the size) is replaced by the measured time at B * D rows (and B rows for the decode), measured or interpolated on a
-log size scale, never extrapolated past the measured sizes. On CPU numbers nothing is ranked (engine/stance.py):
+log size scale, never extrapolated past the measured sizes. On CPU numbers nothing is ranked (measure/stance.py):
 `would_rank` says what a GPU run would give and which size each B would be costed at.
 """
 from __future__ import annotations
@@ -18,8 +18,8 @@ import numpy as np
 
 from verifybench.harness.collectives.allreduce_results import size_series, time_at_size
 from verifybench.harness.collectives.backends import GPU_BACKENDS
-from verifybench.harness.engine import env, results, stance
-from verifybench.harness.engine.results import batch_of
+from verifybench.harness.measure import env, results, stance
+from verifybench.harness.measure.results import batch_of
 from verifybench.harness.model import presets
 
 HIDDEN_BYTES = 2  # bf16 activations: one allreduce carries B * D rows of the hidden size at 2 bytes
@@ -325,7 +325,7 @@ def chart(run: dict, directory: Path, stamp: str, tau_of=None) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from verifybench.harness.engine.charts import write_png
+    from verifybench.harness.measure.charts import write_png
 
     if stance.is_cpu_run(run) or len(batches(run)) < 2:
         return None

@@ -11,9 +11,9 @@ from pathlib import Path
 
 INTEGER = re.compile(r"[+-]?[0-9]+")
 DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|[+-]?(nan|inf|infinity)", re.IGNORECASE)
-from verifybench.harness.engine.exits import EXIT_BAD_INPUT
+from verifybench.harness.measure.exits import EXIT_BAD_INPUT
 
-from verifybench.harness.engine.limits import FORWARD_ROWS_MAX, MAX_CONTEXT, TOKEN_COUNT_MAX  # noqa: E402,F401
+from verifybench.harness.measure.limits import FORWARD_ROWS_MAX, MAX_CONTEXT, TOKEN_COUNT_MAX  # noqa: E402,F401
 BATCH_MAX = 4096  # requests per batch: past any serving batch, and a range up to it stays small
 CONTEXT_SPREAD_MAX = 1.0  # --context-spread S stays below it: the shortest request's context c x (1 - S) stays > 0
 MAX_STEP_MS = 60_000.0  # a time per step given by hand: past a minute it is a unit slip (and sums of it stay finite)

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from verifybench.harness.engine import results, stance
+from verifybench.harness.measure import results, stance
 from verifybench.harness.collectives.backends import ALL_BACKENDS, ELEMENT_BYTES, GPU_BACKENDS
-from verifybench.harness.engine.results import Case
-from verifybench.harness.engine.timing import Measurement
+from verifybench.harness.measure.results import Case
+from verifybench.harness.measure.timing import Measurement
 
 COMPONENT = "allreduce"
 MODES = ("graph", "eager", "isolated")

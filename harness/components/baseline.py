@@ -10,10 +10,10 @@ from pathlib import Path
 
 import torch
 
-from verifybench.harness.engine import ceiling, stance
-from verifybench.harness.engine.results import cpu_numbers, mode_label, withhold_on_cpu
-from verifybench.harness.engine.runner import CaseSpec, rel_error
-from verifybench.harness.engine.timing import cuda_available
+from verifybench.harness.measure import ceiling, stance
+from verifybench.harness.measure.results import cpu_numbers, mode_label, withhold_on_cpu
+from verifybench.harness.measure.runner import CaseSpec, rel_error
+from verifybench.harness.measure.timing import cuda_available
 
 NAME = "baseline"
 HELP = "copy-bandwidth ceiling and the sync-distortion exhibit"

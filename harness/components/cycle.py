@@ -20,13 +20,13 @@ from verifybench.harness.analysis.cycle_charts import several_contexts as _sever
 from verifybench.harness.analysis.cycle_charts import context_chart as _context_chart
 from verifybench.harness.analysis.cycle_charts import context_chart_line  # noqa: F401 (cycle.context_chart_line)
 from verifybench.harness.analysis.numbers import check_forward_rows, context_list, contexts_arg, name_list, nonempty
-from verifybench.harness.analysis.plan import parse_configs as read_configs
+from verifybench.harness.analysis.numbers import parse_configs as read_configs
 from verifybench.harness.components.mla_verify import variant_config
-from verifybench.harness.engine import memory
-from verifybench.harness.engine.charts import write_png
-from verifybench.harness.engine.results import cpu_numbers, withhold_on_cpu
-from verifybench.harness.engine.runner import CaseSkipped, CaseSpec, release_unreferenced, say_once
-from verifybench.harness.engine.timing import cuda_available, measure
+from verifybench.harness.measure import memory
+from verifybench.harness.measure.charts import write_png
+from verifybench.harness.measure.results import cpu_numbers, withhold_on_cpu
+from verifybench.harness.measure.runner import CaseSkipped, CaseSpec, release_unreferenced, say_once
+from verifybench.harness.measure.timing import cuda_available, measure
 from verifybench.harness.model import deployed, deployments, presets
 from verifybench.harness.model.build import allreduce_stand_in_us, build_forward, device_wait, release_forwards
 from verifybench.harness.model.cycle import ATTENTION, ENGINE_PHASES, PHASES, Cycle, SpecConfig

@@ -16,9 +16,9 @@ import importlib.util
 
 import torch
 
-from verifybench.harness.engine.fingerprint import ENGINE_DISTRIBUTIONS as DISTRIBUTIONS
-from verifybench.harness.engine.fingerprint import engine_versions
-from verifybench.harness.engine.runner import CaseSkipped
+from verifybench.harness.measure.fingerprint import ENGINE_DISTRIBUTIONS as DISTRIBUTIONS
+from verifybench.harness.measure.fingerprint import engine_versions
+from verifybench.harness.measure.runner import CaseSkipped
 
 
 class EngineMissing(RuntimeError):

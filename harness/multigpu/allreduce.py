@@ -28,11 +28,11 @@ from verifybench.harness.collectives.allreduce_results import COMPONENT, ENGINE_
 from verifybench.harness.collectives.backends import (ALL_BACKENDS, BACKEND_HELP, ELEMENT_BYTES, GPU_BACKENDS, Comm,
                                                       check_eager, check_graph, count_wrong, expected_sum,
                                                       make_backend, prepare_for_timing, unavailable_reason)
-from verifybench.harness.engine import results
-from verifybench.harness.engine.exits import EXIT_BAD_INPUT, EXIT_INTERRUPTED
-from verifybench.harness.engine.results import DEFAULT_OUT
-from verifybench.harness.engine.tables import render
-from verifybench.harness.engine.timing import measure
+from verifybench.harness.measure import results
+from verifybench.harness.measure.exits import EXIT_BAD_INPUT, EXIT_INTERRUPTED
+from verifybench.harness.measure.results import DEFAULT_OUT
+from verifybench.harness.measure.tables import render
+from verifybench.harness.measure.timing import measure
 from verifybench.harness.model import presets
 from verifybench.harness.multigpu.driver import Job, Output, Rank, launch
 

@@ -23,9 +23,9 @@ import torch
 import torch.distributed as dist
 
 from verifybench.harness.collectives.backends import Comm, backend_versions, unavailable_reason
-from verifybench.harness.engine import fingerprint, results
-from verifybench.harness.engine.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_FAULT, EXIT_OK, EXIT_RANK_ERROR
-from verifybench.harness.engine.results import Case
+from verifybench.harness.measure import fingerprint, results
+from verifybench.harness.measure.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_FAULT, EXIT_OK, EXIT_RANK_ERROR
+from verifybench.harness.measure.results import Case
 from verifybench.harness.multigpu import watchdog
 from verifybench.harness.multigpu.watchdog import Watchdog, check_hang_timeout, hard_exit, log_prefix
 
@@ -327,7 +327,7 @@ def check_edge(args, info: RankInfo) -> None:
     args.hang_timeout = check_hang_timeout(args.hang_timeout)
     parse_fault(getattr(args, "fault", None))  # read after the rendezvous: a bad one would end every rank there
     if info.rank == 0 and getattr(args, "out", None) is not None:
-        from verifybench.harness.engine.results import check_writable
+        from verifybench.harness.measure.results import check_writable
 
         check_writable(args.out)  # ResultsError, a ValueError
 

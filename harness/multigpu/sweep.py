@@ -3,7 +3,7 @@
 threads, ...) runs in a fresh torchrun of verifybench.harness.multigpu.allreduce, the transport and algorithm NCCL chose
 are read back from its INFO log, the settings are ranked at verify sizes, the best of each group is run combined,
 and the winner is printed as `export` lines, all inside a time budget. On CPU (gloo) the sweep checks its plumbing
-only: the times per setting, no ranking, no combined run, no winner and no `export` line (engine/stance.py).
+only: the times per setting, no ranking, no combined run, no winner and no `export` line (measure/stance.py).
 
 Fresh processes, not fresh process groups: NCCL caches most of its parameters the first time it reads them in a
 process (NCCL_PARAM), so a second communicator in the same process would silently keep the first setting.
@@ -26,9 +26,9 @@ from pathlib import Path
 from tabulate import tabulate
 
 from verifybench.harness.analysis.numbers import split_list
-from verifybench.harness.engine import fingerprint
-from verifybench.harness.engine import results, stance, tables
-from verifybench.harness.engine.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+from verifybench.harness.measure import fingerprint
+from verifybench.harness.measure import results, stance, tables
+from verifybench.harness.measure.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from verifybench.harness.multigpu.driver import SAFE_ENV, force_safe_env
 
 # Knobs that matter for small allreduces on one node, PCIe boxes without NVLink first. "default" is the environment

@@ -30,9 +30,9 @@ from verifybench.harness.analysis.numbers import Parser, context_arg, positive_i
 from verifybench.harness.collectives.allreduce_results import measurement_from_dict
 from verifybench.harness.collectives.backends import (DTYPE, ArOp, Comm, capture_graph, check_eager, check_graph,
                                                       expected_sum)
-from verifybench.harness.engine import results, tables
-from verifybench.harness.engine.results import Case
-from verifybench.harness.engine.timing import measure
+from verifybench.harness.measure import results, tables
+from verifybench.harness.measure.results import Case
+from verifybench.harness.measure.timing import measure
 from verifybench.harness.model.forward import VerifyForward
 from verifybench.harness.model.presets import CONTEXT, CPU_CONTEXT
 from verifybench.harness.multigpu.driver import Agreement, Job, Output, Rank, launch

@@ -21,7 +21,7 @@ import time
 
 import torch.distributed as dist
 
-from verifybench.harness.engine.exits import (EXIT_BAD_INPUT, EXIT_FAULT, EXIT_PEER_FAILED,  # noqa: F401
+from verifybench.harness.measure.exits import (EXIT_BAD_INPUT, EXIT_FAULT, EXIT_PEER_FAILED,  # noqa: F401
                                               EXIT_RANK_ERROR, EXIT_STUCK, EXIT_WAITED)
 # a rank that fails because of a peer exits this long after the faulty one, so the launcher (torchrun polls its
 # workers every 0.1 s by default) records the faulty rank first: its "Root Cause" is the first exit it observes

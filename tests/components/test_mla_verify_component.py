@@ -12,7 +12,7 @@ if not torch.cuda.is_available():
 
 from verifybench.harness import components, run  # noqa: E402
 from verifybench.harness.components import mla_verify  # noqa: E402
-from verifybench.harness.engine.results import WITHHELD  # noqa: E402
+from verifybench.harness.measure.results import WITHHELD  # noqa: E402
 
 NAME = "mla_verify"
 cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke profile's shapes and timings")
@@ -300,7 +300,7 @@ def test_cli_batch_runs_both_batches_and_withholds_derived_figures(tmp_path, cap
     out = capsys.readouterr().out
     assert "withheld" in out and "B requests per call" in out
     [path] = tmp_path.glob("mla_verify-*.json")
-    from verifybench.harness.engine import results
+    from verifybench.harness.measure import results
 
     run = results.read_json(path)
     ran = {(c["params"]["batch"], c["params"]["variant"]) for c in run["cases"] if c["check"]["ok"]}
@@ -415,7 +415,7 @@ def test_cli_refuses_a_bad_spread_in_one_line(argv, says, tmp_path, capsys):
 
 def test_cli_spread_reaches_the_cases(tmp_path, capsys, monkeypatch):
     from verifybench.harness.cli import main
-    from verifybench.harness.engine import results
+    from verifybench.harness.measure import results
     from verifybench.harness.engines import sglang
 
     monkeypatch.setenv("VERIFYBENCH_MAX_TIME_S", "0.05")  # the plumbing, not the figures

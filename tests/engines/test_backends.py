@@ -60,7 +60,7 @@ def test_a_gpu_only_backend_says_so_on_cpu():
 
 
 def test_the_components_list_their_engine_rows_and_stand_in_pairs_from_the_declarations():
-    from verifybench.harness.analysis import stand_ins
+    from verifybench.harness.answers import stand_ins
     from verifybench.harness.components import mla_decode, mla_verify
 
     assert mla_verify.VARIANTS == tuple(b.row for b in backends.of("mla_verify", tiles_cc=None))
@@ -97,7 +97,7 @@ def test_an_sglang_whose_tile_picker_takes_another_argument_skips_its_rows_and_m
     """An SGLang whose _get_block_sizes_for_extend_attention takes another argument ended `verifybench mla_verify
     --tokens 3` with exit 1 and a TypeError, no result file, our rows lost too."""
     from verifybench.harness.cli import main
-    from verifybench.harness.engine import results
+    from verifybench.harness.measure import results
     from verifybench.harness.engines import sglang
 
     module = _sglang_module(sglang.EXTEND_MODULE)

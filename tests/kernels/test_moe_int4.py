@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels module is first imported (conftest too)
 
 import early_jobs  # noqa: E402
-from verifybench.harness.engine.runner import CaseSkipped, rel_error  # noqa: E402
+from verifybench.harness.measure.runner import CaseSkipped, rel_error  # noqa: E402
 from verifybench.kernels.moe_int4 import reference as moe  # noqa: E402
 from verifybench.kernels.moe_int4 import kernels as mk  # noqa: E402
 from verifybench.kernels.moe_int4 import configs as ms  # noqa: E402
@@ -634,7 +634,7 @@ def test_prewarm_compiles_in_a_spawned_process(mt):
 def test_moe_side_by_side_title_names_the_dense_weights_and_device_that_ran():
     from pathlib import Path
 
-    from verifybench.harness.engine import results
+    from verifybench.harness.measure import results
 
     bench = importlib.import_module("verifybench.harness.components.moe_int4")
     cpu = [{"name": s.name, "params": s.params, "mode": s.mode, "device": "cpu", "check": {"ok": True},

@@ -11,8 +11,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels module is first imported (conftest too)
 
-from verifybench.harness.engine.results import WITHHELD  # noqa: E402
-from verifybench.harness.engine.runner import CPU_COPIES, rel_error  # noqa: E402
+from verifybench.harness.measure.results import WITHHELD  # noqa: E402
+from verifybench.harness.measure.runner import CPU_COPIES, rel_error  # noqa: E402
 from verifybench.kernels.common import pdl  # noqa: E402
 from verifybench.kernels.skinny_gemm import api as sg  # noqa: E402
 from verifybench.kernels.skinny_gemm import kernels as sgk  # noqa: E402
@@ -502,7 +502,7 @@ def test_skinny_gemm_side_by_side_table_prints_as_one_table_within_120_chars(dev
     from pathlib import Path
 
     from verifybench.harness.components import skinny_gemm as bench
-    from verifybench.harness.engine import results, tables
+    from verifybench.harness.measure import results, tables
 
     path = Path(__file__).resolve().parents[2] / "results/baselines/nvidia-h200-x1/skinny_gemm.json"
     records = [{**r, "device": device} for r in results.load_run(path)["cases"]]

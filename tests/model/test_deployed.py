@@ -188,7 +188,7 @@ def _ab_cycle(tmp_path, device="cuda"):
     import copy
     from pathlib import Path
 
-    from verifybench.harness.engine import results
+    from verifybench.harness.measure import results
 
     h200 = Path(__file__).resolve().parents[2] / "results/baselines/nvidia-h200-x1"
     run = results.read_json(h200 / "cycle.json")
@@ -283,7 +283,7 @@ def test_advise_projects_a_variant_whose_kernel_stood_in_from_the_engine_rows_of
     from pathlib import Path
 
     from verifybench.harness.cli import main as cli_main
-    from verifybench.harness.engine import results
+    from verifybench.harness.measure import results
 
     cycle = _ab_cycle(tmp_path)
     mv = results.read_json(Path(__file__).resolve().parents[2] / "results/baselines/nvidia-h200-x1/mla_verify.json")

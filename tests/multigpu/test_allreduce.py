@@ -22,8 +22,8 @@ from verifybench.harness.multigpu.allreduce import main as allreduce_main, parse
 from verifybench.harness.collectives.allreduce_results import build_cases, busbw_factor, stand_in_from_result, table_rows
 from verifybench.harness.collectives.backends import BF16_EXACT_MAX, expected_sum, pattern_modulus
 from verifybench.harness.multigpu.sweep import parse_nccl_log, parse_setting
-from verifybench.harness.engine import results
-from verifybench.harness.engine.results import load_run
+from verifybench.harness.measure import results
+from verifybench.harness.measure.results import load_run
 from verifybench.harness.model.build import allreduce_stand_in_us
 from torchrun_jobs import BOUND_S, TORCHRUN, assert_no_orphans
 from torchrun_jobs import run_job, run_jobs_at_once
@@ -480,7 +480,7 @@ def test_each_kind_of_result_the_torchrun_room_writes_has_its_own_file_prefix(mo
     from types import SimpleNamespace
 
     from verifybench.harness.components import allreduce as one_rank
-    from verifybench.harness.engine import fingerprint
+    from verifybench.harness.measure import fingerprint
     from verifybench.harness.multigpu import allreduce, driver, verify
     from verifybench.harness.multigpu.driver import RankInfo
 
@@ -508,7 +508,7 @@ def test_cpu_allreduce_rows_withhold_gb_s_and_read_eager_as_cpu_hot():
     assert gpu["mode"] == "graph" and gpu["algbw(GB/s)"] == 0.006  # a GPU row keeps its bandwidth
     # the torchrun job's tables on CPU: no "fastest backend" ranking, the withheld columns named once above
     from verifybench.harness.collectives.allreduce_results import tables
-    from verifybench.harness.engine.tables import render
+    from verifybench.harness.measure.tables import render
 
     (title, rows), = tables([record("graph", "cpu"), record("eager", "cpu")])
     assert render(rows).count("withheld") == 1 and results.WITHHELD not in render(rows)

@@ -14,10 +14,10 @@ import torch
 
 from verifybench.harness import components, run
 from verifybench.harness.cli import main
-from verifybench.harness.engine import compare, memory, results, runner
-from verifybench.harness.engine.results import Case, ResultsError
-from verifybench.harness.engine.runner import CaseSkipped, CaseSpec
-from verifybench.harness.engine.timing import Measurement, measure
+from verifybench.harness.measure import compare, memory, results, runner
+from verifybench.harness.measure.results import Case, ResultsError
+from verifybench.harness.measure.runner import CaseSkipped, CaseSpec
+from verifybench.harness.measure.timing import Measurement, measure
 
 PROBE_TIMEOUT_S = 60
 CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="refused only without a GPU (the CPU smoke profile)")
@@ -419,7 +419,7 @@ COMMAND_TAIL = {"plan": ["--accept-len", "3:2.4,4:2.6,6:3,8:3.2"], "project": ["
 @pytest.mark.parametrize("which", list(FIELD_EDITS))
 def test_plan_and_project_name_the_file_and_the_field_a_result_lacks(which, tmp_path, capsys):
     """A file that is damaged as a whole is refused; a case with a bad field is left out by the one reader
-    (engine/result_cases.py), in one line naming the file, the case and the field, and the rest is read."""
+    (measure/result_cases.py), in one line naming the file, the case and the field, and the rest is read."""
     baseline, (command,), edit, needle = FIELD_EDITS[which]
     data = json.loads((BASELINES / baseline).read_text())
     edit(data)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from verifybench.harness.cli import main
-from verifybench.harness.engine import results
+from verifybench.harness.measure import results
 
 BASELINES = Path(__file__).resolve().parents[2] / "results" / "baselines" / "nvidia-h200-x1"
 TAUS = ["--accept-len", "3:2.4,6:3.1"]
@@ -190,7 +190,7 @@ def test_mla_decode_on_cpu_runs_the_tokens_and_context_given_and_keeps_b_times_n
     with pytest.raises(ValueError, match="--batch 20 x --tokens 4 = 80 tokens per verify forward"):
         bench.cases("tiny", 1, 64, (4,), batch=(20,))
     capsys.readouterr()
-    from verifybench.harness.engine import runner
+    from verifybench.harness.measure import runner
 
     monkeypatch.setattr(runner, "_SAID", set())
     assert {s.params["context"] for s in bench.cases("tiny", 1, 64)} == set(bench.CPU_CONTEXTS)
@@ -205,7 +205,7 @@ def test_run_takes_the_readmes_token_counts_on_cpu_and_the_cycle_says_which_shap
                                                                                              monkeypatch):
     from verifybench.harness import components
     from verifybench.harness import run as run_mod
-    from verifybench.harness.engine import runner
+    from verifybench.harness.measure import runner
 
     monkeypatch.setattr(runner, "_SAID", set())
     scope = {"preset": "tiny", "tp": 1, "context": 64, "tokens": tokens, "batch": batch, "options": {}}
@@ -221,7 +221,7 @@ def test_run_takes_the_readmes_token_counts_on_cpu_and_the_cycle_says_which_shap
 def test_cpu_free_memory_is_held_to_the_process_rlimit(monkeypatch):
     import resource
 
-    from verifybench.harness.engine import memory
+    from verifybench.harness.measure import memory
 
     real = resource.getrlimit
     size = int(Path("/proc/self/statm").read_text().split()[0]) * resource.getpagesize()
@@ -239,7 +239,7 @@ def test_cpu_free_memory_is_held_to_the_process_rlimit(monkeypatch):
     ({"memory/memory.limit_in_bytes": "9223372036854771712", "memory/memory.usage_in_bytes": "5"}, None),  # v1 none
 ], ids=["v2", "v2-max", "v1", "v1-none"])
 def test_the_container_memory_limit_is_read_from_cgroup_v2_and_v1(files, free, tmp_path):
-    from verifybench.harness.engine import memory
+    from verifybench.harness.measure import memory
 
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -248,7 +248,7 @@ def test_the_container_memory_limit_is_read_from_cgroup_v2_and_v1(files, free, t
 
 
 def test_a_cpu_allocation_failure_is_skipped_like_a_cuda_out_of_memory():
-    from verifybench.harness.engine.runner import CaseSpec
+    from verifybench.harness.measure.runner import CaseSpec
 
     def setup():
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
@@ -283,7 +283,7 @@ def test_verify_under_ulimit_v_is_skipped_by_the_memory_plan_not_a_traceback(tmp
 def test_trace_without_a_cycle_range_keeps_the_last_cycles_copy_after_its_last_kernel(tmp_path):
     from trace_builders import eager_engine_trace
 
-    from verifybench.harness.analysis import trace
+    from verifybench.harness.answers import trace
 
     r = trace.decompose([eager_engine_trace(cycles=4).write(tmp_path / "t.json")])
     assert r["found_by"].startswith("periodic kernel sequence: 6 kernels per cycle") and r["cycles"] == 4
@@ -334,7 +334,7 @@ def test_kv_tree_tables_say_the_kernels_did_not_run_when_the_interpreter_is_off(
 
 
 def test_a_parent_cgroups_memory_limit_holds_the_process_cgroup_under_it(tmp_path):
-    from verifybench.harness.engine import memory
+    from verifybench.harness.measure import memory
 
     leaf = tmp_path / "a" / "b"
     leaf.mkdir(parents=True)

@@ -77,7 +77,7 @@ def test_report_break_even_follows_its_formula(run_dir):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU run's figures are not withheld")
 def test_cpu_report_withholds_what_cpu_noise_cannot_support(run_dir):
-    from verifybench.harness.engine.results import WITHHELD
+    from verifybench.harness.measure.results import WITHHELD
 
     records = json.loads(next(run_dir.glob("verify-*.json")).read_text())["cases"]
     tables = dict(bench_verify.tables(records))
@@ -191,7 +191,7 @@ def test_sigint_during_a_real_run_exits_130_in_one_line_and_leaves_only_complete
     assert rc == 130, (rc, err[-2000:])
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "interrupted" in lines[0] and "Traceback" not in err, err[-2000:]
-    from verifybench.harness.engine import results
+    from verifybench.harness.measure import results
 
     left = sorted(p.name for p in out.iterdir())
     assert all(name.endswith((".json", ".png")) for name in left), left  # no temp file, no half report
@@ -204,7 +204,7 @@ def test_an_interrupt_mid_component_saves_its_finished_cases_marked_partial_and_
                                                                                            capsys):
     from verifybench.harness import run
     from verifybench.harness.cli import main
-    from verifybench.harness.engine import results
+    from verifybench.harness.measure import results
 
     real = run._cases
 
@@ -269,7 +269,7 @@ def test_report_names_the_result_file_of_every_section(run_dir):
 
 
 def test_run_tables_stay_within_120_characters(run_dir):
-    from verifybench.harness.engine.tables import MAX_WIDTH_CHARS
+    from verifybench.harness.measure.tables import MAX_WIDTH_CHARS
 
     report = next(run_dir.glob("run-*.md")).read_text()
     table_lines = [line for line in report.splitlines() if line.startswith("|")]
@@ -365,8 +365,8 @@ def test_gpu_report_opening_renders_each_answer_and_lever_line_on_its_own():
     from markdown_it import MarkdownIt
 
     from verifybench.harness import run
-    from verifybench.harness.analysis import advise
-    from verifybench.harness.engine import results
+    from verifybench.harness.answers import advise
+    from verifybench.harness.measure import results
 
     h200 = REPO / "results/baselines/nvidia-h200-x1"
     runs = {k: results.load_run(h200 / f) for k, f in (("verify", "verify.json"), ("cycle", "cycle.json"))}

@@ -86,10 +86,11 @@ def test_kernels_import_nothing_of_harness(graph):
 
 def test_engine_imports_no_component_model_or_application(graph):
     apps = ("verifybench.harness.components", "verifybench.harness.model", "verifybench.harness.multigpu",
-            "verifybench.harness.tune", "verifybench.harness.analysis", "verifybench.harness.run",
+            "verifybench.harness.tune", "verifybench.harness.analysis", "verifybench.harness.answers",
+            "verifybench.harness.run",
             "verifybench.harness.cli")
     bad = {m: sorted(i for i in deps if i.startswith(apps)) for m, deps in graph.items()
-           if m.startswith("verifybench.harness.engine")}
+           if m.startswith("verifybench.harness.measure")}
     assert not {m: d for m, d in bad.items() if d}
 
 
@@ -98,8 +99,8 @@ def test_engine_imports_no_component_model_or_application(graph):
 FLOORS = (("kernels.common",), ("kernels.fused_ops",),
           ("kernels.graph_replay", "kernels.mla_decode", "kernels.mla_glue", "kernels.mla_verify", "kernels.moe_int4",
            "kernels.skinny_gemm", "kernels.tree"),
-          ("harness.engine",), ("harness.engines",), ("harness.collectives",), ("harness.model",),
-          ("harness.analysis",), ("harness.components",),
+          ("harness.measure",), ("harness.engines",), ("harness.collectives",), ("harness.model",),
+          ("harness.analysis",), ("harness.components",), ("harness.answers",),
           ("harness.multigpu", "harness.tune", "harness.run", "harness.record"), ("harness.cli",), ("harness.__main__",))
 
 
@@ -113,7 +114,7 @@ def _room(module: str) -> tuple[int, str]:
 
 
 # The tests mirror the rooms (docs/design.md's code map says where): a room's tests lie in the tests/ folder named
-# for it (harness/engine/ in tests/engine/, every room of kernels/ in tests/kernels/), the rooms named here in the
+# for it (harness/measure/ in tests/measure/, every room of kernels/ in tests/kernels/), the rooms named here in the
 # folder they share. The folders are no packages: pytest imports each test file by its bare name, so a name is used
 # once across them.
 TESTS_SHARED = {"harness.collectives": "multigpu", "harness.run": "suite", "harness.record": "suite",
@@ -142,7 +143,7 @@ def test_every_room_has_its_tests_folder_and_every_test_file_lies_in_one():
 
 def _code_map() -> list[tuple[str, tuple[str, ...], str]]:
     """(floor, rooms as FLOORS names them, may-import cell) per row of the "Code map" table in docs/design.md, where
-    a room is written as its path (`harness/engine/`, `harness/run.py`)."""
+    a room is written as its path (`harness/measure/`, `harness/run.py`)."""
     text = (REPO / "docs" / "design.md").read_text()
     assert "\n## Code map\n" in text, "docs/design.md has no '## Code map' section"
     rows = []
@@ -230,7 +231,7 @@ def test_the_wheel_installs_one_import_root_of_our_own(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
     assert {t for t in tops if not t.endswith(".dist-info")} == {"verifybench"}
-    assert any(n.startswith("verifybench/harness/engine/timing.py") for n in names)
+    assert any(n.startswith("verifybench/harness/measure/timing.py") for n in names)
     for family in ("mla_decode", "moe_int4", "skinny_gemm"):  # each shipped table beside its family's configs.py
         assert f"verifybench/kernels/{family}/{family}_configs.json" in names, family
     assert not any(n.startswith(("harness/", "kernels/", "microbench/")) for n in names)
@@ -252,7 +253,7 @@ BARE_EXIT = re.compile(r"^\s*((return|sys\.exit\(|raise SystemExit\(|os\._exit\(
 
 
 def test_exit_codes_are_named_outside_exits_py():
-    """A command's exit status is one of harness/engine/exits.py's constants, never a bare 1, 2, 130 or 141 (a
+    """A command's exit status is one of harness/measure/exits.py's constants, never a bare 1, 2, 130 or 141 (a
     bare `return 0` of a helper stays: 0 is also a count)."""
     bare = []
     for folder in ("harness", "scripts", "microbench"):
@@ -262,7 +263,7 @@ def test_exit_codes_are_named_outside_exits_py():
             for i, line in enumerate(path.read_text().splitlines(), 1):
                 if BARE_EXIT.match(line):
                     bare.append(f"{path.relative_to(REPO)}:{i}: {line.strip()}")
-    assert not bare, "use harness/engine/exits.py's constants:\n" + "\n".join(bare)
+    assert not bare, "use harness/measure/exits.py's constants:\n" + "\n".join(bare)
 
 
 def test_every_setting_is_read_through_settings_py_and_listed_in_the_docs():

@@ -1,6 +1,6 @@
 """The inputs the probe set (scripts/probe_*.py, docs/probes.md) found answered with a traceback, silently or
 unclearly, or refused though valid: one test each, named for what must hold. Argument types have one home
-(analysis/numbers.py) and exit codes another (engine/exits.py): the first tests keep it so."""
+(analysis/numbers.py) and exit codes another (measure/exits.py): the first tests keep it so."""
 import copy
 import json
 import os
@@ -16,11 +16,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from verifybench.harness.analysis import advise, trace_against
+from verifybench.harness.answers import advise, trace_against
 from verifybench.harness.cli import main
 from verifybench.harness.components import kv_tree
-from verifybench.harness.engine import results
-from verifybench.harness.engine.runner import CaseSkipped
+from verifybench.harness.measure import results
+from verifybench.harness.measure.runner import CaseSkipped
 from verifybench.kernels.tree import api as tree
 
 REPO = Path(__file__).resolve().parents[2]
@@ -286,8 +286,8 @@ def test_a_trace_event_lasting_1e300_us_is_refused_as_damage(tmp_path):
     sys.path.insert(0, str(Path(__file__).parents[1]))
     from trace_builders import MARLIN, engine_trace
 
-    from verifybench.harness.analysis import trace
-    from verifybench.harness.analysis.trace_read import TraceError
+    from verifybench.harness.answers import trace
+    from verifybench.harness.answers.trace_read import TraceError
 
     b = engine_trace()
     next(e for e in b.events if e.get("name") == MARLIN)["dur"] = 1e300

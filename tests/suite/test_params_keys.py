@@ -10,7 +10,7 @@ import pytest
 
 from verifybench.harness import components
 from verifybench.harness.cli import main as cli_main
-from verifybench.harness.engine import results
+from verifybench.harness.measure import results
 from verifybench.harness.model.presets import default_scope
 
 BASELINES = Path(__file__).resolve().parents[2] / "results" / "baselines"
