@@ -45,6 +45,9 @@ def random_layer(e: int, h: int, inter: int, group: int, seed: int) -> tuple:
 
 
 def main(argv: list[str]) -> int:
+    if argv in (["--help"], ["-h"]):
+        print(__doc__)
+        return EXIT_OK
     if argv not in ([], ["--build-only"]):
         print("usage: scripts/marlin_check.py [--build-only]")
         return EXIT_BAD_INPUT
