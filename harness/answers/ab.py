@@ -16,6 +16,8 @@ from verifybench.harness.model.deployments import stand_in_text
 # our kernel that stands in for each engine kernel, as mla_verify / mla_decode name them
 VERIFY_OURS = {"sglang.extend": "extend", "flashinfer.mla": "split_kv"}
 DECODE_OURS = {"sglang.decode": "triton", "flashinfer.decode": "triton"}
+# compare's minimum effect: a variant within it of the deployed one has changed nothing the measurement can tell
+MIN_EFFECT = 0.03
 PROJECTED = ("verify attention", "decode attention")  # the parts whose engine kernel a component result times
 
 
@@ -102,8 +104,9 @@ def lines(runs: dict) -> list[str]:
             if cpu:
                 out.append(f"- {r['variant']} ({r['flags']}): {WITHHELD}; stand-ins: {r['stand_ins']}")
                 continue
-            saved = f", saves {base - r['cycle_ms']:.4g} ms against the deployed" if base is not None and \
-                r["variant"] != "deployed" else ""
+            saved = "" if base is None or r["variant"] == "deployed" else \
+                f", saves {base - r['cycle_ms']:.4g} ms against the deployed" if abs(r["cycle_ms"] / base - 1) >= \
+                MIN_EFFECT else f", within {100 * MIN_EFFECT:.0f}% of the deployed ({r['cycle_ms'] - base:+.3g} ms): no change"
             out.append(f"{i}. {r['variant']} ({r['flags']}): {r['cycle_ms']:.4g} ms per cycle{saved}; its decode "
                        f"{r['decode_ms']:.4g} ms, tau* {r['tau_star']:.3g} [{r['status']}]")
             if r["note"]:

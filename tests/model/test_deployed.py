@@ -2,6 +2,7 @@
 each part runs the deployment's kernel (recorded calls prove which, with which KV splits, tiles and shared metadata),
 ours stands in with the reason where the engine cannot run, the A/B runs one case set per variant, advise ranks the
 variants by measured ms, and the tables open with the deployment's line."""
+import json
 import shlex
 
 import pytest
@@ -229,6 +230,24 @@ def test_advise_ranks_the_ab_variants_by_measured_ms_with_each_variants_own_deco
     assert ranked[1].startswith("2. deployed") and "tau* 1.5" in ranked[1]  # 30 / 20
     assert "- attention-backend=flashinfer (--attention-backend flashinfer): not ranked" in section
     assert "no mla_verify result to project with" in section
+
+
+def test_ab_says_a_variant_within_compares_minimum_effect_changed_nothing(tmp_path, capsys):
+    """64 KV splits at 30.5 ms against the deployed 30 ms (1.7%, under compare's 3%): no saving is claimed."""
+    from verifybench.harness.cli import main as cli_main
+    from verifybench.harness.measure import results
+
+    path = _ab_cycle(tmp_path)
+    run = json.loads(path.read_text())
+    for c in run["cases"]:
+        if c["params"]["deployment"].startswith("triton-attention"):
+            c["derived"]["cycle_ms"] = 30.5
+            c["summary"]["median_us"] = 30.5e3
+            c["samples_us"] = [30.5e3] * len(c["samples_us"])
+    results.write_json_atomic(path, run)
+    assert cli_main(["advise", str(path)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "triton-attention-num-kv-splits=64 (" in x)
+    assert "within 3% of the deployed (+0.5 ms): no change" in line and "saves" not in line
 
 
 def test_advise_on_a_cpu_ab_withholds_its_figures_and_still_names_the_stand_ins(tmp_path, capsys):
