@@ -40,12 +40,14 @@ LOG2E = 1.4426950408889634
 PROGRAMS_PER_SM = 2  # split_kv programs the default split count aims at per SM
 MAX_SPLITS = 256  # the combine holds all splits of a row at once
 
-# Starting points, not timed on a GPU. split_kv: mla_decode's default tiles (16 rows x 32 keys, 4 warps, 2 stages).
-# extend: what SGLang picks for a 576-wide head on sm_86/89/120 (ENGINE_EXTEND_CONFIGS). Every default fits sm_120's
-# 101,376 bytes of shared memory per block.
+# split_kv: the fastest of scripts/split_kv_sweep.py's 32 tile x minimum-keys configs over 1k-32k context at D = 3
+# and 6 on an H100 (2026-12-07, docs/FINDINGS.md §12): 16 rows x 32 keys, 4 warps, 3 stages (168 registers, no spill;
+# 2 stages took 255 and spilled) and splits of >= 16 keys (whole 32-key tiles: at 1k, 33 splits of 32 keys instead of
+# 9 of 128). extend: what SGLang picks for a 576-wide head on sm_86/89/120 (ENGINE_EXTEND_CONFIGS). Every default
+# fits sm_120's 101,376 bytes of shared memory per block (split_kv's: 94,208).
 DEFAULT_CONFIGS = {
-    "split_kv": {"num_splits": None, "min_split_keys": 128, "block_rows": 16, "block_keys": 32, "num_warps": 4,
-                 "num_stages": 2},
+    "split_kv": {"num_splits": None, "min_split_keys": 16, "block_rows": 16, "block_keys": 32, "num_warps": 4,
+                 "num_stages": 3},
     "extend": {"block_rows": 32, "block_keys": 32, "num_warps": 8, "num_stages": 1},
 }
 TILE_KEYS = ("block_rows", "block_keys", "num_warps", "num_stages")  # what a compiled kernel depends on
@@ -265,7 +267,7 @@ def compiles(variant: str, config: dict | None, *, heads: int = 8, d: int = 3, k
     dk, t = kv_lora + rope, d
     ty = _TRITON_TYPES[getattr(torch, dtype)]
     cfg = check_config(variant, config)
-    ints = dict(T=t, num_splits=num_splits, min_split_keys=cfg.get("min_split_keys", 128), stride_qh=t * dk,
+    ints = dict(T=t, num_splits=num_splits, min_split_keys=cfg.get("min_split_keys", 16), stride_qh=t * dk,
                 stride_qt=dk, stride_c=dk, stride_oh=t * kv_lora, stride_ot=kv_lora, tree_keys=d)
     types = dict(q=ty, cache=ty, out=ty, rows="i64", starts="i32", lens="i32", mask="i32" if mask_words else "u8",
                  part_o="fp32", part_lse="fp32")

@@ -298,4 +298,4 @@ def test_sglangs_marlin_moe_matches_the_reference_on_a_gpu(n):
     ref = moe.reference_moe_w4a16(x.float(), *layers, tw, ids)
     out = run()
     assert out.shape == ref.shape and out.dtype == torch.bfloat16
-    assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
+    assert ((out.float() - ref).norm() / ref.norm()).item() <= marlin.TOLERANCE
