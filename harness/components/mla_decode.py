@@ -13,6 +13,9 @@ b x (context + 8)): the engines take them in one call, as their backends do; our
 request per launch, so they run B launches in the one graph (the verify forward at B > 1 runs mla_verify's batched
 split-KV instead, timed there). Each case checks every request against the reference and against it run alone.
 
+Each case of our kernels carries its memory and latency floors and the bound between them (harness/measure/floors.py):
+the last table, "near the limit", sets the case beside them.
+
 Run: pytest --benchmark-only microbench/bench_mla_decode.py; tune this GPU's table: verifybench tune
 """
 from __future__ import annotations
@@ -27,7 +30,7 @@ import triton
 
 from verifybench.harness import engines
 from verifybench.harness.analysis.numbers import check_forward_rows
-from verifybench.harness.measure import ceiling, memory
+from verifybench.harness.measure import ceiling, floors, memory
 from verifybench.harness.engines import backends
 from verifybench.harness.model import presets
 from verifybench.harness.measure.results import CPU_TIMING, batch_of, cpu_numbers
@@ -42,7 +45,7 @@ from verifybench.harness.model.forward import TORCH_OPS
 NAME = "mla_decode"
 HELP = "MLA decode attention of n <= 8 tokens over the latent cache: Triton flash-decoding vs plain torch, cold"
 TAKES_BATCH = True  # --batch: B requests per call, each over its own context (B > 1 cases name their batch)
-GPU_NS = (1, 4, 8)
+GPU_NS = (1, 3, 4, 6, 8)  # the plain decode (1) and the verify forward at the cycle's D = 3, 4, 6, 8
 GPU_CONTEXTS = (4096, 32768)
 CPU_NS = (1, 4, 8)
 CPU_CONTEXTS = (256,)  # in place of the CPU profile's default context (presets.CPU_CONTEXT), said so
@@ -79,13 +82,13 @@ def bytes_moved(a: Attn, n: int, length: int, itemsize: int = 2, batch: int = 1)
 
 def splits_run(cfg: dict, length: int) -> int:
     """The split count the kernel launches for cfg at `length` (whole key tiles per split, no empty split)."""
-    per = triton.cdiv(triton.cdiv(length, cfg["num_splits"]), cfg["block_keys"]) * cfg["block_keys"]
-    return triton.cdiv(length, per)
+    return triton.cdiv(length, md.split_keys(length, cfg["num_splits"], cfg["block_keys"]))
 
 
 def programs(cfg: dict, a: Attn, n: int, length: int) -> int:
-    """Stage-1 programs: row blocks x splits."""
-    return triton.cdiv(a.heads * n, cfg["block_rows"]) * splits_run(cfg, length)
+    """Stage-1 programs: row blocks x splits, as the kernel's launch plan has them."""
+    _, grid, _, _ = md.launches(a.heads, n, a.d, a.kv_lora, length, cfg["num_splits"], mds.check_config(cfg))[0]
+    return grid[0] * grid[1]
 
 
 # ---------------------------------------------------------------------------------------------------- inputs
@@ -252,6 +255,11 @@ def make_case(a: Attn, n: int, context: int, impl: str, device: str, measure_kw:
                 d["config"], d["config_source"] = cfg, source
                 d["splits_run"] = splits_run(cfg, length)
                 d["programs"] = batch * programs(cfg, a, n, length)  # one launch per request
+                # its latency floor: empty kernels of the grids each request's launches have, as requests_fn makes them
+                d.update(floors.figures(m, d["floor_us"], [
+                    one for b, (start, keys) in enumerate(zip(firsts, lengths))
+                    for one in md.launch_grids(qs[0][:, b * n:(b + 1) * n], caches[0][start:], keys, a.kv_lora,
+                                               a.scale, config=cfg)]))
             if plan_call is not None:  # FlashInfer: planned once per decode forward, on the host, before the replay
                 from verifybench.harness.engines import flashinfer
 
@@ -343,9 +351,12 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
          *((f"triton/{e}", "triton_us", f"{e}_us") for e in ENGINES)),
         # a CPU copy ceiling says nothing about a GPU kernel's distance from its own, nor an interpreter of its speed
         lambda k: k.endswith("eta") or k in ("floor_us", "speedup") or k.startswith("triton/"))
+    near = floors.table(ok, lambda r: {"context": r["params"]["context"], **({"B": batch_of(r)} if several else {}),
+                                       "n": r["params"]["tokens"], "impl": r["params"]["impl"]})
     return [("MLA decode per case (" + (CPU_TIMING if cpu_numbers(records) else "graph mode") + ", caches rotated)",
              per_case),
-            ("MLA decode: Triton (tuned / default config) vs the torch path and the engines' kernels", side)]
+            ("MLA decode: Triton (tuned / default config) vs the torch path and the engines' kernels", side),
+            *([(floors.title("MLA decode, our kernel"), near)] if near else [])]
 
 
 def charts(records: list[dict], directory: Path, stamp: str) -> list[Path]:

@@ -21,6 +21,9 @@ CPU (preset tiny, under TRITON_INTERPRET=1): the given context (64 by default, a
 is wrong in the interpreter) and a split config sized to the tiny shapes, since the interpreter runs every launched
 program.
 
+Each case of our kernels carries its memory and latency floors and the bound between them (harness/measure/floors.py):
+the last table, "near the limit", sets the case beside them.
+
 Run: pytest --benchmark-only microbench/bench_mla_verify.py
 """
 from __future__ import annotations
@@ -34,7 +37,7 @@ from verifybench.harness import engines
 from verifybench.harness.engines import backends
 from verifybench.harness.analysis.numbers import (CONTEXT_SPREAD_HELP, check_context_spread, check_forward_rows,
                                                   check_spread_batches, context_spread_arg, spread_contexts)
-from verifybench.harness.measure import ceiling, memory
+from verifybench.harness.measure import ceiling, floors, memory
 from verifybench.harness.measure.charts import write_png
 from verifybench.harness.measure.results import CPU_TIMING, batch_of, cpu_numbers, withhold_on_cpu
 from verifybench.harness.measure.runner import CPU_COPIES, CaseSkipped, CaseSpec, rel_error
@@ -55,7 +58,7 @@ SM120 = backends.SM120  # the users' GPU: "@sm120" variants run the tiles SGLang
 VARIANTS = tuple(b.row for b in backends.of(NAME, tiles_cc=None))
 SM120_VARIANTS = tuple(b.row for b in backends.of(NAME, tiles_cc=SM120))
 GPU_CONTEXTS = (1024, 4096, 16384, 32768)
-GPU_NS = (3, 6)  # the deployment's draft-token counts D (root included)
+GPU_NS = (3, 4, 6)  # D (root included): the deployment's 3 and 6, SGLang's chain default for Kimi (the cycle's 3,1,4)
 CPU_MAX_CONTEXT = 4096  # the interpreter walks the keys serially: a longer context takes minutes per case
 CPU_NS = (3,)
 TREE = (5, 4, 8)  # (spec_steps, topk, D): a branching tree beside the chains
@@ -151,8 +154,13 @@ def _calls(variant, cfg, launch_pdl, starts, lens, mask, kv_lora, scale, q_shape
         heads, rope = q_shape or (None, None)
         return backend.function("call")(starts, lens, mask, kv_lora, scale, heads=heads, rope=rope, dtype=dtype,
                                         cc=backend.tiles_cc)
-    ours = "split_kv" if variant == "split_kv" else "extend"
-    return lambda q, cache: mv.mla_verify(q, cache, starts, lens, mask, kv_lora, scale, ours, cfg, pdl=launch_pdl)
+    return lambda q, cache: mv.mla_verify(q, cache, starts, lens, mask, kv_lora, scale, ours(variant), cfg,
+                                          pdl=launch_pdl)
+
+
+def ours(variant: str) -> str:
+    """Our kernel a row of ours runs ("extend@sm120" is our extend with sm_120's tiles)."""
+    return "split_kv" if variant == "split_kv" else "extend"
 
 
 def split_counts(cfg: dict, heads: int, n: int, context: int, device: str, batch: int = 1) -> tuple[int, int]:
@@ -264,6 +272,9 @@ def make_case(preset: str, tp: int, context: int, n: int, tree_shape, variant: s
             if variant == "split_kv":
                 # the longest request's splits: the call waits for it
                 d["splits_launched"], d["splits_used"] = split_counts(cfg, heads, n, max(contexts), device, batch)
+            if not engine:  # our kernels' latency floor: empty kernels of the grids this call launches
+                d.update(floors.figures(m, d["floor_us"], mv.launch_grids(
+                    qs[0], caches[0], starts, lens, mask, kv_lora, scale, ours(variant), cfg, pdl=launch_pdl)))
             if hasattr(call, "plan"):  # FlashInfer: SGLang plans once per verify forward, on the host
                 from verifybench.harness.engines import flashinfer
 
@@ -377,8 +388,15 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
         engine += "; B requests per call, each over its own context"
     if any(spread_of(r) for r in records if r["name"].startswith("mla_verify/")):
         engine += " (spread: contexts evenly over [c(1-S), c(1+S)], MB their real total)"
-    return [(f"MLA verify attention, tree mask: engine-style extend vs split_kv ({timing}, caches rotated; "
-             f"per forward = per layer {per_forward}{engine})", rows)]
+    out = [(f"MLA verify attention, tree mask: engine-style extend vs split_kv ({timing}, caches rotated; "
+            f"per forward = per layer {per_forward}{engine})", rows)]
+    mine = [r for r in records if r["name"].startswith("mla_verify/")]
+    several, spread = len({batch_of(r) for r in mine}) > 1, any(spread_of(r) for r in mine)
+    near = floors.table(mine, lambda r: {
+        "context": r["params"]["context"], **({"B": batch_of(r)} if several else {}),
+        **({"spread": spread_of(r)} if spread else {}), "n": r["params"]["tokens"], "tree": r["params"]["tree"],
+        "variant": r["params"]["variant"]})
+    return out + ([(floors.title("MLA verify, our kernels"), near)] if near else [])
 
 
 STYLES = {"extend": "-o", "split_kv": "--s", "sglang.extend": "-.x", "extend@sm120": "-D",

@@ -11,6 +11,9 @@ layers repacked once by SGLang's own loader step, fused_marlin_moe's calls (sgl-
 torch where sgl-kernel is absent). Engine rows: moe_int4_engines.py. CPU: the Triton row in the interpreter at the
 smallest n (the kernels run there only under TRITON_INTERPRET=1); the Marlin row is listed, skipped (needs CUDA).
 
+Each case of our kernels carries its memory and latency floors and the bound between them (harness/measure/floors.py):
+the last table, "near the limit", sets the case beside them.
+
 Run: verifybench moe_int4   or   pytest --benchmark-only microbench/bench_moe_int4.py. Tune: verifybench tune.
 """
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from verifybench.harness.measure import ceiling, memory
+from verifybench.harness.measure import ceiling, floors, memory
 from verifybench.harness.model import presets
 from verifybench.harness.measure.results import CPU_TIMING, cpu_numbers
 from verifybench.harness.measure.tables import side_by_side
@@ -190,11 +193,12 @@ def make_case(preset: str, tp: int, impl: str, n: int, routing: str, device: str
                 return moe.reference_moe_w4a16(x, *layers[layer], tw, ids)
             return moe.moe_dense_torch(x, *dense[layer], tw, ids)
 
-        fns, counts = [], []
+        fns, counts, inputs = [], [], []
         for s in range(slots):
             x = torch.randn(n, p.hidden, device=device).to(act_dtype)
             tw, ids = _routing(routing, n, p, seed=1000 * n + s, device=device)
             counts.append(moe.moe_bytes(ids, p.hidden, bytes_per_expert, act_dtype.itemsize))
+            inputs = inputs or [x, tw, ids]  # the first slot's: what the latency floor's grids are read from
             fns.append(lambda layer=s % sets, x=x, tw=tw, ids=ids: call(layer, x, tw, ids, check_ids=False))
         if engine is not None:  # its per-input setup done and its kernels built before the timed region
             engine_rows.first_calls(engine, fns)
@@ -212,14 +216,18 @@ def make_case(preset: str, tp: int, impl: str, n: int, routing: str, device: str
         def derive(m) -> dict:
             mean = {k: sum(c[k] for c in counts) / len(counts) for k in counts[0]}
             copy = ceiling.copy_gbps(device)
-            return {"distinct_experts": mean["distinct_experts"],
-                    "expected_distinct_uniform": moe.expected_distinct_experts(n, p.experts, p.topk),
-                    "bytes_moved": mean["bytes_moved"], "weight_bytes": mean["weight_bytes"],
-                    "gbps": ceiling.gbps(mean["bytes_moved"], m.median_us),
-                    "eta": ceiling.eta(mean["bytes_moved"], m.median_us, copy),
-                    "floor_us": mean["bytes_moved"] / (copy * 1e3), "copy_gbps": copy, "rotation": len(fns),
-                    "layer_sets": sets, **({"memory_note": "; ".join(notes)} if notes else {}),
-                    **_config_record(impl, n, device, config), **(engine.record if engine is not None else {})}
+            d = {"distinct_experts": mean["distinct_experts"],
+                 "expected_distinct_uniform": moe.expected_distinct_experts(n, p.experts, p.topk),
+                 "bytes_moved": mean["bytes_moved"], "weight_bytes": mean["weight_bytes"],
+                 "gbps": ceiling.gbps(mean["bytes_moved"], m.median_us),
+                 "eta": ceiling.eta(mean["bytes_moved"], m.median_us, copy),
+                 "floor_us": mean["bytes_moved"] / (copy * 1e3), "copy_gbps": copy, "rotation": len(fns),
+                 "layer_sets": sets, **({"memory_note": "; ".join(notes)} if notes else {}),
+                 **_config_record(impl, n, device, config), **(engine.record if engine is not None else {})}
+            if impl == "triton":  # our kernel's latency floor: empty kernels of the two launches' grids
+                x, tw, ids = inputs
+                d.update(floors.figures(m, d["floor_us"], mt.launch_grids(x, *layers[0], tw, ids, config=config)))
+            return d
 
         return fns, check, derive
 
@@ -294,10 +302,14 @@ def tables(records: list[dict]) -> list[tuple[str, list[dict]]]:
         # CPU timings of torch paths and the interpreter: no eta, no verdict on the INT4 gain
         ("eta", "floor_us", "dense/int4", "of_ideal_3.56x", "ref/triton", "triton/sglang", "triton/marlin"))
     side.sort(key=lambda r: (r["preset"], r["n"]))
+    near = floors.table(ok, lambda r: {"preset": f"{r['params']['preset']}-tp{r['params']['tp']}",
+                                       "n": r["params"]["tokens"], "routing": r["params"]["routing"],
+                                       "distinct": r["derived"]["distinct_experts"]})
     return [("INT4 MoE layer per case (" + (CPU_TIMING if cpu_numbers(records) else
                                              "cold: weights rotated through the graph") + ")", per_case),
             ("INT4 MoE layer side by side (uniform routing unless named; dense = "
-             f"{_dense_ran(ok)}{engine_rows.ran(ok)})", side)]
+             f"{_dense_ran(ok)}{engine_rows.ran(ok)})", side),
+            *([(floors.title("INT4 MoE layer, our kernel"), near)] if near else [])]
 
 
 def _dense_ran(records: list[dict]) -> str:

@@ -23,8 +23,9 @@ import operator
 
 import torch
 
-from verifybench.kernels.common import config_tables
+from verifybench.kernels.common import config_tables, empty
 from verifybench.kernels.mla_decode import kernels
+from verifybench.kernels.mla_decode.kernels import launches, split_keys  # noqa: F401 (the grid rule, for callers)
 from verifybench.kernels.common import pdl as _pdl
 from verifybench.kernels.common.validators import check_out, check_q_cache
 from verifybench.kernels.common.devices import sm_count
@@ -72,6 +73,14 @@ def mla_decode(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, ou
     defaults); num_splits alone: default_config's tile; config without num_splits: default_num_splits for its
     block_rows. pdl (None: pdl.enabled): both launches with programmatic dependent launch
     (kernels/common/pdl.py); each waits before reading anything."""
+    length, scale, num_splits, plan = _plan(q, cache, length, kv_lora, scale, num_splits, config)
+    out = check_out(out, (q.shape[0], q.shape[1], kv_lora), q.dtype, q.device)
+    return kernels.launch(plan, q, cache, out, length, num_splits, scale * LOG2E, _pdl.resolve(pdl, q.device))
+
+
+def _plan(q, cache, length, kv_lora, scale, num_splits, config):
+    """(length, scale, splits asked, launch plan) of a call, its inputs checked and its config picked (mla_decode's
+    docstring): the one home of its grids."""
     length, scale = _check(q, cache, length, kv_lora, scale)
     heads, n, d = q.shape
     if q.stride(2) != 1 or cache.stride(1) != 1:
@@ -82,12 +91,18 @@ def mla_decode(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, ou
         cfg = default_config(n, heads, length, q.device, q.dtype, d, kv_lora)
     else:
         cfg = check_config(config)
-    rows = heads * n
     if num_splits is None:
         num_splits = cfg["num_splits"]
     if num_splits is None:
-        num_splits = default_num_splits(length, rows, cfg["block_rows"], sm_count(q.device))
+        num_splits = default_num_splits(length, heads * n, cfg["block_rows"], sm_count(q.device))
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
         raise ValueError(f"num_splits must be an int >= 1, got {num_splits!r}")
-    out = check_out(out, (heads, n, kv_lora), q.dtype, q.device)
-    return kernels.launch(q, cache, out, length, num_splits, cfg, scale * LOG2E, _pdl.resolve(pdl, q.device))
+    return length, scale, num_splits, kernels.launches(heads, n, d, kv_lora, length, num_splits, cfg)
+
+
+def launch_grids(q, cache, length, kv_lora=512, scale=None, num_splits=None, *, config=None,
+                 pdl=None) -> list[empty.Launch]:
+    """The launches mla_decode makes with these arguments (grids, warps, PDL), for their empty stand-ins
+    (kernels/common/empty.py): stage 1 over (row blocks, splits run), then stage 2 where there are several."""
+    plan = _plan(q, cache, length, kv_lora, scale, num_splits, config)[3]
+    return empty.of_plan(plan, _pdl.resolve(pdl, q.device))

@@ -107,36 +107,46 @@ def _combine_kernel(part_o, part_lse, out, num_splits, stride_oh, stride_on, ROW
     tl.store(out + o_row + c, (acc / tl.sum(total, axis=0)).to(out.dtype.element_ty), mask=c_ok)
 
 
-def launch(q, cache, out, length: int, num_splits: int, cfg: dict, scale_log2: float, pdl: bool):
-    """Both stages for q [heads, n, D] over cache[:length] into out [heads, n, kv_lora], with a complete config
-    (mla_decode checks the inputs and picks it). The context is cut into whole key tiles per split, lowered so that
-    no split is empty; the partials are fp32 scratch from torch's caching allocator (the graph's pool when
-    capturing)."""
-    heads, n, d = q.shape
-    kv_lora = out.shape[2]
+def split_keys(length: int, num_splits: int, block_keys: int) -> int:
+    """Keys per split: the context cut into num_splits, rounded up to whole key tiles."""
+    return triton.cdiv(triton.cdiv(length, num_splits), block_keys) * block_keys
+
+
+def launches(heads: int, n: int, d: int, kv_lora: int, length: int, num_splits: int, cfg: dict) -> list[tuple]:
+    """[(kernel, grid, constexprs, launch options)] of one call: stage 1 over (row blocks, splits), the context cut
+    into whole key tiles per split and lowered so that no split is empty, then stage 2 where there are several."""
     rows = heads * n
-    bn = cfg["block_keys"]
-    split_keys = triton.cdiv(triton.cdiv(length, num_splits), bn) * bn  # whole key tiles per split
-    splits = triton.cdiv(length, split_keys)  # no empty split
-    block_dv = max(16, triton.next_power_of_2(kv_lora))
-    block_dr = max(16, triton.next_power_of_2(d - kv_lora)) if d > kv_lora else 0
+    splits = triton.cdiv(length, split_keys(length, num_splits, cfg["block_keys"]))  # no empty split
     single = splits == 1
-    if single:
+    out = [(_split_kernel, (triton.cdiv(rows, cfg["block_rows"]), splits),
+            dict(ROWS=rows, NQ=n, D=d, DV=kv_lora, BLOCK_M=cfg["block_rows"], BLOCK_N=cfg["block_keys"],
+                 BLOCK_DV=max(16, triton.next_power_of_2(kv_lora)),
+                 BLOCK_DR=max(16, triton.next_power_of_2(d - kv_lora)) if d > kv_lora else 0, SINGLE=single),
+            dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"]))]
+    if not single:
+        block_s = min(COMBINE_SPLITS, triton.next_power_of_2(splits))
+        block_c = min(COMBINE_COLS, triton.next_power_of_2(kv_lora), max(16, COMBINE_TILE // block_s))
+        out.append((_combine_kernel, (rows, triton.cdiv(kv_lora, block_c)),
+                    dict(ROWS=rows, NQ=n, DV=kv_lora, BLOCK_S=block_s, BLOCK_C=block_c), dict(num_warps=4)))
+    return out
+
+
+def launch(plan: list[tuple], q, cache, out, length: int, num_splits: int, scale_log2: float, pdl: bool):
+    """Run `plan` (launches(...)) for q [heads, n, D] over cache[:length] into out [heads, n, kv_lora] (mla_decode
+    checks the inputs and picks the config); the partials are fp32 scratch from torch's caching allocator (the
+    graph's pool when capturing)."""
+    kernel, grid, consts, opts = plan[0]
+    rows, kv_lora, splits = consts["ROWS"], consts["DV"], grid[1]
+    if consts["SINGLE"]:
         part_o = part_lse = out  # unused pointers
     else:
         part_o = torch.empty(splits, rows, kv_lora, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(splits, rows, dtype=torch.float32, device=q.device)
-    grid = (triton.cdiv(rows, cfg["block_rows"]), splits)
-    _split_kernel[grid](q, cache, part_o, part_lse, out, length, split_keys, q.stride(0), q.stride(1),
-                        cache.stride(0), out.stride(0), out.stride(1), scale_log2, ROWS=rows, NQ=n, D=d,
-                        DV=kv_lora, BLOCK_M=cfg["block_rows"], BLOCK_N=bn, BLOCK_DV=block_dv, BLOCK_DR=block_dr,
-                        SINGLE=single, PDL=pdl, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-                        **_pdl.launch_kwargs(pdl))
-    if not single:
-        block_s = min(COMBINE_SPLITS, triton.next_power_of_2(splits))
-        block_c = min(COMBINE_COLS, triton.next_power_of_2(kv_lora), max(16, COMBINE_TILE // block_s))
-        _combine_kernel[(rows, triton.cdiv(kv_lora, block_c))](
-            part_o, part_lse, out, splits, out.stride(0), out.stride(1), ROWS=rows, NQ=n, DV=kv_lora,
-            BLOCK_S=block_s, BLOCK_C=block_c, PDL=pdl, num_warps=4,
-            **_pdl.launch_kwargs(pdl))
+    keys = split_keys(length, num_splits, consts["BLOCK_N"])
+    kernel[grid](q, cache, part_o, part_lse, out, length, keys, q.stride(0), q.stride(1), cache.stride(0),
+                 out.stride(0), out.stride(1), scale_log2, PDL=pdl, **consts, **opts, **_pdl.launch_kwargs(pdl))
+    if not consts["SINGLE"]:
+        kernel, grid, consts, opts = plan[1]
+        kernel[grid](part_o, part_lse, out, splits, out.stride(0), out.stride(1), PDL=pdl, **consts, **opts,
+                     **_pdl.launch_kwargs(pdl))
     return out

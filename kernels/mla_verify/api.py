@@ -24,7 +24,7 @@ import math
 import torch
 import triton
 
-from verifybench.kernels.common import compiler
+from verifybench.kernels.common import compiler, empty
 from verifybench.kernels.mla_verify import kernels_extend as extend
 from verifybench.kernels.mla_verify import kernels_split_kv as split_kv
 from verifybench.kernels.common import pdl as _pdl
@@ -200,6 +200,28 @@ def _launches(variant, cfg, heads, b, d, dk, kv_lora, words, num_splits):
     return split_kv.launches(heads, b, num_splits, consts, opts)
 
 
+def _plan(q, cache, starts, prefix_lens, mask, kv_lora, scale, variant, config):
+    """(config, scale, splits launched, launch plan) of a call, its inputs checked: the one home of its grids."""
+    b, d, words, scale = _check(q, cache, starts, prefix_lens, mask, kv_lora, scale)
+    cfg = check_config(variant, config)
+    heads, _, dk = q.shape
+    if q.stride(2) != 1 or cache.stride(1) != 1:
+        raise ValueError(f"q and cache need unit stride along DK, got strides {q.stride()} and {cache.stride()}")
+    num_splits = 1
+    if variant == "split_kv":
+        num_splits = cfg["num_splits"] or default_num_splits(b, heads * d, cfg["block_rows"], sm_count(q.device))
+    return cfg, scale, num_splits, _launches(variant, cfg, heads, b, d, dk, kv_lora, words, num_splits)
+
+
+def launch_grids(q, cache, starts, prefix_lens, mask, kv_lora, scale, variant="split_kv", config=None, *,
+                 pdl=None) -> list[empty.Launch]:
+    """The launches mla_verify makes with these arguments (grids, warps, PDL), for their empty stand-ins
+    (kernels/common/empty.py): the split kernel over every launched split (a request's unused ones exit at once),
+    then the combine where there are several."""
+    plan = _plan(q, cache, starts, prefix_lens, mask, kv_lora, scale, variant, config)[3]
+    return empty.of_plan(plan, _pdl.resolve(pdl, q.device))
+
+
 def mla_verify(q, cache, starts, prefix_lens, mask, kv_lora, scale, variant="split_kv", config=None, *, out=None,
                pdl=None):
     """Verify attention of B requests x D tree tokens (module docstring); same result as mla_verify_reference.
@@ -215,18 +237,10 @@ def mla_verify(q, cache, starts, prefix_lens, mask, kv_lora, scale, variant="spl
     row ranges (start_b, L_b >= 0, start_b + L_b + D <= rows) only when starts / prefix_lens are CPU tensors (the
     interpreter). Not checked on a GPU (it would need a sync): those ranges, and that every query sees some key
     (mask[b, i, i] set, the tree's rule); a violation reads outside the cache or gives NaN rows."""
-    b, d, words, scale = _check(q, cache, starts, prefix_lens, mask, kv_lora, scale)
-    cfg = check_config(variant, config)
-    heads, t, dk = q.shape
-    if q.stride(2) != 1 or cache.stride(1) != 1:
-        raise ValueError(f"q and cache need unit stride along DK, got strides {q.stride()} and {cache.stride()}")
-    out = check_out(out, (heads, t, kv_lora), q.dtype, q.device)
+    cfg, scale, num_splits, plan = _plan(q, cache, starts, prefix_lens, mask, kv_lora, scale, variant, config)
+    out = check_out(out, (q.shape[0], q.shape[1], kv_lora), q.dtype, q.device)
     mask = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
     on = _pdl.resolve(pdl, q.device)
-    num_splits = 1
-    if variant == "split_kv":
-        num_splits = cfg["num_splits"] or default_num_splits(b, heads * d, cfg["block_rows"], sm_count(q.device))
-    plan = _launches(variant, cfg, heads, b, d, dk, kv_lora, words, num_splits)
     if variant == "extend":
         return extend.launch(plan, q, cache, starts, prefix_lens, mask, out, scale * LOG2E, on)
     return split_kv.launch(plan, q, cache, starts, prefix_lens, mask, out, num_splits, cfg["min_split_keys"],

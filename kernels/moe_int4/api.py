@@ -13,6 +13,7 @@ import weakref
 
 import torch
 
+from verifybench.kernels.common import empty
 from verifybench.kernels.common import pdl as _pdl
 from verifybench.kernels.moe_int4.reference import PACK, check_moe_inputs, pack_nibbles, unpack_nibbles
 from verifybench.kernels.moe_int4.kernels import check_config, interpreting, launches
@@ -90,6 +91,27 @@ def fused_moe_w4a16(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weight
     prepacked=True: the packed weights are planar already (repack_planar once at load, drop the checkpoint copy):
     nothing is repacked or cached, so a whole model's experts fit without a second copy.
     """
+    s, pdl, chain, plan = _plan(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weights, topk_ids, config,
+                                check_ids)
+    w13, s13 = kernel_weights(w13_packed, w13_scales, prepacked)
+    w2, s2 = kernel_weights(w2_packed, w2_scales, prepacked)
+    x = x if x.stride(1) == 1 else x.contiguous()
+    ids = topk_ids.to(torch.int32).contiguous()
+    tw = topk_weights.contiguous()  # before kernel 1: nothing may run between the two launches (PDL)
+    pairs = s.tokens * s.topk
+    out = torch.empty(s.tokens, s.hidden, dtype=x.dtype, device=x.device)
+    (k1, grid1, consts1, opts1), (k2, grid2, consts2, opts2) = plan
+    partials = torch.empty(consts1["SPLIT_K"], pairs, 2, s.inter, dtype=torch.float32, device=x.device)
+    k1[grid1](x, w13, s13, ids, partials, tw, pairs, s.experts, x.stride(0), **consts1, **opts1,
+              **_pdl.launch_kwargs(chain))
+    k2[grid2](partials, tw, w2, s2, ids, out, pairs, s.experts, s.hidden, out.stride(0), s.tokens, **consts2,
+              **opts2, **({"launch_pdl": True} if pdl else {}))
+    return out
+
+
+def _plan(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weights, topk_ids, config, check_ids):
+    """(shapes, pdl, chain, launch plan) of a call, its inputs checked and its config picked (fused_moe_w4a16's
+    docstring): the one home of its grids."""
     s = check_moe_inputs(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weights, topk_ids,
                          check_ids=check_ids)
     interpret = interpreting()
@@ -102,19 +124,18 @@ def fused_moe_w4a16(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weight
     check_config(cfg, s, x.device)
     if cfg["dequant"] == "half2" and interpret:
         raise ValueError("dequant 'half2' runs inline PTX, which the Triton interpreter cannot: it needs a CUDA GPU")
-    w13, s13 = kernel_weights(w13_packed, w13_scales, prepacked)
-    w2, s2 = kernel_weights(w2_packed, w2_scales, prepacked)
-    x = x if x.stride(1) == 1 else x.contiguous()
-    ids = topk_ids.to(torch.int32).contiguous()
-    tw = topk_weights.contiguous()  # before kernel 1: nothing may run between the two launches (PDL)
-    pairs = s.tokens * s.topk
-    out = torch.empty(s.tokens, s.hidden, dtype=x.dtype, device=x.device)
     pdl = bool(cfg.get("pdl")) and not interpret  # the interpreter has no inline asm; same result without
     chain = pdl and _pdl.enabled(x.device)  # kernel 1 also overlaps the kernel before the MoE
-    (k1, grid1, consts1, opts1), (k2, grid2, consts2, opts2) = launches(cfg, s, pdl, chain)
-    partials = torch.empty(consts1["SPLIT_K"], pairs, 2, s.inter, dtype=torch.float32, device=x.device)
-    k1[grid1](x, w13, s13, ids, partials, tw, pairs, s.experts, x.stride(0), **consts1, **opts1,
-              **_pdl.launch_kwargs(chain))
-    k2[grid2](partials, tw, w2, s2, ids, out, pairs, s.experts, s.hidden, out.stride(0), s.tokens, **consts2,
-              **opts2, **({"launch_pdl": True} if pdl else {}))
-    return out
+    return s, pdl, chain, launches(cfg, s, pdl, chain)
+
+
+def launch_grids(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weights, topk_ids, *,
+                 config: dict | None = None) -> list[empty.Launch]:
+    """The two launches fused_moe_w4a16 makes with these arguments (grids, warps, PDL), for their empty stand-ins
+    (kernels/common/empty.py). No id check (no device sync) and no repack: only shapes and the config matter."""
+    _, pdl, chain, plan = _plan(x, w13_packed, w13_scales, w2_packed, w2_scales, topk_weights, topk_ids, config,
+                                False)
+    (_, grid1, _, opts1), (_, grid2, _, opts2) = plan
+    # kernel 1 waits only when launched with PDL itself (chain) and releases kernel 2 under pdl; kernel 2 does both
+    return [empty.Launch(tuple(grid1), opts1["num_warps"], chain, pdl),
+            empty.Launch(tuple(grid2), opts2["num_warps"], pdl, pdl)]

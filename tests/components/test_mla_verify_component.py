@@ -99,7 +99,7 @@ def test_flashinfer_rows_say_in_one_line_why_they_cannot_run_on_cpu(all_records)
 
 @cpu_only
 def test_table_sets_the_variants_side_by_side_and_withholds_cpu_ratios(records):
-    [(title, rows)] = mla_verify.tables(records)
+    (title, rows), _ = mla_verify.tables(records)
     assert "extend" in title and "3 layers" in title
     [row] = rows
     assert (row["context"], row["n"], row["tree"]) == (64, 3, "chain")
@@ -107,6 +107,29 @@ def test_table_sets_the_variants_side_by_side_and_withholds_cpu_ratios(records):
     assert row["extend_per_forward_ms"] == pytest.approx(row["extend_us"] * 3 / 1e3)
     assert row["extend/split_kv"] == WITHHELD and row["extend_minus_split_kv_per_forward_ms"] == WITHHELD
     assert row["extend_eta"] == WITHHELD
+
+
+@cpu_only
+def test_our_kernels_carry_their_floors_and_the_engines_rows_none(all_records):
+    ours = [r for r in all_records if r["params"]["variant"] in ("extend", "split_kv")]
+    for r in ours:  # the interpreter's empty kernels, timed as the case was (cpu-loop)
+        d = r["derived"]
+        assert d["latency_floor_us"] > 0 and d["floor_us"] > 0
+        assert d["bound"] == ("memory" if d["floor_us"] >= d["latency_floor_us"] else "latency")
+        assert d["x_floor"] == pytest.approx(r["summary"]["median_us"] / max(d["floor_us"], d["latency_floor_us"]))
+    split = next(r for r in ours if r["params"]["variant"] == "split_kv")["derived"]["latency_floor_launches"]
+    assert [one["grid"] for one in split] == [[1, 2], [12, 1]]  # 12 rows in one block x 2 splits, then the combine
+    assert not any("latency_floor_us" in r["derived"] for r in all_records if r not in ours)
+
+
+@cpu_only
+def test_the_floors_table_names_each_of_our_kernels_and_withholds_cpu_floors(records):
+    _, (title, rows) = mla_verify.tables(records)
+    assert title.startswith("MLA verify, our kernels, near the limit") and "empty kernels" in title
+    assert [(r["variant"], r["grids"]) for r in rows] == [("extend", "1x4x1"), ("split_kv", "1x2+12x1")]
+    assert all(r["us"] > 0 and r["lat_floor_us"] == r["bound"] == r["x_floor"] == WITHHELD for r in rows)
+    gpu = mla_verify.tables([{**r, "device": "cuda"} for r in records])[1][1]
+    assert [r["bound"] for r in gpu] == [r["derived"]["bound"] for r in records]
 
 
 @cpu_only
@@ -266,8 +289,10 @@ def test_a_b2_case_checks_each_request_and_counts_both_requests_bytes():
     assert rec["check"]["ok"] and "each of 2 requests run alone" in rec["check"]["detail"]
     assert rec["derived"]["bytes_moved"] == 2 * ((64 + 3) * 40 + 4 * 3 * (2 * 32 + 8)) * 2
     assert rec["derived"]["cache_bytes"] == 2 * (64 + 3) * 40 * 2
-    [(_, [row])] = mla_verify.tables([rec])
+    (_, [row]), (_, [near]) = mla_verify.tables([rec])
     assert "B" not in row and "B requests per call" in mla_verify.tables([rec])[0][0]
+    # one launch of each kernel for both requests: the split kernel over 2 requests x 1 row block x 2 splits
+    assert near["grids"] == "2x2+24x1" and near["bound"] == WITHHELD
 
 
 def test_the_table_keys_rows_by_batch_and_takes_ratios_within_one():
@@ -365,8 +390,9 @@ def test_a_spread_case_checks_each_request_alone_and_counts_the_real_total():
     total = 32 + 64 + 96
     assert rec["derived"]["bytes_moved"] == ((total + 3 * 3) * 40 + 4 * 3 * 3 * (2 * 32 + 8)) * 2
     assert rec["derived"]["cache_bytes"] == (total + 3 * 3) * 40 * 2
-    [(title, [row])] = mla_verify.tables([rec])
+    (title, [row]), (_, [near]) = mla_verify.tables([rec])
     assert row["spread"] == 0.5 and "[c(1-S), c(1+S)]" in title
+    assert near["spread"] == 0.5 and near["variant"] == "split_kv"
 
 
 @cpu_only

@@ -15,6 +15,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels module is first imported (conftest too)
 
+from verifybench.harness.measure import floors  # noqa: E402
 from verifybench.harness.measure.results import WITHHELD  # noqa: E402
 from verifybench.harness.measure.runner import CPU_COPIES, rel_error  # noqa: E402
 from verifybench.kernels.mla_decode import kernels as mdk  # noqa: E402
@@ -370,6 +371,19 @@ def test_bench_cpu_cases_run_and_tables_pair_the_impls(monkeypatch):
     (gpu,) = dict(bench.tables([{**r, "device": "cuda"} for r in records]))[title]
     assert gpu["speedup"] == pytest.approx(gpu["torch_us"] / gpu["triton_us"])
     assert side[0]["config"].startswith("s")
+    # our kernel's rows (tuned and default config) carry their floors, the torch path none
+    for r in records:
+        d = r["derived"]
+        assert ("latency_floor_us" in d) == (r["params"]["impl"] != "torch")
+        if "latency_floor_us" in d:
+            assert d["latency_floor_us"] > 0
+            assert d["bound"] == ("memory" if d["floor_us"] >= d["latency_floor_us"] else "latency")
+            assert d["x_floor"] == pytest.approx(r["summary"]["median_us"] / max(d["floor_us"], d["latency_floor_us"]))
+            assert d["latency_floor_launches"][0]["grid"] == [1, d["splits_run"]]  # row blocks x splits, stage 1
+    near = dict(bench.tables(records))["MLA decode, our kernel, near the limit (" + floors.NOTE + ")"]
+    assert [(r["impl"], r["mem_floor_us"]) for r in near] == [("triton", WITHHELD), ("triton-default", WITHHELD)]
+    gpu_near = bench.tables([{**r, "device": "cuda"} for r in records])[-1][1]
+    assert [r["x_floor"] for r in gpu_near] == [r["derived"]["x_floor"] for r in records[:2]]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke profile")
@@ -496,6 +510,8 @@ def test_bench_a_b2_case_runs_checked_per_request_and_the_table_keys_rows_by_bat
     assert two["check"]["ok"] and "each of 2 requests run alone" in two["check"]["detail"]
     assert two["derived"]["bytes_moved"] == 2 * records[0]["derived"]["bytes_moved"]
     assert two["derived"]["programs"] == 2 * records[0]["derived"]["programs"]
+    # B launches of each stage, one per request: the empty kernels repeat them
+    assert two["derived"]["latency_floor_launches"] == 2 * records[0]["derived"]["latency_floor_launches"]
     title = "MLA decode: Triton (tuned / default config) vs the torch path and the engines' kernels"
     side = dict(bench.tables(records))[title]
     assert [(r["B"], r["speedup"]) for r in side] == [(1, WITHHELD), (2, WITHHELD)]

@@ -14,6 +14,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels module is first imported (conftest too)
 
 import early_jobs  # noqa: E402
+from verifybench.harness.measure.results import WITHHELD  # noqa: E402
 from verifybench.harness.measure.runner import CaseSkipped, rel_error  # noqa: E402
 from verifybench.kernels.moe_int4 import reference as moe  # noqa: E402
 from verifybench.kernels.moe_int4 import kernels as mk  # noqa: E402
@@ -663,3 +664,27 @@ def test_moe_side_by_side_sets_ours_beside_sglangs_marlin_and_names_what_ran():
     assert [r["case"] for r in per_case] == [r["name"] for r in records]
     assert side[0]["marlin_us"] == 40.0 and side[0]["triton/marlin"] == pytest.approx(0.5)
     assert f"marlin = {note}" in title and "block_size_m 8" in title
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter at the tiny preset")
+def test_our_moe_case_carries_its_floors_and_the_table_names_its_bound(mt, monkeypatch):
+    """Our kernel's case end to end at the tiny preset with large tiles given (the default's many small programs take
+    minutes in the interpreter): its latency floor is empty kernels of its two launches' grids."""
+    bench = importlib.import_module("verifybench.harness.components.moe_int4")
+    monkeypatch.setenv("VERIFYBENCH_MAX_TIME_S", "0.05")
+    big = {"gate_up": {"BLOCK_N": 64, "num_warps": 1}, "down": {"BLOCK_N": 64, "ROW_ITERS": 4}}
+    try:
+        rec = bench.make_case("tiny", 1, "triton", 1, "uniform", "cpu", "graph", {}, config=big).run().as_dict()
+    finally:
+        bench.release()
+    assert rec["check"]["ok"], rec["check"]
+    d = rec["derived"]
+    # one program per (pair, 128 gate_up rows / 64); one per (token, 256 rows of H / (64 x 4))
+    assert [one["grid"] for one in d["latency_floor_launches"]] == [[2 * 2], [1]]
+    assert d["bound"] == ("memory" if d["floor_us"] >= d["latency_floor_us"] else "latency")
+    assert d["x_floor"] == pytest.approx(rec["summary"]["median_us"] / max(d["floor_us"], d["latency_floor_us"]))
+    title, [near] = bench.tables([rec])[-1]
+    assert title.startswith("INT4 MoE layer, our kernel, near the limit")
+    assert near["grids"] == "4+1" and near["bound"] == WITHHELD and near["us"] == rec["summary"]["median_us"]
+    [gpu] = bench.tables([{**rec, "device": "cuda"}])[-1][1]
+    assert (gpu["bound"], gpu["x_floor"], gpu["lat_floor_us"]) == (d["bound"], d["x_floor"], d["latency_floor_us"])
