@@ -85,7 +85,7 @@ def test_the_engines_extend_runs_beside_ours_checked_the_same_way_or_says_why_no
         return
     assert r["check"]["ok"], r["check"]["detail"]
     assert r["derived"]["kernel"].startswith("sglang 0.5.10") and "launcher" in r["derived"]["config_source"]
-    [(title, [row])] = mla_verify.tables(all_records)
+    [(title, [row])] = [t for t in mla_verify.tables(all_records) if "near the limit" not in t[0]]
     assert row["sglang.extend_us"] > 0 and row["extend/sglang.extend"] == WITHHELD
     assert "sglang 0.5.10" in title
 
