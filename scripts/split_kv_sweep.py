@@ -84,7 +84,10 @@ def main() -> int:
                                                                                  scale, "split_kv", cfg))
             default = [r for r in rows if r["context"] == context and r["D"] == d]
             print(f"ctx {context} D {d}: {len(default)} configs", flush=True)
-    json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows}, open(a.out, "w"), indent=1)
+    from verifybench.harness.measure import fingerprint  # the GPU, versions (engines included) and commit, as results carry
+
+    json.dump({"gpu": torch.cuda.get_device_name(), "fingerprint": fingerprint.collect(), "rows": rows},
+              open(a.out, "w"), indent=1)
     print(f"{'ctx':>6} {'D':>2} {'flashinfer':>10} {'default':>8} {'best':>8}  best config")
     for context in sorted({r["context"] for r in rows}):
         for d in sorted({r["D"] for r in rows}):
