@@ -1,7 +1,9 @@
 """The first GPU check of SGLang's Marlin MoE adapter (harness/engines/marlin.py): builds its JIT kernels, repacks a
 random INT4 layer with SGLang's own loader step, runs fused_marlin_moe's calls once at n = 1, 4, 8 and prints the
 relative error against our fp32 reference and the block_size_m it used, at Kimi-K2.5's TP8 layer shape (H 7168,
-I 256 per rank, 384 experts, top-8, group 32) and a small one.
+I 256 per rank, 384 experts, top-8, group 32) and a small one. Then the path the deployed forward runs: the check the
+composition makes before a cycle is timed (marlin.check_against_reference), and that path captured in one CUDA
+graph (the block alignment inside it, sync-free), replayed on ids rewritten in place, against the reference.
 
     PYTHONPATH=.ci/engines:.ci/engines-extra:tests/engine_stubs:tests/engine_stubs/no_sgl_kernel \\
         python3 scripts/marlin_check.py [--build-only]
@@ -15,7 +17,6 @@ the reason in one line.
 """
 from __future__ import annotations
 
-import math
 import sys
 import time
 
@@ -28,19 +29,58 @@ SHAPES = (("kimi-k2.5 tp8", 384, 7168, 256, 8, 32), ("small", 16, 1024, 256, 2, 
 TOKENS = (1, 4, 8)
 
 
-def random_layer(e: int, h: int, inter: int, group: int, seed: int) -> tuple:
-    """Random INT4 experts in our layout, as harness/components/moe_int4.py makes them (uniform nibbles; scales that
-    keep every projection at unit variance): (w13_packed, w13_scales, w2_packed, w2_scales)."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
+def forward_path(marlin, moe, rel_error) -> int:
+    """The deployed forward's Marlin path (alignment in the call) at the K2.5 TP8 layer shape: the composition's
+    check, then one CUDA graph of it replayed on new routing (ids and weights) written in place. Returns the number
+    of failed checks."""
+    from verifybench.harness.engines import engine_call
 
-    def linear(n, k):
-        packed = torch.randint(-(1 << 31), (1 << 31) - 1, (e, n, k // 8), dtype=torch.int32, device="cuda",
-                               generator=gen)
-        std = 1.0 / (4.6 * math.sqrt(k))
-        scales = std * (0.5 + torch.rand(e, n, k // group, device="cuda", generator=gen))
-        return packed, scales.to(torch.bfloat16)
+    _, e_forward, h, inter, topk, group = SHAPES[0]
+    ok, detail = marlin.check_against_reference(h, inter, group, topk, e_forward, TOKENS, torch.bfloat16, "cuda")
+    print(f"forward path: {detail} {'ok' if ok else 'FAILED'}")
+    e, n = marlin.check_experts(8, topk, e_forward), 8
+    ours = marlin.random_layer(e, h, inter, group, "cuda", seed=1)
+    layer = marlin.marlin_layer(*ours, group, torch.bfloat16)
+    x = torch.randn(n, h, device="cuda").bfloat16()
+    tw, ids = moe.route_uniform(n, e, topk, seed=1, device="cuda")
+    run = marlin.moe_marlin(x, layer, tw, ids, align_in_call=True)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up off the default stream, as torch's graph capture wants it
+        engine_call("sglang")(run)()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # a host sync inside (the alignment's) would raise here
+        out = run()
+    new_tw, new_ids = moe.route_uniform(n, e, topk, seed=2, device="cuda")
+    tw.copy_(new_tw)
+    ids.copy_(new_ids)
+    graph.replay()
+    torch.cuda.synchronize()
+    err = rel_error(out.float(), moe.reference_moe_w4a16(x.float(), *ours, tw, ids))
+    good = err <= marlin.TOLERANCE
+    print(f"forward path in one CUDA graph, replayed on new routing: n={n} {e} experts rel_err={err:.2e} "
+          f"{'ok' if good else 'FAILED'} (tol {marlin.TOLERANCE:g})")
+    alignment_cost(e_forward, topk)
+    return (not ok) + (not good)
 
-    return (*linear(2 * inter, h), *linear(h, inter))
+
+def alignment_cost(experts: int, topk: int) -> None:
+    """What the forward's block alignment in torch costs per MoE layer (graph mode, the suite's timing engine) at
+    the token counts of a decode step and a verify forward: SGLang runs it as one sgl-kernel op, absent here, so
+    the deployed forward carries this much more than the engine per layer."""
+    from verifybench.harness.engines.marlin import block_size_m
+    from verifybench.harness.engines.sglang import align_block_size
+    from verifybench.harness.measure.timing import measure
+    from verifybench.harness.model import presets
+
+    layers = presets.get("kimi-k2.5", 8).moe_layers
+    for n in (1, 3, 6):
+        ids = torch.stack([torch.randperm(experts, device="cuda")[:topk] for _ in range(n)]).to(torch.int32)
+        bm = block_size_m(n, topk, experts)
+        us = measure([lambda: align_block_size(ids, bm, experts)], mode="graph", max_time_s=0.2).median_us
+        print(f"block alignment in torch (SGLang: one sgl-kernel op): n={n} {us:.1f} us per layer, "
+              f"{us * layers / 1e3:.2f} ms per forward of {layers} MoE layers")
 
 
 def main(argv: list[str]) -> int:
@@ -68,7 +108,7 @@ def main(argv: list[str]) -> int:
             return 0
         failed = 0
         for name, e, h, inter, topk, group in SHAPES:
-            ours = random_layer(e, h, inter, group, seed=e)
+            ours = marlin.random_layer(e, h, inter, group, "cuda", seed=e)
             layer = marlin.marlin_layer(*ours, group, torch.bfloat16)
             for n in TOKENS:
                 x = torch.randn(n, h, device="cuda").bfloat16()
@@ -89,6 +129,7 @@ def main(argv: list[str]) -> int:
                 print(f"{name:14s} control (experts shifted by one): rel_err={err:.2e} "
                       f"{'ok, far off' if err > 0.1 else 'FAILED: the check cannot tell'}")
             del ours, layer
+        failed += forward_path(marlin, moe, rel_error)
     except EngineMissing as e:
         print(f"marlin_check: {e}")
         return EXIT_BAD_INPUT

@@ -6,6 +6,8 @@ and call(layer, x, topk_weights, topk_ids) that builds the engine's per-input st
 """
 from __future__ import annotations
 
+import torch
+
 from verifybench.harness import engines
 from verifybench.harness.measure.runner import CaseSkipped
 from verifybench.harness.model import presets
@@ -76,7 +78,7 @@ def setup(impl: str, p: presets.Preset, n: int, device: str):
         if device != "cuda":
             raise engines.skipped(f"{engines.label('sglang')}: {marlin.CPU_REASON}")
         try:
-            engines.import_kernel_module("sglang", marlin.GEMM_MODULE)
+            marlin.build(torch.bfloat16)  # its JIT kernels, the line first: a first use builds them for minutes
         except engines.EngineMissing as e:
             raise engines.skipped(e) from None
         return MarlinEngine(marlin, p.expert_group_size)

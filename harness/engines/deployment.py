@@ -199,7 +199,8 @@ def add_arguments(parser) -> None:
     """--engine, --engine-args and --deploy-cc: the one declaration every command takes (from_namespace reads it)."""
     parser.add_argument("--engine", choices=ENGINES, default=None,
                         help="the engine as deployed: sglang (its kernels stand for each part, read from the "
-                             "installed SGLang); vllm: the syntax of its settings only, no dispatch")
+                             "installed SGLang; on CUDA its Marlin MoE's JIT kernels build with nvcc on first use, "
+                             "several minutes); vllm: the syntax of its settings only, no dispatch")
     parser.add_argument("--engine-args", metavar='"FLAGS"', default=None,
                         help='the server\'s flags in the engine\'s own syntax, parsed by its own parser, e.g. '
                              '"--attention-backend flashinfer" (one flag alone: --engine-args=--flag)')

@@ -3,18 +3,23 @@ fused_marlin_moe calls it, from the installed SGLang's JIT kernels (tvm-ffi + nv
 
 SGLang 0.5.10.post1's CompressedTensorsConfig.get_moe_scheme returns CompressedTensorsWNA16MoE on CUDA ("Using
 CompressedTensorsWNA16MarlinMoEMethod"): its process_weights_after_loading repacks the loaded checkpoint for Marlin
-and its apply_weights calls fused_marlin_moe. Here SGLang's own process_weights_after_loading repacks our weights once,
-outside the timed call, and run() makes fused_marlin_moe's calls. sgl-kernel's ops on that path (the block alignment,
-silu_and_mul, moe_sum_reduce) are not in the pure-Python wheel: the alignment is computed in torch outside the timed
-call (as for the Triton row), the other two run in torch unless a real sgl-kernel is importable. No vLLM fallback.
+and its apply_weights calls fused_marlin_moe. The moe_int4 row: SGLang's own process_weights_after_loading repacks our
+weights once, outside the timed call, and run() makes fused_marlin_moe's calls. The forward (forward_moe): the same
+calls over its own random weights viewed in Marlin's layout (forward_view), the block alignment inside each call.
+sgl-kernel's ops on that path (the block alignment, silu_and_mul, moe_sum_reduce) are not in the pure-Python wheel:
+the alignment is computed in torch (sync-free: harness/engines/sglang.py), the other two run in torch unless a real
+sgl-kernel is importable. No vLLM fallback.
 """
 from __future__ import annotations
 
+import functools
+import math
 import types
 
 import torch
 
 from verifybench.harness.engines import EngineMissing, engine_call, import_kernel_module, label
+from verifybench.harness.measure.runner import say_once
 
 GEMM_MODULE = "sglang.jit_kernel.moe_wna16_marlin"
 REPACK_MODULE = "sglang.jit_kernel.gptq_marlin_repack"
@@ -46,6 +51,7 @@ def use_atomic_add(dtype: torch.dtype, device) -> bool:
     return dtype == torch.half or torch.cuda.get_device_capability(device)[0] >= 9
 
 
+@functools.cache
 def uint4b8() -> object:
     """The weight type fused_marlin_moe passes (get_scalar_type(4, has_zp=False)): sgl-kernel's scalar_types.uint4b8
     where a real sgl-kernel imports; otherwise an object with the one field the JIT wrapper reads, .id, computed as
@@ -121,6 +127,7 @@ def _need_cuda(t: torch.Tensor) -> None:
         raise EngineMissing(f"{label('sglang')}: {CPU_REASON}")
 
 
+@functools.cache  # a failed import is not cached by Python: looked up once, not once per layer of a forward
 def _sgl_kernel_op(name: str):
     """sgl-kernel's `name` where a real sgl-kernel is installed (its op registered with torch), else None."""
     try:
@@ -137,17 +144,19 @@ def torch_ops() -> list[str]:
 
 
 @engine_call("sglang")
-def moe_marlin(x, layer: torch.nn.Module, topk_weights, topk_ids):
+def moe_marlin(x, layer, topk_weights, topk_ids, align_in_call: bool = False):
     """The calls SGLang's fused_marlin_moe makes for one layer under plain TP (every expert local: no expert map, EP
-    off; routed scaling 1), its per-input setup done once here, outside the timed call: returns run() -> [M, H] in
-    x's dtype, and run.info (block_size_m, use_atomic_add, the steps run in torch).
+    off; routed scaling 1), its per-input setup done once here: returns run() -> [M, H] in x's dtype, and run.info
+    (block_size_m, use_atomic_add, the steps run in torch, where the alignment ran).
 
-    layer: marlin_layer's. Setup: block_size_m by fused_marlin_moe's rule; the block alignment for it (align_block_size:
-    SGLang's moe_align_block_size contract in torch, where SGLang runs an sgl-kernel op, so its time is not in the
-    row). run(), as fused_marlin_moe: the zeroed workspace and the intermediate caches; the gate_up GEMM
-    (moe_wna16_marlin_gemm, uint4b8, fp32 reduce, no topk weights); silu_and_mul; the down GEMM over M * topk rows
-    with the topk weights multiplied in; moe_sum_reduce over top-k into the output."""
-    from verifybench.harness.engines.sglang import align_block_size
+    layer: marlin_layer's, or forward_view's (anything with the attributes apply_weights reads). Setup:
+    block_size_m by fused_marlin_moe's rule; the block alignment for it (align_block_size: SGLang's
+    moe_align_block_size contract in torch, where SGLang runs an sgl-kernel op), here, outside the timed call (the
+    moe_int4 row), or with align_in_call inside run() on the ids as they are then (the forward: its router computes
+    them inside the graph). run(), as fused_marlin_moe: the zeroed workspace and the intermediate caches; the gate_up
+    GEMM (moe_wna16_marlin_gemm, uint4b8, fp32 reduce, no topk weights); silu_and_mul; the down GEMM over M * topk
+    rows with the topk weights multiplied in; moe_sum_reduce over top-k into the output."""
+    from verifybench.harness.engines.sglang import align_block_size, align_capacity
 
     _need_cuda(x)
     gemm = import_kernel_module("sglang", GEMM_MODULE).moe_wna16_marlin_gemm
@@ -158,14 +167,15 @@ def moe_marlin(x, layer: torch.nn.Module, topk_weights, topk_ids):
     if k != w1.shape[1] * 16 or k != w2.shape[2] // (NUM_BITS // 2):
         raise ValueError(f"x's hidden size {k} does not match the Marlin weights {tuple(w1.shape)}, {tuple(w2.shape)}")
     bm = block_size_m(m, topk, e)
-    sorted_ids, expert_ids, post_padded = align_block_size(topk_ids, bm, e)
-    workspace_size = min((max(2 * n, k) // 64) * (sorted_ids.size(0) // bm),
+    aligned = None if align_in_call else align_block_size(topk_ids, bm, e)
+    workspace_size = min((max(2 * n, k) // 64) * (align_capacity(m * topk, bm, e) // bm),
                          torch.cuda.get_device_properties(x.device).multi_processor_count * 4)
     atomic = use_atomic_add(x.dtype, x.device)
     wtype = uint4b8()
     silu_and_mul, moe_sum_reduce = _sgl_kernel_op("silu_and_mul"), _sgl_kernel_op("moe_sum_reduce")
 
     def run():
+        sorted_ids, expert_ids, post_padded = aligned if aligned is not None else align_block_size(topk_ids, bm, e)
         workspace = torch.zeros(workspace_size, dtype=torch.int, device=x.device)
         cache2 = torch.empty(m * topk, n, device=x.device, dtype=x.dtype)
         cache13 = torch.empty(m * topk * max(2 * n, k), device=x.device, dtype=x.dtype)
@@ -191,8 +201,104 @@ def moe_marlin(x, layer: torch.nn.Module, topk_weights, topk_ids):
             torch.sum(cache3, dim=1, out=out)
         return out
 
-    run.info = {"block_size_m": bm, "use_atomic_add": atomic, "torch_ops": torch_ops()}
+    run.info = {"block_size_m": bm, "use_atomic_add": atomic, "torch_ops": torch_ops(),
+                "alignment": "in the call" if align_in_call else "outside the timed call"}
     return run
+
+
+def forward_view(w13p, w13s, w2p, w2s) -> types.SimpleNamespace:
+    """The forward's INT4 experts (ours: w13p int32 [E, 2I, H/8], w13s [E, 2I, H/group], w2p [E, H, I/8], w2s [E, H,
+    I/group]) viewed, without a copy, as the tensors a Marlin layer holds after process_weights_after_loading:
+    w13_weight_packed [E, H/16, 2 * 2I] and w2_weight_packed [E, I/16, 2H] (gptq_marlin_repack's [K/16, N * 16/8] per
+    expert for 4 bits), w13_weight_scale [E, H/group, 2I] and w2_weight_scale [E, I/group, H]
+    (marlin_moe_permute_scales keeps [E, K/group, N]), empty int32 [E, 0] g_idx and sort indices (no act order).
+
+    Valid for timing, not for values: the forward's nibbles are random and its scales constant, so read in Marlin's
+    tiles they are as random a layer as in ours: the same bytes, read by the same loads (Marlin's loads and
+    dequantisation do not depend on the values). What these views compute has no reference; Marlin is checked on a
+    layer of its own that SGLang's loader step repacked (check_against_reference)."""
+    e, two_i, h8 = w13p.shape
+    h, inter = h8 * 8, two_i // 2
+    if h % 16 or inter % 16:
+        raise ValueError(f"Marlin tiles K by 16: hidden {h} and intermediate {inter} must be multiples of 16")
+    empty = torch.empty(e, 0, dtype=torch.int32, device=w13p.device)
+    return types.SimpleNamespace(
+        w13_weight_packed=w13p.view(e, h // 16, 2 * two_i), w2_weight_packed=w2p.view(e, inter // 16, 2 * h),
+        w13_weight_scale=w13s.view(e, -1, two_i), w2_weight_scale=w2s.view(e, -1, h), w13_weight_g_idx=empty,
+        w2_weight_g_idx=empty, w13_g_idx_sort_indices=empty, w2_g_idx_sort_indices=empty)
+
+
+def forward_moe(x, w13p, w13s, w2p, w2s, topk_weights, topk_ids):
+    """The forward's moe_fn: fused_marlin_moe's calls over forward_view's views, the block alignment in the call
+    (sync-free, so the forward stays one CUDA graph with its router's ids computed inside it)."""
+    return moe_marlin(x, forward_view(w13p, w13s, w2p, w2s), topk_weights, topk_ids, align_in_call=True)()
+
+
+BUILD_LINE = "building SGLang's Marlin MoE JIT kernels (first use: several minutes of nvcc; cached after)"
+
+
+@engine_call("sglang")
+def build(dtype: torch.dtype) -> None:
+    """SGLang's JIT modules the Marlin path calls (gptq_marlin_repack, moe_wna16_marlin for `dtype`) built now, with
+    a line first: a first use builds them with nvcc (~6 minutes for the GEMM on one core; tvm-ffi caches the build),
+    which would otherwise look like a hang inside a case's setup or check. EngineMissing where they cannot be."""
+    if not torch.cuda.is_available():
+        raise EngineMissing(f"{label('sglang')}: {CPU_REASON}")
+    say_once(BUILD_LINE)
+    import_kernel_module("sglang", REPACK_MODULE)._jit_gptq_marlin_repack_module()
+    import_kernel_module("sglang", GEMM_MODULE)._jit_moe_wna16_marlin_module(dtype)
+
+
+CHECK_MIN_EXPERTS = 16
+
+
+def check_experts(tokens: int, topk: int, experts: int) -> int:
+    """The fewest experts (at least CHECK_MIN_EXPERTS, at most `experts`) at which fused_marlin_moe picks the
+    block_size_m it picks for `experts` at `tokens`: a check layer small enough to fit beside a whole forward that
+    still runs the forward's kernel instance."""
+    want = block_size_m(tokens, topk, experts)
+    return next(e for e in range(min(max(CHECK_MIN_EXPERTS, topk), experts), experts + 1)
+                if block_size_m(tokens, topk, e) == want)
+
+
+def random_layer(e: int, h: int, inter: int, group: int, device, seed: int = 0) -> tuple:
+    """Random INT4 experts in our layout (uniform nibbles; scales that keep each projection at unit variance):
+    (w13_packed, w13_scales, w2_packed, w2_scales)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def linear(n, k):
+        packed = torch.randint(-(1 << 31), (1 << 31) - 1, (e, n, k // 8), dtype=torch.int32, device=device,
+                               generator=gen)
+        std = 1.0 / (4.6 * math.sqrt(k))  # (nibble - 8) has std 4.6
+        return packed, (std * (0.5 + torch.rand(e, n, k // group, device=device, generator=gen))).to(torch.bfloat16)
+
+    return (*linear(2 * inter, h), *linear(h, inter))
+
+
+@engine_call("sglang")
+def check_against_reference(h: int, inter: int, group: int, topk: int, experts: int, tokens, dtype: torch.dtype,
+                            device) -> tuple[bool, str]:
+    """The Marlin path the forward runs (align_in_call) against our fp32 reference at the forward's layer shape and
+    token counts, on fresh random weights repacked by SGLang's own loader step (marlin_layer), with
+    check_experts(...) experts in place of the forward's `experts` (one more layer, small, beside the whole forward).
+    (ok, the detail in one line)."""
+    from verifybench.harness.measure.runner import rel_error
+    from verifybench.kernels.moe_int4 import reference as moe
+
+    e = max(check_experts(m, topk, experts) for m in tokens)
+    ours = random_layer(e, h, inter, group, device)
+    layer = marlin_layer(*ours, group, dtype)
+    errs = []
+    for m in tokens:
+        x = torch.randn(m, h, device=device).to(dtype)
+        tw, ids = moe.route_uniform(m, e, topk, seed=m, device=device)
+        run = moe_marlin(x, layer, tw, ids, align_in_call=True)
+        errs.append((m, run.info["block_size_m"], rel_error(run().float(), moe.reference_moe_w4a16(x.float(), *ours,
+                                                                                                  tw, ids))))
+    ok = all(err <= TOLERANCE for *_, err in errs)
+    said = ", ".join(f"n {m} (block_size_m {bm}) rel_err {err:.2e}" for m, bm, err in errs)
+    return ok, (f"sglang.marlin vs fp32 reference at H {h}, I {inter}, group {group}, top-{topk}, {e} experts "
+                f"repacked by SGLang's loader step: {said}")
 
 
 def describe(info: dict) -> str:
@@ -200,5 +306,6 @@ def describe(info: dict) -> str:
     fp32 reduce; alignment in torch outside the timed call; in torch: silu_and_mul, moe_sum_reduce)'."""
     ops = info.get("torch_ops") or []
     return (f"{label('sglang')} Marlin MoE (JIT moe_wna16_marlin, block_size_m {info['block_size_m']}, atomic add "
-            f"{'on' if info['use_atomic_add'] else 'off'}, fp32 reduce; alignment in torch outside the timed call"
+            f"{'on' if info['use_atomic_add'] else 'off'}, fp32 reduce; alignment in torch "
+            f"{info.get('alignment', 'outside the timed call')}"
             + (f"; in torch: {', '.join(ops)}" if ops else "; sgl-kernel silu_and_mul, moe_sum_reduce") + ")")

@@ -248,29 +248,40 @@ def w4a16_weights(packed: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Ten
     return packed.view(torch.uint8), scales.contiguous()
 
 
+def align_capacity(pairs: int, block_size: int, num_experts: int) -> int:
+    """The length SGLang's moe_align_block_size wrapper gives sorted_token_ids for `pairs` (token, slot) pairs:
+    pairs * block_size while pairs <= num_experts, else pairs + (num_experts + 1) * (block_size - 1)."""
+    return pairs * block_size if pairs < num_experts + 1 else pairs + (num_experts + 1) * (block_size - 1)
+
+
 def align_block_size(topk_ids: torch.Tensor, block_size: int, num_experts: int):
     """SGLang's moe_align_block_size contract, computed in torch (its op is an sgl-kernel CUDA kernel): the M x topk
     (token, slot) pairs, numbered i = token * topk + slot, grouped by expert (experts in order, pairs of an expert in
     increasing i), each expert's group padded to a multiple of block_size with the fill value M * topk.
     Returns (sorted_token_ids int32 [cap], expert_ids int32 [cdiv(cap, block_size)], num_tokens_post_padded int32
-    [1]): cap as SGLang's wrapper sizes it (M*topk*block_size while M*topk <= num_experts, else
-    M*topk + (num_experts + 1) * (block_size - 1)); expert_ids[b] is the expert of block b for the first
-    num_tokens_post_padded / block_size blocks and -1 after them (the kernel stops at num_tokens_post_padded)."""
-    flat = topk_ids.reshape(-1).long()
+    [1]): cap = align_capacity(M * topk, ...); expert_ids[b] is the expert of block b for the first
+    num_tokens_post_padded / block_size blocks and -1 after them (the kernel stops at num_tokens_post_padded).
+
+    No host sync and every shape fixed by M, topk, block_size and num_experts alone, so it runs inside a CUDA graph
+    on ids the graph's router computes (bincount, a sum read on the host and repeat_interleave without its output
+    size would each sync): the pairs sorted by expert, each expert's count by searchsorted over them, each pair's
+    slot scattered, and the expert of block j by searchsorted over the cumulative block counts. About 20 small
+    kernels, where SGLang launches one sgl-kernel op."""
+    flat = topk_ids.reshape(-1)
     numel, device = flat.numel(), topk_ids.device
-    cap = numel * block_size if numel < num_experts + 1 else numel + (num_experts + 1) * (block_size - 1)
-    counts = torch.bincount(flat, minlength=num_experts)
-    padded = (counts + block_size - 1) // block_size * block_size
-    order = torch.argsort(flat, stable=True)
-    experts = flat[order]
-    rank = torch.arange(numel, device=device) - (torch.cumsum(counts, 0) - counts)[experts]
-    sorted_ids = torch.full((cap,), numel, dtype=torch.int32, device=device)
-    sorted_ids[(torch.cumsum(padded, 0) - padded)[experts] + rank] = order.to(torch.int32)
-    blocks = padded // block_size
-    expert_ids = torch.full(((cap + block_size - 1) // block_size,), -1, dtype=torch.int32, device=device)
-    used = int(blocks.sum())
-    expert_ids[:used] = torch.repeat_interleave(torch.arange(num_experts, device=device), blocks).to(torch.int32)
-    return sorted_ids, expert_ids, padded.sum().view(1).to(torch.int32)
+    cap = align_capacity(numel, block_size, num_experts)
+    experts, order = torch.sort(flat, stable=True)  # pairs by expert, in increasing i within one
+    # bounds[x]: where expert x's pairs start among the sorted ones (bounds[E] = M * topk), no value read on the host
+    bounds = torch.searchsorted(experts, torch.arange(num_experts + 1, device=device, dtype=experts.dtype))
+    blocks = (bounds.diff() + (block_size - 1)) // block_size
+    block_ends = blocks.cumsum(0)
+    # sorted pair p of expert x goes to its expert's first block, p - bounds[x] places on
+    slot = ((block_ends - blocks) * block_size - bounds[:-1])[experts] + torch.arange(numel, device=device)
+    sorted_ids = torch.full((cap,), numel, dtype=torch.int32, device=device).scatter_(0, slot, order.to(torch.int32))
+    j = torch.arange((cap + block_size - 1) // block_size, device=device)
+    # the experts whose blocks end at or before block j are those before j's expert: their count is its id
+    expert_ids = torch.where(j < block_ends[-1], torch.searchsorted(block_ends, j, right=True, out_int32=True), -1)
+    return sorted_ids, expert_ids, (block_ends[-1:] * block_size).to(torch.int32)
 
 
 def _default_server_args(server_args_module):

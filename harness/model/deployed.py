@@ -5,8 +5,9 @@ Per part: SGLang's Triton decode with the deployment's KV-split cap and its meta
 shared by every layer (as the backend's init_forward_metadata); SGLang's extend with its tiles for extend_tiles_cc, the
 metadata shared too and the tree mask copied in once per forward (inside the verify graph, as the backend's replay
 prep); FlashInfer's MLA wrapper (verify: chains only) with its plan() run on the host before each forward, as SGLang
-plans before each graph replay (counted in the cycle's eager part; added to the plain decode step's graph time).
-Where a part cannot run (engine missing, a GPU-only kernel on CPU, a layout that does not fit), ours runs and the
+plans before each graph replay (counted in the cycle's eager part; added to the plain decode step's graph time);
+SGLang's Marlin MoE over the forward's own experts viewed in its layout (harness/engines/marlin.py forward_view).
+Where a part cannot run (engine missing, a GPU-only kernel on CPU, a build that fails), ours runs and the
 composition records (part, engine kernel, stand-in, reason). On CPU the engine's Triton kernels run in the
 interpreter on fp32 copies (bf16 arithmetic is wrong there).
 """
@@ -30,8 +31,8 @@ class Composition:
     """What each part runs for one deployment on one forward. decode(q, cache, length, kv_lora, scale) and
     decode_batch(q, cache, starts, prefix_lens, mask, kv_lora, scale): the forward's ops.mla / ops.mla_batch (None:
     ours); draft(q [rows, heads, hd], k, v, end, per) -> [rows, heads, hd] (None: ours); tree: a TreeAttention (None:
-    ours); moe: the routed experts (None: ours); host: per forward kind ("decode", "verify") the host work run before
-    each replay (FlashInfer's plan())."""
+    ours); moe: the routed experts, the forward's moe_fn (None: ours); host: per forward kind ("decode", "verify")
+    the host work run before each replay (FlashInfer's plan())."""
     deployment: Deployment
     ran: dict = field(default_factory=dict)         # part -> the kernel that ran
     stand_ins: list = field(default_factory=list)   # (part, engine kernel, stand-in, reason)
@@ -41,6 +42,7 @@ class Composition:
     tree: "TreeAttention | None" = None
     moe: Callable | None = None
     host: dict = field(default_factory=dict)
+    notes: dict = field(default_factory=dict)      # part -> how the engine's kernel runs here, where it needs saying
 
     def stand_in(self, part: str, engine: str, ours: str, reason: str) -> None:
         self.ran[part] = ours
@@ -51,7 +53,7 @@ class Composition:
         d = self.deployment
         return {"engine": d.engine, "engine_version": d.version, "engine_args": " ".join(d.engine_args),
                 "deployment": d.line(), "kernels": dict(self.ran),
-                "stand_ins": [list(s) for s in self.stand_ins]}
+                "stand_ins": [list(s) for s in self.stand_ins], "notes": dict(self.notes)}
 
 
 def _interp(t: torch.Tensor) -> torch.Tensor:
@@ -284,13 +286,15 @@ def compose(dep: Deployment, fwd) -> Composition:
     else:
         comp.ran["verify attention"] = dep.verify_attention if gpu else "torch reference"
     # routed experts
-    comp.moe = deployed_moe(comp, fwd.device)
+    comp.moe = deployed_moe(comp, fwd.device, fwd.dtype)
     return comp
 
 
-def check(comp: Composition, fwd, draft=None) -> tuple[bool, str]:
+def check(comp: Composition, fwd, draft=None, tokens: tuple[int, ...] | None = None) -> tuple[bool, str]:
     """The engine's decode (plain decode step) and draft-step attention against plain torch on fresh queries over
-    layer 0's cache and the draft's caches (the verify attention: Cycle.attention_error)."""
+    layer 0's cache and the draft's caches (the verify attention: Cycle.attention_error); the engine's MoE against our
+    fp32 reference at the forward's layer shape and `tokens` (the forward's token counts; default its batch), on a
+    layer of its own (marlin.check_against_reference: the forward's views have no reference)."""
     from verifybench.kernels.mla_verify.api import mla_verify_reference
 
     ok, detail, s, b, dev = True, [], fwd.s, fwd.batch, fwd.device
@@ -318,6 +322,16 @@ def check(comp: Composition, fwd, draft=None) -> tuple[bool, str]:
         err = _rel(got, ref.reshape(got.shape))
         ok = ok and err <= 1e-2
         detail.append(f"{comp.ran['draft attention']} draft attention vs SDPA rel_err {err:.2e}")
+    if comp.moe is not None and comp.ran.get("moe") == "sglang.marlin":
+        from verifybench.harness.engines import marlin
+
+        try:
+            good, said = marlin.check_against_reference(s.hidden, s.expert_intermediate, s.expert_group_size, s.topk,
+                                                        s.experts, tokens or (b,), fwd.dtype, dev)
+        except EngineMissing as e:
+            good, said = False, f"sglang.marlin check: {e}"
+        ok = ok and good
+        detail.append(said)
     return ok, "; ".join(detail)
 
 
@@ -325,22 +339,35 @@ def _rel(got, ref) -> float:
     return ((got.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
-def deployed_moe(comp: Composition, device: str):
-    """The deployment's routed experts, or None (ours) with the reason recorded. Marlin and SGLang's Triton W4A16
-    each read a layout of their own; the forward's weights are in ours (prepacked on a GPU), and a second copy of a
-    rank's experts (~71 GB for K2.5 TP8) does not fit beside them."""
+# why the forward's own weights may stand for a Marlin layer (the composition's note on its MoE row)
+MARLIN_VIEW_NOTE = ("SGLang's Marlin over the forward's random INT4 experts viewed in its layout (no copy, no repack: "
+                    "random nibbles are as random in Marlin's tiles as in ours, the same bytes by the same loads); "
+                    "its values are checked on a layer of its own that SGLang's loader step repacked; the block "
+                    "alignment in torch inside the forward's graph (about 20 small kernels a layer; one sgl-kernel op "
+                    "in SGLang)")
+
+
+def deployed_moe(comp: Composition, device: str, dtype: torch.dtype):
+    """The deployment's routed experts: SGLang's Marlin over the forward's own weights (marlin.forward_moe) where it
+    runs here, its JIT kernels built first; else None (ours) with the reason recorded (no CUDA, SGLang absent or its
+    build failed: the reason names which)."""
     want, ours = comp.deployment.moe, "ours.moe" if device == "cuda" else "torch reference (moe)"
     if want == "sglang.marlin":
-        # not yet: the forward generates its experts in our layout only (a rank's ~71 GB for K2.5 TP8); Marlin's
-        # repacked copy beside them does not fit, and building the forward in Marlin's layout alone is not written
-        comp.stand_in("moe", "sglang.marlin", ours, "the forward's experts are generated in our layout; a second "
-                      "copy repacked for Marlin does not fit beside them (moe_int4 times ours beside Marlin per n: "
-                      "advise's stand-in table gives the ratio)")
-        return None
+        from verifybench.harness.engines import label, marlin
+
+        def build():
+            if device != "cuda":
+                raise EngineMissing(f"{label('sglang')}: {marlin.CPU_REASON}")
+            marlin.build(dtype)
+            return marlin.forward_moe
+        moe = _try(comp, "moe", "sglang.marlin", ours, build)
+        if moe is not None:
+            ops = marlin.torch_ops()
+            comp.notes["moe"] = MARLIN_VIEW_NOTE + (f"; in torch too: {', '.join(ops)}" if ops else "")
+        return moe
     if want == "sglang.triton":
-        comp.stand_in("moe", "sglang.triton", ours, "SGLang's Triton W4A16 reads the checkpoint layout (a second "
-                      "copy of the rank's experts does not fit beside the forward's) and aligns its blocks with an "
-                      "sgl-kernel op (not installed; the adapter's torch stand-in syncs, so it is not in a graph)")
+        comp.stand_in("moe", "sglang.triton", ours, "SGLang's Triton W4A16 (the method it picks on ROCm, not on CUDA) "
+                      "is not wired into the forward; moe_int4 times it beside ours per n")
         return None
     comp.ran["moe"] = ours
     return None

@@ -112,7 +112,8 @@ def stand_in_text(stand_ins) -> str:
 
 def table(records: list[dict]) -> tuple[str, list[dict]]:
     """The tables' opening: the deployment's line as the title, and per variant its flags, the kernel that ran per
-    part (the first passing case's) and what stood in, with the reason."""
+    part (the first passing case's), what stood in, with the reason, and how an engine's kernel runs here where the
+    composition says (notes: the Marlin MoE over the forward's own weights)."""
     seen: dict[str, dict] = {}
     for r in records:
         p = r.get("params", {})
@@ -122,7 +123,8 @@ def table(records: list[dict]) -> tuple[str, list[dict]]:
         row = seen.setdefault(p["deployment"], {"variant": p["deployment"], "engine args": p.get("engine_args") or "-",
                                                 "line": p.get("deployment_line")})
         if ran and "ran" not in row:
-            row.update(ran={k: v for k, v in ran.get("kernels", {}).items()}, stand_ins=ran.get("stand_ins", []))
+            row.update(ran={k: v for k, v in ran.get("kernels", {}).items()}, stand_ins=ran.get("stand_ins", []),
+                       notes=ran.get("notes", {}))
     if not seen:
         return SUITE.line(), [{"engine": "none given (--engine)", "kernels": "the suite's own"}]
     first = next(iter(seen.values()))
@@ -132,7 +134,9 @@ def table(records: list[dict]) -> tuple[str, list[dict]]:
     for row in seen.values():
         ran = row.pop("ran", None)
         stood = row.pop("stand_ins", None)
+        notes = row.pop("notes", None)
         row.pop("line")
         rows.append({**row, **(ran or {"kernels": "not run (no case passed its setup)"}),
-                     "stand-ins": stand_in_text(stood) if stood is not None else "-"})
+                     "stand-ins": stand_in_text(stood) if stood is not None else "-",
+                     "notes": "; ".join(f"{part}: {text}" for part, text in notes.items()) if notes else None})
     return f"{title} (per variant: the kernel that ran per part; ours where the engine's cannot run, and why)", rows

@@ -337,6 +337,21 @@ def test_torch_block_alignment_keeps_sglangs_contract():
             assert torch.equal(chunk < numel, torch.arange(block) < len(pairs))
         counts = torch.bincount(ids.flatten().long(), minlength=e)
         assert total == int(((counts + block - 1) // block * block).sum())
+        assert (expert_ids[total // block:] == -1).all()
+
+
+def test_torch_block_alignment_reads_no_value_on_the_host_so_it_runs_in_a_cuda_graph():
+    """On meta tensors (shapes, no values) every op whose output shape depends on the values (bincount, nonzero,
+    repeat_interleave without output_size, boolean indexing) and every host read (item, int, bool) raises: a run
+    there is one with fixed shapes and no sync, as a CUDA graph on the router's device-computed ids needs."""
+    from verifybench.harness.engines import sglang
+
+    for m, topk, e, block in ((1, 8, 384, 8), (8, 8, 384, 8), (64, 8, 384, 16), (3, 2, 16, 16)):
+        ids = torch.zeros(m, topk, dtype=torch.int32, device="meta")
+        got = sglang.align_block_size(ids, block, e)
+        real = sglang.align_block_size(torch.zeros(m, topk, dtype=torch.int32), block, e)
+        assert [(t.shape, t.dtype) for t in got] == [(t.shape, t.dtype) for t in real]
+        assert got[0].shape == (sglang.align_capacity(m * topk, block, e),)
 
 
 @pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(), reason="the kernels need a GPU or the interpreter")

@@ -112,6 +112,68 @@ def test_sglangs_loader_step_repacks_the_checkpoint_layout_and_permutes_the_scal
     assert layer.w13_weight_g_idx.shape == (E, 0) and layer.w2_g_idx_sort_indices.shape == (E, 0)
 
 
+@pytest.fixture
+def sglang_allocates(monkeypatch):
+    """SGLang's own loader step on CPU or meta tensors with only the repack kernel a no-op: gptq_marlin_moe_repack,
+    its JIT wrapper and marlin_moe_permute_scales allocate every output as they do on a GPU, so the shapes are
+    SGLang's."""
+    gptq = _module("sglang.srt.layers.quantization.gptq")
+    jit = _module(marlin.REPACK_MODULE)
+    monkeypatch.setattr(gptq, "gptq_marlin_repack", jit.gptq_marlin_repack, raising=False)  # imported on CUDA only
+    monkeypatch.setattr(jit, "_jit_gptq_marlin_repack_module",
+                        lambda: types.SimpleNamespace(gptq_marlin_repack=lambda *args: None))
+    monkeypatch.setattr(marlin, "_need_cuda", lambda t: None)
+
+
+def _forward_experts(preset: str, tp: int, device="meta"):
+    """One MoE layer's experts as the forward makes them (forward.py: w13p, w13s, w2p, w2s), on `device`."""
+    from verifybench.harness.model import presets
+
+    s = presets.get(preset, tp)
+    e, h, i, g = s.experts, s.hidden, s.expert_intermediate, s.expert_group_size
+    return (torch.empty(e, 2 * i, h // 8, dtype=torch.int32, device=device),
+            torch.empty(e, 2 * i, h // g, dtype=torch.bfloat16, device=device),
+            torch.empty(e, h, i // 8, dtype=torch.int32, device=device),
+            torch.empty(e, h, i // g, dtype=torch.bfloat16, device=device)), g
+
+
+@pytest.mark.parametrize("preset,tp", [("kimi-k2.5", 8), ("tiny", 1)])
+def test_the_forwards_experts_viewed_for_marlin_have_the_shapes_sglangs_loader_step_makes(sglang_allocates, preset,
+                                                                                         tp):
+    ours, group = _forward_experts(preset, tp)
+    repacked = marlin.marlin_layer(*ours, group, torch.bfloat16)  # SGLang's shapes for this layer
+    view = marlin.forward_view(*ours)
+    for name, t in vars(view).items():
+        engine = getattr(repacked, name)
+        assert t.shape == engine.shape and t.dtype == engine.dtype and t.is_contiguous(), name
+    for mine, theirs in zip(ours, ("w13_weight_packed", "w13_weight_scale", "w2_weight_packed", "w2_weight_scale")):
+        assert getattr(view, theirs).numel() == mine.numel()  # every element once: the same bytes
+    if preset == "kimi-k2.5":  # H 7168, I 256 per rank, 384 experts, group 32
+        assert view.w13_weight_packed.shape == (384, 448, 1024) and view.w2_weight_packed.shape == (384, 16, 14336)
+        assert view.w13_weight_scale.shape == (384, 224, 512) and view.w2_weight_scale.shape == (384, 8, 7168)
+
+
+def test_the_view_is_no_copy_and_refuses_what_marlin_cannot_tile():
+    ours, _ = _forward_experts("tiny", 1, device="cpu")
+    view = marlin.forward_view(*ours)
+    for mine, theirs in zip(ours, ("w13_weight_packed", "w13_weight_scale", "w2_weight_packed", "w2_weight_scale")):
+        assert getattr(view, theirs).data_ptr() == mine.data_ptr()
+    w13p, w13s, w2p, w2s = ours
+    with pytest.raises(ValueError, match="multiples of 16"):
+        marlin.forward_view(w13p[:, :24], w13s[:, :24], w2p, w2s)  # I = 12
+    with pytest.raises(RuntimeError):  # a strided tensor cannot be viewed: no silent copy
+        marlin.forward_view(w13p.transpose(1, 2).contiguous().transpose(1, 2), w13s, w2p, w2s)
+
+
+def test_the_check_layer_is_small_and_runs_the_forwards_block_size_m():
+    assert marlin.check_experts(8, 8, 384) == 16  # one request at D = 8: 64 pairs, block_size_m 8 at 16 experts
+    assert marlin.check_experts(64, 8, 384) == 72  # 8 requests at D = 8: the fewest with block_size_m 8
+    for m in (1, 3, 8, 24, 64, 345):
+        e = marlin.check_experts(m, 8, 384)
+        assert 16 <= e <= 384 and marlin.block_size_m(m, 8, e) == marlin.block_size_m(m, 8, 384)
+    assert marlin.check_experts(3, 2, 16) == 16  # the tiny preset: all its experts
+
+
 # ---------------------------------------------------------------------------------------------------- the calls
 
 
@@ -204,6 +266,66 @@ def test_the_adapters_gemm_calls_are_the_ones_fused_marlin_moe_makes(repack_call
                 assert mine.id == value.id
             else:
                 assert mine == value, name
+
+
+def test_the_forwards_moe_makes_fused_marlin_moes_calls_on_its_own_weights_with_the_alignment_in_the_call(
+        fused_marlin_moe, monkeypatch):
+    """forward_moe over the forward's tensors: fused_marlin_moe (as apply_weights calls it) given the same views makes
+    the same GEMM calls; the alignment is made inside the call, from the ids as they are when it runs."""
+    fused, calls = fused_marlin_moe
+    monkeypatch.setattr(marlin, "_need_cuda", lambda t: None)
+    ours, _ = _forward_experts("tiny", 1, device="cpu")
+    for t in ours:
+        t.copy_(torch.randint(-100, 100, t.shape).to(t.dtype))
+    m, e, topk, h = 3, ours[0].shape[0], 2, ours[2].shape[1]
+    x = torch.randn(m, h).bfloat16()
+    tw, ids = moe.route_uniform(m, e, topk, seed=m)
+    view = marlin.forward_view(*ours)
+    fused(x, view.w13_weight_packed, view.w2_weight_packed, view.w13_weight_scale, view.w2_weight_scale,
+          torch.zeros(m, e), tw, ids, g_idx1=view.w13_weight_g_idx, g_idx2=view.w2_weight_g_idx,
+          sort_indices1=view.w13_g_idx_sort_indices, sort_indices2=view.w2_g_idx_sort_indices, num_bits=4,
+          is_k_full=True)
+    engine_calls, calls["gemm"] = calls["gemm"], []
+    marlin.forward_moe(x, *ours, tw, ids)
+    assert len(calls["gemm"]) == len(engine_calls) == 2
+    for mine, theirs in zip(calls["gemm"], engine_calls):
+        for name, value in theirs.items():
+            if isinstance(value, torch.Tensor) and name != "c_or_none":
+                assert torch.equal(mine[name], value), name
+        assert mine["b_q_weight"].data_ptr() in (ours[0].data_ptr(), ours[2].data_ptr())  # the forward's own bytes
+    calls["gemm"] = []
+    run = marlin.moe_marlin(x, view, tw, ids, align_in_call=True)
+    from verifybench.harness.engines import sglang
+
+    before = sglang.align_block_size(ids, run.info["block_size_m"], e)[0]
+    ids.copy_(ids.flip(0))  # as the router writes the forward's ids after the call was built
+    run()
+    expected = sglang.align_block_size(ids, run.info["block_size_m"], e)[0]
+    assert torch.equal(calls["gemm"][0]["sorted_token_ids"], expected) and not torch.equal(expected, before)
+    assert run.info["alignment"] == "in the call" and "alignment in torch in the call" in marlin.describe(run.info)
+
+
+def test_building_the_jit_kernels_says_so_first_and_on_cpu_is_engine_missing(monkeypatch, capsys):
+    from verifybench.harness.measure import runner
+
+    if not torch.cuda.is_available():
+        with pytest.raises(engines.EngineMissing, match="needs a CUDA GPU"):
+            marlin.build(torch.bfloat16)
+    built = []
+    repack, gemm = _module(marlin.REPACK_MODULE), _module(marlin.GEMM_MODULE)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(runner, "_SAID", set())
+    monkeypatch.setattr(repack, "_jit_gptq_marlin_repack_module", lambda: built.append(capsys.readouterr().out))
+    monkeypatch.setattr(gemm, "_jit_moe_wna16_marlin_module", lambda dtype: built.append(dtype))
+    marlin.build(torch.bfloat16)
+    assert built == [marlin.BUILD_LINE + "\n", torch.bfloat16]  # the line before the build starts
+
+    def broken(dtype):
+        raise RuntimeError("Ninja build failed. Ninja output:\nerror: nvcc not found")
+    monkeypatch.setattr(gemm, "_jit_moe_wna16_marlin_module", broken)
+    with pytest.raises(engines.EngineMissing) as e:
+        marlin.build(torch.bfloat16)
+    assert "\n" not in str(e.value) and "build failed here" in str(e.value) and "nvcc not found" in str(e.value)
 
 
 def test_uint4b8_is_the_id_sglangs_header_computes(tmp_path):
@@ -299,3 +421,11 @@ def test_sglangs_marlin_moe_matches_the_reference_on_a_gpu(n):
     out = run()
     assert out.shape == ref.shape and out.dtype == torch.bfloat16
     assert ((out.float() - ref).norm() / ref.norm()).item() <= marlin.TOLERANCE
+
+
+@pytest.mark.gpu
+def test_the_forwards_marlin_path_matches_the_reference_at_the_k25_tp8_layer_shape_on_a_gpu():
+    """What the composition's check runs before a deployed cycle is timed: 16 experts at H 7168, I 256, top-8."""
+    _module(marlin.GEMM_MODULE)
+    ok, detail = marlin.check_against_reference(7168, 256, GROUP, 8, 384, (1, 3, 8), torch.bfloat16, "cuda")
+    assert ok, detail

@@ -122,12 +122,77 @@ def test_stand_ins_are_recorded_with_the_reason_where_the_engine_cannot_run(fwd,
     parts = {part: (engine, ours, why) for part, engine, ours, why in comp.stand_ins}
     assert parts["decode attention"][0] == "sglang.decode" and "not installed" in parts["decode attention"][2]
     assert parts["verify attention"][:2] == ("sglang.extend", "torch reference")
-    assert "checkpoint layout" in parts["moe"][2]
+    assert "not wired into the forward" in parts["moe"][2]
     assert comp.decode is None and comp.tree is None  # ours runs: the forward is unchanged
     flash = deployed.compose(_dep(backend="flashinfer"), fwd)
     assert {p for p, *_ in flash.stand_ins} >= {"decode attention", "verify attention", "draft attention"}
     assert all("CUDA" in why or "not installed" in why for p, _, _, why in flash.stand_ins if p != "draft attention")
     assert deployed.compose(Deployment(None, None), fwd).stand_ins == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU case")
+def test_on_cpu_ours_stands_in_for_marlin_with_the_release_and_the_reason(fwd):
+    comp = deployed.compose(_dep(moe="sglang.marlin"), fwd)
+    (part, engine, ours, why), = [s for s in comp.stand_ins if s[0] == "moe"]
+    assert (engine, ours) == ("sglang.marlin", "torch reference (moe)") and comp.moe is None
+    assert why.startswith(engines.label("sglang")) and "needs a CUDA GPU" in why and "\n" not in why
+    assert deployed.apply(fwd, comp).moe_fn is fwd.moe_fn and "moe" not in comp.notes
+
+
+def test_where_marlin_builds_the_forward_runs_it_on_its_own_weights_and_the_row_says_why_that_is_valid(fwd,
+                                                                                                    monkeypatch):
+    from verifybench.harness.engines import marlin
+
+    built = []
+    monkeypatch.setattr(marlin, "build", built.append)
+    comp = deployed.Composition(_dep(moe="sglang.marlin"))
+    moe = deployed.deployed_moe(comp, "cuda", torch.bfloat16)
+    assert moe is marlin.forward_moe and built == [torch.bfloat16] and comp.ran["moe"] == "sglang.marlin"
+    assert comp.stand_ins == [] and "no copy, no repack" in comp.notes["moe"]
+    comp.moe = moe
+    assert deployed.apply(fwd, comp).moe_fn is marlin.forward_moe
+    assert comp.params()["notes"]["moe"].startswith(deployed.MARLIN_VIEW_NOTE)
+    _, rows = deployments.table([{"params": {"deployment": "deployed", "engine_args": "", "deployment_line": "x"},
+                                  "derived": {"deployment": comp.params()}}])
+    assert rows[0]["moe"] == "sglang.marlin" and rows[0]["notes"].startswith("moe: SGLang's Marlin over the forward")
+
+
+def test_a_marlin_build_that_fails_leaves_ours_in_its_place_with_the_failure(monkeypatch):
+    from verifybench.harness.engines import marlin
+
+    def broken(dtype):
+        raise engines.EngineMissing("sglang 0.5.10.post1: build failed here: RuntimeError: Ninja build failed")
+    monkeypatch.setattr(marlin, "build", broken)
+    comp = deployed.Composition(_dep(moe="sglang.marlin"))
+    assert deployed.deployed_moe(comp, "cuda", torch.bfloat16) is None
+    assert comp.stand_ins == [("moe", "sglang.marlin", "ours.moe",
+                               "sglang 0.5.10.post1: build failed here: RuntimeError: Ninja build failed")]
+
+
+def test_the_check_holds_the_engines_moe_to_the_reference_at_the_forwards_shape_and_token_counts(fwd, monkeypatch):
+    from verifybench.harness.engines import marlin
+
+    seen = []
+
+    def check(*args):
+        seen.append(args)
+        return seen[0] is args, "sglang.marlin vs fp32 reference: rel_err 1e-3"
+    monkeypatch.setattr(marlin, "check_against_reference", check)
+    comp = deployed.Composition(_dep(moe="ours.moe"))
+    assert deployed.check(comp, fwd) == (True, "")  # ours: the forward's own check covers it
+    comp.moe, comp.ran["moe"] = marlin.forward_moe, "sglang.marlin"
+    ok, detail = deployed.check(comp, fwd, tokens=(1, 3))
+    s = fwd.s
+    assert ok and detail == "sglang.marlin vs fp32 reference: rel_err 1e-3"
+    assert seen[0] == (s.hidden, s.expert_intermediate, s.expert_group_size, s.topk, s.experts, (1, 3), fwd.dtype,
+                       fwd.device)
+    assert deployed.check(comp, fwd)[0] is False and seen[1][5] == (fwd.batch,)  # a failure fails the case
+
+    def missing(*args):
+        raise engines.EngineMissing("sglang 0.5.10.post1: check_against_reference failed here: RuntimeError: x")
+    monkeypatch.setattr(marlin, "check_against_reference", missing)
+    ok, detail = deployed.check(comp, fwd)
+    assert not ok and "check_against_reference failed here" in detail
 
 
 def test_the_ab_runs_one_case_set_per_variant_and_records_each_deployment(resolved):
