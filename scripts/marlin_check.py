@@ -52,7 +52,7 @@ def main(argv: list[str]) -> int:
         print("usage: scripts/marlin_check.py [--build-only]")
         return EXIT_BAD_INPUT
     from verifybench.harness.engines import EngineMissing, engine_call, import_kernel_module, label, marlin
-    from verifybench.harness.measure.runner import rel_error
+    from verifybench.harness.measure.timing.runner import rel_error
     from verifybench.kernels.moe_int4 import reference as moe
 
     if not torch.cuda.is_available():

@@ -14,8 +14,8 @@ import torch
 
 from verifybench.harness.components import mla_verify as comp
 from verifybench.harness.measure.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
-from verifybench.harness.measure.runner import rel_error
-from verifybench.harness.measure.timing import measure
+from verifybench.harness.measure.timing.runner import rel_error
+from verifybench.harness.measure.timing.timer import measure
 from verifybench.harness.model import presets
 from verifybench.kernels.mla_verify import api as mv
 

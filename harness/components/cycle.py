@@ -22,11 +22,11 @@ from verifybench.harness.analysis.cycle_charts import context_chart_line  # noqa
 from verifybench.harness.analysis.numbers import check_forward_rows, context_list, contexts_arg, name_list, nonempty
 from verifybench.harness.analysis.numbers import parse_configs as read_configs
 from verifybench.harness.components.mla_verify import variant_config
-from verifybench.harness.measure import memory
-from verifybench.harness.measure.charts import write_png
-from verifybench.harness.measure.results import cpu_numbers, withhold_on_cpu
-from verifybench.harness.measure.runner import CaseSkipped, CaseSpec, release_unreferenced, say_once
-from verifybench.harness.measure.timing import cuda_available, measure
+from verifybench.harness.measure.timing import memory
+from verifybench.harness.measure.results.charts import write_png
+from verifybench.harness.measure.results.store import cpu_numbers, withhold_on_cpu
+from verifybench.harness.measure.timing.runner import CaseSkipped, CaseSpec, release_unreferenced, say_once
+from verifybench.harness.measure.timing.timer import cuda_available, measure
 from verifybench.harness.model import deployed, deployments, presets
 from verifybench.harness.model.build import allreduce_stand_in_us, build_forward, device_wait, release_forwards
 from verifybench.harness.model.cycle import ATTENTION, ENGINE_PHASES, PHASES, Cycle, SpecConfig

@@ -27,13 +27,13 @@ import triton
 
 from verifybench.harness import engines
 from verifybench.harness.analysis.numbers import check_forward_rows
-from verifybench.harness.measure import ceiling, memory
+from verifybench.harness.measure.timing import ceiling, memory
 from verifybench.harness.engines import backends
 from verifybench.harness.model import presets
-from verifybench.harness.measure.results import CPU_TIMING, batch_of, cpu_numbers
-from verifybench.harness.measure.tables import side_by_side
-from verifybench.harness.measure.runner import CPU_COPIES, CaseSkipped, CaseSpec, rel_error, say_once
-from verifybench.harness.measure.timing import cold_rotation_sets, cuda_available
+from verifybench.harness.measure.results.store import CPU_TIMING, batch_of, cpu_numbers
+from verifybench.harness.measure.results.tables import side_by_side
+from verifybench.harness.measure.timing.runner import CPU_COPIES, CaseSkipped, CaseSpec, rel_error, say_once
+from verifybench.harness.measure.timing.timer import cold_rotation_sets, cuda_available
 from verifybench.kernels.common import interpret
 from verifybench.kernels.mla_decode import api as md
 from verifybench.kernels.mla_decode import configs as mds
@@ -109,7 +109,7 @@ _HELD: dict = {}  # the (rows, d, device, dtype) whose caches the component hold
 
 def planned_caches(rows: int, d: int, device: str, dtype: torch.dtype, batch: int = 1) -> tuple[tuple, memory.Plan]:
     """The rotation's caches (`rows` holds all `batch` requests' regions), as many as fit the free memory
-    (measure/memory.py; at least one, else CaseSkipped), planned once per cache shape after the previous shape's caches
+    (measure/timing/memory.py; at least one, else CaseSkipped), planned once per cache shape after the previous shape's caches
     are dropped."""
     key = (rows, d, device, dtype)
     if _HELD.get("key") != key:

@@ -34,11 +34,11 @@ from verifybench.harness import engines
 from verifybench.harness.engines import backends
 from verifybench.harness.analysis.numbers import (CONTEXT_SPREAD_HELP, check_context_spread, check_forward_rows,
                                                   check_spread_batches, context_spread_arg, spread_contexts)
-from verifybench.harness.measure import ceiling, memory
-from verifybench.harness.measure.charts import write_png
-from verifybench.harness.measure.results import CPU_TIMING, batch_of, cpu_numbers, withhold_on_cpu
-from verifybench.harness.measure.runner import CPU_COPIES, CaseSkipped, CaseSpec, rel_error
-from verifybench.harness.measure.timing import cold_rotation_sets, cuda_available
+from verifybench.harness.measure.timing import ceiling, memory
+from verifybench.harness.measure.results.charts import write_png
+from verifybench.harness.measure.results.store import CPU_TIMING, batch_of, cpu_numbers, withhold_on_cpu
+from verifybench.harness.measure.timing.runner import CPU_COPIES, CaseSkipped, CaseSpec, rel_error
+from verifybench.harness.measure.timing.timer import cold_rotation_sets, cuda_available
 from verifybench.harness.model import presets
 from verifybench.kernels.common import interpret
 from verifybench.kernels.common import devices

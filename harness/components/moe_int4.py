@@ -22,12 +22,12 @@ from pathlib import Path
 
 import torch
 
-from verifybench.harness.measure import ceiling, memory
+from verifybench.harness.measure.timing import ceiling, memory
 from verifybench.harness.model import presets
-from verifybench.harness.measure.results import CPU_TIMING, cpu_numbers
-from verifybench.harness.measure.tables import side_by_side
-from verifybench.harness.measure.runner import CaseSkipped, CaseSpec, rel_error
-from verifybench.harness.measure.timing import cold_rotation_sets, cuda_available
+from verifybench.harness.measure.results.store import CPU_TIMING, cpu_numbers
+from verifybench.harness.measure.results.tables import side_by_side
+from verifybench.harness.measure.timing.runner import CaseSkipped, CaseSpec, rel_error
+from verifybench.harness.measure.timing.timer import cold_rotation_sets, cuda_available
 from verifybench.harness.components import moe_int4_engines as engine_rows
 from verifybench.harness.components.moe_int4_engines import MARLIN, SGLANG
 from verifybench.kernels.common import settings
@@ -96,7 +96,7 @@ _PLANS: dict = {}  # (preset, tp, device, what) -> memory plan of the layer sets
 def planned_layers(preset: str, tp: int, device: str, dense_dtype: torch.dtype | None = None) -> tuple[tuple,
                                                                                                        memory.Plan]:
     """The INT4 layer sets (dense_dtype None) or their dense copies, as many of LAYERS as fit the free memory
-    (measure/memory.py): the INT4 sets count twice (the kernel's planar repack is cached beside each) and on a GPU
+    (measure/timing/memory.py): the INT4 sets count twice (the kernel's planar repack is cached beside each) and on a GPU
     three times (the Marlin row's copy too; on CPU that row skips), the dense ones 3.56x an INT4 set. At least one
     set, else CaseSkipped."""
     p = preset_shape(preset, tp)

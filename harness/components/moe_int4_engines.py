@@ -7,7 +7,7 @@ and call(layer, x, topk_weights, topk_ids) that builds the engine's per-input st
 from __future__ import annotations
 
 from verifybench.harness import engines
-from verifybench.harness.measure.runner import CaseSkipped
+from verifybench.harness.measure.timing.runner import CaseSkipped
 from verifybench.harness.model import presets
 from verifybench.kernels.common import interpret
 

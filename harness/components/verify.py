@@ -11,15 +11,15 @@ from pathlib import Path
 import torch
 
 from verifybench.harness.analysis.numbers import check_forward_rows
-from verifybench.harness.measure import ceiling, memory
+from verifybench.harness.measure.timing import ceiling, memory
 from verifybench.harness.analysis import decompose
 # the deployment's drafting and re-extend + bookkeeping per cycle: the report's break-even uses them beside the
 # measured forward where no cycle result measured them, labelled as assumptions
 from verifybench.harness.analysis.breakeven import ASSUMED_DRAFT_MS, ASSUMED_OVERHEAD_MS, DEPLOYMENT
-from verifybench.harness.measure.charts import write_png
-from verifybench.harness.measure.results import batch_of, cpu_numbers, stamp, withhold_on_cpu
-from verifybench.harness.measure.runner import CaseSkipped, CaseSpec, rel_error
-from verifybench.harness.measure.timing import cuda_available
+from verifybench.harness.measure.results.charts import write_png
+from verifybench.harness.measure.results.store import batch_of, cpu_numbers, stamp, withhold_on_cpu
+from verifybench.harness.measure.timing.runner import CaseSkipped, CaseSpec, rel_error
+from verifybench.harness.measure.timing.timer import cuda_available
 from verifybench.harness.model import deployed, deployments, presets
 from verifybench.kernels.common import config_tables, pdl
 from verifybench.kernels.moe_int4.reference import reference_moe_w4a16
@@ -56,7 +56,7 @@ def fused_vs_torch(fwd: VerifyForward, n: int) -> float:
 
 
 def plan_layers(preset: str, tp: int, layers: int | None, context: int, batch: int = 1) -> memory.Plan:
-    """How many layers of the forward fit the free memory (measure/memory.py's rule; the forward's bytes from
+    """How many layers of the forward fit the free memory (measure/timing/memory.py's rule; the forward's bytes from
     forward.allocated_bytes): all (or `layers`), else fewer down to the dense layers plus one MoE layer."""
     full = presets.get(preset, tp)
     wanted = layers or full.layers

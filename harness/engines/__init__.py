@@ -16,9 +16,9 @@ import importlib.util
 
 import torch
 
-from verifybench.harness.measure.fingerprint import ENGINE_DISTRIBUTIONS as DISTRIBUTIONS
-from verifybench.harness.measure.fingerprint import engine_versions
-from verifybench.harness.measure.runner import CaseSkipped
+from verifybench.harness.measure.host.fingerprint import ENGINE_DISTRIBUTIONS as DISTRIBUTIONS
+from verifybench.harness.measure.host.fingerprint import engine_versions
+from verifybench.harness.measure.timing.runner import CaseSkipped
 
 
 class EngineMissing(RuntimeError):

@@ -12,7 +12,7 @@ if not torch.cuda.is_available():
 
 from verifybench.harness import components, run  # noqa: E402
 from verifybench.harness.components import mla_verify  # noqa: E402
-from verifybench.harness.measure.results import WITHHELD  # noqa: E402
+from verifybench.harness.measure.results.store import WITHHELD  # noqa: E402
 
 NAME = "mla_verify"
 cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke profile's shapes and timings")
@@ -300,9 +300,9 @@ def test_cli_batch_runs_both_batches_and_withholds_derived_figures(tmp_path, cap
     out = capsys.readouterr().out
     assert "withheld" in out and "B requests per call" in out
     [path] = tmp_path.glob("mla_verify-*.json")
-    from verifybench.harness.measure import results
+    from verifybench.harness.measure.results import store
 
-    run = results.read_json(path)
+    run = store.read_json(path)
     ran = {(c["params"]["batch"], c["params"]["variant"]) for c in run["cases"] if c["check"]["ok"]}
     assert {(1, "extend"), (1, "split_kv"), (2, "extend"), (2, "split_kv")} <= ran
     assert run["extra"]["batch"] == [1, 2]
@@ -415,7 +415,7 @@ def test_cli_refuses_a_bad_spread_in_one_line(argv, says, tmp_path, capsys):
 
 def test_cli_spread_reaches_the_cases(tmp_path, capsys, monkeypatch):
     from verifybench.harness.cli import main
-    from verifybench.harness.measure import results
+    from verifybench.harness.measure.results import store
     from verifybench.harness.engines import sglang
 
     monkeypatch.setenv("VERIFYBENCH_MAX_TIME_S", "0.05")  # the plumbing, not the figures
@@ -425,7 +425,7 @@ def test_cli_spread_reaches_the_cases(tmp_path, capsys, monkeypatch):
         argv += ["--context", "1024"]
     assert main(argv) == 0
     [path] = tmp_path.glob("mla_verify-*.json")
-    run = results.read_json(path)
+    run = store.read_json(path)
     ok = [c for c in run["cases"] if c["check"]["ok"]]
     assert ok and all(c["params"]["context_spread"] == 0.25 and "/B2/spread0.25/" in c["name"] for c in ok)
     assert run["extra"]["options"]["context_spread"] == 0.25

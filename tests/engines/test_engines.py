@@ -214,7 +214,7 @@ def test_sglang_mla_decode_matches_the_reference(tokens_per_request):
 def test_the_fingerprint_records_every_engine_package_found_without_importing_it():
     import sys
 
-    from verifybench.harness.measure import fingerprint
+    from verifybench.harness.measure.host import fingerprint
 
     imported = "sglang" in sys.modules
     found = fingerprint.collect()["versions"]["engines"]
@@ -363,7 +363,7 @@ def test_the_moe_engine_row_is_skipped_in_one_line_without_sglang(monkeypatch):
     import importlib.util
 
     from verifybench.harness.components import moe_int4_engines
-    from verifybench.harness.measure.runner import CaseSkipped
+    from verifybench.harness.measure.timing.runner import CaseSkipped
     from verifybench.harness.model import presets
 
     real = importlib.util.find_spec

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from verifybench.harness import engines
-from verifybench.harness.measure.runner import CaseSkipped
+from verifybench.harness.measure.timing.runner import CaseSkipped
 from verifybench.harness.engines import marlin
 from verifybench.kernels.moe_int4 import reference as moe
 

@@ -15,8 +15,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels module is first imported (conftest too)
 
-from verifybench.harness.measure.results import WITHHELD  # noqa: E402
-from verifybench.harness.measure.runner import CPU_COPIES, rel_error  # noqa: E402
+from verifybench.harness.measure.results.store import WITHHELD  # noqa: E402
+from verifybench.harness.measure.timing.runner import CPU_COPIES, rel_error  # noqa: E402
 from verifybench.kernels.mla_decode import kernels as mdk  # noqa: E402
 from verifybench.kernels.mla_decode import configs as mds  # noqa: E402
 from verifybench.kernels.mla_decode.api import mla_decode, mla_decode_reference  # noqa: E402
@@ -513,14 +513,14 @@ def _missing():
 def test_cli_batch_runs_both_batches_and_withholds_derived_figures(tmp_path, capsys, monkeypatch):
     from verifybench.harness.cli import main
     from verifybench.harness.engines import sglang
-    from verifybench.harness.measure import results
+    from verifybench.harness.measure.results import store
 
     monkeypatch.setenv("VERIFYBENCH_MAX_TIME_S", "0.05")  # the plumbing, not the figures
     monkeypatch.setattr(sglang, "decode_module", _missing)  # its B requests are checked above; the interpreter is slow
     assert main(["mla_decode", "--batch", "1,2", "--tokens", "2", "--out", str(tmp_path)]) == 0
     assert "withheld" in capsys.readouterr().out
     [path] = tmp_path.glob("mla_decode-*.json")
-    run = results.read_json(path)
+    run = store.read_json(path)
     assert run["extra"]["batch"] == [1, 2]
     assert {c["params"]["batch"] for c in run["cases"] if c["check"]["ok"]} == {1, 2}
     assert main(["mla_decode", "--batch", "0", "--out", str(tmp_path)]) == 2

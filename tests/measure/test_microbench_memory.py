@@ -15,8 +15,8 @@ import torch
 
 import early_jobs
 from verifybench.harness.components import graph_replay
-from verifybench.harness.measure import capture, memory
-from verifybench.harness.measure.pytest_plugin import HISTOGRAM_MOST, histogram_group
+from verifybench.harness.measure.timing import capture, memory
+from verifybench.harness.measure.timing.pytest_plugin import HISTOGRAM_MOST, histogram_group
 
 REPO = Path(__file__).resolve().parents[2]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where the benchmarks' tensors live
@@ -42,7 +42,7 @@ KEEPS = f"import torch\nKEPT = []\n\ndef test_keeps():\n" \
 FREES = (f"import torch\n\ndef test_frees():\n"
          f"    x = torch.ones(64 << 20, dtype=torch.uint8, device='{DEVICE}')\n"
          "    assert x.sum() > 0\n\n"
-         "from verifybench.harness.measure.runner import CaseSkipped, CaseSpec\n\n"
+         "from verifybench.harness.measure.timing.runner import CaseSkipped, CaseSpec\n\n"
          "def _setup():\n    raise CaseSkipped('too slow in the interpreter')\n\n"
          "def test_cannot_run_here(device_benchmark):\n"
          "    spec = CaseSpec(name='probe/x', params={}, mode='hot', setup=_setup)\n"

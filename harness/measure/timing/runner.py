@@ -1,4 +1,4 @@
-"""Check-then-time: the one path from a component's case to a stored result record.
+"""Check-then-time: the one path from a component's case (CaseSpec) to its record (Case), which results/ stores.
 
 A component hands over the callable, a correctness check and a function deriving figures from the measurement;
 a failing check yields a Case with no time.
@@ -11,9 +11,8 @@ from typing import Callable
 
 import torch
 
-from verifybench.harness.measure import timing
-from verifybench.harness.measure.results import Case
-from verifybench.harness.measure.timing import Measurement, measure
+from verifybench.harness.measure.timing import timer
+from verifybench.harness.measure.timing.timer import Measurement, measure
 from verifybench.kernels.common import settings
 
 Check = Callable[[], tuple[bool, str]]
@@ -40,6 +39,34 @@ def say_once(line: str) -> None:
 class CaseSkipped(Exception):
     """Raised by a case's setup when the case cannot run on this machine (a backend or P2P missing, too little
     memory): the case is recorded with the reason, and it is neither timed nor counted as a failure."""
+
+
+@dataclass
+class Case:
+    """One benchmark case. `measurement` is None when `check_ok` is False: a failed check reports no time."""
+
+    name: str
+    params: dict
+    check_ok: bool
+    check_detail: str = ""
+    measurement: Measurement | None = None
+    derived: dict = field(default_factory=dict)
+    skipped: str | None = None  # why the case could not run here (no P2P, too little memory): not a failure
+
+    def as_dict(self) -> dict:
+        if self.check_ok and self.measurement is None:
+            raise ValueError(f"case {self.name}: a passing case needs a measurement")
+        d = {
+            "name": self.name,
+            "params": self.params,
+            "check": {"ok": self.check_ok, "detail": self.check_detail},
+            "derived": self.derived,
+        }
+        if self.skipped:
+            d["skipped"] = self.skipped
+        if self.measurement is not None and self.check_ok:
+            d.update(self.measurement.as_dict())
+        return d
 
 
 @dataclass
@@ -133,7 +160,7 @@ def run_case(
     ok, detail = check()
     if not ok:
         return Case(name=name, params=params, check_ok=False, check_detail=detail)
-    device = measure_kw.get("device") or ("cuda" if timing.cuda_available() else "cpu")
+    device = measure_kw.get("device") or ("cuda" if timer.cuda_available() else "cpu")
     m = measure(fn, mode=mode, **(cpu_measure_kw(measure_kw) if device == "cpu" else measure_kw))
     return Case(name=name, params=params, check_ok=True, check_detail=detail, measurement=m,
                 derived=derive(m) if derive else {})
@@ -146,7 +173,7 @@ def cpu_measure_kw(measure_kw: dict) -> dict:
     the same count) is kept as given."""
     if measure_kw.get("samples") is not None:
         return measure_kw
-    cap_s = timing.max_time_from_env() if settings.read(timing.MAX_TIME_ENV) is not None else CPU_MAX_TIME_S
+    cap_s = timer.max_time_from_env() if settings.read(timer.MAX_TIME_ENV) is not None else CPU_MAX_TIME_S
     given_s = measure_kw.get("max_time_s")
     return {"calls_per_sample": 1, **measure_kw, "warmup_calls": 1, "warmup_s": 0.0, "min_samples": CPU_MIN_SAMPLES,
             "max_time_s": cap_s if given_s is None else min(cap_s, given_s)}
