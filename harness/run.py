@@ -13,8 +13,8 @@ import torch
 
 from verifybench.harness import components
 from verifybench.harness.answers import advise
-from verifybench.harness.analysis.numbers import (FORWARD_ROWS_MAX, MAX_CONTEXT, context_arg, int_in, out_path,
-                                                  request_batches_arg, tokens_arg)
+from verifybench.harness.analysis.numbers import (FORWARD_ROWS_MAX, MAX_CONTEXT, check_forward_rows, context_arg,
+                                                  int_in, out_path, request_batches_arg, tokens_arg)
 from verifybench.harness.measure.host import fingerprint, hostpin, hostprobe, interpreter
 from verifybench.harness.measure.results import store, tables
 from verifybench.harness.measure.timing import memory, timer
@@ -122,7 +122,10 @@ def _cases(name: str, scope: dict) -> list:
     from verifybench.harness.model import build
 
     with build.allreduce_source(scope.get("allreduce_from")):  # --allreduce-from, handed to the stand-in
-        return module.cases(scope["preset"], scope["tp"], scope["context"], scope["tokens"], **options)
+        specs = module.cases(scope["preset"], scope["tp"], scope["context"], scope["tokens"], **options)
+    if getattr(module, "TAKES_BATCH", False):  # B x D: the one check, on the batch and tokens each case will run
+        check_forward_rows([s.params for s in specs])
+    return specs
 
 
 def check_cases(names: list[str], scope: dict) -> None:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 
-from verifybench.harness.analysis.numbers import check_forward_rows
 from verifybench.harness.measure.timing import ceiling, memory
 from verifybench.harness.analysis import decompose
 # the deployment's drafting and re-extend + bookkeeping per cycle: the report's break-even uses them beside the
@@ -87,7 +86,7 @@ def _case(preset, tp, layers, context, n, variant: str, comps: frozenset, plan: 
         layers = plan.units
     label = f"{preset}-tp{tp}" + (f"-L{layers}" if plan is not None and plan.reduced else "")
 
-    def setup():
+    def setup(batch: int, tokens: int):  # the case's params (CaseSpec.prepare): what its record names runs
         if plan is not None and plan.units == 0:
             raise CaseSkipped(plan.skip)
         fwd = build_forward(preset, tp, layers, context, ar_us, max_batch).at_batch(batch)
@@ -96,24 +95,24 @@ def _case(preset, tp, layers, context, n, variant: str, comps: frozenset, plan: 
 
         def run():
             if not no_pdl:
-                return fwd.forward(n, comps)
+                return fwd.forward(tokens, comps)
             with pdl.forced(False):
-                return fwd.forward(n, comps)
+                return fwd.forward(tokens, comps)
 
         def check():
             if no_pdl:
-                fwd.forward(n, comps)
-                h_pdl = fwd.buf[n]["h"].clone()
+                fwd.forward(tokens, comps)
+                h_pdl = fwd.buf[tokens]["h"].clone()
                 run()
-                same = torch.equal(fwd.buf[n]["h"], h_pdl)
+                same = torch.equal(fwd.buf[tokens]["h"], h_pdl)
                 return same, "residual stream equal with and without PDL" if same else "PDL changed the result"
             out = run()
             if variant != "full":
                 return True, "runs"
             predicts, accept_index, accepted = out
             s, L = fwd.s, fwd.layers[-1]
-            x = torch.randn(n * batch, s.hidden, device=fwd.device, dtype=torch.bfloat16)
-            b = fwd.buf[n]
+            x = torch.randn(tokens * batch, s.hidden, device=fwd.device, dtype=torch.bfloat16)
+            b = fwd.buf[tokens]
             e = int(b["topk_ids"][0, 0])  # every pair on one expert: the fp32 reference stays small
             ids = torch.full_like(b["topk_ids"], e)
             got = fwd.moe_fn(x, L["w13p"], L["w13s"], L["w2p"], L["w2s"], b["topk_w"], ids)
@@ -121,19 +120,20 @@ def _case(preset, tp, layers, context, n, variant: str, comps: frozenset, plan: 
             ref = reference_moe_w4a16(x, ckpt[0], L["w13s"][e: e + 1], ckpt[1], L["w2s"][e: e + 1],
                                       b["topk_w"], torch.zeros_like(ids))
             err = rel_error(got, ref)
-            ok = err <= 1e-2 and 0 <= int(accepted[0]) < n and bool(torch.isfinite(fwd.buf[n]["predict"]).all())
-            detail = f"moe rel_err {err:.2e}; accepted {int(accepted[0])} of {n - 1}"
+            ok = (err <= 1e-2 and 0 <= int(accepted[0]) < tokens
+                  and bool(torch.isfinite(fwd.buf[tokens]["predict"]).all()))
+            detail = f"moe rel_err {err:.2e}; accepted {int(accepted[0])} of {tokens - 1}"
             if comp is not None:  # the engine's decode attention against torch before it is timed
                 good, said = deployed.check(comp, fwd)
                 ok, detail = ok and good, f"{detail}; {said}" if said else detail
             if fwd.ops is not TORCH_OPS:  # fused (or the engine's attention) against plain torch
-                err_fwd = fused_vs_torch(fwd, n)
+                err_fwd = fused_vs_torch(fwd, tokens)
                 ok = ok and err_fwd <= FORWARD_TOLERANCE
                 detail += f"; first {CHECK_LAYERS} layers fused vs torch small ops rel_err {err_fwd:.2e}"
             return ok, detail
 
         def derive(m):
-            d = {"tokens": n, "batch": batch, "allreduce_bytes": batch * n * fwd.s.hidden * 2,
+            d = {"tokens": tokens, "batch": batch, "allreduce_bytes": batch * tokens * fwd.s.hidden * 2,
                  "variant": variant, "allreduce_stand_in_us": ar_us, "allreduce_source": ar_source,
                  "ops": fwd.ops.name}
             d["pdl"] = not no_pdl and pdl.enabled(fwd.device)
@@ -144,8 +144,8 @@ def _case(preset, tp, layers, context, n, variant: str, comps: frozenset, plan: 
             if plan is not None and plan.reduced:
                 d["memory_note"] = plan.note
             if variant == "full":
-                distinct = fwd.distinct_experts(n)
-                by = fwd.weight_bytes(n, distinct)
+                distinct = fwd.distinct_experts(tokens)
+                by = fwd.weight_bytes(tokens, distinct)
                 copy = ceiling.copy_gbps(fwd.device)
                 d.update(bytes=by["total"], routed_bytes=by["routed_experts"], kv_bytes=by["kv"],
                          component_bytes=by["by_component"],
@@ -177,7 +177,6 @@ def cases(preset: str, tp: int, context: int = presets.CONTEXT, tokens: tuple[in
     if max(ns) > FORWARD_MAX_TOKENS:
         raise ValueError(f"--tokens: the verify forward runs n = 1..{FORWARD_MAX_TOKENS}, got {max(ns)}")
     batches = tuple(batch or (1,))
-    check_forward_rows(batches, ns)
     top = max(batches)
     plan = plan_layers(preset, tp, layers, context, top)
     out = []

@@ -52,7 +52,7 @@ def _time_config(preset: str, tp: int, n: int, config: dict, max_time_s: float, 
     On CPU (the interpreter's dry run: its path, not its times) one input set, eager, one sample."""
     try:
         spec = make_case(preset, tp, "triton", n, "uniform", device, "graph", {}, config=config)
-        fns, check, derive = spec.setup()
+        fns, check, derive = spec.prepare()
         ok, detail = check()
         if not ok:
             raise RuntimeError(f"check failed: {detail}")

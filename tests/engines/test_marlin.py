@@ -229,7 +229,7 @@ def test_the_marlin_row_is_skipped_on_cpu_in_one_line_naming_the_release_and_the
 
     spec = next(s for s in moe_int4.cases("tiny", 1, 64) if s.params["impl"] == "sglang.marlin")
     with pytest.raises(CaseSkipped) as e:
-        spec.setup()
+        spec.prepare()
     reason = str(e.value)
     assert "\n" not in reason and reason.startswith("the engine's rows: sglang")
     assert "needs a CUDA GPU" in reason and "nvcc" in reason

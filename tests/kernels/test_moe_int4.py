@@ -458,7 +458,7 @@ def test_bench_cases_for_tiny_check_on_cpu_and_build_tables():
     records = []
     for spec in (s for s in specs if s.params["impl"] != "triton"):
         try:
-            fns, check, derive = spec.setup()
+            fns, check, derive = spec.prepare()
         except CaseSkipped as e:  # an engine's row where the engine is absent (a fresh clone): skipped, said why
             assert "." in spec.params["impl"] and "the engine's rows" in str(e), f"{spec.name}: {e}"
             continue

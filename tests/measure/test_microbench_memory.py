@@ -94,7 +94,7 @@ def test_cublas_workspaces_are_released_before_the_gpu_bytes_are_counted(monkeyp
 def test_spent_cases_free_the_weight_stack_their_setups_shared():
     specs = [s for s in graph_replay.cases("tiny", 1, 64, (1, 2)) if s.name.startswith("graph/model/")]
     before = memory.live_bytes(DEVICE)
-    fn, check, derive = specs[0].setup()
+    fn, check, derive = specs[0].prepare()
     assert check()[0]
     del fn, check, derive
     built = memory.live_bytes(DEVICE) - before
@@ -104,7 +104,7 @@ def test_spent_cases_free_the_weight_stack_their_setups_shared():
     graph_replay.release()
     assert memory.live_bytes(DEVICE) - before < max(built // 10, 1)
     with pytest.raises(RuntimeError, match="spent"):
-        specs[0].setup()
+        specs[0].prepare()
 
 
 def test_graph_capture_holds_the_collector_off_inside_and_restores_it(monkeypatch):

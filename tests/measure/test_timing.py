@@ -257,3 +257,18 @@ def test_a_fixed_count_case_keeps_its_counts_and_a_failed_check_is_not_timed(mon
     monkeypatch.setattr(runner, "measure", lambda fn, **kw: seen.update(kw))
     runner.run_case("x", {}, lambda: None, mode="graph", check=lambda: (True, "ok"), device="cuda", max_time_s=0.5)
     assert seen == {"mode": "graph", "device": "cuda", "max_time_s": 0.5}  # a GPU case: measure()'s own rule
+
+
+def test_a_case_setup_gets_the_params_it_names_as_arguments():
+    from verifybench.harness.measure.timing.runner import CaseSpec
+
+    got = {}
+
+    def setup(batch, tokens):
+        got.update(batch=batch, tokens=tokens)
+        return (lambda: None), (lambda: (True, "ok")), None
+
+    case = CaseSpec("x", {"batch": 4, "tokens": 3, "context": 64}, "hot", setup).run(device="cpu", max_time_s=0.05)
+    assert got == {"batch": 4, "tokens": 3} and case.check_ok
+    with pytest.raises(TypeError, match=r"case y: its setup takes \['depth'\], which its params do not carry"):
+        CaseSpec("y", {"batch": 1}, "hot", lambda depth: None).prepare()

@@ -187,8 +187,11 @@ def test_mla_decode_on_cpu_runs_the_tokens_and_context_given_and_keeps_b_times_n
     specs = bench.cases("tiny", 1, 64, (1,), batch=(20,))
     assert {s.params["tokens"] for s in specs} == {1}
     assert all(s.params["batch"] * s.params["tokens"] <= FORWARD_ROWS_MAX for s in specs)
+    from verifybench.harness import run as run_mod
+
+    scope = {"preset": "tiny", "tp": 1, "context": 64, "tokens": (4,), "batch": (20,), "options": {}}
     with pytest.raises(ValueError, match="--batch 20 x --tokens 4 = 80 tokens per verify forward"):
-        bench.cases("tiny", 1, 64, (4,), batch=(20,))
+        run_mod.check_cases(["mla_decode"], scope)  # the command's one check, on the cases listed
     capsys.readouterr()
     from verifybench.harness.measure.timing import runner
 
@@ -197,6 +200,37 @@ def test_mla_decode_on_cpu_runs_the_tokens_and_context_given_and_keeps_b_times_n
     said = capsys.readouterr().out.splitlines()
     assert said == ["mla_decode on CPU: context 256 in place of the profile's 64 (enough keys for the split kernel "
                     "to split; --context N runs N)"]
+
+
+# ---- B x D: checked once, where the command reads --batch and --tokens (run._cases), for every component
+
+BATCH_COMPONENTS = ("cycle", "mla_decode", "mla_verify", "verify")
+
+
+@pytest.mark.parametrize("command", [*BATCH_COMPONENTS, "run"])
+def test_b_times_d_past_the_limit_is_refused_in_one_line_by_every_command_that_takes_batch_and_tokens(
+        command, tmp_path, capsys):
+    assert main([command, "--batch", "32", "--tokens", "3", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    d = "--configs D" if command == "cycle" else "--tokens"  # the cycle's D is its configurations' (--tokens picks)
+    assert len(err) == 1 and err[0].endswith(f"--batch 32 x {d} 3 = 96 tokens per verify forward; at most 64 (B x D)")
+    assert not any(tmp_path.iterdir())  # refused before anything ran
+
+
+def test_the_batch_components_cases_carry_batch_and_tokens_and_their_setups_take_them_by_name():
+    """The batch and the tokens a case's record names are the arguments its setup gets (CaseSpec.prepare); the
+    components list B x D past the limit without refusing it: the command's one check does."""
+    import inspect
+
+    from verifybench.harness import components, run as run_mod
+
+    assert tuple(sorted(run_mod.batch_components())) == BATCH_COMPONENTS
+    for name in BATCH_COMPONENTS:
+        specs = components.load(name).cases("tiny", 1, 64, (3,), batch=(1, 32))
+        tokens = "draft_tokens" if name == "cycle" else "tokens"
+        assert specs and {s.params["batch"] for s in specs} == {1, 32}, name
+        assert {s.params[tokens] for s in specs} == {3}, name
+        assert all({"batch", tokens} <= set(inspect.signature(s.setup).parameters) for s in specs), name
 
 
 @CPU_ONLY

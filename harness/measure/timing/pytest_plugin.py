@@ -122,7 +122,7 @@ def device_benchmark(benchmark, request):
         benchmark.group = benchmark.group or histogram_group(spec.name, names)
         if benchmark.disabled:
             try:
-                fn, check, _ = spec.setup()
+                fn, check, _ = spec.prepare()
             except CaseSkipped as why:
                 pytest.skip(f"{spec.name}: {why}")
             ok, detail = check()

@@ -6,6 +6,7 @@ a failing check yields a Case with no time.
 from __future__ import annotations
 
 import gc
+import inspect
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -71,16 +72,29 @@ class Case:
 
 @dataclass
 class CaseSpec:
-    """A component's case before it runs: `setup()` allocates inputs and returns (fn, check, derive).
+    """A component's case before it runs: `prepare()` calls `setup`, which allocates inputs and returns
+    (fn, check, derive).
 
-    Setup is deferred so listing cases allocates nothing; `measure_kw` are extra `measure` arguments.
+    Setup is deferred so listing cases allocates nothing; `measure_kw` are extra `measure` arguments. The arguments
+    the setup names are the case's params of those names (`def setup(batch, tokens)` gets params["batch"] and
+    params["tokens"]): what the record says the case ran reaches its kernels as arguments a reader can follow.
     """
 
     name: str
     params: dict
     mode: str
-    setup: Callable[[], tuple[Callable, Check, Callable[[Measurement], dict] | None]]
+    setup: Callable[..., tuple[Callable, Check, Callable[[Measurement], dict] | None]]
     measure_kw: dict = field(default_factory=dict)
+
+    def prepare(self) -> tuple[Callable, Check, Callable[[Measurement], dict] | None]:
+        """Call the setup with the params it names; (fn, check, derive)."""
+        # named, with no default: a default binds a loop's value (`lambda p=params: ...`), *args and **kw get nothing
+        names = [n for n, p in inspect.signature(self.setup).parameters.items()
+                 if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        missing = [n for n in names if n not in self.params]
+        if missing:
+            raise TypeError(f"case {self.name}: its setup takes {missing}, which its params do not carry")
+        return self.setup(**{n: self.params[n] for n in names})
 
     def spend(self) -> None:
         """Drop the setup: its closure may hold what the cases built (a weight stack shared across token counts),
@@ -94,7 +108,7 @@ class CaseSpec:
         cases to out-of-memory errors while larger cases beside them ran). Out of memory again, it is skipped."""
         for _ in range(2):
             try:
-                fn, check, derive = self.setup()
+                fn, check, derive = self.prepare()
                 return run_case(self.name, self.params, fn, check=check, mode=self.mode, derive=derive,
                                 **{**self.measure_kw, **overrides})
             except CaseSkipped as e:
