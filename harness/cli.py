@@ -65,8 +65,8 @@ from verifybench.harness.analysis.numbers import Parser  # noqa: E402
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("verifybench.harness.run", "the main job: every component for a preset, result JSON + markdown report + "
             "charts"),
-    "compare": ("verifybench.harness.measure.results.compare", "noise-aware comparison of two result files: SAME / FAST / "
-                "SLOW / AMBG per case"),
+    "compare": ("verifybench.harness.measure.results.compare", "noise-aware comparison of two result files: SAME / "
+                "FAST / SLOW / AMBG per case"),
     "tune": ("verifybench.harness.tune", "tune the Triton kernels' configs for this GPU (writes a per-user table)"),
     "env": ("verifybench.harness.measure.env", "the run fingerprint: GPUs, links, clocks, versions, "
             "NCCL_*/CUDA_*/TORCH_* variables"),

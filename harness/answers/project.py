@@ -24,7 +24,8 @@ from verifybench.harness.analysis.numbers import MAX_GBPS, finite_float
 from verifybench.harness.model.build import MAX_ALLREDUCE_US
 from verifybench.harness.measure.results import result_files, store
 from verifybench.harness.measure.host.fingerprint import gpu_model
-from verifybench.harness.measure.results.store import BYTES_TABLE, COUNT, COUNT_OR_NULL, NONNEGATIVE, POSITIVE, TEXT, Need
+from verifybench.harness.measure.results.store import (BYTES_TABLE, COUNT, COUNT_OR_NULL, NONNEGATIVE, POSITIVE, TEXT,
+                                                       Need)
 from verifybench.harness.model import presets
 
 # what project reads from each passing case of a verify result, checked when the file is read

@@ -108,8 +108,8 @@ _HELD: dict = {}  # the (rows, d, device, dtype) whose caches the component hold
 
 def planned_caches(rows: int, d: int, device: str, dtype: torch.dtype, batch: int = 1) -> tuple[tuple, memory.Plan]:
     """The rotation's caches (`rows` holds all `batch` requests' regions), as many as fit the free memory
-    (measure/timing/memory.py; at least one, else CaseSkipped), planned once per cache shape after the previous shape's caches
-    are dropped."""
+    (measure/timing/memory.py; at least one, else CaseSkipped), planned once per cache shape after the previous
+    shape's caches are dropped."""
     key = (rows, d, device, dtype)
     if _HELD.get("key") != key:
         cache_copies.cache_clear()

@@ -96,9 +96,9 @@ _PLANS: dict = {}  # (preset, tp, device, what) -> memory plan of the layer sets
 def planned_layers(preset: str, tp: int, device: str, dense_dtype: torch.dtype | None = None) -> tuple[tuple,
                                                                                                        memory.Plan]:
     """The INT4 layer sets (dense_dtype None) or their dense copies, as many of LAYERS as fit the free memory
-    (measure/timing/memory.py): the INT4 sets count twice (the kernel's planar repack is cached beside each) and on a GPU
-    three times (the Marlin row's copy too; on CPU that row skips), the dense ones 3.56x an INT4 set. At least one
-    set, else CaseSkipped."""
+    (measure/timing/memory.py): the INT4 sets count twice (the kernel's planar repack is cached beside each) and on a
+    GPU three times (the Marlin row's copy too; on CPU that row skips), the dense ones 3.56x an INT4 set. At least
+    one set, else CaseSkipped."""
     p = preset_shape(preset, tp)
     int4_set = p.experts * moe.expert_bytes_int4(p.hidden, p.expert_intermediate, p.expert_group_size)
     key = (preset, tp, device, "int4")

@@ -36,8 +36,8 @@ DEFAULT_COUNTS = {"cuda": (3, 40), "cpu": (2, 5)}
 
 def check_memory(plan: dict, device: str, sharers: int = 1) -> None:
     """MemoryError naming the bytes and the --layers that would fit, when this rank's forward does not fit its share
-    of the free memory (measure/timing/memory.py's rule): before building, not by dying of OOM halfway through. On a CPU the
-    `sharers` ranks of a host share its memory; on GPUs each rank has its own."""
+    of the free memory (measure/timing/memory.py's rule): before building, not by dying of OOM halfway through. On a
+    CPU the `sharers` ranks of a host share its memory; on GPUs each rank has its own."""
     s = presets.get(plan["preset"], plan["tp"], plan["layers"])
 
     def need(n_layers: int) -> int:

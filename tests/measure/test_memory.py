@@ -1,5 +1,6 @@
-"""The memory rule (measure/timing/memory.py) on CPU with a fake free-memory figure: components run what fits (fewer layers,
-fewer rotation sets, said in the case) or skip naming the bytes needed and free; never a raw out-of-memory error."""
+"""The memory rule (measure/timing/memory.py) on CPU with a fake free-memory figure: components run what fits (fewer
+layers, fewer rotation sets, said in the case) or skip naming the bytes needed and free; never a raw out-of-memory
+error."""
 import pytest
 import torch
 

@@ -22,7 +22,8 @@ from verifybench.harness.measure.host import fingerprint as fpmod
 from verifybench.harness.measure.results import store
 from verifybench.harness.measure import stance
 from verifybench.harness.measure.results import compare_cpu, result_files
-from verifybench.harness.measure.results.compare_files import CaseData, RunData, load  # noqa: F401 (compare.load, its types)
+# compare.load and its types, for compare's importers
+from verifybench.harness.measure.results.compare_files import CaseData, RunData, load  # noqa: F401
 from verifybench.harness.measure.timing.modes import HOST_TIMED_MODES
 from verifybench.harness.measure.exits import EXIT_BAD_INPUT, EXIT_OK, EXIT_FAILED as EXIT_SLOW  # noqa: E402
 # fields that change between any two runs of the same machine: never a reason to distrust a comparison
