@@ -14,8 +14,7 @@ import os
 import signal
 import sys
 
-from verifybench.harness.measure import interpreter
-
+from verifybench.harness.measure.host import interpreter
 from verifybench.harness.measure.exits import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_STDOUT_CLOSED
 
 INTERRUPTED = "verifybench: interrupted; the files already saved are complete, nothing half-written is left"
@@ -66,8 +65,8 @@ from verifybench.harness.analysis.numbers import Parser  # noqa: E402
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("verifybench.harness.run", "the main job: every component for a preset, result JSON + markdown report + "
             "charts"),
-    "compare": ("verifybench.harness.measure.compare", "noise-aware comparison of two result files: SAME / FAST / "
-                "SLOW / AMBG per case"),
+    "compare": ("verifybench.harness.measure.results.compare", "noise-aware comparison of two result files: SAME / "
+                "FAST / SLOW / AMBG per case"),
     "tune": ("verifybench.harness.tune", "tune the Triton kernels' configs for this GPU (writes a per-user table)"),
     "env": ("verifybench.harness.measure.env", "the run fingerprint: GPUs, links, clocks, versions, "
             "NCCL_*/CUDA_*/TORCH_* variables"),
@@ -90,7 +89,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def build_parser() -> argparse.ArgumentParser:
     from verifybench.harness import components, run
-    from verifybench.harness.measure.modes import MODE_HELP
+    from verifybench.harness.measure.timing.modes import MODE_HELP
 
     p = Parser(
         prog="verifybench",
@@ -148,7 +147,7 @@ def _stdout_closed() -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    from verifybench.harness.measure.results import ResultsError
+    from verifybench.harness.measure.results.store import ResultsError
 
     before = quiet_sigint(True)  # build_parser imports every command's module
     try:

@@ -20,9 +20,9 @@ from pathlib import Path
 from verifybench.harness.analysis.numbers import MAX_CONTEXT, context_arg, name_list, positive_int, tokens_upto
 from verifybench.harness.model.presets import CONTEXT
 from verifybench.harness.model.forward import FORWARD_MAX_TOKENS
-from verifybench.harness.measure import results
-from verifybench.harness.measure.timing import cuda_available, measure
-from verifybench.harness.measure.capture import graph_capture
+from verifybench.harness.measure.results import store
+from verifybench.harness.measure.timing.timer import cuda_available, measure
+from verifybench.harness.measure.timing.capture import graph_capture
 
 RANGE = "verify_forward"
 CYCLE_RANGE = "spec_cycle"
@@ -34,7 +34,7 @@ def _export(prof, out: Path) -> Path:
         raw = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(raw))
         data = gzip.compress(raw.read_bytes(), mtime=0)
-    return results.write_new(out, data)
+    return store.write_new(out, data)
 
 
 def _captured(fn):
@@ -151,7 +151,7 @@ def run(args) -> int:
     if not str(args.out).endswith(".json.gz"):
         raise ValueError(f"the trace is written gzipped: give a name ending in .json.gz, got {args.out}")
     presets.get(args.preset, args.tp, args.layers)
-    plan = verify.plan_layers(args.preset, args.tp, args.layers, args.context)  # measure/memory.py's rule
+    plan = verify.plan_layers(args.preset, args.tp, args.layers, args.context)  # measure/timing/memory.py's rule
     if plan.units == 0:
         raise ValueError(plan.skip)
     if plan.reduced:
@@ -163,7 +163,7 @@ def run(args) -> int:
         from verifybench.harness.components.cycle import parse_configs
 
         parse_configs(args.config)
-    results.check_writable(args.out.parent)
+    store.check_writable(args.out.parent)
     if args.what == "cycle":
         info = record_cycle(args.out, args.preset, args.tp, args.context, args.config, args.attention, args.replays,
                             args.layers)
@@ -171,6 +171,6 @@ def run(args) -> int:
         info = record_forward(args.out, args.preset, args.tp, args.context, args.tokens, args.replays, args.layers,
                               comps)
     trace = Path(info["trace"])  # the name written: a numbered one when OUT existed
-    results.write_json_new(trace.with_name(trace.name.replace(".json.gz", ".direct.json")), info)
+    store.write_json_new(trace.with_name(trace.name.replace(".json.gz", ".direct.json")), info)
     print(json.dumps(info))
     return 0

@@ -13,12 +13,14 @@ import torch
 
 from verifybench.harness import components
 from verifybench.harness.answers import advise
-from verifybench.harness.analysis.numbers import (FORWARD_ROWS_MAX, MAX_CONTEXT, context_arg, int_in, out_path,
-                                                  request_batches_arg, tokens_arg)
-from verifybench.harness.measure import fingerprint, hostpin, hostprobe, interpreter, memory, results, tables, timing
+from verifybench.harness.analysis.numbers import (FORWARD_ROWS_MAX, MAX_CONTEXT, check_forward_rows, context_arg,
+                                                  int_in, out_path, request_batches_arg, tokens_arg)
+from verifybench.harness.measure.host import fingerprint, hostpin, hostprobe, interpreter
+from verifybench.harness.measure.results import store, tables
+from verifybench.harness.measure.timing import memory, timer
 from verifybench.harness.measure.exits import EXIT_FAILED, EXIT_OK
-from verifybench.harness.measure.runner import release_unreferenced
-from verifybench.harness.measure.timing import cuda_available
+from verifybench.harness.measure.timing.runner import release_unreferenced
+from verifybench.harness.measure.timing.timer import cuda_available
 from verifybench.harness.model.presets import CONTEXT, CPU_CONTEXT
 from verifybench.kernels.common import config_tables, settings
 
@@ -58,7 +60,7 @@ def add_scope_arguments(p: argparse.ArgumentParser, tokens: bool = True, batch: 
                        f"tokens; B x tokens per request at most {FORWARD_ROWS_MAX}. `run`: the components that take "
                        f"it ({', '.join(batch_components())}); the others run one request")
     p.add_argument("--out", type=out_path, default=None,
-                   help=f"results folder (default ./{results.DEFAULT_OUT}/<machine>/, outside the checkout's results/)")
+                   help=f"results folder (default ./{store.DEFAULT_OUT}/<machine>/, outside the checkout's results/)")
     p.add_argument("--allreduce-from", metavar="RESULT[:BACKEND]", default=None,
                    help="one GPU: the allreduce stand-in waits the latency measured in this allreduce or NCCL-sweep "
                    "result (the named backend, else the fastest; graph mode, nearest size) instead of the reference "
@@ -120,7 +122,10 @@ def _cases(name: str, scope: dict) -> list:
     from verifybench.harness.model import build
 
     with build.allreduce_source(scope.get("allreduce_from")):  # --allreduce-from, handed to the stand-in
-        return module.cases(scope["preset"], scope["tp"], scope["context"], scope["tokens"], **options)
+        specs = module.cases(scope["preset"], scope["tp"], scope["context"], scope["tokens"], **options)
+    if getattr(module, "TAKES_BATCH", False):  # B x D: the one check, on the batch and tokens each case will run
+        check_forward_rows([s.params for s in specs])
+    return specs
 
 
 def check_cases(names: list[str], scope: dict) -> None:
@@ -152,16 +157,16 @@ def run_component(name: str, scope: dict, out_dir: Path, quiet: bool = False) ->
         # minutes of measurement are not thrown away: the cases that finished are saved, the file says it is partial
         if not cases:
             raise
-        run = results.make_run(name, cases, fp, extra={**extra, "interrupted_after_cases": len(cases),
+        run = store.make_run(name, cases, fp, extra={**extra, "interrupted_after_cases": len(cases),
                                                        "cases_planned": planned})
         raise KeyboardInterrupt(f"{name}'s {len(cases)} finished cases of {planned} are in "
-                                f"{results.save_run(run, out_dir)}") from None
+                                f"{store.save_run(run, out_dir)}") from None
     finally:
         specs = None  # their setups may hold what the cases built (a shared weight stack)
         module.release()
         release_unreferenced()
-    run = results.make_run(name, cases, fp, extra=extra)
-    path = results.save_run(run, out_dir)
+    run = store.make_run(name, cases, fp, extra=extra)
+    path = store.save_run(run, out_dir)
     run["saved_path"] = str(path)  # in memory only: the summary and the report name the file
     if not quiet:
         for title, rows in module.tables(run["cases"]):
@@ -254,7 +259,7 @@ def write_report(runs: dict[str, dict], scope: dict, out_dir: Path, notices: lis
     run carries the run's UTC time in its name, numbered when another run of that second took the name."""
     saved = saved or {}
     first = next(iter(runs.values()))
-    fp, stamp = first["fingerprint"], results.stamp(first)
+    fp, stamp = first["fingerprint"], store.stamp(first)
     lines = [f"# verifybench run: {scope['preset']} TP{scope['tp']}, context {scope['context']}, on {fp['gpu_model']}",
              "", f"For {deployment_line(runs)}.", ""]
     lines += report_opening(runs, scope, out_dir)
@@ -273,7 +278,7 @@ def write_report(runs: dict[str, dict], scope: dict, out_dir: Path, notices: lis
             lines += [f"From `{Path(source).name}`.{tokens_run(run)}", ""]
         # the verify break-even takes the draft and overhead the cycle measured in the same run
         measured = {"cycle": runs["cycle"], "cycle_name": saved["cycle"].name if "cycle" in saved else
-                    f"cycle-{results.stamp(runs['cycle'])}.json"} if name == "verify" and "cycle" in runs else {}
+                    f"cycle-{store.stamp(runs['cycle'])}.json"} if name == "verify" and "cycle" in runs else {}
         for title, rows in module.tables(run["cases"], **measured):
             lines += [f"**{title}**", "", tables.render(rows, "github"), ""]
         for png in module.charts(run["cases"], out_dir, stamp):
@@ -283,7 +288,7 @@ def write_report(runs: dict[str, dict], scope: dict, out_dir: Path, notices: lis
         skipped = [f"{c['name']} ({c['skipped']})" for c in run["cases"] if c.get("skipped")]
         if skipped:
             lines += [f"Skipped (cannot run here): {'; '.join(skipped)}", ""]
-    return results.write_new(out_dir / f"run-{scope['preset']}-tp{scope['tp']}-{stamp}.md", "\n".join(lines).encode())
+    return store.write_new(out_dir / f"run-{scope['preset']}-tp{scope['tp']}-{stamp}.md", "\n".join(lines).encode())
 
 
 def _check_pin_cpu() -> None:
@@ -301,7 +306,7 @@ def check_environment(gpu: bool) -> None:
     from verifybench.harness.model import build
     from verifybench.kernels.common import pdl
 
-    timing.max_time_from_env()
+    timer.max_time_from_env()
     build.allreduce_stand_in_us()
     build.ops_choice("cuda" if gpu else "cpu")
     pdl.enabled("cpu")  # reads and checks VERIFYBENCH_PDL
@@ -318,7 +323,7 @@ def prepare(scope: dict) -> Path:
     """Check the environment, pin the host, cap the memory, set one torch thread for the CPU smoke profile, check
     the output folder: all before measuring (the profile's sampling rule: runner.cpu_measure_kw)."""
     check_environment(not scope["cpu"])
-    out = results.check_writable(scope["out"] or results.default_dir(fingerprint.collect()))
+    out = store.check_writable(scope["out"] or store.default_dir(fingerprint.collect()))
     hostpin.pin()
     if scope["cpu"]:
         print(cpu_banner())
@@ -380,11 +385,11 @@ def run_one(args) -> int:
     if args.command == "cycle" and scope["options"].get("contexts"):  # the chart its --help promises
         from verifybench.harness.components import cycle
 
-        print(cycle.context_chart_line(result["cases"], out_dir, results.stamp(result)))
+        print(cycle.context_chart_line(result["cases"], out_dir, store.stamp(result)))
     if args.command == "cycle" and len(scope.get("batch") or ()) > 1:  # tau* over B, one line per context
         from verifybench.harness.analysis import batches
 
-        png = batches.chart(result, out_dir, results.stamp(result))
+        png = batches.chart(result, out_dir, store.stamp(result))
         print(f"chart: {png}" if png else "no chart of tau* over B on CPU: CPU numbers draw no comparison; `verifybench "
               "advise` on a GPU run's folder draws it (with --accept-len: the speedup over B)")
     config_tables.print_defaults_notice()

@@ -1,4 +1,4 @@
-"""Benchmarks run through the suite's engine; pytest-benchmark stores device samples (measure/pytest_plugin.py).
+"""Benchmarks run through the suite's engine; pytest-benchmark stores device samples (measure/timing/pytest_plugin.py).
 Each module leaves the memory as it found it: its cases are spent, its component's caches released, and the bytes
 still alive afterwards are checked against those alive before it (LEAK_TOLERANCE_BYTES)."""
 import gc
@@ -7,8 +7,8 @@ import importlib
 import pytest
 import torch
 
-from verifybench.harness.measure import memory
-from verifybench.harness.measure.pytest_plugin import (device_benchmark, pytest_benchmark_update_machine_info,  # noqa: F401
+from verifybench.harness.measure.timing import memory
+from verifybench.harness.measure.timing.pytest_plugin import (device_benchmark, pytest_benchmark_update_machine_info,  # noqa: F401
                                                       pytest_configure, pytest_sessionstart, pytest_terminal_summary)
 
 LEAK_TOLERANCE_BYTES = 8 << 20  # allocator rounding and the L2 flush buffer, not a layer's weights

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import torch
 
-from verifybench.harness.measure import fingerprint, results
+from verifybench.harness.measure.host import fingerprint
+from verifybench.harness.measure.results import store
 from verifybench.harness.measure.exits import EXIT_BAD_INPUT, EXIT_OK
-from verifybench.harness.measure.timing import cuda_available, measure
+from verifybench.harness.measure.timing.timer import cuda_available, measure
 from verifybench.harness.model.build import allreduce_stand_in_us, build_forward
 from verifybench.kernels.common import config_tables, devices
 
@@ -102,13 +103,13 @@ def main(argv=None) -> int:
         ap.error("--rounds must be >= 1")
     if args.user_dir is not None and not any(args.user_dir.glob("*_configs.json")):
         ap.error(f"--user-dir {args.user_dir}: no *_configs.json table there")
-    results.check_writable(args.out.parent)
+    store.check_writable(args.out.parent)
     fwd = build_forward(args.preset, args.tp, args.layers, args.context, allreduce_stand_in_us()[0])
     with tempfile.TemporaryDirectory() as empty:
         dirs = {"tuned": empty, **({"retuned": str(args.user_dir)} if args.user_dir else {})}
         rows = compare(fwd, args.rounds, args.max_time_s, dirs)
     gpu = devices.device_name("cuda")
-    written = results.write_json_new(args.out, {"gpu": gpu, "preset": args.preset, "tp": args.tp, "context": args.context,
+    written = store.write_json_new(args.out, {"gpu": gpu, "preset": args.preset, "tp": args.tp, "context": args.context,
                                                "layers": len(fwd.layers), "rounds": args.rounds, "mode": "graph",
                                                "user_dir": str(args.user_dir) if args.user_dir else None,
                                                "rows": rows, "fingerprint": fingerprint.collect()})

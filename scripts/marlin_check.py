@@ -71,7 +71,7 @@ def alignment_cost(experts: int, topk: int) -> None:
     the deployed forward carries this much more than the engine per layer."""
     from verifybench.harness.engines.marlin import block_size_m
     from verifybench.harness.engines.sglang import align_block_size
-    from verifybench.harness.measure.timing import measure
+    from verifybench.harness.measure.timing.timer import measure
     from verifybench.harness.model import presets
 
     layers = presets.get("kimi-k2.5", 8).moe_layers
@@ -91,7 +91,7 @@ def main(argv: list[str]) -> int:
         print("usage: scripts/marlin_check.py [--build-only]")
         return EXIT_BAD_INPUT
     from verifybench.harness.engines import EngineMissing, engine_call, import_kernel_module, label, marlin
-    from verifybench.harness.measure.runner import rel_error
+    from verifybench.harness.measure.timing.runner import rel_error
     from verifybench.kernels.moe_int4 import reference as moe
 
     if not torch.cuda.is_available():

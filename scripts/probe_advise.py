@@ -169,7 +169,7 @@ def limit_cases(work: Path) -> list[Case]:
 
     def kv_tree_off():
         from verifybench.harness.components import kv_tree
-        from verifybench.harness.measure.runner import CaseSkipped
+        from verifybench.harness.measure.timing.runner import CaseSkipped
         spec = next(s for s in kv_tree.cases("tiny", 1, 64) if s.params["backend"] == "kernel")
         try:
             kv_tree._setup(spec.params)

@@ -61,14 +61,14 @@ def module_main(cls, module, argv, needle="", **kw) -> Case:
 
 
 def _suite(path: Path, cases=None) -> Path:
-    from verifybench.harness.measure import results
-    from verifybench.harness.measure.results import Case as RCase
-    from verifybench.harness.measure.timing import Measurement
+    from verifybench.harness.measure.results import store
+    from verifybench.harness.measure.timing.runner import Case as RCase
+    from verifybench.harness.measure.timing.timer import Measurement
 
     cases = cases or {"x": np.random.default_rng(1).normal(100, 0.5, 50)}
     recs = [RCase(n, {}, True, "", Measurement("graph", "cuda", "cuda_event", list(map(float, s)), 1, 3, "ci_target",
                                                 1.0)) for n, s in cases.items()]
-    return results.write_json_atomic(path, results.make_run("demo", recs, FP))
+    return store.write_json_atomic(path, store.make_run("demo", recs, FP))
 
 
 def _edited(path: Path, edit) -> Path:

@@ -74,9 +74,9 @@ def data_lost_cases(work: Path) -> list[Case]:
         out.append(cli(cls, ["trace", t, flag, t], bad=False, check=_unchanged(Path(t))))
 
     def two_saves_in_one_second():
-        from verifybench.harness.measure import results
+        from verifybench.harness.measure.results import store
         run = json.loads(_suite(d / "r.json").read_text())
-        a, b = results.save_run(run, d / "same"), results.save_run(run, d / "same")
+        a, b = store.save_run(run, d / "same"), store.save_run(run, d / "same")
         return [str(a) != str(b), Path(a).exists() and Path(b).exists()]
 
     out.append(api(cls, "two saves of one component into one --out in the same second keep both", two_saves_in_one_second,

@@ -44,8 +44,8 @@ def output_cases(work: Path) -> list[Case]:
 
     def write_into(path):
         def fn():
-            from verifybench.harness.measure import results
-            results.write_json_atomic(path, {"a": 1})
+            from verifybench.harness.measure.results import store
+            store.write_json_atomic(path, {"a": 1})
         return fn
 
     out.append(api(cls, "write_json_atomic under a file", write_into(blocker / "x.json"),
@@ -56,12 +56,12 @@ def output_cases(work: Path) -> list[Case]:
     fail_dir.mkdir()
 
     def failing_writer():
-        from verifybench.harness.measure import results
+        from verifybench.harness.measure.results import store
 
         def write(f):
             f.write(b"half")
             raise OSError(28, "No space left on device")
-        results.write_atomic(fail_dir / "r.json", write)
+        store.write_atomic(fail_dir / "r.json", write)
 
     out.append(api(cls, "a write that fails midway (ENOSPC) leaves no temp file", failing_writer,
                    check=raises_oserror_without_temp(fail_dir)))
@@ -69,15 +69,15 @@ def output_cases(work: Path) -> list[Case]:
     killed_dir.mkdir()
 
     def killed_then_rewritten():
-        from verifybench.harness.measure import results
+        from verifybench.harness.measure.results import store
         pid = os.fork()
         if pid == 0:
-            results.write_atomic(killed_dir / "r.json", lambda f: (f.write(b"half"), os.kill(os.getpid(),
+            store.write_atomic(killed_dir / "r.json", lambda f: (f.write(b"half"), os.kill(os.getpid(),
                                                                                             signal.SIGKILL)))
             os._exit(0)
         os.waitpid(pid, 0)
         left = _no_temp(killed_dir)
-        results.write_json_atomic(killed_dir / "r.json", {"a": 1})
+        store.write_json_atomic(killed_dir / "r.json", {"a": 1})
         return left, _no_temp(killed_dir)
 
     out.append(api(cls, "a writer SIGKILLed mid-write: the next write of that name removes its temp file",
@@ -95,8 +95,8 @@ def output_cases(work: Path) -> list[Case]:
         return fn
 
     def results_write():
-        from verifybench.harness.measure import results
-        return results.write_json_atomic(work / "mode" / "r.json", {"a": 1})
+        from verifybench.harness.measure.results import store
+        return store.write_json_atomic(work / "mode" / "r.json", {"a": 1})
 
     def table_write():
         from verifybench.kernels.common import config_tables
@@ -127,8 +127,8 @@ def output_cases(work: Path) -> list[Case]:
                    check=lambda r: (r.kind == "return" and not r.value[1], f"before/after: {r.value}")))
 
     def gz_round_trip():
-        from verifybench.harness.measure import results
-        p = results.write_json_atomic(work / "g" / "r.json.gz", {"a": [1.0, float("nan")]})
+        from verifybench.harness.measure.results import store
+        p = store.write_json_atomic(work / "g" / "r.json.gz", {"a": [1.0, float("nan")]})
         return json.loads(gzip.open(p, "rt").read())
 
     out.append(api(cls, "gzip result with a NaN stores null", gz_round_trip, bad=False,

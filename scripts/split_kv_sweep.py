@@ -14,8 +14,8 @@ import torch
 
 from verifybench.harness.components import mla_verify as comp
 from verifybench.harness.measure.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
-from verifybench.harness.measure.runner import rel_error
-from verifybench.harness.measure.timing import measure
+from verifybench.harness.measure.timing.runner import rel_error
+from verifybench.harness.measure.timing.timer import measure
 from verifybench.harness.model import presets
 from verifybench.kernels.mla_verify import api as mv
 
@@ -84,7 +84,7 @@ def main() -> int:
                                                                                  scale, "split_kv", cfg))
             default = [r for r in rows if r["context"] == context and r["D"] == d]
             print(f"ctx {context} D {d}: {len(default)} configs", flush=True)
-    from verifybench.harness.measure import fingerprint  # the GPU, versions (engines included) and commit, as results carry
+    from verifybench.harness.measure.host import fingerprint  # the GPU, versions (engines included) and commit, as results carry
 
     json.dump({"gpu": torch.cuda.get_device_name(), "fingerprint": fingerprint.collect(), "rows": rows},
               open(a.out, "w"), indent=1)

@@ -33,7 +33,8 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 # pytest puts this file's folder on sys.path before importing it (no __init__.py, the default "prepend" mode):
 # the test files in the rooms' folders below import the helpers here by name, as this file does
 import early_jobs  # noqa: E402
-from verifybench.harness.measure.pytest_plugin import pytest_terminal_summary  # noqa: E402,F401 (the defaults notice)
+# the defaults notice
+from verifybench.harness.measure.timing.pytest_plugin import pytest_terminal_summary  # noqa: E402,F401
 
 
 @pytest.hookimpl(trylast=True)  # after -k and -m deselected: a run nobody reads is not started

@@ -18,8 +18,9 @@ import numpy as np
 
 from verifybench.harness.collectives.allreduce_results import size_series, time_at_size
 from verifybench.harness.collectives.backends import GPU_BACKENDS
-from verifybench.harness.measure import env, results, stance
-from verifybench.harness.measure.results import batch_of
+from verifybench.harness.measure import env, stance
+from verifybench.harness.measure.results import store
+from verifybench.harness.measure.results.store import batch_of
 from verifybench.harness.model import presets
 
 HIDDEN_BYTES = 2  # bf16 activations: one allreduce carries B * D rows of the hidden size at 2 bytes
@@ -62,7 +63,7 @@ def allreduce_costing(path: Path | None) -> dict | None:
     with only `note` where the file cannot cost one (a 1-rank result: a call floor with no peer to wait for)."""
     if path is None:
         return None
-    run = results.load_run(path)
+    run = store.load_run(path)
     series, mode = size_series(run)
     # CPU numbers where only gloo's host times are left: a multi-GPU job's gloo rows beside its GPU backends' are
     # dropped by size_series and do not make the file a CPU one
@@ -325,7 +326,7 @@ def chart(run: dict, directory: Path, stamp: str, tau_of=None) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from verifybench.harness.measure.charts import write_png
+    from verifybench.harness.measure.results.charts import write_png
 
     if stance.is_cpu_run(run) or len(batches(run)) < 2:
         return None

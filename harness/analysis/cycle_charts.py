@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from verifybench.harness.measure.charts import write_png
-from verifybench.harness.measure.results import batch_of, cpu_numbers
+from verifybench.harness.measure.results.charts import write_png
+from verifybench.harness.measure.results.store import batch_of, cpu_numbers
 
 
 def passing_rows(records):

@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from verifybench.harness.measure.stats import CONFIDENCE
+from verifybench.harness.measure.timing.stats import CONFIDENCE
 
 
 @dataclass(frozen=True)

@@ -149,13 +149,21 @@ def request_batches(text: str, name: str = "--batch") -> tuple[int, ...]:
     return count_list(text, name, FORWARD_ROWS_MAX, noun="batch size")
 
 
-def check_forward_rows(batches, tokens, what: str = "--tokens") -> None:
-    """B requests x D tokens each: the rows one verify forward carries, at most FORWARD_ROWS_MAX (ValueError naming
-    the largest pair)."""
-    b, d = max(batches), max(tokens)
+# Where a case's params hold D, its tokens per request, and the option that sets it (the cycle's D: its --configs)
+TOKENS_KEYS = {"tokens": "--tokens", "draft_tokens": "--configs D"}
+
+
+def check_forward_rows(params: list[dict]) -> None:
+    """B requests x D tokens each, over the params of the cases a command lists (its options and the component's
+    defaults, as they will run): the rows one verify forward carries, at most FORWARD_ROWS_MAX (ValueError naming
+    the largest B and D)."""
+    if not params:
+        return
+    key = "tokens" if "tokens" in params[0] else "draft_tokens"
+    b, d = max(p["batch"] for p in params), max(p[key] for p in params)
     if b * d > FORWARD_ROWS_MAX:
-        raise ValueError(f"--batch {b} x {what} {d} = {b * d} tokens per verify forward; at most {FORWARD_ROWS_MAX} "
-                         "(B x D)")
+        raise ValueError(f"--batch {b} x {TOKENS_KEYS[key]} {d} = {b * d} tokens per verify forward; at most "
+                         f"{FORWARD_ROWS_MAX} (B x D)")
 
 
 def context_list(text: str, name: str = "--contexts") -> tuple[int, ...]:

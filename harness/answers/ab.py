@@ -10,7 +10,7 @@ from __future__ import annotations
 from verifybench.harness.analysis.batches import case_config, passing_cases
 from verifybench.harness.answers.levers import attention_per_forward_ms
 from verifybench.harness.measure import stance
-from verifybench.harness.measure.results import WITHHELD, batch_of
+from verifybench.harness.measure.results.store import WITHHELD, batch_of
 from verifybench.harness.model.deployments import stand_in_text
 
 # our kernel that stands in for each engine kernel, as mla_verify / mla_decode name them

@@ -26,8 +26,8 @@ from verifybench.harness.answers.levers import ok_cases as _ok
 from verifybench.harness.answers.engine_settings import setting
 from verifybench.harness.analysis.fit import linear_fit
 from verifybench.harness.analysis.numbers import TOKEN_COUNT_MAX, context_arg, out_path
-from verifybench.harness.measure import env, results, stance
-from verifybench.harness.measure import result_files
+from verifybench.harness.measure import env, stance
+from verifybench.harness.measure.results import result_files, store
 
 KINDS = ("verify", "cycle", "mla_verify", "allreduce_sweep", "verify_dist", "defaults_vs_tuned", "graph_replay",
          "mla_decode", "moe_int4")  # the last two for their engine rows beside ours (answers/stand_ins.py)
@@ -64,9 +64,9 @@ def resolve(paths: list[Path]) -> dict[str, Path]:
 
 def default_folder() -> Path:
     """The latest run's folder: the most recently written machine folder under ./verifybench-results/."""
-    folders = [d for d in results.DEFAULT_OUT.glob("*") if d.is_dir()]
+    folders = [d for d in store.DEFAULT_OUT.glob("*") if d.is_dir()]
     if not folders:
-        raise ValueError(f"no RESULTS given and no run under {results.DEFAULT_OUT}/ (run `verifybench run`, or give "
+        raise ValueError(f"no RESULTS given and no run under {store.DEFAULT_OUT}/ (run `verifybench run`, or give "
                          "a folder such as results/baselines/nvidia-h200-x1)")
     return max(folders, key=lambda d: d.stat().st_mtime)
 
@@ -373,7 +373,7 @@ def lines_for(runs: dict, found: dict, taus=None, context: int | None = None, en
         runs = {**runs, "verify": batches.smallest_batch(runs["verify"])}
     out = ["## The answer" + at_b, f"(for {line})"] + (["(CPU numbers: every figure below is withheld)"] if cpu else [])
     ans = answer(runs, found, context)
-    out += [f"{re.split(r'[0-9(:=]', a)[0].strip()}: {results.WITHHELD}" if cpu else a for a in ans]
+    out += [f"{re.split(r'[0-9(:=]', a)[0].strip()}: {store.WITHHELD}" if cpu else a for a in ans]
     out += measured_ab
     if cpu:
         return out + would_rank(runs) + per_batch + stand_ins.lines(runs) + (
@@ -401,7 +401,7 @@ def lines_for(runs: dict, found: dict, taus=None, context: int | None = None, en
 
 def report_lines(runs_by_component: dict[str, dict], out_dir: Path) -> list[str]:
     """The report's opening: the answer and the levers for this run's results (files named as saved)."""
-    found = {name: out_dir / f"{name}-{results.stamp(run)}.json" for name, run in runs_by_component.items()}
+    found = {name: out_dir / f"{name}-{store.stamp(run)}.json" for name, run in runs_by_component.items()}
     runs = {k: v for k, v in runs_by_component.items() if k in KINDS}
     return [line.replace("## ", "### ") for line in lines_for(runs, found)] + [""]
 
@@ -420,7 +420,7 @@ def _checked(taus):
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("results_in", nargs="*", type=Path, metavar="RESULTS",
                    help="a results folder (the latest file of each kind) or result files; default the latest "
-                   f"run's folder under ./{results.DEFAULT_OUT}/")
+                   f"run's folder under ./{store.DEFAULT_OUT}/")
     acc = p.add_mutually_exclusive_group()
     acc.add_argument("--accept-len", default=None, help="tau per D or steps,topk,D: '3:2.4,6:3.1' (>= 1); gives tok/s")
     acc.add_argument("--accept-rates", default=None, help=plan.RATES_HELP)
@@ -437,7 +437,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "is given), a faster backend as the lever")
     p.add_argument("--chart-dir", type=out_path, default=None, metavar="DIR",
                    help="where the per-batch chart goes (default beside the cycle result; ./"
-                   f"{results.DEFAULT_OUT}/ where that is the checkout's results/ or cannot be written)")
+                   f"{store.DEFAULT_OUT}/ where that is the checkout's results/ or cannot be written)")
 
 
 def run(args) -> int:
@@ -446,7 +446,7 @@ def run(args) -> int:
         env.load_sweep(args.nccl_from)  # a file that is not a sweep is refused by name, before anything else
         found["allreduce_sweep"] = args.nccl_from
     if args.allreduce_from is not None:
-        kind = results.load_run(args.allreduce_from)["component"]
+        kind = store.load_run(args.allreduce_from)["component"]
         if kind != "allreduce":
             raise ValueError(f"--allreduce-from {args.allreduce_from}: a {kind} result, not an allreduce result "
                              "(an NCCL sweep goes to --nccl-from)")
@@ -465,8 +465,8 @@ def run(args) -> int:
         taus = _checked(taus)
     print("\n".join(lines_for(runs, found, taus, args.context, args.engine, args.nccl_from)))
     if "cycle" in runs:  # B requests at once: a chart (GPU numbers, several batches)
-        where = args.chart_dir or results.chart_dir(Path(found["cycle"]).parent)
-        png = batches.chart(runs["cycle"], where, results.stamp(runs["cycle"]), taus)
+        where = args.chart_dir or store.chart_dir(Path(found["cycle"]).parent)
+        png = batches.chart(runs["cycle"], where, store.stamp(runs["cycle"]), taus)
         if png is not None:
             print(f"chart: {png}")
     return 0

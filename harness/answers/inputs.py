@@ -5,14 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from verifybench.harness.answers import plan
-from verifybench.harness.measure import result_cases, result_files, results
+from verifybench.harness.measure.results import result_cases, result_files, store
 
 
 def file_kind(p: Path, kinds: tuple[str, ...]) -> str:
     """The kind of a file named on the command line, from what it holds (a run's component, a trace summary's
     schema), so a name of the user's (or a pipe, <(cat cycle.json)) is read as what it is; a file no kind of
     advise's is refused, naming what advise reads."""
-    data = results.read_json(p)
+    data = store.read_json(p)
     if data.get("schema") == "verifybench.trace":
         kind = "trace"
     elif isinstance(data.get("component"), str):
@@ -32,7 +32,7 @@ _READ: dict[str, dict] = {}
 
 
 def read(path: Path) -> dict:
-    return _READ.pop(str(path), None) or results.read_json(path)
+    return _READ.pop(str(path), None) or store.read_json(path)
 
 
 def load(found: dict[str, Path], kinds: tuple[str, ...]) -> dict[str, dict]:
@@ -47,13 +47,13 @@ def load(found: dict[str, Path], kinds: tuple[str, ...]) -> dict[str, dict]:
                 if not rows or not isinstance(rows, list) or not all(
                         isinstance(r, dict) and all(isinstance(r.get(k), (int, float)) and not isinstance(
                             r.get(k), bool) for k in ("n", "forward_default_us", "forward_tuned_us")) for r in rows):
-                    raise results.ResultsError(f"{found[kind]}: not a defaults_vs_tuned comparison (rows of n, "
+                    raise store.ResultsError(f"{found[kind]}: not a defaults_vs_tuned comparison (rows of n, "
                                                "forward_default_us, forward_tuned_us)")
                 out[kind] = data
                 continue
-            run = results.validate_run(data, str(found[kind]))
+            run = store.validate_run(data, str(found[kind]))
             if run["component"] != kind:
-                raise results.ResultsError(f"{found[kind]}: a {run['component']!r} result where a {kind} result is due")
+                raise store.ResultsError(f"{found[kind]}: a {run['component']!r} result where a {kind} result is due")
             out[kind] = result_cases.read(run, str(found[kind]), plan.NEEDS.get(kind, ()))
     models = {}
     for kind, run in out.items():

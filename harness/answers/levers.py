@@ -6,7 +6,7 @@ import numpy as np
 
 from verifybench.harness.answers.engine_settings import setting
 from verifybench.harness.analysis.batches import passing_cases as ok_cases
-from verifybench.harness.measure.results import batch_of
+from verifybench.harness.measure.results.store import batch_of
 
 
 def attention_per_forward_ms(runs: dict, variant: str, d: int, context: int, batch: int = 1) -> tuple[float, str]:

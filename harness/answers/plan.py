@@ -47,9 +47,8 @@ from verifybench.harness.analysis.breakeven import ASSUMED_DRAFT_STEP_MS, ASSUME
 from verifybench.harness.analysis.numbers import (FORWARD_ROWS_MAX, MAX_STEP_MS, TOKEN_COUNT_MAX, context_arg,
                                                   finite_float, int_in, out_path,
                                                   parse_configs, parse_keyed, parse_rates, RATES_HELP)  # noqa: F401  (plan.*)
-from verifybench.harness.measure import results
-from verifybench.harness.measure import result_files
-from verifybench.harness.measure.results import COUNT, FINITE_TABLE, POSITIVE, TEXT, Need, batch_of
+from verifybench.harness.measure.results import result_files, store
+from verifybench.harness.measure.results.store import COUNT, FINITE_TABLE, POSITIVE, TEXT, Need, batch_of
 
 DEFAULT_CONFIGS = "2,1,3;3,1,4;5,1,6;5,4,8"
 COMPARE_D = (3, 6)  # the deployment's two draft-token counts
@@ -97,9 +96,9 @@ def load_result(given) -> tuple[dict, Path, str]:
     """(run, its file, a note when a folder or a glob chose it): the latest cycle result, else verify result, of a
     folder; every field plan reads checked; a CPU smoke run refused."""
     path, note = result_files.pick_input(given, tuple(NEEDS), "RESULT")
-    run = results.load_run(path, NEEDS, "plan", gpu_only=True)
+    run = store.load_run(path, NEEDS, "plan", gpu_only=True)
     if not passing_cases(run):
-        raise results.ResultsError(f"{path}: no passing case (every check failed or it holds none): nothing to plan")
+        raise store.ResultsError(f"{path}: no passing case (every check failed or it holds none): nothing to plan")
     return run, path, note
 
 
@@ -404,7 +403,7 @@ def _costs(args, configs) -> tuple[dict, float, list[str], str | None]:
 def run(args) -> int:
     configs = parse_configs(args.configs) if args.configs is not None else None
     if args.json is not None:
-        results.refuse_inputs(args.json, args.result if isinstance(args.result, list) else [args.result], "--json")
+        store.refuse_inputs(args.json, args.result if isinstance(args.result, list) else [args.result], "--json")
     costs, decode, notes, line_note = _costs(args, configs)
     if args.accept_rates is not None:
         rates = parse_rates(args.accept_rates)
@@ -435,7 +434,7 @@ def run(args) -> int:
     if args.per_batch is not None:
         print("\n".join(batches.lines(args.per_batch, tau_of)))
     if args.json:
-        written = results.write_json_new(args.json, {"command": "plan", "source": str(args.result or "numbers"),
+        written = store.write_json_new(args.json, {"command": "plan", "source": str(args.result or "numbers"),
                                                       "decode_ms": decode, "notes": notes, "answer": lines,
                                                       "rows": rows}, [args.result], "--json")
         print(f"wrote {written}")

@@ -22,10 +22,10 @@ from tabulate import tabulate
 from verifybench.harness.analysis.decompose import Gpu, project
 from verifybench.harness.analysis.numbers import MAX_GBPS, finite_float
 from verifybench.harness.model.build import MAX_ALLREDUCE_US
-from verifybench.harness.measure import results
-from verifybench.harness.measure import result_files
-from verifybench.harness.measure.fingerprint import gpu_model
-from verifybench.harness.measure.results import BYTES_TABLE, COUNT, COUNT_OR_NULL, NONNEGATIVE, POSITIVE, TEXT, Need
+from verifybench.harness.measure.results import result_files, store
+from verifybench.harness.measure.host.fingerprint import gpu_model
+from verifybench.harness.measure.results.store import (BYTES_TABLE, COUNT, COUNT_OR_NULL, NONNEGATIVE, POSITIVE, TEXT,
+                                                       Need)
 from verifybench.harness.model import presets
 
 # what project reads from each passing case of a verify result, checked when the file is read
@@ -109,7 +109,7 @@ def run(args) -> int:
     path, note = result_files.pick_input(args.result, ("verify",), "RESULT")
     if note:
         print(note)
-    run_ = results.load_run(path, NEEDS, "project", gpu_only=True)
+    run_ = store.load_run(path, NEEDS, "project", gpu_only=True)
     fp = run_["fingerprint"]
     cases = [c for c in run_["cases"] if c["check"]["ok"]]
     iso = {(c["params"]["variant"], c["params"]["tokens"]): c["summary"]["median_us"] for c in cases}

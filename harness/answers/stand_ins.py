@@ -3,8 +3,9 @@ every shape both ran for one request, the engine kernel's median, ours, the roof
 bandwidth) and ours / engine. A ratio far from 1 says the suite's figure for that part is not what the engine spends."""
 from __future__ import annotations
 
-from verifybench.harness.measure import stance, tables
-from verifybench.harness.measure.results import WITHHELD, batch_of
+from verifybench.harness.measure import stance
+from verifybench.harness.measure.results import tables
+from verifybench.harness.measure.results.store import WITHHELD, batch_of
 from verifybench.harness.engines import backends
 
 # component: (the params key naming what ran, (our stand-in, the engine's kernel it stands in for) pairs), as

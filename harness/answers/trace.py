@@ -265,8 +265,8 @@ def format_report(result: dict) -> str:
 def against_file(given) -> Path:
     """The verify result --against names: a file, a results folder's latest verify result, or the latest of several
     files (a glob), said when chosen; TraceError otherwise."""
-    from verifybench.harness.measure.result_files import pick_input
-    from verifybench.harness.measure.results import ResultsError
+    from verifybench.harness.measure.results.result_files import pick_input
+    from verifybench.harness.measure.results.store import ResultsError
 
     try:
         path, note = pick_input(given, ("verify",), "--against")
@@ -280,8 +280,8 @@ def against_file(given) -> Path:
 # ---- outputs ----
 
 def _write_new(path: str | Path, write, inputs=(), option: str = "output") -> Path:
-    """results.write_new: never onto an input trace, never over an existing file (a fresh name instead)."""
-    from verifybench.harness.measure.results import ResultsError, write_new
+    """store.write_new: never onto an input trace, never over an existing file (a fresh name instead)."""
+    from verifybench.harness.measure.results.store import ResultsError, write_new
 
     try:
         return write_new(Path(path), write, inputs, option)
@@ -350,7 +350,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from verifybench.harness.measure.results import ResultsError, refuse_inputs
+    from verifybench.harness.measure.results.store import ResultsError, refuse_inputs
 
     try:
         if args.tokens is not None and not args.against:

@@ -21,7 +21,7 @@ RESULT_COMMAND = "verifybench verify, or verifybench run --components verify"
 
 def load_against(path: str | Path) -> dict:
     """A suite verify result from a GPU (schema verifybench.result, component verify), or TraceError."""
-    from verifybench.harness.measure.results import ResultsError, load_run, read_json, validate_run
+    from verifybench.harness.measure.results.store import ResultsError, load_run, read_json, validate_run
 
     try:  # its kind first: another kind's cases are not read as a verify result's
         run = validate_run(read_json(Path(path)), str(path))

@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from verifybench.harness.measure import results, stance
+from verifybench.harness.measure import stance
+from verifybench.harness.measure.results import store
 from verifybench.harness.collectives.backends import ALL_BACKENDS, ELEMENT_BYTES, GPU_BACKENDS
-from verifybench.harness.measure.results import Case
-from verifybench.harness.measure.timing import Measurement
+from verifybench.harness.measure.timing.runner import Case
+from verifybench.harness.measure.timing.timer import Measurement
 
 COMPONENT = "allreduce"
 MODES = ("graph", "eager", "isolated")
@@ -132,7 +133,7 @@ def stand_in_from_result(spec: str, size_bytes: int | None = None) -> tuple[floa
     gloo's (CPU numbers, labelled so) only where it has none and no GPU is here. Rounded to STAND_IN_DECIMALS.
     Raises ValueError, naming the file, when it has none."""
     path, backend = _split_spec(spec)
-    run = results.load_run(path)
+    run = store.load_run(path)
     if run["component"] not in (COMPONENT, "allreduce_sweep"):
         raise ValueError(f"{path}: an allreduce result or NCCL sweep summary is needed, got {run['component']!r}")
     cases = [c for c in run["cases"] if c["check"]["ok"] and (backend is None or c["params"]["backend"] == backend)]

@@ -19,8 +19,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from verifybench.harness.measure.topology import missing_p2p_pairs
-from verifybench.harness.measure.capture import graph_capture
+from verifybench.harness.measure.host.topology import missing_p2p_pairs
+from verifybench.harness.measure.timing.capture import graph_capture
 
 DTYPE = torch.bfloat16
 ELEMENT_BYTES = 2

@@ -16,13 +16,13 @@ import torch
 import torch.distributed as dist
 
 from verifybench.harness.measure import stance
-from verifybench.harness.measure.results import CPU_TIMING, cpu_numbers
+from verifybench.harness.measure.results.store import CPU_TIMING, cpu_numbers
 from verifybench.harness.model import presets
 from verifybench.harness.collectives.allreduce_results import ENGINE_MODE, busbw_factor, table_rows
 from verifybench.harness.collectives.backends import (ELEMENT_BYTES, Comm, check_eager, check_graph, expected_sum, make_backend,
                                         prepare_for_timing, unavailable_reason)
-from verifybench.harness.measure.runner import CaseSkipped, CaseSpec
-from verifybench.harness.measure.timing import cuda_available
+from verifybench.harness.measure.timing.runner import CaseSkipped, CaseSpec
+from verifybench.harness.measure.timing.timer import cuda_available
 
 NAME = "allreduce"
 HELP = ("allreduce call floor of each backend in a 1-rank group (several GPUs: torchrun -m "

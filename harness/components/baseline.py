@@ -10,10 +10,11 @@ from pathlib import Path
 
 import torch
 
-from verifybench.harness.measure import ceiling, stance
-from verifybench.harness.measure.results import cpu_numbers, mode_label, withhold_on_cpu
-from verifybench.harness.measure.runner import CaseSpec, rel_error
-from verifybench.harness.measure.timing import cuda_available
+from verifybench.harness.measure import stance
+from verifybench.harness.measure.timing import ceiling
+from verifybench.harness.measure.results.store import cpu_numbers, mode_label, withhold_on_cpu
+from verifybench.harness.measure.timing.runner import CaseSpec, rel_error
+from verifybench.harness.measure.timing.timer import cuda_available
 
 NAME = "baseline"
 HELP = "copy-bandwidth ceiling and the sync-distortion exhibit"

@@ -19,14 +19,14 @@ from verifybench.harness.analysis.cycle_charts import several_batches as _severa
 from verifybench.harness.analysis.cycle_charts import several_contexts as _several_contexts
 from verifybench.harness.analysis.cycle_charts import context_chart as _context_chart
 from verifybench.harness.analysis.cycle_charts import context_chart_line  # noqa: F401 (cycle.context_chart_line)
-from verifybench.harness.analysis.numbers import check_forward_rows, context_list, contexts_arg, name_list, nonempty
+from verifybench.harness.analysis.numbers import context_list, contexts_arg, name_list, nonempty
 from verifybench.harness.analysis.numbers import parse_configs as read_configs
 from verifybench.harness.components.mla_verify import variant_config
-from verifybench.harness.measure import memory
-from verifybench.harness.measure.charts import write_png
-from verifybench.harness.measure.results import cpu_numbers, withhold_on_cpu
-from verifybench.harness.measure.runner import CaseSkipped, CaseSpec, release_unreferenced, say_once
-from verifybench.harness.measure.timing import cuda_available, measure
+from verifybench.harness.measure.timing import memory
+from verifybench.harness.measure.results.charts import write_png
+from verifybench.harness.measure.results.store import cpu_numbers, withhold_on_cpu
+from verifybench.harness.measure.timing.runner import CaseSkipped, CaseSpec, release_unreferenced, say_once
+from verifybench.harness.measure.timing.timer import cuda_available, measure
 from verifybench.harness.model import deployed, deployments, presets
 from verifybench.harness.model.build import allreduce_stand_in_us, build_forward, device_wait, release_forwards
 from verifybench.harness.model.cycle import ATTENTION, ENGINE_PHASES, PHASES, Cycle, SpecConfig
@@ -121,7 +121,6 @@ def cases(preset: str, tp: int, context: int = presets.CONTEXT, tokens: tuple[in
     variants = (name_list(attention, "--attention", ATTENTION) if attention is not None
                 else list(ATTENTION) if gpu else ["split_kv"])
     batches = tuple(batch or (1,))
-    check_forward_rows(batches, [c.draft_tokens for c in cfgs], "--configs D")
     several = contexts is not None
     deps = deployments.variants(engine, engine_args, ab, beside_ours, deploy_cc)
     out = []
@@ -172,14 +171,15 @@ def _case(preset: str, tp: int, context: int, cfg: SpecConfig, attention: str, p
     layers = plan.units if plan.reduced else None
     total = presets.get(preset, tp).layers
 
-    def setup():
+    def setup(batch: int, steps: int, topk: int, draft_tokens: int):  # the case's params (CaseSpec.prepare)
+        shape = SpecConfig(steps, topk, draft_tokens)  # the draft shape its record names
         if plan.units == 0:
             raise CaseSkipped(plan.skip)
         fwd = build_forward(preset, tp, layers, context, ar_us, max_batch).at_batch(batch)
         comp = deployed.compose(dep, fwd) if dep is not None and dep.engine else None
         fwd = deployed.apply(fwd, comp) if comp else fwd
-        cyc, att_cfg, att_source = make_cycle(fwd, cfg, attention, ar_us, comp)
-        d = cfg.draft_tokens
+        cyc, att_cfg, att_source = make_cycle(fwd, shape, attention, ar_us, comp)
+        d = draft_tokens
 
         def check():
             err = cyc.attention_error()
@@ -189,7 +189,7 @@ def _case(preset: str, tp: int, context: int, cfg: SpecConfig, attention: str, p
             detail = [f"tree attention vs masked torch reference rel_err {err:.2e}"] + ([kernels] if kernels else [])
             greedy = as_requests(batch, cyc.greedy_continuation(ROOT_TOKEN))
             each = "" if batch == 1 else f" in each of {batch} requests"
-            if cfg.topk == 1:  # a chain: the target's own continuation is a path the tree holds
+            if shape.topk == 1:  # a chain: the target's own continuation is a path the tree holds
                 got = as_requests(batch, cyc.run_check(ROOT_TOKEN, [g[: d - 1] for g in greedy]
                                                        if batch > 1 else greedy[0][: d - 1]))
                 good = all(n == d - 1 and e == g for (n, e), g in zip(got, greedy))
@@ -206,7 +206,7 @@ def _case(preset: str, tp: int, context: int, cfg: SpecConfig, attention: str, p
             return ok, "; ".join(detail)
 
         def derive(m):
-            out = {**_derive(m, fwd, cyc, cfg, attention, ar_us, ar_source, total, plan),
+            out = {**_derive(m, fwd, cyc, shape, attention, ar_us, ar_source, total, plan),
                    "attention_config": att_cfg, "attention_config_source": att_source}
             return {**out, **deployed.derived(comp, out)} if comp else out
 

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import torch
 
-from verifybench.harness.measure import ceiling, memory
+from verifybench.harness.measure.timing import ceiling, memory
 from verifybench.harness.model import presets
 from verifybench.harness.model.forward import FORWARD_MAX_TOKENS
 from verifybench.harness.analysis.fit import LinearFit, linear_fit
-from verifybench.harness.measure.results import CPU_TIMING, cpu_numbers, mode_label, withhold_on_cpu
-from verifybench.harness.measure.runner import CaseSkipped, CaseSpec, rel_error
-from verifybench.harness.measure.timing import cuda_available
+from verifybench.harness.measure.results.store import CPU_TIMING, cpu_numbers, mode_label, withhold_on_cpu
+from verifybench.harness.measure.timing.runner import CaseSkipped, CaseSpec, rel_error
+from verifybench.harness.measure.timing.timer import cuda_available
 from verifybench.kernels.graph_replay.api import LayerShapes, ModelStack, straight_line, tiny_kernel
-from verifybench.harness.measure.capture import graph_capture
+from verifybench.harness.measure.timing.capture import graph_capture
 
 NAME = "graph_replay"
 HELP = "CUDA-graph replay: fixed + per-node cost, host replay(), eager vs graph, model-shaped graph at 1..8 tokens"
@@ -122,7 +122,7 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
     shapes = LayerShapes(p.projections())
     layers = layers or (p.moe_layers if device == "cuda" else 2)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    # the model-shaped stack: as many layers as fit the free memory (measure/memory.py), said in its label
+    # the model-shaped stack: as many layers as fit the free memory (measure/timing/memory.py), said in its label
     plan = memory.plan(lambda n_layers: n_layers * shapes.weight_bytes * dtype.itemsize // 2, layers, 1,
                        f"the {p.name} TP{tp} model-shaped graph", "layers", device)
     layers = plan.units or layers

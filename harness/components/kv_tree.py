@@ -10,11 +10,11 @@ from pathlib import Path
 
 import torch
 
-from verifybench.harness.measure import ceiling
-from verifybench.harness.measure.results import cpu_numbers, mode_label, withhold_on_cpu
+from verifybench.harness.measure.timing import ceiling
+from verifybench.harness.measure.results.store import cpu_numbers, mode_label, withhold_on_cpu
 from verifybench.harness.model import presets
-from verifybench.harness.measure.runner import CaseSkipped, CaseSpec
-from verifybench.harness.measure.timing import Measurement, cuda_available
+from verifybench.harness.measure.timing.runner import CaseSkipped, CaseSpec
+from verifybench.harness.measure.timing.timer import Measurement, cuda_available
 from verifybench.kernels.common import interpret
 from verifybench.kernels.tree import api as tree
 from verifybench.kernels.tree.inputs import children, random_draft, random_target_predict, random_tree

@@ -13,7 +13,7 @@ b x (context + 8)): the engines take them in one call, as their backends do; our
 request per launch, so they run B launches in the one graph (the verify forward at B > 1 runs mla_verify's batched
 split-KV instead, timed there). Each case checks every request against the reference and against it run alone.
 
-Each case of our kernels carries its memory and latency floors and the bound between them (harness/measure/floors.py):
+Each case of our kernels carries its memory and latency floors and the bound between them (harness/measure/timing/floors.py):
 the last table, "near the limit", sets the case beside them.
 
 Run: pytest --benchmark-only microbench/bench_mla_decode.py; tune this GPU's table: verifybench tune
@@ -29,14 +29,13 @@ import torch
 import triton
 
 from verifybench.harness import engines
-from verifybench.harness.analysis.numbers import check_forward_rows
-from verifybench.harness.measure import ceiling, floors, memory
+from verifybench.harness.measure.timing import ceiling, floors, memory
 from verifybench.harness.engines import backends
 from verifybench.harness.model import presets
-from verifybench.harness.measure.results import CPU_TIMING, batch_of, cpu_numbers
-from verifybench.harness.measure.tables import side_by_side
-from verifybench.harness.measure.runner import CPU_COPIES, CaseSkipped, CaseSpec, rel_error, say_once
-from verifybench.harness.measure.timing import cold_rotation_sets, cuda_available
+from verifybench.harness.measure.results.store import CPU_TIMING, batch_of, cpu_numbers
+from verifybench.harness.measure.results.tables import side_by_side
+from verifybench.harness.measure.timing.runner import CPU_COPIES, CaseSkipped, CaseSpec, rel_error, say_once
+from verifybench.harness.measure.timing.timer import cold_rotation_sets, cuda_available
 from verifybench.kernels.common import interpret
 from verifybench.kernels.mla_decode import api as md
 from verifybench.kernels.mla_decode import configs as mds
@@ -112,8 +111,8 @@ _HELD: dict = {}  # the (rows, d, device, dtype) whose caches the component hold
 
 def planned_caches(rows: int, d: int, device: str, dtype: torch.dtype, batch: int = 1) -> tuple[tuple, memory.Plan]:
     """The rotation's caches (`rows` holds all `batch` requests' regions), as many as fit the free memory
-    (measure/memory.py; at least one, else CaseSkipped), planned once per cache shape after the previous shape's caches
-    are dropped."""
+    (measure/timing/memory.py; at least one, else CaseSkipped), planned once per cache shape after the previous
+    shape's caches are dropped."""
     key = (rows, d, device, dtype)
     if _HELD.get("key") != key:
         cache_copies.cache_clear()
@@ -229,23 +228,24 @@ def make_case(a: Attn, n: int, context: int, impl: str, device: str, measure_kw:
     requests = f"B{batch}/" if batch > 1 else ""  # B = 1 keeps the names the baselines compare by
     name = f"mla/{preset}-tp{tp}/ctx{context}/{requests}{impl}/n{n}"
 
-    def setup():
+    def setup(batch: int, tokens: int):  # the case's params (CaseSpec.prepare): what its record names runs
         caches, plan = planned_caches(batch * (context + MAX_N), a.d, device, dtype, batch)
-        qs = [torch.randn(a.heads, batch * n, a.d, device=device).to(dtype) for _ in caches]  # one q per layer
+        qs = [torch.randn(a.heads, batch * tokens, a.d, device=device).to(dtype) for _ in caches]  # one q per layer
         starts, lens = layout(batch, context, length, device)
         firsts, lengths = starts.tolist(), lens.tolist()
         if engine:
             cfg, source = None, None
-            fns, fn, plan_call, engine_record = engine_fns(impl, a, n, starts, lens, qs, caches)
-            alone = lambda b: engine_fns(impl, a, n, starts[b:b + 1], lens[b:b + 1], (), caches)[1]  # noqa: E731
+            fns, fn, plan_call, engine_record = engine_fns(impl, a, tokens, starts, lens, qs, caches)
+            alone = lambda b: engine_fns(impl, a, tokens, starts[b:b + 1], lens[b:b + 1], (),  # noqa: E731
+                                         caches)[1]
         else:
-            cfg, source, plan_call, engine_record = *_config(impl, a, n, length, device, dtype), None, {}
+            cfg, source, plan_call, engine_record = *_config(impl, a, tokens, length, device, dtype), None, {}
             fn = requests_fn(impl, a, firsts, lengths, [cfg] * batch)
             fns = [lambda q=q, c=c: fn(q, c) for q, c in zip(qs, caches)]
             alone = lambda b: requests_fn(impl, a, firsts[b:b + 1], lengths[b:b + 1], [cfg])  # noqa: E731
 
         def derive(m) -> dict:
-            moved = bytes_moved(a, n, length, dtype.itemsize, batch)
+            moved = bytes_moved(a, tokens, length, dtype.itemsize, batch)
             cp = ceiling.copy_gbps(device)
             d = {"bytes_moved": moved, "cache_bytes": batch * length * a.d * dtype.itemsize,
                  "gbps": ceiling.gbps(moved, m.median_us), "eta": ceiling.eta(moved, m.median_us, cp),
@@ -254,19 +254,19 @@ def make_case(a: Attn, n: int, context: int, impl: str, device: str, measure_kw:
             if cfg is not None:
                 d["config"], d["config_source"] = cfg, source
                 d["splits_run"] = splits_run(cfg, length)
-                d["programs"] = batch * programs(cfg, a, n, length)  # one launch per request
+                d["programs"] = batch * programs(cfg, a, tokens, length)  # one launch per request
                 # its latency floor: empty kernels of the grids each request's launches have, as requests_fn makes them
                 d.update(floors.figures(m, d["floor_us"], [
                     one for b, (start, keys) in enumerate(zip(firsts, lengths))
-                    for one in md.launch_grids(qs[0][:, b * n:(b + 1) * n], caches[0][start:], keys, a.kv_lora,
-                                               a.scale, config=cfg)]))
+                    for one in md.launch_grids(qs[0][:, b * tokens:(b + 1) * tokens], caches[0][start:], keys,
+                                               a.kv_lora, a.scale, config=cfg)]))
             if plan_call is not None:  # FlashInfer: planned once per decode forward, on the host, before the replay
                 from verifybench.harness.engines import flashinfer
 
                 d["plan_host_us"] = flashinfer.plan_host_us(plan_call)
             return d
 
-        return fns, (lambda: check_requests(fn, alone, a, n, firsts, lengths, caches[0])), derive
+        return fns, (lambda: check_requests(fn, alone, a, tokens, firsts, lengths, caches[0])), derive
 
     # whatever fails in an engine's setup or check (an engine of another release) skips its row in one line
     guarded = engines.engine_rows(backend.engine if engine else None, setup)
@@ -278,7 +278,7 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
     """GPU: n in GPU_NS at GPU_CONTEXTS, the kernel (tuned and default config), the torch path and the engines'
     kernels, graph mode with cache rotation. CPU (preset tiny): the torch path in fp32, plus the interpreted kernels
     (ours and the engines') when TRITON_INTERPRET=1 was set before import. Each at every batch (B requests, default
-    1; B x n at most FORWARD_ROWS_MAX, as in a verify forward)."""
+    1; the command refuses B x n past FORWARD_ROWS_MAX, as in a verify forward, on the cases listed here)."""
     a = attn_shape(preset, tp)
     if tokens and max(tokens) > MAX_N:
         raise ValueError(f"--tokens: the MLA decode caches hold n = 1..{MAX_N} query tokens, got {max(tokens)}")
@@ -288,7 +288,6 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
             raise ValueError(f"preset {preset!r} needs a GPU (a 37 MB cache per layer at 32k); use 'tiny' on CPU")
         # --tokens and --context mean what they mean on a GPU; where the CPU profile picks a value, one line says so
         ns, interpreted_ns = tokens or CPU_NS, tokens or CPU_INTERPRETED_NS
-        check_forward_rows(batches, (*ns, *interpreted_ns))  # B x n at most FORWARD_ROWS_MAX, every row
         contexts = CPU_CONTEXTS if context == presets.CPU_CONTEXT else (context,)
         if contexts != (context,):
             say_once(f"mla_decode on CPU: context {', '.join(map(str, contexts))} in place of the profile's "
@@ -305,7 +304,6 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
             out += [make_case(a, n, c, impl, "cpu", {}, preset, tp, b) for impl in ("triton", *ENGINE_IMPLS)
                     for c in interpreted for b in batches for n in interpreted_ns]
         return out
-    check_forward_rows(batches, tokens or GPU_NS)
     return [make_case(a, n, c, impl, "cuda", {"max_time_s": 0.5}, preset, tp, b)
             for c in sorted({context, *GPU_CONTEXTS}) for b in batches for n in tokens or GPU_NS
             for impl in (*IMPLS, *ENGINE_IMPLS)]

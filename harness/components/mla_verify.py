@@ -21,7 +21,7 @@ CPU (preset tiny, under TRITON_INTERPRET=1): the given context (64 by default, a
 is wrong in the interpreter) and a split config sized to the tiny shapes, since the interpreter runs every launched
 program.
 
-Each case of our kernels carries its memory and latency floors and the bound between them (harness/measure/floors.py):
+Each case of our kernels carries its memory and latency floors and the bound between them (harness/measure/timing/floors.py):
 the last table, "near the limit", sets the case beside them.
 
 Run: pytest --benchmark-only microbench/bench_mla_verify.py
@@ -35,13 +35,13 @@ import triton
 
 from verifybench.harness import engines
 from verifybench.harness.engines import backends
-from verifybench.harness.analysis.numbers import (CONTEXT_SPREAD_HELP, check_context_spread, check_forward_rows,
-                                                  check_spread_batches, context_spread_arg, spread_contexts)
-from verifybench.harness.measure import ceiling, floors, memory
-from verifybench.harness.measure.charts import write_png
-from verifybench.harness.measure.results import CPU_TIMING, batch_of, cpu_numbers, withhold_on_cpu
-from verifybench.harness.measure.runner import CPU_COPIES, CaseSkipped, CaseSpec, rel_error
-from verifybench.harness.measure.timing import cold_rotation_sets, cuda_available
+from verifybench.harness.analysis.numbers import (CONTEXT_SPREAD_HELP, check_context_spread, check_spread_batches,
+                                                  context_spread_arg, spread_contexts)
+from verifybench.harness.measure.timing import ceiling, floors, memory
+from verifybench.harness.measure.results.charts import write_png
+from verifybench.harness.measure.results.store import CPU_TIMING, batch_of, cpu_numbers, withhold_on_cpu
+from verifybench.harness.measure.timing.runner import CPU_COPIES, CaseSkipped, CaseSpec, rel_error
+from verifybench.harness.measure.timing.timer import cold_rotation_sets, cuda_available
 from verifybench.harness.model import presets
 from verifybench.kernels.common import interpret
 from verifybench.kernels.common import devices
@@ -228,7 +228,7 @@ def make_case(preset: str, tp: int, context: int, n: int, tree_shape, variant: s
     backend = backends.for_row(NAME, variant)
     engine = backend.engine  # None: ours
 
-    def setup():
+    def setup(batch: int, tokens: int):  # the case's params (CaseSpec.prepare): what its record names runs
         if device != "cuda" and not INTERPRET:
             raise CaseSkipped("the Triton kernels need a GPU, or TRITON_INTERPRET=1 set before import on CPU")
         if engine:
@@ -243,26 +243,27 @@ def make_case(preset: str, tp: int, context: int, n: int, tree_shape, variant: s
         caches, plan = planned_caches(sum(contexts) + batch * SPARE_ROWS, dk, device, dtype, batch)
         launch_pdl = False if variant != "split_kv" else None  # the engine launches extend without PDL
         starts, lens = layout(contexts, device)
-        mask = tree_mask(n, tree_shape, context, device, batch)
+        mask = tree_mask(tokens, tree_shape, context, device, batch)
 
         def calls(starts, lens, mask):
             return _calls(variant, cfg, launch_pdl, starts, lens, mask, kv_lora, scale, (heads, rope), dtype)
 
-        qs = [torch.randn(heads, batch * n, dk, device=device).to(dtype) for _ in caches]  # one q per layer
+        qs = [torch.randn(heads, batch * tokens, dk, device=device).to(dtype) for _ in caches]  # one q per layer
         call = calls(starts, lens, mask)
         fns = [lambda q=q, c=c: call(q, c) for q, c in zip(qs, caches)]
         if engine:  # its inputs built, and its kernels compiled, before the timed region
             engines.engine_call(engine)(lambda: [fn() for fn in fns])()
 
         def check() -> tuple[bool, str]:
-            q = torch.randn(heads, batch * n, dk, device=device).to(dtype)
-            alone = lambda b: calls(starts[b:b + 1], lens[b:b + 1], request_mask(mask, batch, n, b))  # noqa: E731
+            q = torch.randn(heads, batch * tokens, dk, device=device).to(dtype)
+            alone = lambda b: calls(starts[b:b + 1], lens[b:b + 1],  # noqa: E731
+                                    request_mask(mask, batch, tokens, b))
             return check_requests(call, alone, q, caches[0], starts, lens, mask, kv_lora, scale)
 
         def derive(m) -> dict:  # every request's rows, queries and outputs: B times one request's bytes
-            moved = mv.bytes_moved(heads, batch * n, sum(contexts), n, kv_lora, rope, dtype.itemsize)
+            moved = mv.bytes_moved(heads, batch * tokens, sum(contexts), tokens, kv_lora, rope, dtype.itemsize)
             copy_gbps = ceiling.copy_gbps(device)
-            d = {"bytes_moved": moved, "cache_bytes": (sum(contexts) + batch * n) * dk * dtype.itemsize,
+            d = {"bytes_moved": moved, "cache_bytes": (sum(contexts) + batch * tokens) * dk * dtype.itemsize,
                  "gbps": ceiling.gbps(moved, m.median_us), "eta": ceiling.eta(moved, m.median_us, copy_gbps),
                  "floor_us": moved / (copy_gbps * 1e3), "copy_gbps": copy_gbps,
                  "per_forward_us": m.median_us * p.layers, "config": cfg, "config_source": source,
@@ -271,7 +272,8 @@ def make_case(preset: str, tp: int, context: int, n: int, tree_shape, variant: s
                  **({"memory_note": plan.note} if plan.reduced else {})}
             if variant == "split_kv":
                 # the longest request's splits: the call waits for it
-                d["splits_launched"], d["splits_used"] = split_counts(cfg, heads, n, max(contexts), device, batch)
+                d["splits_launched"], d["splits_used"] = split_counts(cfg, heads, tokens, max(contexts), device,
+                                                                      batch)
             if not engine:  # our kernels' latency floor: empty kernels of the grids this call launches
                 d.update(floors.figures(m, d["floor_us"], mv.launch_grids(
                     qs[0], caches[0], starts, lens, mask, kv_lora, scale, ours(variant), cfg, pdl=launch_pdl)))
@@ -293,8 +295,8 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
           batch: tuple[int, ...] | None = None, context_spread: float | None = None) -> list[CaseSpec]:
     """Per context, batch (B requests, default 1), draft-token count D (chain masks) and variant, plus the TREE at its
     D with the default set or when --tokens names that D. GPU: GPU_CONTEXTS and `context`, D in GPU_NS. CPU (preset
-    tiny): `context` alone, D in CPU_NS; its cases skip unless TRITON_INTERPRET=1 was set before import. B x D is at
-    most FORWARD_ROWS_MAX, as in a verify forward. `context_spread` S spreads each B > 1 case's request contexts
+    tiny): `context` alone, D in CPU_NS; its cases skip unless TRITON_INTERPRET=1 was set before import. The command
+    refuses B x D past FORWARD_ROWS_MAX, as in a verify forward. `context_spread` S spreads each B > 1 case's contexts
     around its context (numbers.spread_contexts); S > 0 with no batch above 1 would change nothing and is refused."""
     bad = [t for t in tokens or () if isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= mv.MAX_TREE]
     if bad:
@@ -308,7 +310,6 @@ def cases(preset: str, tp: int, context: int, tokens: tuple[int, ...] | None = N
     if (tokens is None and gpu) or TREE[2] in (tokens or ()):
         shapes.append((TREE[2], TREE))
     batches = tuple(batch or (1,))
-    check_forward_rows(batches, [n for n, _ in shapes])
     spread = check_spread_batches(context_spread, batches)
     if gpu:
         contexts, device, kw = sorted({context, *GPU_CONTEXTS}), "cuda", {"max_time_s": 0.5}

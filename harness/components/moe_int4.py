@@ -11,7 +11,7 @@ layers repacked once by SGLang's own loader step, fused_marlin_moe's calls (sgl-
 torch where sgl-kernel is absent). Engine rows: moe_int4_engines.py. CPU: the Triton row in the interpreter at the
 smallest n (the kernels run there only under TRITON_INTERPRET=1); the Marlin row is listed, skipped (needs CUDA).
 
-Each case of our kernels carries its memory and latency floors and the bound between them (harness/measure/floors.py):
+Each case of our kernels carries its memory and latency floors and the bound between them (harness/measure/timing/floors.py):
 the last table, "near the limit", sets the case beside them.
 
 Run: verifybench moe_int4   or   pytest --benchmark-only microbench/bench_moe_int4.py. Tune: verifybench tune.
@@ -25,12 +25,12 @@ from pathlib import Path
 
 import torch
 
-from verifybench.harness.measure import ceiling, floors, memory
+from verifybench.harness.measure.timing import ceiling, floors, memory
 from verifybench.harness.model import presets
-from verifybench.harness.measure.results import CPU_TIMING, cpu_numbers
-from verifybench.harness.measure.tables import side_by_side
-from verifybench.harness.measure.runner import CaseSkipped, CaseSpec, rel_error
-from verifybench.harness.measure.timing import cold_rotation_sets, cuda_available
+from verifybench.harness.measure.results.store import CPU_TIMING, cpu_numbers
+from verifybench.harness.measure.results.tables import side_by_side
+from verifybench.harness.measure.timing.runner import CaseSkipped, CaseSpec, rel_error
+from verifybench.harness.measure.timing.timer import cold_rotation_sets, cuda_available
 from verifybench.harness.components import moe_int4_engines as engine_rows
 from verifybench.harness.components.moe_int4_engines import MARLIN, SGLANG
 from verifybench.kernels.common import settings
@@ -99,9 +99,9 @@ _PLANS: dict = {}  # (preset, tp, device, what) -> memory plan of the layer sets
 def planned_layers(preset: str, tp: int, device: str, dense_dtype: torch.dtype | None = None) -> tuple[tuple,
                                                                                                        memory.Plan]:
     """The INT4 layer sets (dense_dtype None) or their dense copies, as many of LAYERS as fit the free memory
-    (measure/memory.py): the INT4 sets count twice (the kernel's planar repack is cached beside each) and on a GPU
-    three times (the Marlin row's copy too; on CPU that row skips), the dense ones 3.56x an INT4 set. At least one
-    set, else CaseSkipped."""
+    (measure/timing/memory.py): the INT4 sets count twice (the kernel's planar repack is cached beside each) and on a
+    GPU three times (the Marlin row's copy too; on CPU that row skips), the dense ones 3.56x an INT4 set. At least
+    one set, else CaseSkipped."""
     p = preset_shape(preset, tp)
     int4_set = p.experts * moe.expert_bytes_int4(p.hidden, p.expert_intermediate, p.expert_group_size)
     key = (preset, tp, device, "int4")

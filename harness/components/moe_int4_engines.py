@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from verifybench.harness import engines
-from verifybench.harness.measure.runner import CaseSkipped
+from verifybench.harness.measure.timing.runner import CaseSkipped
 from verifybench.harness.model import presets
 from verifybench.kernels.common import interpret
 

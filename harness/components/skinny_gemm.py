@@ -16,12 +16,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from verifybench.harness.measure import ceiling, memory
+from verifybench.harness.measure.timing import ceiling, memory
 from verifybench.harness.model import presets
-from verifybench.harness.measure.results import CPU_TIMING, cpu_numbers
-from verifybench.harness.measure.tables import side_by_side
-from verifybench.harness.measure.runner import CPU_COPIES, CaseSkipped, CaseSpec, rel_error
-from verifybench.harness.measure.timing import cold_rotation_sets, cuda_available
+from verifybench.harness.measure.results.store import CPU_TIMING, cpu_numbers
+from verifybench.harness.measure.results.tables import side_by_side
+from verifybench.harness.measure.timing.runner import CPU_COPIES, CaseSkipped, CaseSpec, rel_error
+from verifybench.harness.measure.timing.timer import cold_rotation_sets, cuda_available
 from verifybench.kernels.skinny_gemm import api as sg
 from verifybench.kernels.skinny_gemm import kernels as sgk
 from verifybench.kernels.skinny_gemm import configs as sgs
@@ -85,7 +85,7 @@ _HELD: dict = {}  # the shape whose copies weight_copies holds, and its memory p
 
 
 def planned_copies(shape: Shape, device: str, dtype: torch.dtype) -> tuple[tuple, memory.Plan]:
-    """The weight copies of `shape` as many as fit the free memory (measure/memory.py; at least one, else
+    """The weight copies of `shape` as many as fit the free memory (measure/timing/memory.py; at least one, else
     CaseSkipped), planned once per shape after the previous shape's copies are dropped."""
     key = (shape.N, shape.K, device, dtype)
     if _HELD.get("key") != key:

@@ -10,16 +10,15 @@ from pathlib import Path
 
 import torch
 
-from verifybench.harness.analysis.numbers import check_forward_rows
-from verifybench.harness.measure import ceiling, memory
+from verifybench.harness.measure.timing import ceiling, memory
 from verifybench.harness.analysis import decompose
 # the deployment's drafting and re-extend + bookkeeping per cycle: the report's break-even uses them beside the
 # measured forward where no cycle result measured them, labelled as assumptions
 from verifybench.harness.analysis.breakeven import ASSUMED_DRAFT_MS, ASSUMED_OVERHEAD_MS, DEPLOYMENT
-from verifybench.harness.measure.charts import write_png
-from verifybench.harness.measure.results import batch_of, cpu_numbers, stamp, withhold_on_cpu
-from verifybench.harness.measure.runner import CaseSkipped, CaseSpec, rel_error
-from verifybench.harness.measure.timing import cuda_available
+from verifybench.harness.measure.results.charts import write_png
+from verifybench.harness.measure.results.store import batch_of, cpu_numbers, stamp, withhold_on_cpu
+from verifybench.harness.measure.timing.runner import CaseSkipped, CaseSpec, rel_error
+from verifybench.harness.measure.timing.timer import cuda_available
 from verifybench.harness.model import deployed, deployments, presets
 from verifybench.kernels.common import config_tables, pdl
 from verifybench.kernels.moe_int4.reference import reference_moe_w4a16
@@ -70,7 +69,7 @@ def moe_error(fwd: VerifyForward, n: int) -> float:
 
 
 def plan_layers(preset: str, tp: int, layers: int | None, context: int, batch: int = 1) -> memory.Plan:
-    """How many layers of the forward fit the free memory (measure/memory.py's rule; the forward's bytes from
+    """How many layers of the forward fit the free memory (measure/timing/memory.py's rule; the forward's bytes from
     forward.allocated_bytes): all (or `layers`), else fewer down to the dense layers plus one MoE layer."""
     full = presets.get(preset, tp)
     wanted = layers or full.layers
@@ -102,7 +101,7 @@ def _case(preset, tp, layers, context, n, variant: str, comps: frozenset, plan: 
         layers = plan.units
     label = f"{preset}-tp{tp}" + (f"-L{layers}" if plan is not None and plan.reduced else "")
 
-    def setup():
+    def setup(batch: int, tokens: int):  # the case's params (CaseSpec.prepare): what its record names runs
         if plan is not None and plan.units == 0:
             raise CaseSkipped(plan.skip)
         fwd = build_forward(preset, tp, layers, context, ar_us, max_batch).at_batch(batch)
@@ -111,41 +110,41 @@ def _case(preset, tp, layers, context, n, variant: str, comps: frozenset, plan: 
 
         def run():
             if not no_pdl:
-                return fwd.forward(n, comps)
+                return fwd.forward(tokens, comps)
             with pdl.forced(False):
-                return fwd.forward(n, comps)
+                return fwd.forward(tokens, comps)
 
         def check():
             if no_pdl:
-                fwd.forward(n, comps)
-                h_pdl = fwd.buf[n]["h"].clone()
+                fwd.forward(tokens, comps)
+                h_pdl = fwd.buf[tokens]["h"].clone()
                 run()
                 if comp is not None and comp.moe is not None:  # Marlin's atomic adds (sm_90+) sum in no fixed order
-                    err = rel_error(fwd.buf[n]["h"], h_pdl)
+                    err = rel_error(fwd.buf[tokens]["h"], h_pdl)
                     return err <= FORWARD_TOLERANCE, (f"residual stream with and without PDL rel_err {err:.2e} (not "
                                                       "bitwise: the engine's Marlin adds its partial sums atomically)")
-                same = torch.equal(fwd.buf[n]["h"], h_pdl)
+                same = torch.equal(fwd.buf[tokens]["h"], h_pdl)
                 return same, "residual stream equal with and without PDL" if same else "PDL changed the result"
             out = run()
             if variant != "full":
                 return True, "runs"
             predicts, accept_index, accepted = out
-            ok = 0 <= int(accepted[0]) < n and bool(torch.isfinite(fwd.buf[n]["predict"]).all())
-            detail = f"accepted {int(accepted[0])} of {n - 1}"
+            ok = 0 <= int(accepted[0]) < tokens and bool(torch.isfinite(fwd.buf[tokens]["predict"]).all())
+            detail = f"accepted {int(accepted[0])} of {tokens - 1}"
             if comp is None or comp.moe is None:  # the engine's MoE reads the weights in its own layout: below
-                err = moe_error(fwd, n)
+                err = moe_error(fwd, tokens)
                 ok, detail = ok and err <= 1e-2, f"moe rel_err {err:.2e}; {detail}"
             if comp is not None:  # the engine's decode attention and MoE against torch before they are timed
-                good, said = deployed.check(comp, fwd, tokens=(n * batch,))
+                good, said = deployed.check(comp, fwd, tokens=(tokens * batch,))
                 ok, detail = ok and good, f"{detail}; {said}" if said else detail
             if fwd.ops is not TORCH_OPS:  # fused (or the engine's attention) against plain torch
-                err_fwd = fused_vs_torch(fwd, n)
+                err_fwd = fused_vs_torch(fwd, tokens)
                 ok = ok and err_fwd <= FORWARD_TOLERANCE
                 detail += f"; first {CHECK_LAYERS} layers fused vs torch small ops rel_err {err_fwd:.2e}"
             return ok, detail
 
         def derive(m):
-            d = {"tokens": n, "batch": batch, "allreduce_bytes": batch * n * fwd.s.hidden * 2,
+            d = {"tokens": tokens, "batch": batch, "allreduce_bytes": batch * tokens * fwd.s.hidden * 2,
                  "variant": variant, "allreduce_stand_in_us": ar_us, "allreduce_source": ar_source,
                  "ops": fwd.ops.name}
             d["pdl"] = not no_pdl and pdl.enabled(fwd.device)
@@ -156,8 +155,8 @@ def _case(preset, tp, layers, context, n, variant: str, comps: frozenset, plan: 
             if plan is not None and plan.reduced:
                 d["memory_note"] = plan.note
             if variant == "full":
-                distinct = fwd.distinct_experts(n)
-                by = fwd.weight_bytes(n, distinct)
+                distinct = fwd.distinct_experts(tokens)
+                by = fwd.weight_bytes(tokens, distinct)
                 copy = ceiling.copy_gbps(fwd.device)
                 d.update(bytes=by["total"], routed_bytes=by["routed_experts"], kv_bytes=by["kv"],
                          component_bytes=by["by_component"],
@@ -189,7 +188,6 @@ def cases(preset: str, tp: int, context: int = presets.CONTEXT, tokens: tuple[in
     if max(ns) > FORWARD_MAX_TOKENS:
         raise ValueError(f"--tokens: the verify forward runs n = 1..{FORWARD_MAX_TOKENS}, got {max(ns)}")
     batches = tuple(batch or (1,))
-    check_forward_rows(batches, ns)
     top = max(batches)
     plan = plan_layers(preset, tp, layers, context, top)
     out = []

@@ -16,9 +16,9 @@ import importlib.util
 
 import torch
 
-from verifybench.harness.measure.fingerprint import ENGINE_DISTRIBUTIONS as DISTRIBUTIONS
-from verifybench.harness.measure.fingerprint import engine_versions
-from verifybench.harness.measure.runner import CaseSkipped
+from verifybench.harness.measure.host.fingerprint import ENGINE_DISTRIBUTIONS as DISTRIBUTIONS
+from verifybench.harness.measure.host.fingerprint import engine_versions
+from verifybench.harness.measure.timing.runner import CaseSkipped
 
 
 class EngineMissing(RuntimeError):
@@ -115,8 +115,9 @@ def engine_rows(engine: str | None, setup):
         except Exception as e:  # noqa: BLE001 (an engine of another release can fail in any way)
             raise skipped(failed(engine, what, e)) from None
 
-    def guarded_setup():
-        fns, check, derive = run("its setup (inputs, tiles, first calls)", setup)
+    @functools.wraps(setup)  # its signature too: CaseSpec.prepare passes the params the setup names
+    def guarded_setup(**params):
+        fns, check, derive = run("its setup (inputs, tiles, first calls)", lambda: setup(**params))
         return fns, (lambda: run("its check", check)), derive
     return guarded_setup
 

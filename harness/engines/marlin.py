@@ -19,7 +19,7 @@ import types
 import torch
 
 from verifybench.harness.engines import EngineMissing, engine_call, import_kernel_module, label
-from verifybench.harness.measure.runner import say_once
+from verifybench.harness.measure.timing.runner import say_once
 
 GEMM_MODULE = "sglang.jit_kernel.moe_wna16_marlin"
 REPACK_MODULE = "sglang.jit_kernel.gptq_marlin_repack"
@@ -282,7 +282,7 @@ def check_against_reference(h: int, inter: int, group: int, topk: int, experts: 
     token counts, on fresh random weights repacked by SGLang's own loader step (marlin_layer), with
     check_experts(...) experts in place of the forward's `experts` (one more layer, small, beside the whole forward).
     (ok, the detail in one line)."""
-    from verifybench.harness.measure.runner import rel_error
+    from verifybench.harness.measure.timing.runner import rel_error
     from verifybench.kernels.moe_int4 import reference as moe
 
     e = max(check_experts(m, topk, experts) for m in tokens)

@@ -10,7 +10,9 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from verifybench.harness.measure import fingerprint, results, stance, topology
+from verifybench.harness.measure import stance
+from verifybench.harness.measure.host import fingerprint, topology
+from verifybench.harness.measure.results import store
 
 
 
@@ -54,7 +56,7 @@ def lost_settings(winner_env: dict[str, str], environ=None) -> list[str]:
 
 def load_sweep(sweep_path: Path) -> dict:
     """A saved NCCL sweep (allreduce_sweep) result, or ValueError saying in one line what the file is instead."""
-    run = results.load_run(sweep_path)
+    run = store.load_run(sweep_path)
     if run["component"] != "allreduce_sweep":
         raise ValueError(f"--nccl-from {sweep_path}: a {run['component']} result, not an NCCL sweep result; give the "
                          "allreduce_sweep-<UTC time>.json file the sweep saved")

@@ -6,9 +6,9 @@ import argparse
 import time
 from pathlib import Path
 
-from verifybench.harness.measure import timing
-from verifybench.harness.measure.hostprobe import probe_us
-from verifybench.harness.measure.capture import graph_capture
+from verifybench.harness.measure.timing import timer
+from verifybench.harness.measure.host.hostprobe import probe_us
+from verifybench.harness.measure.timing.capture import graph_capture
 
 FIGURES = ("probe_us", "replay_us", "eager_us")
 
@@ -31,8 +31,8 @@ def series(seconds: float, gpu: bool) -> list[dict]:
         row = {"t_s": time.perf_counter() - t_start, "probe_us": probe_us()}
         if gpu:
             # fixed sample counts: the engine's host gate stays off, this series is the ungated truth
-            row["replay_us"] = timing.measure(graph.replay, mode="host_call", samples=10, warmup_calls=1).median_us
-            row["eager_us"] = timing.measure(lambda: tiny_kernel(x), mode="hot", samples=3, calls_per_sample=64,
+            row["replay_us"] = timer.measure(graph.replay, mode="host_call", samples=10, warmup_calls=1).median_us
+            row["eager_us"] = timer.measure(lambda: tiny_kernel(x), mode="hot", samples=3, calls_per_sample=64,
                                              warmup_calls=1).median_us
         rows.append(row)
         time.sleep(0.05)
@@ -67,8 +67,8 @@ def run(args) -> int:
         raise ValueError(f"--seconds must be in (0, 3600], got {args.seconds}")
     import torch
 
-    from verifybench.harness.measure import fingerprint, hostpin
-    from verifybench.harness.measure.results import check_writable, write_json_new
+    from verifybench.harness.measure.host import fingerprint, hostpin
+    from verifybench.harness.measure.results.store import check_writable, write_json_new
 
     if args.json:  # before sampling, not after
         if args.json.is_dir():

@@ -11,7 +11,7 @@ CPU_STANCE = ("CPU numbers: perf_counter times of torch CPU code on a shared hos
 # gloo on CPU: the NCCL variables do nothing there, so a CPU sweep's order between settings is noise on unread variables
 NO_NCCL_ADVICE = "CPU sweep results give no NCCL recommendation"
 
-# What a mode means when the samples are perf_counter times of CPU code (measure/timing.py's CPU sampler)
+# What a mode means when the samples are perf_counter times of CPU code (measure/timing/timer.py's CPU sampler)
 # (`eager`: the allreduce's name for the engine's `hot`)
 CPU_MODE_LABELS = {"graph": "cpu-loop", "hot": "cpu-hot", "eager": "cpu-hot", "cold": "cpu-cold", "cycle": "cpu-cycle"}
 CPU_TIMING = "CPU: perf_counter; cpu-loop = K calls in a Python loop (no CUDA graph), cpu-cold = 64 MiB written first"

@@ -8,8 +8,8 @@ import math
 
 import torch
 
-from verifybench.harness.measure.runner import release_unreferenced
-from verifybench.harness.measure.timing import cuda_available, measure
+from verifybench.harness.measure.timing.runner import release_unreferenced
+from verifybench.harness.measure.timing.timer import cuda_available, measure
 from verifybench.harness.model import presets
 from verifybench.harness.model.forward import TORCH_OPS, VerifyForward, fused_ops
 from verifybench.kernels.common import settings

@@ -32,7 +32,7 @@ from verifybench.harness.model.draft import DraftModel
 from verifybench.harness.model.forward import COMPONENTS, VerifyForward
 from verifybench.kernels.tree import api as tree
 from verifybench.kernels.mla_verify.api import VARIANTS, mla_verify, mla_verify_reference
-from verifybench.harness.measure.capture import graph_capture
+from verifybench.harness.measure.timing.capture import graph_capture
 
 PHASES = ("draft", "tree", "verify", "sync", "bookkeeping", "reextend")
 # the deployment's per-phase table, with SGLang's placement: build_tree ends draft(); verify() prepares the slots,

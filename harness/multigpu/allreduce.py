@@ -28,11 +28,11 @@ from verifybench.harness.collectives.allreduce_results import COMPONENT, ENGINE_
 from verifybench.harness.collectives.backends import (ALL_BACKENDS, BACKEND_HELP, ELEMENT_BYTES, GPU_BACKENDS, Comm,
                                                       check_eager, check_graph, count_wrong, expected_sum,
                                                       make_backend, prepare_for_timing, unavailable_reason)
-from verifybench.harness.measure import results
+from verifybench.harness.measure.results import store
 from verifybench.harness.measure.exits import EXIT_BAD_INPUT, EXIT_INTERRUPTED
-from verifybench.harness.measure.results import DEFAULT_OUT
-from verifybench.harness.measure.tables import render
-from verifybench.harness.measure.timing import measure
+from verifybench.harness.measure.results.store import DEFAULT_OUT
+from verifybench.harness.measure.results.tables import render
+from verifybench.harness.measure.timing.timer import measure
 from verifybench.harness.model import presets
 from verifybench.harness.multigpu.driver import Job, Output, Rank, launch
 
@@ -256,7 +256,7 @@ class AllreduceJob(Job):
         for title, rows in tables(run["cases"]):
             if rows:
                 # CPU-timed rows (gloo): through tables.render, which names a withheld column once above the table
-                withheld = any(results.WITHHELD in row.values() for row in rows)
+                withheld = any(store.WITHHELD in row.values() for row in rows)
                 print(f"\n{title}\n" + (render(rows) if withheld else
                                          tabulate(rows, headers="keys", floatfmt=".2f", stralign="right")))
         if self.nccl_log and self.nccl_log.get("transports"):

@@ -23,9 +23,10 @@ import torch
 import torch.distributed as dist
 
 from verifybench.harness.collectives.backends import Comm, backend_versions, unavailable_reason
-from verifybench.harness.measure import fingerprint, results
+from verifybench.harness.measure.host import fingerprint
+from verifybench.harness.measure.results import store
 from verifybench.harness.measure.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_FAULT, EXIT_OK, EXIT_RANK_ERROR
-from verifybench.harness.measure.results import Case
+from verifybench.harness.measure.timing.runner import Case
 from verifybench.harness.multigpu import watchdog
 from verifybench.harness.multigpu.watchdog import Watchdog, check_hang_timeout, hard_exit, log_prefix
 
@@ -275,8 +276,8 @@ class Output:
         extra = {"world_size": i.world_size, "local_world_size": i.local_world_size, "nnodes": i.nnodes,
                  "plan": self.plan, "skipped": skipped, "versions": self.versions, "complete": complete,
                  "ranks": self.ranks, **self.job.extra(self)}
-        run = results.make_run(self.job.component, self.cases, self.fp, extra)
-        self.path = results.save_run(run, self.args.out, self.name, update=self.path)
+        run = store.make_run(self.job.component, self.cases, self.fp, extra)
+        self.path = store.save_run(run, self.args.out, self.name, update=self.path)
         return run
 
     def finish(self, skipped: dict) -> None:
@@ -327,7 +328,7 @@ def check_edge(args, info: RankInfo) -> None:
     args.hang_timeout = check_hang_timeout(args.hang_timeout)
     parse_fault(getattr(args, "fault", None))  # read after the rendezvous: a bad one would end every rank there
     if info.rank == 0 and getattr(args, "out", None) is not None:
-        from verifybench.harness.measure.results import check_writable
+        from verifybench.harness.measure.results.store import check_writable
 
         check_writable(args.out)  # ResultsError, a ValueError
 

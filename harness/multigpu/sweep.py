@@ -26,8 +26,9 @@ from pathlib import Path
 from tabulate import tabulate
 
 from verifybench.harness.analysis.numbers import split_list
-from verifybench.harness.measure import fingerprint
-from verifybench.harness.measure import results, stance, tables
+from verifybench.harness.measure.host import fingerprint
+from verifybench.harness.measure import stance
+from verifybench.harness.measure.results import store, tables
 from verifybench.harness.measure.exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from verifybench.harness.multigpu.driver import SAFE_ENV, force_safe_env
 
@@ -214,8 +215,8 @@ def run_setting(label: str, env_setting: dict, folder: Path, args, nproc: int, b
     wall_s = time.monotonic() - t0
     run = None
     try:
-        run = results.load_run(folder / "allreduce.json")
-    except results.ResultsError:
+        run = store.load_run(folder / "allreduce.json")
+    except store.ResultsError:
         pass
     status = "ok" if rc == 0 else (f"timeout after {timeout_s:.0f} s" if rc is None else f"exit {rc}")
     tail = (folder / "output.log").read_text(errors="replace").splitlines()[-12:] if rc != 0 else []
@@ -347,7 +348,7 @@ def run_sweep(args) -> int:
     budget_s = args.sweep_time_limit or DEFAULT_BUDGET_S
     launched = dict(os.environ)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    root = Path(args.out or results.DEFAULT_OUT / _machine_slug()) / f"{COMPONENT}-{stamp}"
+    root = Path(args.out or store.DEFAULT_OUT / _machine_slug()) / f"{COMPONENT}-{stamp}"
     print_setting_list(settings)
     print(f"{nproc} ranks per setting, backends {args.backend or backends}, time budget {budget_s:.0f} s "
           f"(--sweep-time-limit), at most {args.setting_timeout:.0f} s per setting", flush=True)
@@ -417,11 +418,11 @@ def _report(outcomes: list[dict], nproc: int, root: Path, launched: dict, cpu: b
                                                        "exports": exports}}
     if cpu:
         extra["recommendation"] = stance.NO_NCCL_ADVICE
-    run = results.make_run(COMPONENT, [], fp, extra)
+    run = store.make_run(COMPONENT, [], fp, extra)
     run["cases"] = cases
     root.mkdir(parents=True, exist_ok=True)
     # beside the folder of per-setting runs, named as every result is (<kind>-<stamp>.json): found with the others
-    path = results.write_json_atomic(root.parent / f"{root.name}.json", results.validate_run(run, "sweep summary"))
+    path = store.write_json_atomic(root.parent / f"{root.name}.json", store.validate_run(run, "sweep summary"))
     for title, rows in summary_tables(outcomes, cpu):
         if rows:  # CPU: through tables.render, which names a withheld column once above the table
             print(f"\n{title}\n" + (tables.render(rows) if cpu else

@@ -30,9 +30,9 @@ from verifybench.harness.analysis.numbers import Parser, context_arg, positive_i
 from verifybench.harness.collectives.allreduce_results import measurement_from_dict
 from verifybench.harness.collectives.backends import (DTYPE, ArOp, Comm, capture_graph, check_eager, check_graph,
                                                       expected_sum)
-from verifybench.harness.measure import results, tables
-from verifybench.harness.measure.results import Case
-from verifybench.harness.measure.timing import measure
+from verifybench.harness.measure.results import store, tables
+from verifybench.harness.measure.timing.runner import Case
+from verifybench.harness.measure.timing.timer import measure
 from verifybench.harness.model.forward import VerifyForward
 from verifybench.harness.model.presets import CONTEXT, CPU_CONTEXT
 from verifybench.harness.multigpu.driver import Agreement, Job, Output, Rank, launch
@@ -249,7 +249,7 @@ def build_cases(name: str, per_rank: list[list[dict]], plan: dict, world_size: i
         rows.append({**row, "full(us)": t["full"], "no-AR(us)": t["without-allreduce"], "AR marginal(us)": marginal,
                      "per AR(us)": marginal / n_ar, "AR alone/op(us)": t["only-allreduce"] / n_ar,
                      "stand-in(us)": stand_in, "no-AR+stand-ins(us)": ar["stand_in_forward_us"], "check": "ok"})
-    return cases, (results.withhold(rows, DERIVED_COLUMNS) if plan["device"] == "cpu" else rows)
+    return cases, (store.withhold(rows, DERIVED_COLUMNS) if plan["device"] == "cpu" else rows)
 
 
 def table_text(rows: list[dict], device: str) -> str:
@@ -360,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "the first forward of each n may compile Triton kernels)")
     p.add_argument("--no-allreduce", action="store_true",
                    help="debug: the allreduce does nothing; the cross-rank check must then fail (and report no time)")
-    p.add_argument("--out", type=Path, help=f"results folder (default ./{results.DEFAULT_OUT}/<machine>/)")
+    p.add_argument("--out", type=Path, help=f"results folder (default ./{store.DEFAULT_OUT}/<machine>/)")
     p.add_argument("--name", help="results file name (default verify_dist-<UTC time>.json)")
     p.add_argument("--fault", help=argparse.SUPPRESS)  # exit-early:RANK[@CASE] | hang:RANK[@CASE] (tests)
     p.add_argument("--run-tag", help=argparse.SUPPRESS)  # lets tests find this job's processes

@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from verifybench.harness.collectives.backends import GPU_BACKENDS, Comm, make_backend
 from verifybench.harness.analysis.numbers import name_list
-from verifybench.harness.measure import memory
+from verifybench.harness.measure.timing import memory
 from verifybench.harness.model import build, presets
 from verifybench.harness.model.forward import COMPONENTS, VerifyForward, allocated_bytes
 from verifybench.harness.model.presets import default_scope
@@ -36,8 +36,8 @@ DEFAULT_COUNTS = {"cuda": (3, 40), "cpu": (2, 5)}
 
 def check_memory(plan: dict, device: str, sharers: int = 1) -> None:
     """MemoryError naming the bytes and the --layers that would fit, when this rank's forward does not fit its share
-    of the free memory (measure/memory.py's rule): before building, not by dying of OOM halfway through. On a CPU the
-    `sharers` ranks of a host share its memory; on GPUs each rank has its own."""
+    of the free memory (measure/timing/memory.py's rule): before building, not by dying of OOM halfway through. On a
+    CPU the `sharers` ranks of a host share its memory; on GPUs each rank has its own."""
     s = presets.get(plan["preset"], plan["tp"], plan["layers"])
 
     def need(n_layers: int) -> int:

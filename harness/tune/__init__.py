@@ -16,7 +16,7 @@ from pathlib import Path
 
 from verifybench.harness.analysis.numbers import finite_float, name_list
 from verifybench.harness.measure.exits import EXIT_FAILED, EXIT_OK
-from verifybench.harness.measure.timing import cuda_available
+from verifybench.harness.measure.timing.timer import cuda_available
 from verifybench.kernels.common import config_tables
 
 TUNERS = ("skinny_gemm", "mla_decode", "moe_int4")

@@ -8,9 +8,9 @@ import time
 import torch
 import triton
 
-from verifybench.harness.measure import ceiling
-from verifybench.harness.measure.runner import rel_error
-from verifybench.harness.measure.timing import cuda_available, measure
+from verifybench.harness.measure.timing import ceiling
+from verifybench.harness.measure.timing.runner import rel_error
+from verifybench.harness.measure.timing.timer import cuda_available, measure
 from verifybench.harness.components.mla_decode import (Attn, MAX_N, TOL, attn_shape, bytes_moved, cache_copies,
                                                         config_str, impl_fn, programs, splits_run)
 from verifybench.harness.tune.common import merged_table, report_tune

@@ -9,15 +9,15 @@ import time
 import torch
 
 from verifybench.harness.model import presets
-from verifybench.harness.measure.runner import rel_error
-from verifybench.harness.measure.timing import cuda_available, measure
+from verifybench.harness.measure.timing.runner import rel_error
+from verifybench.harness.measure.timing.timer import cuda_available, measure
 from verifybench.kernels.moe_int4 import reference as moe
 from verifybench.kernels.moe_int4 import api as mt
 from verifybench.kernels.moe_int4 import kernels as mtk
 from verifybench.kernels.moe_int4 import configs as ms
 from verifybench.harness.components.moe_int4 import TOL, make_case, preset_shape
 from verifybench.harness.tune.common import merged_table
-from verifybench.harness.measure.capture import graph_capture
+from verifybench.harness.measure.timing.capture import graph_capture
 
 # ---------------------------------------------------------------------------------------------------- tuning
 
@@ -52,7 +52,7 @@ def _time_config(preset: str, tp: int, n: int, config: dict, max_time_s: float, 
     On CPU (the interpreter's dry run: its path, not its times) one input set, eager, one sample."""
     try:
         spec = make_case(preset, tp, "triton", n, "uniform", device, "graph", {}, config=config)
-        fns, check, derive = spec.setup()
+        fns, check, derive = spec.prepare()
         ok, detail = check()
         if not ok:
             raise RuntimeError(f"check failed: {detail}")

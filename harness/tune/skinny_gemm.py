@@ -8,9 +8,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from verifybench.harness.measure import ceiling
-from verifybench.harness.measure.runner import rel_error
-from verifybench.harness.measure.timing import cuda_available, measure
+from verifybench.harness.measure.timing import ceiling
+from verifybench.harness.measure.timing.runner import rel_error
+from verifybench.harness.measure.timing.timer import cuda_available, measure
 from verifybench.harness.components.skinny_gemm import Shape, TOL, config_str, shapes, weight_copies
 from verifybench.harness.tune.common import merged_table, report_tune
 from verifybench.kernels.common import devices

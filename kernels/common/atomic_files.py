@@ -1,5 +1,5 @@
 """Files written whole or not at all: a temp file beside the target, synced, then renamed over it. The config tables
-(kernels/common/config_tables.py) and the result files (harness/measure/results.py) both write through it."""
+(kernels/common/config_tables.py) and the result files (harness/measure/results/store.py) both write through it."""
 from __future__ import annotations
 
 import errno

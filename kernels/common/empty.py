@@ -1,5 +1,5 @@
 """An empty Triton kernel, launched with a real kernel's grids: what a call of that kernel costs when it moves no
-byte (its latency floor; harness/measure/floors.py times it as the real case is timed).
+byte (its latency floor; harness/measure/timing/floors.py times it as the real case is timed).
 
 Each family's api.py gives `launch_grids(...)` (the call's own arguments in, the launches its wrapper makes out), so
 the grid rule keeps its one home in the family's launch code.

@@ -10,8 +10,8 @@ import torch
 from verifybench.harness.answers import advise
 from verifybench.harness.cli import main as cli_main
 from verifybench.harness.components import cycle as bench_cycle
-from verifybench.harness.measure import env, results
-from verifybench.harness.measure import result_files
+from verifybench.harness.measure import env
+from verifybench.harness.measure.results import result_files, store
 
 ROOT = Path(__file__).resolve().parents[2] / "results/baselines"
 H200, H200X2 = ROOT / "nvidia-h200-x1", ROOT / "nvidia-h200-x2"
@@ -23,14 +23,14 @@ def _advise(capsys, *argv):
 
 
 def _cycle_ms(config, attention):
-    run = results.load_run(H200 / "cycle.json")
+    run = store.load_run(H200 / "cycle.json")
     (case,) = [c for c in run["cases"] if c["check"]["ok"] and c["params"]["attention"] == attention
                and (c["params"]["steps"], c["params"]["topk"], c["params"]["draft_tokens"]) == config]
     return case["summary"]["median_us"] / 1e3
 
 
 def _decode_ms():
-    run = results.load_run(H200 / "cycle.json")
+    run = store.load_run(H200 / "cycle.json")
     return float(np.median([c["derived"]["decode_ms"] for c in run["cases"] if c["check"]["ok"]]))
 
 
@@ -44,7 +44,7 @@ def test_advise_attention_lever_is_the_cycles_extend_minus_split_kv(capsys):
 
 def test_advise_allreduce_lever_is_the_sweep_winners_saving_per_call_times_calls(capsys):
     text = _advise(capsys)
-    sweep = results.load_run(H200X2 / "allreduce_sweep.json.gz")
+    sweep = store.load_run(H200X2 / "allreduce_sweep.json.gz")
     at = {c["params"]["nccl_setting"]: c["summary"]["median_us"] for c in sweep["cases"] if c["check"]["ok"]
           and c["params"]["backend"] == "nccl" and c["params"]["size_bytes"] == 7168 * 2 * 3}
     per_call = at["default"] - at["NCCL_GRAPH_MIXING_SUPPORT=0"]
@@ -57,7 +57,7 @@ def test_advise_allreduce_lever_is_the_sweep_winners_saving_per_call_times_calls
 
 def test_advise_kernel_config_lever_is_the_forwards_default_minus_tuned_at_d(capsys):
     text = _advise(capsys)
-    row = next(r for r in results.read_json(H200 / "defaults_vs_tuned.json")["rows"] if r["n"] == 3)
+    row = next(r for r in store.read_json(H200 / "defaults_vs_tuned.json")["rows"] if r["n"] == 3)
     gap = (row["forward_default_us"] - row["forward_tuned_us"]) / 1e3
     ext = _cycle_ms((2, 1, 3), "extend")
     assert f"kernel configs: defaults -> tuned: {ext + gap:.4g} -> {ext:.4g} ms per cycle (saves {gap:.4g} ms)" in text
@@ -65,7 +65,7 @@ def test_advise_kernel_config_lever_is_the_forwards_default_minus_tuned_at_d(cap
 
 def test_advise_graph_lever_is_the_model_graphs_eager_minus_graph_scaled_to_the_cycles_layers(capsys):
     text = _advise(capsys)
-    run = results.load_run(H200 / "graph_replay.json.gz")
+    run = store.load_run(H200 / "graph_replay.json.gz")
     t = {c["mode"]: c["summary"]["median_us"] for c in run["cases"] if c["params"].get("tokens") == 1}
     gap = (t["hot"] - t["graph"]) / 1e3 * 61 / 60
     ext = _cycle_ms((2, 1, 3), "extend")
@@ -92,7 +92,7 @@ def test_advise_with_accept_lengths_gives_tok_s_per_lever_and_the_best_draft_sha
 
 def test_advise_answer_carries_the_forward_fit_and_fits_fifteen_lines(capsys):
     text = _advise(capsys)
-    run = results.load_run(H200 / "verify.json")
+    run = store.load_run(H200 / "verify.json")
     full = {c["params"]["tokens"]: c["summary"]["median_us"] / 1e3 for c in run["cases"]
             if c["check"]["ok"] and c["params"]["variant"] == "full"}
     b, a = np.polyfit(list(full), list(full.values()), 1)
@@ -103,7 +103,7 @@ def test_advise_answer_carries_the_forward_fit_and_fits_fifteen_lines(capsys):
 
 def test_advise_at_a_context_between_measured_ones_interpolates_mla_verify_and_says_so(capsys):
     text = _advise(capsys, "--context", "2048")
-    run = results.load_run(H200 / "mla_verify.json")
+    run = store.load_run(H200 / "mla_verify.json")
 
     def per_forward_ms(variant, ctx):
         pts = sorted((c["params"]["context"], c["derived"]["per_forward_us"] / 1e3) for c in run["cases"]
@@ -136,12 +136,12 @@ def test_advise_names_the_command_for_a_lever_it_cannot_cost(capsys):
 
 
 def _as_cpu(src: Path, dst: Path) -> Path:
-    run = results.read_json(src)
+    run = store.read_json(src)
     for c in run.get("cases", []):
         c["device"] = "cpu"
     fp = run.get("fingerprint", {})
     fp.update(gpu_model="cpu", gpus=[], torch_device=None)  # a CPU machine's fingerprint names no GPU
-    return results.write_json_atomic(dst / src.name, run)
+    return store.write_json_atomic(dst / src.name, run)
 
 
 def test_advise_on_cpu_results_withholds_every_figure(tmp_path, capsys):
@@ -150,7 +150,7 @@ def test_advise_on_cpu_results_withholds_every_figure(tmp_path, capsys):
     assert cli_main(["advise", str(tmp_path), "--accept-len", "3:2.4"]) == 0
     text = capsys.readouterr().out
     ext = _cycle_ms((2, 1, 3), "extend")
-    assert results.WITHHELD in text and f"{ext:.4g}" not in text and "tok/s" not in text
+    assert store.WITHHELD in text and f"{ext:.4g}" not in text and "tok/s" not in text
     assert not any(ch.isdigit() for line in text.split("## Levers")[0].splitlines()[2:] for ch in line)
 
 
@@ -166,10 +166,10 @@ def test_advise_on_cpu_results_ranks_nothing_prints_no_engine_flag_and_lists_wha
 
 def test_advise_attention_lever_on_torch_reference_rows_is_not_measured(tmp_path, capsys):
     """A cycle whose split_kv and extend rows ran the torch reference (as on CPU) costs no attention lever."""
-    run = results.read_json(H200 / "cycle.json")
+    run = store.read_json(H200 / "cycle.json")
     for c in run["cases"]:
         c.setdefault("derived", {})["attention_ran"] = "torch reference"
-    results.write_json_atomic(tmp_path / "cycle.json", run)
+    store.write_json_atomic(tmp_path / "cycle.json", run)
     assert cli_main(["advise", str(tmp_path / "cycle.json")]) == 0
     text = capsys.readouterr().out
     assert "extend -> split_kv" not in text
@@ -177,11 +177,11 @@ def test_advise_attention_lever_on_torch_reference_rows_is_not_measured(tmp_path
 
 
 def test_advise_on_a_cpu_cycle_names_the_torch_reference_that_stood_in(tmp_path, capsys):
-    run = results.read_json(H200 / "cycle.json")
+    run = store.read_json(H200 / "cycle.json")
     for c in run["cases"]:
         c["device"] = "cpu"
         c.setdefault("derived", {})["attention_ran"] = "torch reference"
-    results.write_json_atomic(tmp_path / "cycle.json", run)
+    store.write_json_atomic(tmp_path / "cycle.json", run)
     assert cli_main(["advise", str(tmp_path / "cycle.json")]) == 0
     assert "ran a torch reference in place of extend and split_kv: no attention kernel ran" in capsys.readouterr().out
 
@@ -220,11 +220,11 @@ def test_advise_nccl_from_a_cycle_result_says_it_is_not_a_sweep_result(capsys):
 
 def _cpu_sweep(dst: Path) -> Path:
     """The GPU sweep as a CPU sweep stores it: gloo cases, a CPU fingerprint."""
-    run = results.read_json(H200X2 / "allreduce_sweep.json.gz")
+    run = store.read_json(H200X2 / "allreduce_sweep.json.gz")
     for c in run["cases"]:
         c["device"], c["params"]["backend"] = "cpu", "gloo"
     run["fingerprint"].update(gpu_model="cpu", gpus=[], torch_device=None, cuda_available=False)
-    return results.write_json_atomic(dst / "allreduce_sweep-20261205T000000Z.json", run)
+    return store.write_json_atomic(dst / "allreduce_sweep-20261205T000000Z.json", run)
 
 
 def test_nccl_from_a_cpu_sweep_says_in_one_line_it_gives_no_recommendation(tmp_path, capsys):
@@ -254,12 +254,12 @@ def test_result_kind_is_the_name_before_the_stamp_or_the_baselines_stem(tmp_path
 
 
 def test_report_opening_is_the_answer_and_levers_within_one_screen():
-    runs = {k: results.load_run(H200 / f) for k, f in (("verify", "verify.json"), ("cycle", "cycle.json"),
+    runs = {k: store.load_run(H200 / f) for k, f in (("verify", "verify.json"), ("cycle", "cycle.json"),
                                                          ("graph_replay", "graph_replay.json.gz"))}
     lines = advise.report_lines(runs, Path("out"))
     assert lines[0] == "### The answer" and len(lines) <= 40
     assert any("verify attention: extend -> split_kv" in x for x in lines)
-    assert any(f"cycle-{results.stamp(runs['cycle'])}.json" in x for x in lines)
+    assert any(f"cycle-{store.stamp(runs['cycle'])}.json" in x for x in lines)
 
 
 def test_cycle_contexts_gives_one_case_per_context_with_the_context_in_its_name():
@@ -275,7 +275,7 @@ def test_cycle_contexts_refuses_a_bad_list_naming_it(text):
 
 
 def test_cycle_contexts_chart_plots_cycle_ms_against_context_per_variant(tmp_path):
-    run = results.load_run(H200 / "cycle.json")
+    run = store.load_run(H200 / "cycle.json")
     records = []
     for ctx, scale in ((1024, 0.5), (4096, 1.0)):
         for c in run["cases"]:
@@ -289,7 +289,7 @@ def test_cycle_contexts_chart_plots_cycle_ms_against_context_per_variant(tmp_pat
 
 
 def _at_two_contexts(device: str) -> list[dict]:
-    run = results.load_run(H200 / "cycle.json")
+    run = store.load_run(H200 / "cycle.json")
     records = []
     for ctx, scale in ((1024, 0.5), (4096, 1.0)):
         for c in run["cases"]:
@@ -318,7 +318,7 @@ def test_advise_at_a_context_the_cycle_lacks_says_so_and_prints_the_attention_it
     text = _advise(capsys, "--context", "1024")
     answer = text.split("## The answer\n")[1].split("\n\n")[0]
     assert "cycle at context 1024: not measured (the cycle file ran at context 4096" in answer
-    run = results.load_run(H200 / "mla_verify.json")
+    run = store.load_run(H200 / "mla_verify.json")
     (ext,) = [c["derived"]["per_forward_us"] for c in run["cases"] if c["check"]["ok"] and c["params"]["context"] ==
               1024 and c["params"]["tokens"] == 3 and c["params"]["variant"] == "extend"
               and c["params"]["tree"] == "chain"]
@@ -347,7 +347,7 @@ def _with_engine_rows(tmp_path, engine_scale: float, flash_scale: float, plan_us
     engine_scale x ours, FlashInfer at flash_scale x our split_kv plus a plan (the arithmetic, not measurements)."""
     for name in ("verify.json", "cycle.json"):
         (tmp_path / name).write_bytes((H200 / name).read_bytes())
-    run = results.read_json(H200 / "mla_verify.json")
+    run = store.read_json(H200 / "mla_verify.json")
     added = []
     for c in run["cases"]:
         variant, scale = {"extend": ("sglang.extend", engine_scale), "split_kv": ("flashinfer.mla", flash_scale)}.get(
@@ -365,7 +365,7 @@ def _with_engine_rows(tmp_path, engine_scale: float, flash_scale: float, plan_us
 
 
 def _pf_ms(variant, d, context):
-    run = results.load_run(H200 / "mla_verify.json")
+    run = store.load_run(H200 / "mla_verify.json")
     (c,) = [c for c in run["cases"] if c["check"]["ok"] and c["params"]["variant"] == variant
             and c["params"]["tokens"] == d and c["params"]["context"] == context and c["params"]["tree"] == "chain"]
     return c["derived"]["per_forward_us"] / 1e3
@@ -399,7 +399,7 @@ def _with_batch_rows(tmp_path, scale: float, engine: bool = False) -> Path:
     `engine`, SGLang's extend too, at B = 2 only): rows a one-request lever must not read."""
     for name in ("verify.json", "cycle.json", "graph_replay.json.gz"):
         (tmp_path / name).write_bytes((H200 / name).read_bytes())
-    run = results.read_json(H200 / "mla_verify.json")
+    run = store.read_json(H200 / "mla_verify.json")
     added = []
     for c in run["cases"]:
         if c["params"]["tree"] != "chain" or c["params"]["variant"] not in ("extend", "split_kv"):

@@ -8,7 +8,7 @@ import pytest
 from verifybench.harness.answers import plan
 from verifybench.harness.cli import main as cli_main
 from verifybench.harness.components import verify as bench_verify
-from verifybench.harness.measure import results
+from verifybench.harness.measure.results import store
 
 VERIFY_BASELINE = Path(__file__).resolve().parents[2] / "results/baselines/nvidia-h200-x1/verify.json"
 DEPLOYMENT = ["--decode-ms", "11.1", "--verify-ms", "3:25.6,6:28.7", "--draft-ms", "1", "--reextend-ms", "0.3"]
@@ -33,13 +33,13 @@ def _cycle_case(steps, topk, d, attention="extend", ok=True, draft=1.0, verify=2
 
 
 def _cycle_run(cases, gpu="NVIDIA H200"):
-    run = results.make_run("cycle", [], {"gpu_model": gpu, "cuda_available": gpu != "cpu", "slug": "x"})
+    run = store.make_run("cycle", [], {"gpu_model": gpu, "cuda_available": gpu != "cpu", "slug": "x"})
     run["cases"] = cases
     return run
 
 
 def _save(tmp_path, run, name="cycle-20261201T000000Z.json"):
-    return results.save_run(run, tmp_path, name=name)
+    return store.save_run(run, tmp_path, name=name)
 
 
 def _json_rows(path):
@@ -155,7 +155,7 @@ def test_plan_reads_a_verify_result_with_assumed_draft_costs(tmp_path, capsys):
     out = tmp_path / "plan.json"
     assert cli_main(["plan", str(VERIFY_BASELINE), "--accept-rates", "0.7", "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    full = {c["params"]["tokens"]: c["summary"]["median_us"] / 1e3 for c in results.load_run(VERIFY_BASELINE)["cases"]
+    full = {c["params"]["tokens"]: c["summary"]["median_us"] / 1e3 for c in store.load_run(VERIFY_BASELINE)["cases"]
             if c["check"]["ok"] and c["params"]["variant"] == "full"}
     row = _json_rows(out)[(5, 1, 6)]
     assert row["verify_ms"] == pytest.approx(full[6]) and row["verify_from"] == "measured"
@@ -204,7 +204,7 @@ def test_plan_on_one_attention_variant_says_the_file_holds_the_other(capsys):
 
 
 def test_plan_t_decode_of_one_cycle_file_is_the_same_whatever_attention_is_planned(tmp_path):
-    run = results.load_run(CYCLE_BASELINE)
+    run = store.load_run(CYCLE_BASELINE)
     decodes = {plan.cycle_costs(run, a)[1] for a in ("all", "extend", "split_kv")}
     want = sorted(c["derived"]["decode_ms"] for c in run["cases"] if c["check"]["ok"])
     assert len(decodes) == 1 and decodes.pop() == pytest.approx((want[3] + want[4]) / 2)
@@ -273,7 +273,7 @@ def test_verify_break_even_shows_only_the_rows_the_cycle_measured_draft_and_over
     assert sorted(rows) == [3, 6]  # only the measured rows: never an ASSUMED row beside them
     title = bench_verify.break_even_title(cycle, "cycle-X.json")
     assert "(cycle result cycle-X.json, the cheapest case) at n = 3, 6" in title and "ASSUMED" not in title
-    assert f"cycle-{results.stamp(cycle)}.json" in bench_verify.break_even_title(cycle)
+    assert f"cycle-{store.stamp(cycle)}.json" in bench_verify.break_even_title(cycle)
 
 
 def test_verify_break_even_ignores_a_cpu_cycle_result_and_says_so():
@@ -314,7 +314,7 @@ def _batch_folder(tmp_path):
 def test_batches_name_the_largest_paying_b_per_shape_and_context(tmp_path):
     from verifybench.harness.analysis import batches
 
-    run = results.load_run(next(_batch_folder(tmp_path).glob("cycle-*.json")))
+    run = store.load_run(next(_batch_folder(tmp_path).glob("cycle-*.json")))
     taus = {3: 2.4, 6: 3.1}
     table = batches.rows(run, lambda c: taus[c[2]])
     largest = {(e["context"], e["attention"], e["config"]): e["largest_B"] for e in batches.largest_paying(table)}
@@ -343,10 +343,10 @@ def test_advise_draws_no_chart_into_the_checkouts_results_but_where_it_is_told(t
     """A read of the curated baselines leaves them as committed: the chart goes to ./verifybench-results/ (here the
     working directory is tmp_path), or to --chart-dir."""
     folder = _batch_folder(tmp_path / "curated")
-    monkeypatch.setattr(results, "CURATED", tmp_path / "curated")
+    monkeypatch.setattr(store, "CURATED", tmp_path / "curated")
     monkeypatch.chdir(tmp_path)
     assert cli_main(["advise", str(folder), "--accept-len", "3:2.4,6:3.1"]) == 0
-    assert not list(folder.glob("*.png")) and list((tmp_path / results.DEFAULT_OUT).glob("cycle_batches-*.png"))
+    assert not list(folder.glob("*.png")) and list((tmp_path / store.DEFAULT_OUT).glob("cycle_batches-*.png"))
     assert cli_main(["advise", str(folder), "--chart-dir", str(tmp_path / "mine")]) == 0
     assert list((tmp_path / "mine").glob("cycle_batches-*.png")) and not list(folder.glob("*.png"))
     capsys.readouterr()
@@ -389,18 +389,18 @@ def _sweep_file(folder, cpu=False):
     sizes = [t * 7168 * 2 for t in AR_TOKENS]
     cases = [_ar_case("gloo" if cpu else "nccl", s, _ar_us(s, f), setting, "cpu" if cpu else "cuda")
              for s in sizes for setting, f in (("default", 1.0), ("NCCL_PROTO=LL", 0.8))]
-    run = results.make_run("allreduce_sweep", [], {"gpu_model": "cpu" if cpu else "NVIDIA H200",
+    run = store.make_run("allreduce_sweep", [], {"gpu_model": "cpu" if cpu else "NVIDIA H200",
                                                    "cuda_available": not cpu, "slug": "x"})
     run.update(cases=cases, extra={"nproc_per_node": 2})
-    return results.save_run(run, folder, name="allreduce_sweep-20261201T000000Z.json")
+    return store.save_run(run, folder, name="allreduce_sweep-20261201T000000Z.json")
 
 
 def _with_stand_in(folder):
     path = next(folder.glob("cycle-*.json"))
-    run = results.load_run(path)
+    run = store.load_run(path)
     for c in run["cases"]:
         c["derived"].update(allreduce_stand_in_us=STAND_IN_US, layers_total=61, layers_run=61)
-    results.write_json_atomic(path, run)  # in place: a second cycle file would be the folder's latest
+    store.write_json_atomic(path, run)  # in place: a second cycle file would be the folder's latest
     return run
 
 
@@ -475,7 +475,7 @@ def test_advise_on_cpu_results_withholds_the_per_b_allreduce_times_but_names_eac
     for c in run["cases"]:
         c["device"] = "cpu"
     run["fingerprint"].update(gpu_model="cpu", cuda_available=False)
-    results.write_json_atomic(next(folder.glob("cycle-*.json")), run)
+    store.write_json_atomic(next(folder.glob("cycle-*.json")), run)
     sweep = _sweep_file(folder, cpu=True)
     assert cli_main(["advise", str(folder), "--accept-len", "3:2.4,6:3.1"]) == 0
     out = capsys.readouterr().out
@@ -489,11 +489,11 @@ def test_advise_allreduce_from_costs_each_b_from_nccl_with_a_faster_backend_as_t
     folder = _batch_folder(tmp_path)
     _with_stand_in(folder)
     sizes = [t * 7168 * 2 for t in AR_TOKENS]
-    run = results.make_run("allreduce", [], {"gpu_model": "NVIDIA H200", "cuda_available": True, "slug": "x"})
+    run = store.make_run("allreduce", [], {"gpu_model": "NVIDIA H200", "cuda_available": True, "slug": "x"})
     run["cases"] = ([_ar_case("nccl", s, _ar_us(s)) for s in sizes]
                     + [_ar_case("symm-one-shot", s, _ar_us(s, 0.5)) for s in sizes]
                     + [_ar_case("gloo", s, 1.0, device="cpu") for s in sizes])  # host times: never the cost
-    path = results.save_run(run, tmp_path / "elsewhere", name="allreduce-20261201T000000Z.json")
+    path = store.save_run(run, tmp_path / "elsewhere", name="allreduce-20261201T000000Z.json")
     assert cli_main(["advise", str(folder), "--allreduce-from", str(path)]) == 0
     out = capsys.readouterr().out
     us = _log_interp(12 * 7168 * 2)

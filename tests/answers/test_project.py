@@ -10,7 +10,7 @@ import pytest
 from verifybench.harness.analysis.decompose import Gpu
 from verifybench.harness.answers.project import TARGETS, project_range
 from verifybench.harness.cli import main
-from verifybench.harness.measure import results
+from verifybench.harness.measure.results import store
 
 BASELINE = Path(__file__).resolve().parents[2] / "results/baselines/nvidia-h200-x1/verify.json"
 HERE = Gpu("H200", 4000.0, 7.7)
@@ -66,7 +66,7 @@ def test_project_refuses_cpu_smoke_results(tmp_path, capsys):
     for c in run["cases"]:
         if "device" in c:
             c["device"] = "cpu"  # a GPU fingerprint, but every sample taken on the CPU
-    path = results.write_json_atomic(tmp_path / "cpu.json", run)
+    path = store.write_json_atomic(tmp_path / "cpu.json", run)
     assert main(["project", str(path), "--target", "rtx-pro-6000-pcie-tp8"]) == 2
     assert "CPU smoke run" in capsys.readouterr().err
 

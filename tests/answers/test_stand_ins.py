@@ -1,7 +1,7 @@
 """Our stand-ins against the engine's own kernels (answers/stand_ins.py): paired at the same shape and one request,
 only kernels that passed their check, ratios from GPU runs only."""
 from verifybench.harness.answers import stand_ins
-from verifybench.harness.measure.results import WITHHELD
+from verifybench.harness.measure.results.store import WITHHELD
 
 
 def _case(variant, context, median_us, ok=True, batch=1, device="cuda", floor_us=10.0):

@@ -12,7 +12,7 @@ if not torch.cuda.is_available():
 
 from verifybench.harness import components, run  # noqa: E402
 from verifybench.harness.components import mla_verify  # noqa: E402
-from verifybench.harness.measure.results import WITHHELD  # noqa: E402
+from verifybench.harness.measure.results.store import WITHHELD  # noqa: E402
 
 NAME = "mla_verify"
 cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke profile's shapes and timings")
@@ -186,7 +186,7 @@ def test_the_branching_tree_case_passes_its_check():
     [spec] = [s for s in mla_verify.cases("tiny", 1, 64, (8,)) if s.params["tree"] != "chain"
               and s.params["variant"] == "extend"]
     try:
-        _, check, _ = spec.setup()
+        _, check, _ = spec.prepare()
         ok, detail = check()
     finally:
         mla_verify.release()
@@ -274,8 +274,6 @@ def test_batch_cases_carry_it_keep_the_one_request_names_and_name_the_others():
     assert {s.params["batch"] for s in one} == {1}
     assert [s.name for s in both[len(one):]] == [s.name.replace("/ctx64/", "/ctx64/B2/") for s in one]
     assert {s.params["batch"] for s in both[len(one):]} == {2}
-    with pytest.raises(ValueError, match="--batch 16 x --tokens 8 = 128 tokens per verify forward"):
-        mla_verify.cases("tiny", 1, 64, (8,), batch=(1, 16))
 
 
 @cpu_only
@@ -325,9 +323,9 @@ def test_cli_batch_runs_both_batches_and_withholds_derived_figures(tmp_path, cap
     out = capsys.readouterr().out
     assert "withheld" in out and "B requests per call" in out
     [path] = tmp_path.glob("mla_verify-*.json")
-    from verifybench.harness.measure import results
+    from verifybench.harness.measure.results import store
 
-    run = results.read_json(path)
+    run = store.read_json(path)
     ran = {(c["params"]["batch"], c["params"]["variant"]) for c in run["cases"] if c["check"]["ok"]}
     assert {(1, "extend"), (1, "split_kv"), (2, "extend"), (2, "split_kv")} <= ran
     assert run["extra"]["batch"] == [1, 2]
@@ -441,7 +439,7 @@ def test_cli_refuses_a_bad_spread_in_one_line(argv, says, tmp_path, capsys):
 
 def test_cli_spread_reaches_the_cases(tmp_path, capsys, monkeypatch):
     from verifybench.harness.cli import main
-    from verifybench.harness.measure import results
+    from verifybench.harness.measure.results import store
     from verifybench.harness.engines import sglang
 
     monkeypatch.setenv("VERIFYBENCH_MAX_TIME_S", "0.05")  # the plumbing, not the figures
@@ -451,7 +449,7 @@ def test_cli_spread_reaches_the_cases(tmp_path, capsys, monkeypatch):
         argv += ["--context", "1024"]
     assert main(argv) == 0
     [path] = tmp_path.glob("mla_verify-*.json")
-    run = results.read_json(path)
+    run = store.read_json(path)
     ok = [c for c in run["cases"] if c["check"]["ok"]]
     assert ok and all(c["params"]["context_spread"] == 0.25 and "/B2/spread0.25/" in c["name"] for c in ok)
     assert run["extra"]["options"]["context_spread"] == 0.25

@@ -98,7 +98,7 @@ def test_an_sglang_whose_tile_picker_takes_another_argument_skips_its_rows_and_m
     """An SGLang whose _get_block_sizes_for_extend_attention takes another argument ended `verifybench mla_verify
     --tokens 3` with exit 1 and a TypeError, no result file, our rows lost too."""
     from verifybench.harness.cli import main
-    from verifybench.harness.measure import results
+    from verifybench.harness.measure.results import store
     from verifybench.harness.engines import sglang
 
     module = _sglang_module(sglang.EXTEND_MODULE)
@@ -112,7 +112,7 @@ def test_an_sglang_whose_tile_picker_takes_another_argument_skips_its_rows_and_m
     assert main(["mla_verify", "--tokens", "3", "--out", str(tmp_path)]) == 0
     capsys.readouterr()
     [path] = tmp_path.glob("mla_verify-*.json")
-    cases = {c["params"]["variant"]: c for c in results.read_json(path)["cases"]}
+    cases = {c["params"]["variant"]: c for c in store.read_json(path)["cases"]}
     assert cases["extend"]["check"]["ok"] and cases["split_kv"]["check"]["ok"]
     why = cases["sglang.extend"]["skipped"]
     assert why.startswith("the engine's rows: sglang 0.5.11: ") and "\n" not in why, why

@@ -96,6 +96,17 @@ def test_a_failure_inside_an_engine_becomes_its_rows_one_line_reason_and_out_of_
         engines.engine_call("flashinfer")(out_of_memory)()
 
 
+def test_an_engine_rows_setup_takes_the_case_params_its_setup_names():
+    from verifybench.harness.measure.timing.runner import CaseSpec
+
+    def setup(batch, tokens):
+        return (lambda: batch * tokens), (lambda: (True, "ok")), None
+
+    guarded = engines.engine_rows("flashinfer", setup)
+    fn, check, _ = CaseSpec("x", {"batch": 2, "tokens": 3}, "graph", guarded).prepare()
+    assert fn() == 6 and check() == (True, "ok")
+
+
 @pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(), reason="the kernels need a GPU or the interpreter")
 def test_an_engine_kernel_failing_at_its_first_call_skips_its_row_and_the_component_goes_on(monkeypatch, tmp_path):
     """A FlashInfer module that would not build once ended mla_verify at its first engine row, every row after it lost
@@ -214,7 +225,7 @@ def test_sglang_mla_decode_matches_the_reference(tokens_per_request):
 def test_the_fingerprint_records_every_engine_package_found_without_importing_it():
     import sys
 
-    from verifybench.harness.measure import fingerprint
+    from verifybench.harness.measure.host import fingerprint
 
     imported = "sglang" in sys.modules
     found = fingerprint.collect()["versions"]["engines"]
@@ -378,7 +389,7 @@ def test_the_moe_engine_row_is_skipped_in_one_line_without_sglang(monkeypatch):
     import importlib.util
 
     from verifybench.harness.components import moe_int4_engines
-    from verifybench.harness.measure.runner import CaseSkipped
+    from verifybench.harness.measure.timing.runner import CaseSkipped
     from verifybench.harness.model import presets
 
     real = importlib.util.find_spec

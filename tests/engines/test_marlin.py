@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from verifybench.harness import engines
-from verifybench.harness.measure.runner import CaseSkipped
+from verifybench.harness.measure.timing.runner import CaseSkipped
 from verifybench.harness.engines import marlin
 from verifybench.kernels.moe_int4 import reference as moe
 
@@ -306,7 +306,7 @@ def test_the_forwards_moe_makes_fused_marlin_moes_calls_on_its_own_weights_with_
 
 
 def test_building_the_jit_kernels_says_so_first_and_on_cpu_is_engine_missing(monkeypatch, capsys):
-    from verifybench.harness.measure import runner
+    from verifybench.harness.measure.timing import runner
 
     if not torch.cuda.is_available():
         with pytest.raises(engines.EngineMissing, match="needs a CUDA GPU"):
@@ -351,7 +351,7 @@ def test_the_marlin_row_is_skipped_on_cpu_in_one_line_naming_the_release_and_the
 
     spec = next(s for s in moe_int4.cases("tiny", 1, 64) if s.params["impl"] == "sglang.marlin")
     with pytest.raises(CaseSkipped) as e:
-        spec.setup()
+        spec.prepare()
     reason = str(e.value)
     assert "\n" not in reason and reason.startswith("the engine's rows: sglang")
     assert "needs a CUDA GPU" in reason and "nvcc" in reason

@@ -11,7 +11,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels module is first imported (conftest too)
 
-from verifybench.harness.measure.runner import rel_error  # noqa: E402
+from verifybench.harness.measure.timing.runner import rel_error  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 CPU_DTYPES = (torch.float16, torch.float32)

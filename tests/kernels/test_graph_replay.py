@@ -76,7 +76,7 @@ def test_every_cpu_case_passes_its_check_and_tables_are_consistent(monkeypatch):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU run's fit is shown")
 def test_cpu_replay_fit_is_withheld_and_cpu_modes_never_read_graph(monkeypatch):
-    from verifybench.harness.measure.results import WITHHELD
+    from verifybench.harness.measure.results.store import WITHHELD
 
     monkeypatch.setattr(gr, "STRAIGHT_MAX_TIME_S", 0.05)
     recs = [spec.run(max_time_s=0.05).as_dict() for spec in gr.cases("tiny", 1, 64, (1, 2))]

@@ -11,7 +11,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels module is first imported (conftest too)
 
-from verifybench.harness.measure.runner import rel_error  # noqa: E402
+from verifybench.harness.measure.timing.runner import rel_error  # noqa: E402
 from verifybench.kernels.mla_verify import api as mv  # noqa: E402
 from verifybench.kernels.tree import api as tree  # noqa: E402
 from verifybench.kernels.mla_verify.api import mla_verify, mla_verify_reference  # noqa: E402

@@ -14,8 +14,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels module is first imported (conftest too)
 
 import early_jobs  # noqa: E402
-from verifybench.harness.measure.results import WITHHELD  # noqa: E402
-from verifybench.harness.measure.runner import CaseSkipped, rel_error  # noqa: E402
+from verifybench.harness.measure.results.store import WITHHELD  # noqa: E402
+from verifybench.harness.measure.timing.runner import CaseSkipped, rel_error  # noqa: E402
 from verifybench.kernels.moe_int4 import reference as moe  # noqa: E402
 from verifybench.kernels.moe_int4 import kernels as mk  # noqa: E402
 from verifybench.kernels.moe_int4 import configs as ms  # noqa: E402
@@ -459,7 +459,7 @@ def test_bench_cases_for_tiny_check_on_cpu_and_build_tables():
     records = []
     for spec in (s for s in specs if s.params["impl"] != "triton"):
         try:
-            fns, check, derive = spec.setup()
+            fns, check, derive = spec.prepare()
         except CaseSkipped as e:  # an engine's row where the engine is absent (a fresh clone): skipped, said why
             assert "." in spec.params["impl"] and "the engine's rows" in str(e), f"{spec.name}: {e}"
             continue
@@ -635,7 +635,7 @@ def test_prewarm_compiles_in_a_spawned_process(mt):
 def test_moe_side_by_side_title_names_the_dense_weights_and_device_that_ran():
     from pathlib import Path
 
-    from verifybench.harness.measure import results
+    from verifybench.harness.measure.results import store
 
     bench = importlib.import_module("verifybench.harness.components.moe_int4")
     cpu = [{"name": s.name, "params": s.params, "mode": s.mode, "device": "cpu", "check": {"ok": True},
@@ -643,7 +643,7 @@ def test_moe_side_by_side_title_names_the_dense_weights_and_device_that_ran():
            for s in bench.cases("tiny", 1, 64) if s.params["impl"] == "torch-dense"]
     assert bench.tables(cpu)[1][0].endswith("dense = plain torch, float32 weights on CPU)")
     h200 = Path(__file__).resolve().parents[2] / "results/baselines/nvidia-h200-x1/moe_int4.json"
-    assert bench.tables(results.load_run(h200)["cases"])[1][0].endswith("bfloat16 weights on GPU)")
+    assert bench.tables(store.load_run(h200)["cases"])[1][0].endswith("bfloat16 weights on GPU)")
 
 
 def test_moe_side_by_side_sets_ours_beside_sglangs_marlin_and_names_what_ran():

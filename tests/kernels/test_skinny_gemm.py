@@ -11,8 +11,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels module is first imported (conftest too)
 
-from verifybench.harness.measure.results import WITHHELD  # noqa: E402
-from verifybench.harness.measure.runner import CPU_COPIES, rel_error  # noqa: E402
+from verifybench.harness.measure.results.store import WITHHELD  # noqa: E402
+from verifybench.harness.measure.timing.runner import CPU_COPIES, rel_error  # noqa: E402
 from verifybench.kernels.common import pdl  # noqa: E402
 from verifybench.kernels.skinny_gemm import api as sg  # noqa: E402
 from verifybench.kernels.skinny_gemm import kernels as sgk  # noqa: E402
@@ -502,10 +502,10 @@ def test_skinny_gemm_side_by_side_table_prints_as_one_table_within_120_chars(dev
     from pathlib import Path
 
     from verifybench.harness.components import skinny_gemm as bench
-    from verifybench.harness.measure import results, tables
+    from verifybench.harness.measure.results import store, tables
 
     path = Path(__file__).resolve().parents[2] / "results/baselines/nvidia-h200-x1/skinny_gemm.json"
-    records = [{**r, "device": device} for r in results.load_run(path)["cases"]]
+    records = [{**r, "device": device} for r in store.load_run(path)["cases"]]
     title, side = bench.tables(records)[1]
     text = tables.render(side, "github")
     assert text.count("| shape") == 1 and max(map(len, text.splitlines())) <= tables.MAX_WIDTH_CHARS

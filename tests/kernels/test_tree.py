@@ -265,7 +265,7 @@ def test_argmax_kernel_returns_first_maximum_like_torch(dtype):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke profile")
 def test_kv_tree_on_cpu_checks_its_kernels_in_the_interpreter_and_withholds_eta_speedup_and_targets():
     from verifybench.harness.components import kv_tree
-    from verifybench.harness.measure.results import WITHHELD
+    from verifybench.harness.measure.results.store import WITHHELD
 
     specs = [s for s in kv_tree.cases("tiny", 1, 64) if s.params["tree"] == "d4t1s3" and s.params["batch"] == 1
              and s.params["step"] in ("verify", "build_tree") and s.params["variant"] in ("", "full-ctx1024")]

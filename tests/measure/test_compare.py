@@ -4,11 +4,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from verifybench.harness.measure import compare
-from verifybench.harness.measure import results
+from verifybench.harness.measure.results import compare, store
 from verifybench.harness.cli import main as cli_main
-from verifybench.harness.measure.results import Case
-from verifybench.harness.measure.timing import Measurement
+from verifybench.harness.measure.timing.runner import Case
+from verifybench.harness.measure.timing.timer import Measurement
 
 FP = {"gpu_model": "NVIDIA H200", "slug": "nvidia-h200-x1", "env": {"NCCL_PROTO": "Simple"},
       "gpus": [{"name": "NVIDIA H200", "uuid": "GPU-1"}]}
@@ -18,7 +17,7 @@ def _write(path, cases: dict, fp=FP, ok=True, mode="graph", probe_us=(), device=
     recs = [Case(name, {}, ok, "", Measurement(mode, device, "cuda_event", list(s), 1, 3, "ci_target", 1.0,
                                                host_probe_us=list(probe_us)))
             if ok else Case(name, {}, False, "bad") for name, s in cases.items()]
-    results.write_json_atomic(path, results.make_run("demo", recs, fp))
+    store.write_json_atomic(path, store.make_run("demo", recs, fp))
     return path
 
 
@@ -169,7 +168,7 @@ def test_summary_splits_device_timed_from_host_timed_cases(tmp_path, capsys):
 def test_a_case_sampled_in_another_process_state_is_named(tmp_path, capsys):
     def write(path, samples, state):
         m = Measurement("graph", "cuda", "cuda_event", list(samples), 1, 3, "ci_target", 1.0, process_state=state)
-        return results.write_json_atomic(path, results.make_run("demo", [Case("x", {}, True, "", m)], FP))
+        return store.write_json_atomic(path, store.make_run("demo", [Case("x", {}, True, "", m)], FP))
 
     plain = {"cupy_imported": False, "process_group": None}
     base = write(tmp_path / "a.json", _samples(1), plain)
@@ -221,14 +220,14 @@ def test_a_duplicated_case_name_is_refused(tmp_path, capsys):
 
 def test_skipped_cases_get_no_verdict_and_are_listed(tmp_path, capsys):
     base = _write(tmp_path / "a.json", {"x": _samples(1), "y": _samples(2)})
-    run = results.make_run("demo", [Case("x", {}, True, "", Measurement("graph", "cuda", "cuda_event",
+    run = store.make_run("demo", [Case("x", {}, True, "", Measurement("graph", "cuda", "cuda_event",
                                                                       list(_samples(3)), 1, 3, "ci_target", 1.0)),
                                     Case("y", {}, False, "skipped: no P2P", skipped="no P2P")], FP)
-    new = results.write_json_atomic(tmp_path / "b.json", run)
+    new = store.write_json_atomic(tmp_path / "b.json", run)
     assert _cli(base, new) == 0  # a case that could not run is not a failure
     out = capsys.readouterr().out
     assert "skipped in NEW (no P2P): y" in out and "FAIL" not in out
-    only_skipped = results.write_json_atomic(tmp_path / "c.json", results.make_run(
+    only_skipped = store.write_json_atomic(tmp_path / "c.json", store.make_run(
         "demo", [Case("x", {}, False, "skipped: memory", skipped="memory")], FP))
     assert _cli(base, only_skipped) == 2
     assert "no case ran in both" in capsys.readouterr().err
@@ -243,7 +242,7 @@ def test_different_method_versions_warn_and_old_files_say_unknown(tmp_path, caps
     assert _cli(base, new) == 0
     out = capsys.readouterr().out
     assert (f"WARNING: BASE was measured by method version unknown (a file from before the field), NEW by "
-            f"{results.METHOD_VERSION}") in out
+            f"{store.METHOD_VERSION}") in out
 
 
 def test_pytest_benchmark_figures_are_checked_against_their_data(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""Floors of our kernels' cases (harness/measure/floors.py): the latency floor is the empty kernels of the case's grids
+"""Floors of our kernels' cases (harness/measure/timing/floors.py): the latency floor is the empty kernels of the case's grids
 timed by the one engine as the case was, the bound is the larger of the two floors, x_floor the time over it, and the
 table withholds them from a CPU run."""
 import os
@@ -9,10 +9,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels modules are first imported (conftest too)
 
-from verifybench.harness.measure import floors  # noqa: E402
+from verifybench.harness.measure.timing import floors  # noqa: E402
 from verifybench.harness.measure.results import WITHHELD  # noqa: E402
 from verifybench.harness.measure.tables import render  # noqa: E402
-from verifybench.harness.measure.timing import Measurement  # noqa: E402
+from verifybench.harness.measure.timing.timer import Measurement  # noqa: E402
 from verifybench.kernels.common.empty import Launch  # noqa: E402
 
 LAUNCHES = [Launch((2, 3), 4), Launch((6, 1), 4)]

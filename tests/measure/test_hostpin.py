@@ -3,8 +3,7 @@ import os
 import pytest
 import torch
 
-from verifybench.harness.measure import fingerprint
-from verifybench.harness.measure import hostpin
+from verifybench.harness.measure.host import fingerprint, hostpin
 
 needs_affinity = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no sched_setaffinity")
 

@@ -1,12 +1,14 @@
 import pytest
 
 from verifybench.harness.cli import main as cli_main
-from verifybench.harness.measure import hostnoise, hostprobe, timing
+from verifybench.harness.measure import hostnoise
+from verifybench.harness.measure.host import hostprobe
+from verifybench.harness.measure.timing import timer
 
 
 def test_probe_is_a_positive_time_and_the_engine_records_it_around_each_case():
     assert hostprobe.probe_us(reps=3) > 0
-    m = timing.measure(lambda: None, mode="hot", device="cpu", samples=3, calls_per_sample=2, warmup_calls=1)
+    m = timer.measure(lambda: None, mode="hot", device="cpu", samples=3, calls_per_sample=2, warmup_calls=1)
     assert len(m.host_probe_us) == 2 and all(p > 0 for p in m.host_probe_us)
     assert m.as_dict()["host_probe_us"] == m.host_probe_us
 

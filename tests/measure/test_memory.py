@@ -1,12 +1,13 @@
-"""The memory rule (measure/memory.py) on CPU with a fake free-memory figure: components run what fits (fewer layers,
-fewer rotation sets, said in the case) or skip naming the bytes needed and free; never a raw out-of-memory error."""
+"""The memory rule (measure/timing/memory.py) on CPU with a fake free-memory figure: components run what fits (fewer
+layers, fewer rotation sets, said in the case) or skip naming the bytes needed and free; never a raw out-of-memory
+error."""
 import pytest
 import torch
 
 from verifybench.harness.components import graph_replay, mla_decode, moe_int4, skinny_gemm, verify
-from verifybench.harness.measure import ceiling, memory
-from verifybench.harness.measure.runner import CaseSkipped, CaseSpec
-from verifybench.harness.measure.timing import cold_rotation_sets
+from verifybench.harness.measure.timing import ceiling, memory
+from verifybench.harness.measure.timing.runner import CaseSkipped, CaseSpec
+from verifybench.harness.measure.timing.timer import cold_rotation_sets
 from verifybench.harness.model import presets
 from verifybench.harness.model.forward import FORWARD_MAX_TOKENS, allocated_bytes
 

@@ -15,8 +15,8 @@ import torch
 
 import early_jobs
 from verifybench.harness.components import graph_replay
-from verifybench.harness.measure import capture, memory
-from verifybench.harness.measure.pytest_plugin import HISTOGRAM_MOST, histogram_group
+from verifybench.harness.measure.timing import capture, memory
+from verifybench.harness.measure.timing.pytest_plugin import HISTOGRAM_MOST, histogram_group
 
 REPO = Path(__file__).resolve().parents[2]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where the benchmarks' tensors live
@@ -42,7 +42,7 @@ KEEPS = f"import torch\nKEPT = []\n\ndef test_keeps():\n" \
 FREES = (f"import torch\n\ndef test_frees():\n"
          f"    x = torch.ones(64 << 20, dtype=torch.uint8, device='{DEVICE}')\n"
          "    assert x.sum() > 0\n\n"
-         "from verifybench.harness.measure.runner import CaseSkipped, CaseSpec\n\n"
+         "from verifybench.harness.measure.timing.runner import CaseSkipped, CaseSpec\n\n"
          "def _setup():\n    raise CaseSkipped('too slow in the interpreter')\n\n"
          "def test_cannot_run_here(device_benchmark):\n"
          "    spec = CaseSpec(name='probe/x', params={}, mode='hot', setup=_setup)\n"
@@ -94,7 +94,7 @@ def test_cublas_workspaces_are_released_before_the_gpu_bytes_are_counted(monkeyp
 def test_spent_cases_free_the_weight_stack_their_setups_shared():
     specs = [s for s in graph_replay.cases("tiny", 1, 64, (1, 2)) if s.name.startswith("graph/model/")]
     before = memory.live_bytes(DEVICE)
-    fn, check, derive = specs[0].setup()
+    fn, check, derive = specs[0].prepare()
     assert check()[0]
     del fn, check, derive
     built = memory.live_bytes(DEVICE) - before
@@ -104,7 +104,7 @@ def test_spent_cases_free_the_weight_stack_their_setups_shared():
     graph_replay.release()
     assert memory.live_bytes(DEVICE) - before < max(built // 10, 1)
     with pytest.raises(RuntimeError, match="spent"):
-        specs[0].setup()
+        specs[0].prepare()
 
 
 def test_graph_capture_holds_the_collector_off_inside_and_restores_it(monkeypatch):

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import early_jobs
-from verifybench.harness.measure import interpreter, tables
-from verifybench.harness.measure.results import WITHHELD
+from verifybench.harness.measure.host import interpreter
+from verifybench.harness.measure.results import tables
+from verifybench.harness.measure.results.store import WITHHELD
 
 REPO = Path(__file__).resolve().parents[2]
 

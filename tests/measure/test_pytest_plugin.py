@@ -142,12 +142,13 @@ def test_pytest_and_cli_results_of_a_case_line_up_in_compare(saved, tmp_path, ca
     _, data, _, _ = saved
     names = {b["extra_info"]["case"] for b in data["benchmarks"]}
     from verifybench.harness.components import baseline
-    from verifybench.harness.measure import fingerprint, results
+    from verifybench.harness.measure.host import fingerprint
+    from verifybench.harness.measure.results import store
 
     specs = [s for s in baseline.cases("tiny", 1, 64) if s.name in names]
     # this machine's fingerprint, as the pytest run's: a GPU run is never compared with a CPU smoke run
-    run = results.make_run("baseline", [s.run(max_time_s=0.3) for s in specs], fingerprint.collect())
-    suite = results.save_run(run, tmp_path)
+    run = store.make_run("baseline", [s.run(max_time_s=0.3) for s in specs], fingerprint.collect())
+    suite = store.save_run(run, tmp_path)
     pb = tmp_path / "pb.json"
     pb.write_text(json.dumps(data))
     cli_main(["compare", str(suite), str(pb), "--allow-different-hardware"])
@@ -158,7 +159,7 @@ def test_pytest_and_cli_results_of_a_case_line_up_in_compare(saved, tmp_path, ca
 def test_the_benchmark_session_checks_settings_and_times_with_one_cpu_thread(monkeypatch):
     import torch
 
-    from verifybench.harness.measure import pytest_plugin
+    from verifybench.harness.measure.timing import pytest_plugin
 
     threads = torch.get_num_threads()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -179,7 +180,7 @@ def test_cpu_benchmark_table_prints_no_ratio_to_the_best_case(monkeypatch):
     import torch
     from pytest_benchmark import table
 
-    from verifybench.harness.measure import pytest_plugin
+    from verifybench.harness.measure.timing import pytest_plugin
 
     monkeypatch.setattr(table, "compute_baseline_scale", table.compute_baseline_scale)  # restored afterwards
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

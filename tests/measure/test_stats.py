@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from verifybench.harness.measure.stats import median_ci, should_stop, summarize
+from verifybench.harness.measure.timing.stats import median_ci, should_stop, summarize
 
 
 def test_summary_matches_numpy_on_known_samples():

@@ -1,9 +1,9 @@
 import numpy as np
 import pytest
 
-from verifybench.harness.measure import modes, timing
-from verifybench.harness.measure.modes import MODES
-from verifybench.harness.measure.timing import measure
+from verifybench.harness.measure.timing import modes, timer
+from verifybench.harness.measure.timing.modes import MODES
+from verifybench.harness.measure.timing.timer import measure
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def fake_timed_samples(monkeypatch):
             clock.now += count * sample_s
             return [gen() for _ in range(count)]
 
-        monkeypatch.setattr(timing, "time", clock)
+        monkeypatch.setattr(timer, "time", clock)
         monkeypatch.setattr(modes.CpuSampler, "batch", batch)
         return clock
     return install
@@ -191,10 +191,10 @@ def test_host_gate_that_never_reads_fast_keeps_everything_at_the_time_cap(fake_s
 
 def test_no_gate_without_a_gpu_and_when_switched_off(fake_samples, monkeypatch):
     fake_samples(lambda: 1.0)
-    monkeypatch.setattr(timing, "cuda_available", lambda: False)  # a CPU-only box: CPU timers are not gated
+    monkeypatch.setattr(timer, "cuda_available", lambda: False)  # a CPU-only box: CPU timers are not gated
     assert measure(lambda: None, mode="hot", device="cpu", warmup_calls=1, max_time_s=0.1).host_gate is None
     monkeypatch.setenv("VERIFYBENCH_HOST_GATE", "off")
-    from verifybench.harness.measure import hostprobe
+    from verifybench.harness.measure.host import hostprobe
     assert hostprobe.process_gate() is None
     monkeypatch.setenv("VERIFYBENCH_HOST_GATE", "maybe")
     with pytest.raises(ValueError, match="VERIFYBENCH_HOST_GATE"):
@@ -217,9 +217,9 @@ def test_process_state_is_recorded_with_every_measurement():
 
 
 def test_a_cpu_case_is_checked_then_sampled_by_the_cpu_rule(monkeypatch, fake_timed_samples):
-    from verifybench.harness.measure import runner
+    from verifybench.harness.measure.timing import runner
 
-    monkeypatch.setattr(timing, "cuda_available", lambda: False)  # no device given, no CUDA: a CPU case
+    monkeypatch.setattr(timer, "cuda_available", lambda: False)  # no device given, no CUDA: a CPU case
     monkeypatch.delenv("VERIFYBENCH_MAX_TIME_S", raising=False)
     events = []
 
@@ -242,9 +242,9 @@ def test_a_cpu_case_is_checked_then_sampled_by_the_cpu_rule(monkeypatch, fake_ti
 
 
 def test_a_fixed_count_case_keeps_its_counts_and_a_failed_check_is_not_timed(monkeypatch):
-    from verifybench.harness.measure import runner
+    from verifybench.harness.measure.timing import runner
 
-    monkeypatch.setattr(timing, "cuda_available", lambda: False)
+    monkeypatch.setattr(timer, "cuda_available", lambda: False)
     calls = []
     m = runner.run_case("x", {}, lambda: calls.append(1), mode="hot", check=lambda: (True, "ok"), device="cpu",
                         samples=5, calls_per_sample=3, warmup_calls=4).measurement
@@ -257,3 +257,18 @@ def test_a_fixed_count_case_keeps_its_counts_and_a_failed_check_is_not_timed(mon
     monkeypatch.setattr(runner, "measure", lambda fn, **kw: seen.update(kw))
     runner.run_case("x", {}, lambda: None, mode="graph", check=lambda: (True, "ok"), device="cuda", max_time_s=0.5)
     assert seen == {"mode": "graph", "device": "cuda", "max_time_s": 0.5}  # a GPU case: measure()'s own rule
+
+
+def test_a_case_setup_gets_the_params_it_names_as_arguments():
+    from verifybench.harness.measure.timing.runner import CaseSpec
+
+    got = {}
+
+    def setup(batch, tokens):
+        got.update(batch=batch, tokens=tokens)
+        return (lambda: None), (lambda: (True, "ok")), None
+
+    case = CaseSpec("x", {"batch": 4, "tokens": 3, "context": 64}, "hot", setup).run(device="cpu", max_time_s=0.05)
+    assert got == {"batch": 4, "tokens": 3} and case.check_ok
+    with pytest.raises(TypeError, match=r"case y: its setup takes \['depth'\], which its params do not carry"):
+        CaseSpec("y", {"batch": 1}, "hot", lambda depth: None).prepare()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from verifybench.harness.collectives.backends import p2p_reason
-from verifybench.harness.measure import fingerprint, topology
+from verifybench.harness.measure.host import fingerprint, topology
 
 
 class NVMLError(Exception):

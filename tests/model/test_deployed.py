@@ -254,10 +254,10 @@ def _ab_cycle(tmp_path, device="cuda"):
     import copy
     from pathlib import Path
 
-    from verifybench.harness.measure import results
+    from verifybench.harness.measure.results import store
 
     h200 = Path(__file__).resolve().parents[2] / "results/baselines/nvidia-h200-x1"
-    run = results.read_json(h200 / "cycle.json")
+    run = store.read_json(h200 / "cycle.json")
     (base,) = [c for c in run["cases"] if c["check"]["ok"] and c["params"]["attention"] == "extend"
                and (c["params"]["steps"], c["params"]["topk"], c["params"]["draft_tokens"]) == (2, 1, 3)]
     cases = []
@@ -278,7 +278,7 @@ def _ab_cycle(tmp_path, device="cuda"):
                             deployment={"kernels": {}, "stand_ins": stood})
         cases.append(c)
     run["cases"] = cases
-    results.write_json_atomic(tmp_path / "cycle.json", run)
+    store.write_json_atomic(tmp_path / "cycle.json", run)
     return tmp_path / "cycle.json"
 
 
@@ -300,7 +300,7 @@ def test_advise_ranks_the_ab_variants_by_measured_ms_with_each_variants_own_deco
 def test_ab_says_a_variant_within_compares_minimum_effect_changed_nothing(tmp_path, capsys):
     """64 KV splits at 30.5 ms against the deployed 30 ms (1.7%, under compare's 3%): no saving is claimed."""
     from verifybench.harness.cli import main as cli_main
-    from verifybench.harness.measure import results
+    from verifybench.harness.measure.results import store
 
     path = _ab_cycle(tmp_path)
     run = json.loads(path.read_text())
@@ -309,7 +309,7 @@ def test_ab_says_a_variant_within_compares_minimum_effect_changed_nothing(tmp_pa
             c["derived"]["cycle_ms"] = 30.5
             c["summary"]["median_us"] = 30.5e3
             c["samples_us"] = [30.5e3] * len(c["samples_us"])
-    results.write_json_atomic(path, run)
+    store.write_json_atomic(path, run)
     assert cli_main(["advise", str(path)]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if "triton-attention-num-kv-splits=64 (" in x)
     assert "within 3% of the deployed (+0.5 ms): no change" in line and "saves" not in line
@@ -367,10 +367,10 @@ def test_advise_projects_a_variant_whose_kernel_stood_in_from_the_engine_rows_of
     from pathlib import Path
 
     from verifybench.harness.cli import main as cli_main
-    from verifybench.harness.measure import results
+    from verifybench.harness.measure.results import store
 
     cycle = _ab_cycle(tmp_path)
-    mv = results.read_json(Path(__file__).resolve().parents[2] / "results/baselines/nvidia-h200-x1/mla_verify.json")
+    mv = store.read_json(Path(__file__).resolve().parents[2] / "results/baselines/nvidia-h200-x1/mla_verify.json")
     split = [c for c in mv["cases"] if c["params"]["variant"] == "split_kv" and c["check"]["ok"]]
     for c in split:
         f = copy.deepcopy(c)
@@ -378,7 +378,7 @@ def test_advise_projects_a_variant_whose_kernel_stood_in_from_the_engine_rows_of
         f["params"]["variant"] = "flashinfer.mla"
         f["derived"]["per_forward_us"] = c["derived"]["per_forward_us"] + 2000.0
         mv["cases"].append(f)
-    results.write_json_atomic(tmp_path / "mla_verify.json", mv)
+    store.write_json_atomic(tmp_path / "mla_verify.json", mv)
     assert cli_main(["advise", str(cycle), str(tmp_path / "mla_verify.json")]) == 0
     section = capsys.readouterr().out.split("## The engine's flags, measured A/B")[1].split("\n## ")[0]
     line = next(x for x in section.splitlines() if "attention-backend=flashinfer (" in x)

@@ -84,8 +84,6 @@ def test_verify_cases_carry_batch_and_keep_the_batch_one_names():
     assert [c.name for c in both[: len(plain)]] == [c.name for c in plain]
     assert {c.params["batch"] for c in plain} == {1} and {c.params["batch"] for c in both[len(plain):]} == {4}
     assert all(c.name.startswith("verify/tiny-tp1/B4/") for c in both[len(plain):])
-    with pytest.raises(ValueError, match="--batch 16 x --tokens 8 = 128 tokens per verify forward"):
-        component.cases("tiny", 1, 64, tuple(range(1, 9)), batch=(16,))
 
 
 def test_build_forward_lets_the_kept_forward_go_before_it_builds_another(monkeypatch):

@@ -22,8 +22,8 @@ from verifybench.harness.multigpu.allreduce import main as allreduce_main, parse
 from verifybench.harness.collectives.allreduce_results import build_cases, busbw_factor, stand_in_from_result, table_rows
 from verifybench.harness.collectives.backends import BF16_EXACT_MAX, expected_sum, pattern_modulus
 from verifybench.harness.multigpu.sweep import parse_nccl_log, parse_setting
-from verifybench.harness.measure import results
-from verifybench.harness.measure.results import load_run
+from verifybench.harness.measure.results import store
+from verifybench.harness.measure.results.store import load_run
 from verifybench.harness.model.build import allreduce_stand_in_us
 from torchrun_jobs import BOUND_S, TORCHRUN, assert_no_orphans
 from torchrun_jobs import run_job, run_jobs_at_once
@@ -230,7 +230,7 @@ def test_sweep_without_out_saves_under_the_default_folder_exports_only_what_it_m
         monkeypatch.delenv(key, raising=False)
     assert allreduce_main(["--nccl-sweep", "--setting", "default", "--setting", "NCCL_PROTO=LL"]) == 0
     out = capsys.readouterr().out
-    (summary,) = (tmp_path / results.DEFAULT_OUT / "cpu").glob("allreduce_sweep-*.json")
+    (summary,) = (tmp_path / store.DEFAULT_OUT / "cpu").glob("allreduce_sweep-*.json")
     assert load_run(summary)["component"] == "allreduce_sweep"
     assert "every setting runs with NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 (launched with " \
            "NCCL_NVLS_ENABLE unset" in out  # what it measured under, said once
@@ -397,11 +397,11 @@ def test_case_time_is_the_slowest_ranks_median_and_a_wrong_output_reports_no_tim
 
 def _stored(path, component: str, cases: list[tuple[str, int, str, float, str]], device: str = "cuda"):
     """A result file with passing cases (backend, size, mode, time, origin)."""
-    run = results.make_run(component, [], {"gpu_model": "NVIDIA X", "env": {}})
+    run = store.make_run(component, [], {"gpu_model": "NVIDIA X", "env": {}})
     run["cases"] = [{"name": f"{b}/{s}/{m}", "check": {"ok": True, "detail": ""}, "mode": m, "device": device,
                      "samples_us": [t], "summary": {"median_us": t}, "derived": {"time_us": t},
                      "params": {"backend": b, "size_bytes": s, "mode": m, "origin": o}} for b, s, m, t, o in cases]
-    return results.write_json_atomic(path, run)
+    return store.write_json_atomic(path, run)
 
 
 AR_CASES = [("nccl", 14336, "graph", 30.0, "1 tok"), ("nccl", 28672, "graph", 32.0, "2 tok"),
@@ -439,7 +439,7 @@ def test_a_default_allreduce_file_stands_in_with_its_gpu_backends_and_ignores_gl
         ("nccl", 14336, "graph", 6.608500028960407, "1 tok"), ("gloo", 14336, "graph", 3.0, "1 tok")]))
     for case in (run := load_run(path))["cases"]:
         case["device"] = "cpu" if case["params"]["backend"] == "gloo" else "cuda"
-    results.write_json_atomic(path, run)
+    store.write_json_atomic(path, run)
     assert stand_in_from_result(path, 14336) == (6.61, f"{path}: nccl, graph mode, at 14336 B{GPU_LABEL}")
     cpu_only = str(_stored(tmp_path / "gloo.json", "allreduce", [("gloo", 14336, "graph", 3.04449, "1 tok")],
                            device="cpu"))
@@ -480,7 +480,7 @@ def test_each_kind_of_result_the_torchrun_room_writes_has_its_own_file_prefix(mo
     from types import SimpleNamespace
 
     from verifybench.harness.components import allreduce as one_rank
-    from verifybench.harness.measure import fingerprint
+    from verifybench.harness.measure.host import fingerprint
     from verifybench.harness.multigpu import allreduce, driver, verify
     from verifybench.harness.multigpu.driver import RankInfo
 
@@ -503,15 +503,15 @@ def test_cpu_allreduce_rows_withhold_gb_s_and_read_eager_as_cpu_hot():
 
     cpu = table_rows([record("graph", "cpu"), record("eager", "cpu")])
     assert [r["mode"] for r in cpu] == ["cpu-loop", "cpu-hot"]
-    assert all(r["algbw(GB/s)"] == results.WITHHELD and r["busbw(GB/s)"] == results.WITHHELD for r in cpu)
+    assert all(r["algbw(GB/s)"] == store.WITHHELD and r["busbw(GB/s)"] == store.WITHHELD for r in cpu)
     (gpu,) = table_rows([record("graph", "cuda")])
     assert gpu["mode"] == "graph" and gpu["algbw(GB/s)"] == 0.006  # a GPU row keeps its bandwidth
     # the torchrun job's tables on CPU: no "fastest backend" ranking, the withheld columns named once above
     from verifybench.harness.collectives.allreduce_results import tables
-    from verifybench.harness.measure.tables import render
+    from verifybench.harness.measure.results.tables import render
 
     (title, rows), = tables([record("graph", "cpu"), record("eager", "cpu")])
-    assert render(rows).count("withheld") == 1 and results.WITHHELD not in render(rows)
+    assert render(rows).count("withheld") == 1 and store.WITHHELD not in render(rows)
     assert [t for t, _ in tables([record("graph", "cuda")])][-1] == "fastest backend per size, graph mode"
 
 

@@ -13,7 +13,7 @@ import torch
 import early_jobs
 from verifybench.harness.model.forward import allocated_bytes
 from verifybench.harness.multigpu import verify as vd, verify_setup as setup
-from verifybench.harness.measure.results import WITHHELD, load_run
+from verifybench.harness.measure.results.store import WITHHELD, load_run
 from torchrun_jobs import BOUND_S, TORCHRUN, assert_no_orphans, run_job, run_jobs_at_once
 
 VERIFY_DIST = TORCHRUN + ["-m", "verifybench.harness.multigpu.verify"]
@@ -188,14 +188,14 @@ def test_ranks_get_their_own_weights_replicated_ones_and_identical_inputs():
 
 
 def test_a_measured_stand_in_is_taken_at_each_token_counts_size(tmp_path, monkeypatch):
-    from verifybench.harness.measure import results
+    from verifybench.harness.measure.results import store
 
-    run = results.make_run("allreduce", [], {"gpu_model": "NVIDIA X", "env": {}})
+    run = store.make_run("allreduce", [], {"gpu_model": "NVIDIA X", "env": {}})
     run["cases"] = [{"name": f"nccl/{s}", "check": {"ok": True, "detail": ""}, "mode": "graph", "device": "cuda",
                      "samples_us": [t], "summary": {"median_us": t}, "derived": {"time_us": t},
                      "params": {"backend": "nccl", "size_bytes": s, "mode": "graph", "origin": f"{s // 512} tok"}}
                     for s, t in ((512, 10.0), (1024, 20.0))]
-    path = results.write_json_atomic(tmp_path / "ar.json", run)
+    path = store.write_json_atomic(tmp_path / "ar.json", run)
     monkeypatch.delenv("VERIFYBENCH_ALLREDUCE_US", raising=False)
     monkeypatch.setenv("VERIFYBENCH_ALLREDUCE_FROM", str(path))
     plan = setup.make_plan(vd.build_parser().parse_args(["--preset", "tiny", "--tp", "1", "--tokens", "1,2",
@@ -214,7 +214,7 @@ def test_the_forward_on_cpu_defaults_to_the_smoke_profiles_tiny_shapes():
 
 def _refusal(capsys, monkeypatch, ranks_on_host: int) -> str:
     """What main says of a whole K2.5 TP8 rank on CPU with about 8 GiB free (under the memory cap)."""
-    from verifybench.harness.measure import memory
+    from verifybench.harness.measure.timing import memory
 
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(ranks_on_host))
     monkeypatch.setenv(memory.CAP_ENV, str(memory._cpu_rss_bytes() / memory.GIB + 8))

@@ -14,10 +14,11 @@ import torch
 
 from verifybench.harness import components, run
 from verifybench.harness.cli import main
-from verifybench.harness.measure import compare, memory, results, runner
-from verifybench.harness.measure.results import Case, ResultsError
-from verifybench.harness.measure.runner import CaseSkipped, CaseSpec
-from verifybench.harness.measure.timing import Measurement, measure
+from verifybench.harness.measure.results import compare, store
+from verifybench.harness.measure.timing import memory, runner
+from verifybench.harness.measure.results.store import ResultsError
+from verifybench.harness.measure.timing.runner import Case, CaseSkipped, CaseSpec
+from verifybench.harness.measure.timing.timer import Measurement, measure
 
 PROBE_TIMEOUT_S = 60
 CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="refused only without a GPU (the CPU smoke profile)")
@@ -221,10 +222,10 @@ def test_other_commands_refuse_bad_arguments(argv, needle, capsys, nothing_measu
 
 
 def test_project_refuses_a_result_that_is_not_a_gpu_verify_run(tmp_path, capsys):
-    cpu_run = results.make_run("verify", [], {"gpu_model": "cpu", "slug": "cpu", "env": {}})
-    path = results.write_json_atomic(tmp_path / "v.json", cpu_run)
+    cpu_run = store.make_run("verify", [], {"gpu_model": "cpu", "slug": "cpu", "env": {}})
+    path = store.write_json_atomic(tmp_path / "v.json", cpu_run)
     refused(["project", path, "--copy-gbps", "100", "--allreduce-us", "10"], capsys, str(path))
-    other = results.write_json_atomic(tmp_path / "b.json", results.make_run("baseline", [], FP))
+    other = store.write_json_atomic(tmp_path / "b.json", store.make_run("baseline", [], FP))
     refused(["project", other, "--copy-gbps", "100", "--allreduce-us", "10"], capsys, "project needs a verify result")
 
 
@@ -236,8 +237,8 @@ def _measurement(samples, mode="graph"):
 
 def _suite(path: Path, cases=None) -> Path:
     cases = cases or {"x": np.random.default_rng(1).normal(100, 0.5, 50)}
-    run_ = results.make_run("demo", [Case(n, {}, True, "", _measurement(s)) for n, s in cases.items()], FP)
-    return results.write_json_atomic(path, run_)
+    run_ = store.make_run("demo", [Case(n, {}, True, "", _measurement(s)) for n, s in cases.items()], FP)
+    return store.write_json_atomic(path, run_)
 
 
 def _edited(path: Path, edit) -> Path:
@@ -334,7 +335,7 @@ def test_compare_of_files_sharing_no_case_or_hardware_exits_2(tmp_path, capsys):
 
 def test_compare_right_answers_on_skipped_and_older_files(tmp_path, capsys):
     base = _suite(tmp_path / "a.json", {"x": np.random.default_rng(1).normal(100, 0.5, 50)})
-    new = results.write_json_atomic(tmp_path / "b.json", results.make_run("demo", [
+    new = store.write_json_atomic(tmp_path / "b.json", store.make_run("demo", [
         Case("x", {}, False, "skipped: too little memory", skipped="too little memory"),
         Case("y", {}, True, "", _measurement(np.random.default_rng(2).normal(100, 0.5, 50)))], FP))
     both = _suite(tmp_path / "c.json", {"x": np.random.default_rng(3).normal(100, 0.5, 50),
@@ -351,15 +352,15 @@ def test_result_loading_refuses_what_it_cannot_use(tmp_path):
     for which in ("future schema", "case without check", "passed without samples", "a JSON list"):
         make, needle = BAD_FILES[which]
         with pytest.raises(ResultsError, match=needle):
-            results.load_run(make(tmp_path / f"{which}.json"))
+            store.load_run(make(tmp_path / f"{which}.json"))
     with pytest.raises(ResultsError, match="field 'component'"):
-        results.validate_run({"schema": results.SCHEMA, "schema_version": results.SCHEMA_VERSION}, "x")
+        store.validate_run({"schema": store.SCHEMA, "schema_version": store.SCHEMA_VERSION}, "x")
 
 
 def test_saving_a_run_with_a_non_finite_figure_stores_null_and_loads(tmp_path):
-    run_ = results.make_run("demo", [Case("x", {}, True, "", _measurement([1.0, 2.0, 3.0]),
+    run_ = store.make_run("demo", [Case("x", {}, True, "", _measurement([1.0, 2.0, 3.0]),
                                           {"eta": float("nan"), "gbps": float("inf")})], FP)
-    loaded = results.load_run(results.save_run(run_, tmp_path))
+    loaded = store.load_run(store.save_run(run_, tmp_path))
     assert loaded["cases"][0]["derived"] == {"eta": None, "gbps": None}
 
 
@@ -419,7 +420,7 @@ COMMAND_TAIL = {"plan": ["--accept-len", "3:2.4,4:2.6,6:3,8:3.2"], "project": ["
 @pytest.mark.parametrize("which", list(FIELD_EDITS))
 def test_plan_and_project_name_the_file_and_the_field_a_result_lacks(which, tmp_path, capsys):
     """A file that is damaged as a whole is refused; a case with a bad field is left out by the one reader
-    (measure/result_cases.py), in one line naming the file, the case and the field, and the rest is read."""
+    (measure/results/result_cases.py), in one line naming the file, the case and the field, and the rest is read."""
     baseline, (command,), edit, needle = FIELD_EDITS[which]
     data = json.loads((BASELINES / baseline).read_text())
     edit(data)
@@ -496,7 +497,7 @@ def _quick_component(monkeypatch):
         def now(cls, tz=None):
             return datetime(2026, 12, 2, 10, 10, 10, tzinfo=timezone.utc)
 
-    monkeypatch.setattr(results, "datetime", Frozen)
+    monkeypatch.setattr(store, "datetime", Frozen)
     module = components.load("baseline")
     monkeypatch.setattr(module, "cases", lambda *a, **k: [
         CaseSpec("x", {}, "hot", lambda: (lambda: None, lambda: (True, "ok"), None), {"device": "cpu"})])
@@ -510,14 +511,14 @@ def test_two_runs_with_one_out_in_the_same_second_keep_both_results(tmp_path, mo
     assert main(["baseline", "--out", str(tmp_path)]) == 0
     saved = [line.split()[-1] for line in capsys.readouterr().out.splitlines() if line.startswith("saved ")]
     assert [Path(p).name for p in saved] == ["baseline-20261202T101010Z.json", "baseline-20261202T101010Z-2.json"]
-    assert all(results.load_run(p)["component"] == "baseline" for p in saved)
+    assert all(store.load_run(p)["component"] == "baseline" for p in saved)
 
 
 # ------------------------------------------------------------------------------------------ interrupted
 
 def test_ctrl_c_during_a_run_exits_130_in_one_line_leaving_only_complete_files(tmp_path, monkeypatch, capsys):
     def interrupted(name, scope, out_dir):
-        results.save_run(results.make_run(name, [], FP), out_dir)  # one component done, then Ctrl-C
+        store.save_run(store.make_run(name, [], FP), out_dir)  # one component done, then Ctrl-C
         raise KeyboardInterrupt
 
     monkeypatch.setattr(run, "run_component", interrupted)
@@ -526,7 +527,7 @@ def test_ctrl_c_during_a_run_exits_130_in_one_line_leaving_only_complete_files(t
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "interrupted" in err and "Traceback" not in err
     left = sorted(p.name for p in tmp_path.iterdir())
-    assert len(left) == 1 and left[0].startswith("baseline-") and results.load_run(tmp_path / left[0])
+    assert len(left) == 1 and left[0].startswith("baseline-") and store.load_run(tmp_path / left[0])
 
 
 def test_ctrl_c_in_any_command_exits_130(monkeypatch, capsys):
@@ -624,7 +625,7 @@ def test_a_run_of_one_component_under_a_tiny_memory_cap_skips_naming_bytes(tmp_p
     assert main(["baseline", "--out", str(tmp_path)]) == 0  # skipped is not failed
     out = capsys.readouterr().out
     assert "skipped (cannot run here): copy/" in out and "is free under VERIFYBENCH_MEMORY_CAP_GIB=0.01" in out
-    saved = results.load_run(next(tmp_path.glob("baseline-*.json")))
+    saved = store.load_run(next(tmp_path.glob("baseline-*.json")))
     assert any(c.get("skipped") for c in saved["cases"]) and any(c["check"]["ok"] for c in saved["cases"])
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from verifybench.harness.cli import main
-from verifybench.harness.measure import results
+from verifybench.harness.measure.results import store
 
 BASELINES = Path(__file__).resolve().parents[2] / "results" / "baselines" / "nvidia-h200-x1"
 TAUS = ["--accept-len", "3:2.4,6:3.1"]
@@ -36,7 +36,7 @@ def _cycle_file(folder: Path, sizes=(1, 2, 4, 8), ok=True, edit=None) -> Path:
         decode = 10.0 + 0.5 * b
         cases += [_case(b, 2, 1, 3, decode * {1: 1.5, 2: 1.8, 4: 2.2, 8: 2.9}[b], decode, ok=ok),
                   _case(b, 5, 1, 6, decode * {1: 2.0, 2: 2.5, 4: 3.3, 8: 4.4}[b], decode, ok=ok)]
-    run = results.make_run("cycle", [], {"gpu_model": "NVIDIA H200", "cuda_available": True, "slug": "h200",
+    run = store.make_run("cycle", [], {"gpu_model": "NVIDIA H200", "cuda_available": True, "slug": "h200",
                                          "gpus": [{"name": "NVIDIA H200"}]})
     run["cases"] = cases
     if edit:
@@ -187,10 +187,13 @@ def test_mla_decode_on_cpu_runs_the_tokens_and_context_given_and_keeps_b_times_n
     specs = bench.cases("tiny", 1, 64, (1,), batch=(20,))
     assert {s.params["tokens"] for s in specs} == {1}
     assert all(s.params["batch"] * s.params["tokens"] <= FORWARD_ROWS_MAX for s in specs)
+    from verifybench.harness import run as run_mod
+
+    scope = {"preset": "tiny", "tp": 1, "context": 64, "tokens": (4,), "batch": (20,), "options": {}}
     with pytest.raises(ValueError, match="--batch 20 x --tokens 4 = 80 tokens per verify forward"):
-        bench.cases("tiny", 1, 64, (4,), batch=(20,))
+        run_mod.check_cases(["mla_decode"], scope)  # the command's one check, on the cases listed
     capsys.readouterr()
-    from verifybench.harness.measure import runner
+    from verifybench.harness.measure.timing import runner
 
     monkeypatch.setattr(runner, "_SAID", set())
     assert {s.params["context"] for s in bench.cases("tiny", 1, 64)} == set(bench.CPU_CONTEXTS)
@@ -199,13 +202,44 @@ def test_mla_decode_on_cpu_runs_the_tokens_and_context_given_and_keeps_b_times_n
                     "to split; --context N runs N)"]
 
 
+# ---- B x D: checked once, where the command reads --batch and --tokens (run._cases), for every component
+
+BATCH_COMPONENTS = ("cycle", "mla_decode", "mla_verify", "verify")
+
+
+@pytest.mark.parametrize("command", [*BATCH_COMPONENTS, "run"])
+def test_b_times_d_past_the_limit_is_refused_in_one_line_by_every_command_that_takes_batch_and_tokens(
+        command, tmp_path, capsys):
+    assert main([command, "--batch", "32", "--tokens", "3", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    d = "--configs D" if command == "cycle" else "--tokens"  # the cycle's D is its configurations' (--tokens picks)
+    assert len(err) == 1 and err[0].endswith(f"--batch 32 x {d} 3 = 96 tokens per verify forward; at most 64 (B x D)")
+    assert not any(tmp_path.iterdir())  # refused before anything ran
+
+
+def test_the_batch_components_cases_carry_batch_and_tokens_and_their_setups_take_them_by_name():
+    """The batch and the tokens a case's record names are the arguments its setup gets (CaseSpec.prepare); the
+    components list B x D past the limit without refusing it: the command's one check does."""
+    import inspect
+
+    from verifybench.harness import components, run as run_mod
+
+    assert tuple(sorted(run_mod.batch_components())) == BATCH_COMPONENTS
+    for name in BATCH_COMPONENTS:
+        specs = components.load(name).cases("tiny", 1, 64, (3,), batch=(1, 32))
+        tokens = "draft_tokens" if name == "cycle" else "tokens"
+        assert specs and {s.params["batch"] for s in specs} == {1, 32}, name
+        assert {s.params[tokens] for s in specs} == {3}, name
+        assert all({"batch", tokens} <= set(inspect.signature(s.setup).parameters) for s in specs), name
+
+
 @CPU_ONLY
 @pytest.mark.parametrize("tokens, batch", [((1, 2, 4, 8), None), ((1,), (1, 2))])
 def test_run_takes_the_readmes_token_counts_on_cpu_and_the_cycle_says_which_shapes_it_runs(tokens, batch, capsys,
                                                                                              monkeypatch):
     from verifybench.harness import components
     from verifybench.harness import run as run_mod
-    from verifybench.harness.measure import runner
+    from verifybench.harness.measure.timing import runner
 
     monkeypatch.setattr(runner, "_SAID", set())
     scope = {"preset": "tiny", "tp": 1, "context": 64, "tokens": tokens, "batch": batch, "options": {}}
@@ -221,7 +255,7 @@ def test_run_takes_the_readmes_token_counts_on_cpu_and_the_cycle_says_which_shap
 def test_cpu_free_memory_is_held_to_the_process_rlimit(monkeypatch):
     import resource
 
-    from verifybench.harness.measure import memory
+    from verifybench.harness.measure.timing import memory
 
     real = resource.getrlimit
     size = int(Path("/proc/self/statm").read_text().split()[0]) * resource.getpagesize()
@@ -239,7 +273,7 @@ def test_cpu_free_memory_is_held_to_the_process_rlimit(monkeypatch):
     ({"memory/memory.limit_in_bytes": "9223372036854771712", "memory/memory.usage_in_bytes": "5"}, None),  # v1 none
 ], ids=["v2", "v2-max", "v1", "v1-none"])
 def test_the_container_memory_limit_is_read_from_cgroup_v2_and_v1(files, free, tmp_path):
-    from verifybench.harness.measure import memory
+    from verifybench.harness.measure.timing import memory
 
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -248,7 +282,7 @@ def test_the_container_memory_limit_is_read_from_cgroup_v2_and_v1(files, free, t
 
 
 def test_a_cpu_allocation_failure_is_skipped_like_a_cuda_out_of_memory():
-    from verifybench.harness.measure.runner import CaseSpec
+    from verifybench.harness.measure.timing.runner import CaseSpec
 
     def setup():
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
@@ -334,7 +368,7 @@ def test_kv_tree_tables_say_the_kernels_did_not_run_when_the_interpreter_is_off(
 
 
 def test_a_parent_cgroups_memory_limit_holds_the_process_cgroup_under_it(tmp_path):
-    from verifybench.harness.measure import memory
+    from verifybench.harness.measure.timing import memory
 
     leaf = tmp_path / "a" / "b"
     leaf.mkdir(parents=True)

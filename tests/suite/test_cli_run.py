@@ -77,7 +77,7 @@ def test_report_break_even_follows_its_formula(run_dir):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU run's figures are not withheld")
 def test_cpu_report_withholds_what_cpu_noise_cannot_support(run_dir):
-    from verifybench.harness.measure.results import WITHHELD
+    from verifybench.harness.measure.results.store import WITHHELD
 
     records = json.loads(next(run_dir.glob("verify-*.json")).read_text())["cases"]
     tables = dict(bench_verify.tables(records))
@@ -191,20 +191,20 @@ def test_sigint_during_a_real_run_exits_130_in_one_line_and_leaves_only_complete
     assert rc == 130, (rc, err[-2000:])
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "interrupted" in lines[0] and "Traceback" not in err, err[-2000:]
-    from verifybench.harness.measure import results
+    from verifybench.harness.measure.results import store
 
     left = sorted(p.name for p in out.iterdir())
     assert all(name.endswith((".json", ".png")) for name in left), left  # no temp file, no half report
     for name in left:
         if name.endswith(".json"):
-            results.load_run(out / name)
+            store.load_run(out / name)
 
 
 def test_an_interrupt_mid_component_saves_its_finished_cases_marked_partial_and_says_where(tmp_path, monkeypatch,
                                                                                            capsys):
     from verifybench.harness import run
     from verifybench.harness.cli import main
-    from verifybench.harness.measure import results
+    from verifybench.harness.measure.results import store
 
     real = run._cases
 
@@ -218,7 +218,7 @@ def test_an_interrupt_mid_component_saves_its_finished_cases_marked_partial_and_
     line = capsys.readouterr().err.strip()
     saved = list(tmp_path.glob("baseline-*.json"))
     assert len(saved) == 1 and f"baseline's 1 finished cases of 3 are in {saved[0]}" in line, line
-    partial = results.load_run(saved[0])
+    partial = store.load_run(saved[0])
     assert len(partial["cases"]) == 1 and partial["cases"][0]["check"]["ok"]
     assert partial["extra"]["interrupted_after_cases"] == 1 and partial["extra"]["cases_planned"] == 3
 
@@ -269,7 +269,7 @@ def test_report_names_the_result_file_of_every_section(run_dir):
 
 
 def test_run_tables_stay_within_120_characters(run_dir):
-    from verifybench.harness.measure.tables import MAX_WIDTH_CHARS
+    from verifybench.harness.measure.results.tables import MAX_WIDTH_CHARS
 
     report = next(run_dir.glob("run-*.md")).read_text()
     table_lines = [line for line in report.splitlines() if line.startswith("|")]
@@ -366,10 +366,10 @@ def test_gpu_report_opening_renders_each_answer_and_lever_line_on_its_own():
 
     from verifybench.harness import run
     from verifybench.harness.answers import advise
-    from verifybench.harness.measure import results
+    from verifybench.harness.measure.results import store
 
     h200 = REPO / "results/baselines/nvidia-h200-x1"
-    runs = {k: results.load_run(h200 / f) for k, f in (("verify", "verify.json"), ("cycle", "cycle.json"))}
+    runs = {k: store.load_run(h200 / f) for k, f in (("verify", "verify.json"), ("cycle", "cycle.json"))}
     opening = run.report_opening(runs, {"cpu": False}, Path("out"))
     plain = advise.report_lines(runs, Path("out"))
     answer = plain[1:plain.index("")]  # the lines under "### The answer"

@@ -47,10 +47,12 @@ def graph() -> dict[str, set[str]]:
     return {m: {i for i in _imports(p, m) if i in mods and i != m} for m, p in mods.items()}
 
 
-def test_no_import_cycles(graph):
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of a graph (node -> the nodes it imports): its strongly connected components of two or
+    more nodes (Tarjan)."""
     index, low, stack, on_stack, cycles = {}, {}, [], set(), []
 
-    def visit(v):  # Tarjan's strongly connected components
+    def visit(v):
         index[v] = low[v] = len(index)
         stack.append(v)
         on_stack.add(v)
@@ -75,6 +77,11 @@ def test_no_import_cycles(graph):
     for v in graph:
         if v not in index:
             visit(v)
+    return cycles
+
+
+def test_no_import_cycles(graph):
+    cycles = _cycles(graph)
     assert not cycles, f"import cycles: {cycles}"
 
 
@@ -111,6 +118,36 @@ def _room(module: str) -> tuple[int, str]:
             if rest == room or rest.startswith(room + "."):
                 return floor, room
     return -1, rest
+
+
+# harness/measure/ is one room with inner rooms, lowest first: what the machine is (host/), the timing engine and the
+# run of a case (timing/), what a run stores and how runs compare (results/). An inner room imports from a lower one
+# and from the modules at measure/'s top, never from a higher one; the top holds only MEASURE_TOP: what all three
+# share (exit codes, the stance on CPU numbers, the limits) and the two commands over them (env, hostprobe).
+MEASURE = "verifybench.harness.measure"
+MEASURE_ROOMS = ("host", "timing", "results")
+MEASURE_TOP = ("env", "exits", "hostnoise", "limits", "stance")
+
+
+def _measure_room(module: str) -> str | None:
+    """A harness/measure/ module's inner room, or its own name at measure/'s top; None outside harness/measure/."""
+    return module.removeprefix(MEASURE + ".").split(".")[0] if module.startswith(MEASURE + ".") else None
+
+
+def test_measures_inner_rooms_import_down_and_its_top_holds_only_what_they_share(graph):
+    rooms = {m: _measure_room(m) for m in graph if _measure_room(m)}
+    assert sorted(set(rooms.values()) - set(MEASURE_ROOMS)) == sorted(MEASURE_TOP), \
+        "a module at harness/measure/'s top that is not in MEASURE_TOP: move it into a room, or name it there"
+    up = [(m, i) for m, room in rooms.items() for i in graph[m] if room in MEASURE_ROOMS
+          and rooms.get(i) in MEASURE_ROOMS and MEASURE_ROOMS.index(rooms[i]) > MEASURE_ROOMS.index(room)]
+    assert not up, f"imports up the inner rooms {' < '.join(MEASURE_ROOMS)}: {up}"
+    between = {}  # a room, or a module at the top, and what it imports of the others
+    for m, room in rooms.items():
+        between.setdefault(room, set()).update(rooms[i] for i in graph[m] if rooms.get(i) not in (None, room))
+    assert not _cycles(between), f"harness/measure/'s rooms import each other in a cycle: {_cycles(between)}"
+    text = (REPO / "docs" / "design.md").read_text()
+    at = [text.find(f"`harness/measure/{room}/`") for room in MEASURE_ROOMS]
+    assert -1 not in at and at == sorted(at), "docs/design.md's code map names the inner rooms, lowest first"
 
 
 # The tests mirror the rooms (docs/design.md's code map says where): a room's tests lie in the tests/ folder named
@@ -231,7 +268,7 @@ def test_the_wheel_installs_one_import_root_of_our_own(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
     assert {t for t in tops if not t.endswith(".dist-info")} == {"verifybench"}
-    assert any(n.startswith("verifybench/harness/measure/timing.py") for n in names)
+    assert any(n.startswith("verifybench/harness/measure/timing/timer.py") for n in names)
     for family in ("mla_decode", "moe_int4", "skinny_gemm"):  # each shipped table beside its family's configs.py
         assert f"verifybench/kernels/{family}/{family}_configs.json" in names, family
     assert not any(n.startswith(("harness/", "kernels/", "microbench/")) for n in names)

@@ -19,14 +19,14 @@ import torch
 from verifybench.harness.answers import advise, trace_against
 from verifybench.harness.cli import main
 from verifybench.harness.components import kv_tree
-from verifybench.harness.measure import results
-from verifybench.harness.measure.runner import CaseSkipped
+from verifybench.harness.measure.results import store
+from verifybench.harness.measure.timing.runner import CaseSkipped
 from verifybench.kernels.tree import api as tree
 
 REPO = Path(__file__).resolve().parents[2]
 H200 = REPO / "results" / "baselines" / "nvidia-h200-x1"
 H100 = REPO / "results" / "baselines" / "nvidia-h100-80gb-hbm3-x1"
-CYCLE = results.read_json(H200 / "cycle.json")
+CYCLE = store.read_json(H200 / "cycle.json")
 
 
 def cli(capsys, *argv) -> tuple[int, str, str]:
@@ -192,7 +192,7 @@ def test_advise_and_the_run_report_say_every_cycle_check_failed(capsys, tmp_path
     run = _doctored(_all_failed)
     rc, out, _ = cli(capsys, "advise", _folder(tmp_path, run))
     assert rc == 0 and "every check failed" in out
-    lines = advise.report_lines({"cycle": results.validate_run(run, "cycle")}, tmp_path)
+    lines = advise.report_lines({"cycle": store.validate_run(run, "cycle")}, tmp_path)
     assert any("every check failed" in x for x in lines)
 
 
@@ -361,6 +361,6 @@ def test_a_write_stopped_by_a_file_size_limit_names_the_file(tmp_path):
         raise OSError(errno.EFBIG, "File too large")
 
     with pytest.raises(OSError) as e:
-        results.write_new(tmp_path / "run.md", write)
+        store.write_new(tmp_path / "run.md", write)
     assert e.value.filename == str(tmp_path / "run.md") and "ulimit -f" in e.value.strerror
     assert not list(tmp_path.iterdir())

@@ -10,7 +10,7 @@ import pytest
 
 from verifybench.harness import components
 from verifybench.harness.cli import main as cli_main
-from verifybench.harness.measure import results
+from verifybench.harness.measure.results import store
 from verifybench.harness.model.presets import default_scope
 
 BASELINES = Path(__file__).resolve().parents[2] / "results" / "baselines"
@@ -23,7 +23,7 @@ NEVER_WRITTEN = {"n", "D", "B", "spec_steps"}
 def _suite_files() -> list[Path]:
     out = []
     for p in sorted(BASELINES.rglob("*.json*")):
-        if p.name.endswith((".json", ".json.gz")) and results.read_json(p).get("schema") == results.SCHEMA:
+        if p.name.endswith((".json", ".json.gz")) and store.read_json(p).get("schema") == store.SCHEMA:
             out.append(p)
     return out
 
@@ -40,11 +40,11 @@ def _specs(name: str) -> list:
 def test_no_component_writes_an_old_params_key(name):
     specs = _specs(name)
     assert specs
-    old = set(results.OLD_PARAMS_KEYS.get(name, {})) | NEVER_WRITTEN
+    old = set(store.OLD_PARAMS_KEYS.get(name, {})) | NEVER_WRITTEN
     written = {k for s in specs for k in s.params}
-    assert not written & old, f"{name} writes {sorted(written & old)}: write {results.OLD_PARAMS_KEYS.get(name)}"
+    assert not written & old, f"{name} writes {sorted(written & old)}: write {store.OLD_PARAMS_KEYS.get(name)}"
     for s in specs:  # a case's params are already today's: reading them back changes nothing
-        assert results.current_params(name, s.params) == s.params, s.name
+        assert store.current_params(name, s.params) == s.params, s.name
 
 
 @pytest.mark.parametrize("name", components.REGISTRY)
@@ -60,29 +60,29 @@ def test_the_case_names_numbers_are_the_params_under_one_key_each(name):
 
 @pytest.mark.parametrize("name", components.REGISTRY)
 def test_a_component_whose_cases_carry_batch_reads_older_files_without_it_as_one_request(name):
-    if any("batch" in s.params for s in _specs(name)) and "batch" not in results.OLD_PARAMS_KEYS.get(name, {}).values():
-        assert results.MISSING_PARAMS_KEYS.get(name, {}).get("batch") == 1, \
-            f"{name}'s cases carry batch: its older files need batch 1 in results.MISSING_PARAMS_KEYS"
+    if any("batch" in s.params for s in _specs(name)) and "batch" not in store.OLD_PARAMS_KEYS.get(name, {}).values():
+        assert store.MISSING_PARAMS_KEYS.get(name, {}).get("batch") == 1, \
+            f"{name}'s cases carry batch: its older files need batch 1 in store.MISSING_PARAMS_KEYS"
 
 
 def test_the_committed_baselines_cover_the_renamed_components():
-    held = {results.read_json(p)["component"] for p in SUITE_FILES}
-    assert set(results.OLD_PARAMS_KEYS) | set(results.MISSING_PARAMS_KEYS) <= held
+    held = {store.read_json(p)["component"] for p in SUITE_FILES}
+    assert set(store.OLD_PARAMS_KEYS) | set(store.MISSING_PARAMS_KEYS) <= held
 
 
 @pytest.mark.parametrize("path", SUITE_FILES, ids=lambda p: str(p.relative_to(BASELINES)))
 def test_a_committed_baseline_loads_under_todays_keys_and_stays_as_it_is_on_disk(path):
     before = hashlib.sha256(path.read_bytes()).hexdigest()
-    raw = results.read_json(path)
-    run = results.load_run(path)
+    raw = store.read_json(path)
+    run = store.load_run(path)
     comp = run["component"]
     for old_case, case in zip(raw["cases"], run["cases"]):
         p = case["params"]
-        assert not set(p) & set(results.OLD_PARAMS_KEYS.get(comp, {})), case["name"]
-        for old, new in results.OLD_PARAMS_KEYS.get(comp, {}).items():
+        assert not set(p) & set(store.OLD_PARAMS_KEYS.get(comp, {})), case["name"]
+        for old, new in store.OLD_PARAMS_KEYS.get(comp, {}).items():
             if old in old_case["params"]:
                 assert p[new] == old_case["params"][old], case["name"]
-        for key in results.MISSING_PARAMS_KEYS.get(comp, {}):
+        for key in store.MISSING_PARAMS_KEYS.get(comp, {}):
             assert key in p, case["name"]
         assert case["name"] == old_case["name"]  # the names are compare's keys
     if comp in components.REGISTRY:  # the component's own readers take the old file
@@ -92,7 +92,7 @@ def test_a_committed_baseline_loads_under_todays_keys_and_stays_as_it_is_on_disk
 
 def test_an_old_file_with_old_keys_still_holds_them_on_disk():
     """The check above reads a file that still has old keys, so it tests the reading, not an already-new file."""
-    raw = results.read_json(H200 / "mla_verify.json")
+    raw = store.read_json(H200 / "mla_verify.json")
     assert all("n" in c["params"] and "tokens" not in c["params"] for c in raw["cases"])
 
 
@@ -101,9 +101,9 @@ def test_an_old_baseline_compares_same_by_name_with_itself_and_with_its_new_keys
     """An older file against the same run as today's writer stores it (params under today's keys): every case
     pairs by name (the keys compare matches on are unchanged) and nothing moved."""
     path = next(p for p in (H200 / f"{kind}.json", H200 / f"{kind}.json.gz") if p.exists())
-    raw = results.read_json(path)
-    new = results.validate_run(json.loads(json.dumps(raw)), "copy")
-    copy = results.write_json_atomic(tmp_path / f"{kind}-new.json", new)
+    raw = store.read_json(path)
+    new = store.validate_run(json.loads(json.dumps(raw)), "copy")
+    copy = store.write_json_atomic(tmp_path / f"{kind}-new.json", new)
     assert cli_main(["compare", str(path), str(path)]) == 0
     assert cli_main(["compare", str(path), str(copy)]) == 0
     out = capsys.readouterr().out
@@ -114,7 +114,7 @@ def test_an_old_baseline_compares_same_by_name_with_itself_and_with_its_new_keys
 
 def test_plan_and_advise_read_the_old_baselines(capsys):
     for kind in ("cycle", "verify"):  # neither file has batch: written before --batch
-        assert "batch" not in results.read_json(H200 / f"{kind}.json")["cases"][0]["params"]
+        assert "batch" not in store.read_json(H200 / f"{kind}.json")["cases"][0]["params"]
         assert cli_main(["plan", str(H200 / f"{kind}.json"), "--accept-len", "3:2.4"]) == 0
     capsys.readouterr()
     assert cli_main(["advise", str(H200), "--accept-len", "3:2.4"]) == 0
@@ -126,23 +126,23 @@ def test_the_docs_list_every_old_key_beside_its_new_one():
     text = (Path(__file__).resolve().parents[2] / "docs" / "measuring.md").read_text()
     rows = [line.split(" | ") for line in text.split("### Params keys")[1].split("\n## ")[0].splitlines()
             if line.startswith("| `")]
-    for comp, renamed in results.OLD_PARAMS_KEYS.items():
+    for comp, renamed in store.OLD_PARAMS_KEYS.items():
         for old, new in renamed.items():
             assert any(f"`{new}`" in r[0] and f"`{old}`" in r[2] and comp in r[2] for r in rows), (comp, old, new)
-    for comp, missing in results.MISSING_PARAMS_KEYS.items():
+    for comp, missing in store.MISSING_PARAMS_KEYS.items():
         for key in missing:
             assert any(f"`{key}`" in r[0] and comp in r[2] for r in rows), (comp, key)
 
 
 def test_current_params_renames_fills_and_refuses_two_values_of_one_quantity():
     old = {"n": 3, "D": 576, "context": 64}
-    assert results.current_params("mla_decode", old) == {"tokens": 3, "DK": 576, "context": 64, "batch": 1}
+    assert store.current_params("mla_decode", old) == {"tokens": 3, "DK": 576, "context": 64, "batch": 1}
     assert old == {"n": 3, "D": 576, "context": 64}  # a copy: a spec's own dict may be the one passed
-    assert results.current_params("kv_tree", {"D": 4, "B": 8, "spec_steps": 3}) == {
+    assert store.current_params("kv_tree", {"D": 4, "B": 8, "spec_steps": 3}) == {
         "draft_tokens": 4, "batch": 8, "steps": 3}  # per component: D was another quantity there
-    assert results.current_params("verify", {"tokens": 1}) == {"tokens": 1, "batch": 1}
-    assert results.current_params("cycle", {"batch": 4}) == {"batch": 4}
-    assert results.current_params("moe_int4", {"n": 2, "tokens": 2}) == {"tokens": 2}
-    with pytest.raises(results.ResultsError, match="'n' .*'tokens'"):
-        results.current_params("skinny_gemm", {"n": 2, "tokens": 3})
-    assert results.current_params("someone_else", {"n": 2}) == {"n": 2}
+    assert store.current_params("verify", {"tokens": 1}) == {"tokens": 1, "batch": 1}
+    assert store.current_params("cycle", {"batch": 4}) == {"batch": 4}
+    assert store.current_params("moe_int4", {"n": 2, "tokens": 2}) == {"tokens": 2}
+    with pytest.raises(store.ResultsError, match="'n' .*'tokens'"):
+        store.current_params("skinny_gemm", {"n": 2, "tokens": 3})
+    assert store.current_params("someone_else", {"n": 2}) == {"n": 2}

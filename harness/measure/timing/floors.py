@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from verifybench.harness.measure.runner import run_case
+from verifybench.harness.measure.timing.runner import run_case
 from verifybench.harness.measure.stance import withhold_on_cpu
-from verifybench.harness.measure.timing import Measurement
+from verifybench.harness.measure.timing.timer import Measurement
 from verifybench.kernels.common import empty
 
 COLUMNS = ("mem_floor_us", "lat_floor_us", "bound", "x_floor")  # what a CPU run withholds: figures of CPU times

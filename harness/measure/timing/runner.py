@@ -1,4 +1,4 @@
-"""Check-then-time: the one path from a component's case to a stored result record.
+"""Check-then-time: the one path from a component's case (CaseSpec) to its record (Case), which results/ stores.
 
 A component hands over the callable, a correctness check and a function deriving figures from the measurement;
 a failing check yields a Case with no time.
@@ -6,14 +6,14 @@ a failing check yields a Case with no time.
 from __future__ import annotations
 
 import gc
+import inspect
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
-from verifybench.harness.measure import timing
-from verifybench.harness.measure.results import Case
-from verifybench.harness.measure.timing import Measurement, measure
+from verifybench.harness.measure.timing import timer
+from verifybench.harness.measure.timing.timer import Measurement, measure
 from verifybench.kernels.common import settings
 
 Check = Callable[[], tuple[bool, str]]
@@ -43,17 +43,58 @@ class CaseSkipped(Exception):
 
 
 @dataclass
-class CaseSpec:
-    """A component's case before it runs: `setup()` allocates inputs and returns (fn, check, derive).
+class Case:
+    """One benchmark case. `measurement` is None when `check_ok` is False: a failed check reports no time."""
 
-    Setup is deferred so listing cases allocates nothing; `measure_kw` are extra `measure` arguments.
+    name: str
+    params: dict
+    check_ok: bool
+    check_detail: str = ""
+    measurement: Measurement | None = None
+    derived: dict = field(default_factory=dict)
+    skipped: str | None = None  # why the case could not run here (no P2P, too little memory): not a failure
+
+    def as_dict(self) -> dict:
+        if self.check_ok and self.measurement is None:
+            raise ValueError(f"case {self.name}: a passing case needs a measurement")
+        d = {
+            "name": self.name,
+            "params": self.params,
+            "check": {"ok": self.check_ok, "detail": self.check_detail},
+            "derived": self.derived,
+        }
+        if self.skipped:
+            d["skipped"] = self.skipped
+        if self.measurement is not None and self.check_ok:
+            d.update(self.measurement.as_dict())
+        return d
+
+
+@dataclass
+class CaseSpec:
+    """A component's case before it runs: `prepare()` calls `setup`, which allocates inputs and returns
+    (fn, check, derive).
+
+    Setup is deferred so listing cases allocates nothing; `measure_kw` are extra `measure` arguments. The arguments
+    the setup names are the case's params of those names (`def setup(batch, tokens)` gets params["batch"] and
+    params["tokens"]): what the record says the case ran reaches its kernels as arguments a reader can follow.
     """
 
     name: str
     params: dict
     mode: str
-    setup: Callable[[], tuple[Callable, Check, Callable[[Measurement], dict] | None]]
+    setup: Callable[..., tuple[Callable, Check, Callable[[Measurement], dict] | None]]
     measure_kw: dict = field(default_factory=dict)
+
+    def prepare(self) -> tuple[Callable, Check, Callable[[Measurement], dict] | None]:
+        """Call the setup with the params it names; (fn, check, derive)."""
+        # named, with no default: a default binds a loop's value (`lambda p=params: ...`), *args and **kw get nothing
+        names = [n for n, p in inspect.signature(self.setup).parameters.items()
+                 if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        missing = [n for n in names if n not in self.params]
+        if missing:
+            raise TypeError(f"case {self.name}: its setup takes {missing}, which its params do not carry")
+        return self.setup(**{n: self.params[n] for n in names})
 
     def spend(self) -> None:
         """Drop the setup: its closure may hold what the cases built (a weight stack shared across token counts),
@@ -67,7 +108,7 @@ class CaseSpec:
         cases to out-of-memory errors while larger cases beside them ran). Out of memory again, it is skipped."""
         for _ in range(2):
             try:
-                fn, check, derive = self.setup()
+                fn, check, derive = self.prepare()
                 return run_case(self.name, self.params, fn, check=check, mode=self.mode, derive=derive,
                                 **{**self.measure_kw, **overrides})
             except CaseSkipped as e:
@@ -133,7 +174,7 @@ def run_case(
     ok, detail = check()
     if not ok:
         return Case(name=name, params=params, check_ok=False, check_detail=detail)
-    device = measure_kw.get("device") or ("cuda" if timing.cuda_available() else "cpu")
+    device = measure_kw.get("device") or ("cuda" if timer.cuda_available() else "cpu")
     m = measure(fn, mode=mode, **(cpu_measure_kw(measure_kw) if device == "cpu" else measure_kw))
     return Case(name=name, params=params, check_ok=True, check_detail=detail, measurement=m,
                 derived=derive(m) if derive else {})
@@ -146,7 +187,7 @@ def cpu_measure_kw(measure_kw: dict) -> dict:
     the same count) is kept as given."""
     if measure_kw.get("samples") is not None:
         return measure_kw
-    cap_s = timing.max_time_from_env() if settings.read(timing.MAX_TIME_ENV) is not None else CPU_MAX_TIME_S
+    cap_s = timer.max_time_from_env() if settings.read(timer.MAX_TIME_ENV) is not None else CPU_MAX_TIME_S
     given_s = measure_kw.get("max_time_s")
     return {"calls_per_sample": 1, **measure_kw, "warmup_calls": 1, "warmup_s": 0.0, "min_samples": CPU_MIN_SAMPLES,
             "max_time_s": cap_s if given_s is None else min(cap_s, given_s)}

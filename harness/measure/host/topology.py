@@ -7,7 +7,7 @@ from typing import Callable
 
 import torch
 
-from verifybench.harness.measure.nvml import nvml_handles, try_call, unavailable_reason
+from verifybench.harness.measure.host.nvml import nvml_handles, try_call, unavailable_reason
 
 NVLINK_MAX_LINKS = 18
 # nvmlDeviceGetTopologyCommonAncestor levels, named as `nvidia-smi topo -m` names them

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verifybench.harness.measure import fingerprint, hostpin, hostprobe, memory, timing
-from verifybench.harness.measure.results import METHOD_VERSION, Case
-from verifybench.harness.measure.runner import CaseSkipped, CaseSpec
+from verifybench.harness.measure.host import fingerprint, hostpin, hostprobe
+from verifybench.harness.measure.timing import memory, timer
+from verifybench.harness.measure.timing.runner import Case, CaseSkipped, CaseSpec
 from verifybench.kernels.common import config_tables
 
 CPU_NOTE = ("NOTE: no GPU here: these figures are CPU numbers (torch CPU code and the Triton interpreter, timed "
@@ -46,7 +46,7 @@ def pytest_sessionstart(session):
     the process to one GPU-local CPU (harness/hostpin.py), cap its memory (VERIFYBENCH_MEMORY_CAP_GIB), and on a
     CPU-only machine time with one torch thread, as `verifybench run` does."""
     try:
-        timing.max_time_from_env()
+        timer.max_time_from_env()
         hostprobe.process_gate()
         memory.cap_bytes()
         hostpin.pin()
@@ -76,7 +76,7 @@ def pytest_benchmark_update_machine_info(config, machine_info):
     for gpu in fp.get("gpus", []):
         gpu.pop("now", None)
     machine_info["verifybench"] = fp
-    machine_info["verifybench_method_version"] = METHOD_VERSION  # compare warns when BASE and NEW differ in it
+    machine_info["verifybench_method_version"] = timer.METHOD_VERSION  # compare warns when BASE and NEW differ in it
     machine_info["verifybench_cpu_numbers"] = not torch.cuda.is_available()
 
 
@@ -122,7 +122,7 @@ def device_benchmark(benchmark, request):
         benchmark.group = benchmark.group or histogram_group(spec.name, names)
         if benchmark.disabled:
             try:
-                fn, check, _ = spec.setup()
+                fn, check, _ = spec.prepare()
             except CaseSkipped as why:
                 pytest.skip(f"{spec.name}: {why}")
             ok, detail = check()

@@ -1,5 +1,5 @@
 """The timing modes: how one sample is taken in each (CUDA events, L2 flush, captured graph, host clock, cycle stamps),
-on a GPU and on a CPU; a sampler's batch(count) returns per-call microseconds. timing.measure runs them."""
+on a GPU and on a CPU; a sampler's batch(count) returns per-call microseconds. timer.measure runs them."""
 from __future__ import annotations
 
 import time
@@ -7,7 +7,7 @@ from typing import Sequence
 
 import torch
 
-from verifybench.harness.measure.capture import graph_capture
+from verifybench.harness.measure.timing.capture import graph_capture
 from verifybench.kernels.common import devices
 
 MODES = ("cold", "hot", "graph", "isolated", "host_sync", "host_call", "cycle")

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from verifybench.harness.measure import results, stance
-from verifybench.harness.measure.modes import host_timed
-from verifybench.harness.measure.stats import Summary, summarize
+from verifybench.harness.measure import stance
+from verifybench.harness.measure.results import store
+from verifybench.harness.measure.timing.modes import host_timed
+from verifybench.harness.measure.timing.stats import Summary, summarize
 
 
 @dataclass
@@ -24,7 +25,7 @@ class CaseData:
     throttled: bool = False
     host_probe_us: float | None = None  # mean of the engine's host-speed probes around the case (hostprobe.py)
     host_timed: bool = False  # its samples include host time (modes.host_timed)
-    process_state: dict | None = None  # timing.process_state() when the case was sampled
+    process_state: dict | None = None  # timer.process_state() when the case was sampled
     skipped: str | None = None  # why it could not run (no P2P, too little memory): kept out of the verdicts
     device: str | None = None  # "cpu": perf_counter times of CPU code (stance.py: no verdict from them)
 
@@ -52,25 +53,25 @@ def _samples(raw, where: str) -> np.ndarray | None:
     if raw is None:
         return None
     if not isinstance(raw, list) or not raw:
-        raise results.ResultsError(f"{where}: samples are not a non-empty list")
+        raise store.ResultsError(f"{where}: samples are not a non-empty list")
     if all(v is None for v in raw):
-        raise results.ResultsError(f"{where}: every sample is null (NaN or inf when measured)")
+        raise store.ResultsError(f"{where}: every sample is null (NaN or inf when measured)")
     bad = sum(not _number(v) for v in raw)
     if bad:
-        raise results.ResultsError(f"{where}: {bad} of {len(raw)} samples are null, non-finite or not numbers")
+        raise store.ResultsError(f"{where}: {bad} of {len(raw)} samples are null, non-finite or not numbers")
     x = np.asarray(raw, dtype=float)
     if (x < 0).any():
-        raise results.ResultsError(f"{where}: {int((x < 0).sum())} samples are negative")
+        raise store.ResultsError(f"{where}: {int((x < 0).sum())} samples are negative")
     return x
 
 
 def _positive(value, what: str, where: str) -> float:
     if value is None:
-        raise results.ResultsError(f"{where}: {what} is null or missing")
+        raise store.ResultsError(f"{where}: {what} is null or missing")
     if not _number(value):
-        raise results.ResultsError(f"{where}: {what} is not a finite number ({value!r})")
+        raise store.ResultsError(f"{where}: {what} is not a finite number ({value!r})")
     if value <= 0:
-        raise results.ResultsError(f"{where}: {what} must be > 0, got {value!r}")
+        raise store.ResultsError(f"{where}: {what} must be > 0, got {value!r}")
     return float(value)
 
 
@@ -84,13 +85,13 @@ def _consistent(samples: np.ndarray, stored: dict, scale: float, where: str) -> 
         got = float(summary.n) if key == "n" else getattr(summary, f"{key}_us")
         want = float(value) * (1 if key == "n" else scale) if _number(value) else None
         if want is None or abs(want - got) > 1e-6 * max(abs(got), 1e-12):
-            raise results.ResultsError(f"{where}: the stored {key} ({value!r}) disagrees with its {summary.n} "
+            raise store.ResultsError(f"{where}: the stored {key} ({value!r}) disagrees with its {summary.n} "
                                        f"samples' ({got:.6g}{'' if key == 'n' else ' us'}): an edited or corrupt file")
     return summary
 
 
 def _from_suite(path: Path, data: dict) -> RunData:
-    run = results.validate_run(data, str(path))
+    run = store.validate_run(data, str(path))
     cases = {}
     cpu_run = stance.is_cpu_run(run)
     for c in run["cases"]:
@@ -98,7 +99,7 @@ def _from_suite(path: Path, data: dict) -> RunData:
             c = {**c, "name": stance.cpu_case_name(c["name"])}
         where = f"{path}: case {c['name']!r}"
         if c["name"] in cases:
-            raise results.ResultsError(f"{where} appears twice")
+            raise store.ResultsError(f"{where} appears twice")
         mode = stance.mode_label(c)  # a CPU record's as its tables say it (old files stored `graph`)
         if c.get("skipped"):
             cases[c["name"]] = CaseData(c["name"], mode, ok=False, skipped=str(c["skipped"]), device=c.get("device"))
@@ -120,13 +121,13 @@ def _from_suite(path: Path, data: dict) -> RunData:
                                     device=c.get("device"))
     version = run.get("method_version")
     if version is not None and (isinstance(version, bool) or not isinstance(version, int)):  # "2" is not 2
-        raise results.ResultsError(f"{path}: method_version must be an integer, got {version!r}")
+        raise store.ResultsError(f"{path}: method_version must be an integer, got {version!r}")
     return RunData(path, "suite", run["fingerprint"], cases, version)
 
 
 def _from_pytest_benchmark(path: Path, data: dict) -> RunData:
     if not isinstance(data.get("benchmarks"), list):
-        raise results.ResultsError(f"{path}: pytest-benchmark JSON without a 'benchmarks' list")
+        raise store.ResultsError(f"{path}: pytest-benchmark JSON without a 'benchmarks' list")
     cases = {}
     for b in data["benchmarks"]:
         try:
@@ -137,7 +138,7 @@ def _from_pytest_benchmark(path: Path, data: dict) -> RunData:
             name = stance.cpu_case_name(name) if extra.get("device") == "cpu" else name  # as _from_suite
             where = f"{path}: benchmark {name!r}"
             if name in cases:
-                raise results.ResultsError(f"{where} appears twice")
+                raise store.ResultsError(f"{where} appears twice")
             median_us = _positive(st.get("median"), "the stored median", where) * 1e6
             samples = _samples(st.get("data"), where)
             if samples is not None:
@@ -149,19 +150,19 @@ def _from_pytest_benchmark(path: Path, data: dict) -> RunData:
             else:
                 q1, q3 = (_positive(st.get(k), f"the stored {k}", where) * 1e6 for k in ("q1", "q3"))
                 if not q1 <= median_us <= q3:
-                    raise results.ResultsError(f"{where}: the stored q1 <= median <= q3 does not hold")
+                    raise store.ResultsError(f"{where}: the stored q1 <= median <= q3 does not hold")
                 interval = (q1, q3)
             cases[name] = CaseData(name, stance.mode_label(extra), True, median_us, samples, interval,
                                    bool(extra.get("throttled")), _probe(extra.get("host_probe_us")),
                                    host_timed(extra.get("mode") or "", extra.get("device") or "cuda"),
                                    extra.get("process_state"), device=extra.get("device"))
         except (KeyError, TypeError, AttributeError) as e:
-            raise results.ResultsError(f"{path}: malformed benchmark entry ({e!r})") from None
+            raise store.ResultsError(f"{path}: malformed benchmark entry ({e!r})") from None
     machine = data.get("machine_info")
     machine = machine if isinstance(machine, dict) else {}
     fp = machine.get("verifybench")
     if fp is not None and not isinstance(fp, dict):
-        raise results.ResultsError(f"{path}: machine_info.verifybench is not an object")
+        raise store.ResultsError(f"{path}: machine_info.verifybench is not an object")
     version = machine.get("verifybench_method_version")
     return RunData(path, "pytest-benchmark", fp or {}, cases, version if isinstance(version, int) else None)
 
@@ -169,12 +170,12 @@ def _from_pytest_benchmark(path: Path, data: dict) -> RunData:
 def load(path: Path) -> RunData:
     """Either format; anything else raises ResultsError naming the file and the reason. Samples, when present, are
     the truth: the summary is recomputed from them, and a stored one that disagrees is refused."""
-    data = results.read_json(path)
+    data = store.read_json(path)
     try:
         if "schema" in data:
             return _from_suite(Path(path), data)
         if "benchmarks" in data and "machine_info" in data:
             return _from_pytest_benchmark(Path(path), data)
     except (KeyError, TypeError, AttributeError) as e:
-        raise results.ResultsError(f"{path}: malformed result file ({e!r})") from None
-    raise results.ResultsError(f"{path}: neither a verifybench result nor a pytest-benchmark JSON file")
+        raise store.ResultsError(f"{path}: malformed result file ({e!r})") from None
+    raise store.ResultsError(f"{path}: neither a verifybench result nor a pytest-benchmark JSON file")

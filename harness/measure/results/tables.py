@@ -8,7 +8,7 @@ import textwrap
 
 from tabulate import tabulate
 
-from verifybench.harness.measure.results import WITHHELD
+from verifybench.harness.measure.results.store import WITHHELD
 from verifybench.harness.measure.stance import withhold_on_cpu
 
 MAX_WIDTH_CHARS = 120

@@ -18,12 +18,13 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from verifybench.harness.measure import fingerprint as fpmod
-from verifybench.harness.measure import results
-from verifybench.harness.measure import compare_cpu, result_files, stance
-from verifybench.harness.measure.compare_files import CaseData, RunData, load  # noqa: F401 (compare.load, its types)
-from verifybench.harness.measure.modes import HOST_TIMED_MODES
-
+from verifybench.harness.measure.host import fingerprint as fpmod
+from verifybench.harness.measure.results import store
+from verifybench.harness.measure import stance
+from verifybench.harness.measure.results import compare_cpu, result_files
+# compare.load and its types, for compare's importers
+from verifybench.harness.measure.results.compare_files import CaseData, RunData, load  # noqa: F401
+from verifybench.harness.measure.timing.modes import HOST_TIMED_MODES
 from verifybench.harness.measure.exits import EXIT_BAD_INPUT, EXIT_OK, EXIT_FAILED as EXIT_SLOW  # noqa: E402
 # fields that change between any two runs of the same machine: never a reason to distrust a comparison
 VOLATILE = ("created_utc", ".now.")
@@ -153,7 +154,7 @@ def inputs(args) -> tuple[Path, Path, list[str]]:
     base, new = [args.base], list(args.new) if isinstance(args.new, (list, tuple)) else [args.new]
     for label, given in (("BASE", base), ("NEW", new)):  # a missing file is named as its own side's, first
         if len(given) == 1 and not Path(given[0]).exists():
-            raise results.ResultsError(f"{label} {given[0]}: no such file or folder")
+            raise store.ResultsError(f"{label} {given[0]}: no such file or folder")
     kind = getattr(args, "kind", None)
     if kind is None:
         files = [g for g in (base, new) if not (len(g) == 1 and g[0].is_dir())]
@@ -162,21 +163,21 @@ def inputs(args) -> tuple[Path, Path, list[str]]:
             kind = named.pop()
         elif not files:
             shared = sorted(set(result_files.kinds_in(base[0])) & set(result_files.kinds_in(new[0])))
-            raise results.ResultsError(f"BASE {base[0]} and NEW {new[0]} are both folders: name the kind with "
+            raise store.ResultsError(f"BASE {base[0]} and NEW {new[0]} are both folders: name the kind with "
                                        f"--kind (both hold: {', '.join(shared) or 'no kind in common'})")
     folders = [(label, g[0]) for label, g in (("BASE", base), ("NEW", new)) if len(g) == 1 and g[0].is_dir()]
     if kind is None and folders:
         label, folder = folders[0]
-        raise results.ResultsError(f"{label} {folder} is a folder and the other side's file name says no kind of "
+        raise store.ResultsError(f"{label} {folder} is a folder and the other side's file name says no kind of "
                                    f"result to take from it: {_pass_kind(folder)}")
     kinds = (kind,) if kind else ()
     try:
         (b, nb), (n, nn) = result_files.pick_input(base, kinds, "BASE"), result_files.pick_input(new, kinds, "NEW")
-    except results.ResultsError as e:
+    except store.ResultsError as e:
         if getattr(args, "kind", None) is not None or not folders:
             raise
         # the kind came from the other side's file name (a name of the user's, new.json): say what to pass
-        raise results.ResultsError(f"{e}; the kind {kind!r} came from the other side's file name: "
+        raise store.ResultsError(f"{e}; the kind {kind!r} came from the other side's file name: "
                                    f"{_pass_kind(folders[0][1])}") from None
     return b, n, [note for note in (nb, nn) if note]
 
@@ -192,9 +193,9 @@ def _gpu(run: RunData) -> str:
     try:
         return str(fpmod.gpu_model(run.fingerprint))
     except ValueError as e:  # a fingerprint that contradicts itself (an edited GPU name)
-        raise results.ResultsError(f"{run.path}: {e}") from None
+        raise store.ResultsError(f"{run.path}: {e}") from None
     except (KeyError, TypeError, IndexError, AttributeError):
-        raise results.ResultsError(f"{run.path}: the fingerprint's GPU entry is malformed") from None
+        raise store.ResultsError(f"{run.path}: the fingerprint's GPU entry is malformed") from None
 
 
 def cpu_against_gpu(base: RunData, new: RunData, gb: str, gn: str) -> str | None:
@@ -233,7 +234,7 @@ def run(args) -> int:
         base_path, new_path, notes = inputs(args)
         base, new = load(base_path), load(new_path)
         gb, gn = _gpu(base), _gpu(new)
-    except results.ResultsError as e:
+    except store.ResultsError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     refusal = cpu_against_gpu(base, new, gb, gn)
@@ -265,7 +266,7 @@ def run(args) -> int:
     print(f"min effect {args.min_effect:.1%}, alpha {args.alpha:g}")
     if base.method_version != new.method_version:
         print(f"WARNING: BASE was measured by method version {_version(base)}, NEW by {_version(new)}: a change of "
-              "the measuring method alone can move figures (measure/results.py METHOD_VERSION says what changed)")
+              "the measuring method alone can move figures (measure/timing/timer.py METHOD_VERSION says what changed)")
     hidden = ("host_timed", "state_differs")
     print(tabulate([{k: v for k, v in r.items() if k not in hidden} for r in rows], headers="keys", floatfmt=".4g"))
     for line in only:

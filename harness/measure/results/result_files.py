@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from verifybench.harness.measure.results import ResultsError
+from verifybench.harness.measure.results.store import ResultsError
 
 STAMPED = re.compile(r"^(?P<kind>.+?)-(?P<stamp>[0-9]{8}T[0-9]{6}Z)(?:-(?P<i>[0-9]+))?$")
 

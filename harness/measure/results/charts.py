@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from verifybench.harness.measure.results import write_new
+from verifybench.harness.measure.results.store import write_new
 
 
 def write_png(fig, path: Path) -> Path:
-    """A matplotlib figure saved as a new file (engine.results.write_new: never over another run's chart of the
+    """A matplotlib figure saved as a new file (store.write_new: never over another run's chart of the
     same second), then closed; returns the path written."""
     import matplotlib.pyplot as plt
 

@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from verifybench.harness.measure.nvml import nvml_handles
+from verifybench.harness.measure.host.nvml import nvml_handles
 from verifybench.kernels.common import settings
 
 ENV = settings.PIN_CPU

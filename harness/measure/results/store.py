@@ -12,57 +12,25 @@ import math
 import os
 import secrets
 import zlib
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from verifybench.harness.measure.timing import Measurement
-from verifybench.harness.measure import result_cases
+from verifybench.harness.measure.results import result_cases
 # the error, and what a command reads from a kind of result, live with the one reader of a file's cases
-from verifybench.harness.measure.result_cases import (  # noqa: F401
+from verifybench.harness.measure.results.result_cases import (  # noqa: F401
     BYTES_TABLE, COUNT, COUNT_OR_NULL, FINITE_TABLE, NONNEGATIVE, POSITIVE, TEXT, Check, Need, ResultsError,
     _field, _is_count, _is_number, _MISSING, check_needs)
 from verifybench.harness.measure import stance
 # the stance on figures that carry no conclusion lives in stance.py; re-exported for the importers of results
 from verifybench.harness.measure.stance import (  # noqa: F401
     CPU_MODE_LABELS, CPU_TIMING, WITHHELD, cpu_numbers, is_cpu_run, mode_label, withhold, withhold_on_cpu)
+from verifybench.harness.measure.timing.runner import Case
+from verifybench.harness.measure.timing.timer import METHOD_VERSION
 from verifybench.kernels.common.atomic_files import remove_stale_temps, write_atomic  # the one atomic writer
 
 SCHEMA = "verifybench.result"
 SCHEMA_VERSION = 1
-# The measuring method's version, stored in every result; compare warns when two files differ in it.
-# 1: graph mode sized K from eager host calls. 2: K from the device time of one call, samples start with the op
-# queued behind a 100 us device spin.
-METHOD_VERSION = 2
 DEFAULT_OUT = Path("verifybench-results")  # relative to the working directory: never inside results/ by default
-
-
-@dataclass
-class Case:
-    """One benchmark case. `measurement` is None when `check_ok` is False: a failed check reports no time."""
-
-    name: str
-    params: dict
-    check_ok: bool
-    check_detail: str = ""
-    measurement: Measurement | None = None
-    derived: dict = field(default_factory=dict)
-    skipped: str | None = None  # why the case could not run here (no P2P, too little memory): not a failure
-
-    def as_dict(self) -> dict:
-        if self.check_ok and self.measurement is None:
-            raise ValueError(f"case {self.name}: a passing case needs a measurement")
-        d = {
-            "name": self.name,
-            "params": self.params,
-            "check": {"ok": self.check_ok, "detail": self.check_detail},
-            "derived": self.derived,
-        }
-        if self.skipped:
-            d["skipped"] = self.skipped
-        if self.measurement is not None and self.check_ok:
-            d.update(self.measurement.as_dict())
-        return d
 
 
 def make_run(component: str, cases: list[Case], fingerprint: dict, extra: dict | None = None) -> dict:
@@ -123,7 +91,7 @@ def check_writable(directory: Path) -> Path:
     return directory
 
 
-CURATED = Path(__file__).resolve().parents[2] / "results"  # the checkout's committed baselines (absent installed)
+CURATED = Path(__file__).resolve().parents[3] / "results"  # the checkout's committed baselines (absent installed)
 
 
 def chart_dir(beside: Path) -> Path:
@@ -316,7 +284,7 @@ def validate_run(data: dict, where: str) -> dict:
     name, params and derived objects, a check outcome, and for a passing case samples, a mode and a positive
     stored median. ResultsError naming `where`, the case and the field. The params come back under today's keys
     (current_params), so an older file reads as a new one."""
-    from verifybench.harness.measure.fingerprint import gpu_model
+    from verifybench.harness.measure.host.fingerprint import gpu_model
 
     if data.get("schema") != SCHEMA:
         raise ResultsError(f"{where}: not a verifybench result file (schema={data.get('schema')!r})")

@@ -153,7 +153,7 @@ def free_bytes(device: str) -> int:
     if device == "cuda":
         import torch
 
-        from verifybench.harness.measure.runner import release_unreferenced
+        from verifybench.harness.measure.timing.runner import release_unreferenced
 
         apply_cap()
         release_unreferenced()
@@ -211,7 +211,7 @@ def shortfall(what: str, need: int, free: int, device: str) -> str:
 
 def require(need: int, what: str, device: str) -> None:
     """Raise CaseSkipped naming the bytes needed and free when `need` bytes do not fit on `device`."""
-    from verifybench.harness.measure.runner import CaseSkipped
+    from verifybench.harness.measure.timing.runner import CaseSkipped
 
     free = free_bytes(device)
     if budget(need, device) > free:

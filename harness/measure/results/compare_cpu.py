@@ -5,7 +5,7 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from verifybench.harness.measure import stance
-from verifybench.harness.measure.stats import summarize
+from verifybench.harness.measure.timing.stats import summarize
 
 
 def _spread(c) -> str:

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from verifybench.harness.measure import hostpin, topology
-from verifybench.harness.measure.nvml import nvml_handles, try_call as _try
-from verifybench.harness.measure.topology import NVLINK_MAX_LINKS
+from verifybench.harness.measure.host import hostpin, topology
+from verifybench.harness.measure.host.nvml import nvml_handles, try_call as _try
+from verifybench.harness.measure.host.topology import NVLINK_MAX_LINKS
 from verifybench.kernels.common import devices, settings
 
 ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_")
@@ -29,7 +29,7 @@ THROTTLE_BITS = {
     "hw_thermal": 0x40,
     "hw_power_brake": 0x80,
 }
-REPO = Path(__file__).resolve().parents[2]  # the checkout (git state); absent in a wheel install
+REPO = Path(__file__).resolve().parents[3]  # the checkout (git state); absent in a wheel install
 
 
 def _event_reasons(nv, h) -> int | None:

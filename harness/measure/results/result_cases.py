@@ -111,9 +111,9 @@ def _median_problem(case: dict) -> str | None:
 
 
 def case_problem(component: str, case: dict, needs=()) -> str | None:
-    """What is wrong with one case for a command that reads `needs` (results.Need), as "field X must be ..., got Y";
+    """What is wrong with one case for a command that reads `needs` (store.Need), as "field X must be ..., got Y";
     None when nothing is. A batch missing here is one missing from a file whose other cases carry it (an older
-    file that never wrote it meant one request, and results.validate_run filled it in)."""
+    file that never wrote it meant one request, and store.validate_run filled it in)."""
     checks = {}
     if case["check"]["ok"]:
         for need in needs:
@@ -133,7 +133,7 @@ def case_problem(component: str, case: dict, needs=()) -> str | None:
 
 
 def screen(run: dict, where: str, needs=()) -> dict:
-    """`run` (validated by results.validate_run) with every case that has a bad field left out, and under
+    """`run` (validated by store.validate_run) with every case that has a bad field left out, and under
     "left_out" one message per case left out naming the case and the field; a run whose passing cases all had one
     is refused (ResultsError naming the file, the first case and its field)."""
     kept, left = [], []

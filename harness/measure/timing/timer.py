@@ -11,14 +11,18 @@ from typing import Callable, Sequence
 
 import torch
 
-from verifybench.harness.measure import fingerprint
-from verifybench.harness.measure import hostprobe
-from verifybench.harness.measure import modes
 from verifybench.harness.measure import stance
+from verifybench.harness.measure.host import fingerprint, hostprobe
+from verifybench.harness.measure.timing import modes
+from verifybench.harness.measure.timing.modes import MODES, cache_bytes, host_timed
+from verifybench.harness.measure.timing.stats import Summary, summarize
 from verifybench.kernels.common import settings
 from verifybench.kernels.common.settings import positive_float
-from verifybench.harness.measure.modes import MODES, cache_bytes, host_timed
-from verifybench.harness.measure.stats import Summary, summarize
+
+# The measuring method's version, stored in every result; compare warns when two files differ in it.
+# 1: graph mode sized K from eager host calls. 2: K from the device time of one call, samples start with the op
+# queued behind a 100 us device spin.
+METHOD_VERSION = 2
 
 # cold rotation: a graph-mode case that streams weights rotates over sets whose total is >= this many caches
 ROTATION_CACHE_MULTIPLE = 4

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import torch
 
-from verifybench.harness.measure import memory, stance
-from verifybench.harness.measure.modes import cache_bytes
-from verifybench.harness.measure.results import WITHHELD, cpu_numbers, mode_label
-from verifybench.harness.measure.runner import CaseSkipped, CaseSpec
-from verifybench.harness.measure.timing import Measurement, cuda_available
+from verifybench.harness.measure import stance
+from verifybench.harness.measure.stance import WITHHELD, cpu_numbers, mode_label
+from verifybench.harness.measure.timing import memory
+from verifybench.harness.measure.timing.modes import cache_bytes
+from verifybench.harness.measure.timing.runner import CaseSkipped, CaseSpec
+from verifybench.harness.measure.timing.timer import Measurement, cuda_available
 
 COPY_BYTES_CUDA = 1 << 30  # 1 GiB each way: >> L2, long enough that launch cost is < 0.1%
 COPY_BYTES_CPU = 32 << 20
