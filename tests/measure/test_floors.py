@@ -10,8 +10,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels modules are first imported (conftest too)
 
 from verifybench.harness.measure.timing import floors  # noqa: E402
-from verifybench.harness.measure.results import WITHHELD  # noqa: E402
-from verifybench.harness.measure.tables import render  # noqa: E402
+from verifybench.harness.measure.results.store import WITHHELD  # noqa: E402
+from verifybench.harness.measure.results.tables import render  # noqa: E402
 from verifybench.harness.measure.timing.timer import Measurement  # noqa: E402
 from verifybench.kernels.common.empty import Launch  # noqa: E402
 
