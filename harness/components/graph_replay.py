@@ -93,7 +93,7 @@ def _eager_case(kernels: int, device: str) -> CaseSpec:
 
 
 def _model_case(stack_factory, tokens: int, mode: str, device: str, label: str, note: str = "") -> CaseSpec:
-    def setup():
+    def setup(tokens: int):  # the case's params (CaseSpec.prepare): what its record names runs
         stack = stack_factory()
         xs = stack.inputs(tokens)
 

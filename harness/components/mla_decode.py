@@ -13,8 +13,8 @@ b x (context + 8)): the engines take them in one call, as their backends do; our
 request per launch, so they run B launches in the one graph (the verify forward at B > 1 runs mla_verify's batched
 split-KV instead, timed there). Each case checks every request against the reference and against it run alone.
 
-Each case of our kernels carries its memory and latency floors and the bound between them (harness/measure/timing/floors.py):
-the last table, "near the limit", sets the case beside them.
+Each case of our kernels carries its memory and latency floors and the bound between them
+(harness/measure/timing/floors.py): the last table, "near the limit", sets the case beside them.
 
 Run: pytest --benchmark-only microbench/bench_mla_decode.py; tune this GPU's table: verifybench tune
 """

@@ -21,8 +21,8 @@ CPU (preset tiny, under TRITON_INTERPRET=1): the given context (64 by default, a
 is wrong in the interpreter) and a split config sized to the tiny shapes, since the interpreter runs every launched
 program.
 
-Each case of our kernels carries its memory and latency floors and the bound between them (harness/measure/timing/floors.py):
-the last table, "near the limit", sets the case beside them.
+Each case of our kernels carries its memory and latency floors and the bound between them
+(harness/measure/timing/floors.py): the last table, "near the limit", sets the case beside them.
 
 Run: pytest --benchmark-only microbench/bench_mla_verify.py
 """

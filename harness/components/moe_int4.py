@@ -11,8 +11,8 @@ layers repacked once by SGLang's own loader step, fused_marlin_moe's calls (sgl-
 torch where sgl-kernel is absent). Engine rows: moe_int4_engines.py. CPU: the Triton row in the interpreter at the
 smallest n (the kernels run there only under TRITON_INTERPRET=1); the Marlin row is listed, skipped (needs CUDA).
 
-Each case of our kernels carries its memory and latency floors and the bound between them (harness/measure/timing/floors.py):
-the last table, "near the limit", sets the case beside them.
+Each case of our kernels carries its memory and latency floors and the bound between them
+(harness/measure/timing/floors.py): the last table, "near the limit", sets the case beside them.
 
 Run: verifybench moe_int4   or   pytest --benchmark-only microbench/bench_moe_int4.py. Tune: verifybench tune.
 """
@@ -170,17 +170,17 @@ def make_case(preset: str, tp: int, impl: str, n: int, routing: str, device: str
               "experts_per_token": p.topk, "hidden": p.hidden, "inter": p.expert_intermediate}
     name = f"moe/{preset}-tp{tp}/{impl if impl != 'torch-dense' else 'torch-' + weight_format}/n{n}/{routing}"
 
-    def setup():
+    def setup(tokens: int):  # the case's params (CaseSpec.prepare): what its record names runs
         engine = None
         if impl in (SGLANG, MARLIN):
-            engine = engine_rows.setup(impl, p, n, device)
+            engine = engine_rows.setup(impl, p, tokens, device)
         layers, plan = planned_layers(preset, tp, device)
         dense, notes = None, [plan.note] if plan.reduced else []
         if impl == "torch-dense":
             dense, dplan = planned_layers(preset, tp, device, dense_dtype)
             notes += [dplan.note] if dplan.reduced else []
         sets = len(dense) if dense is not None else len(layers)
-        slots = _slots(p, n, device) if mode == "graph" else sets
+        slots = _slots(p, tokens, device) if mode == "graph" else sets
         bytes_per_expert = (moe.expert_bytes_bf16(p.hidden, p.expert_intermediate) if impl == "torch-dense" else
                             moe.expert_bytes_int4(p.hidden, p.expert_intermediate, p.expert_group_size))
 
@@ -195,8 +195,8 @@ def make_case(preset: str, tp: int, impl: str, n: int, routing: str, device: str
 
         fns, counts, inputs = [], [], []
         for s in range(slots):
-            x = torch.randn(n, p.hidden, device=device).to(act_dtype)
-            tw, ids = _routing(routing, n, p, seed=1000 * n + s, device=device)
+            x = torch.randn(tokens, p.hidden, device=device).to(act_dtype)
+            tw, ids = _routing(routing, tokens, p, seed=1000 * tokens + s, device=device)
             counts.append(moe.moe_bytes(ids, p.hidden, bytes_per_expert, act_dtype.itemsize))
             inputs = inputs or [x, tw, ids]  # the first slot's: what the latency floor's grids are read from
             fns.append(lambda layer=s % sets, x=x, tw=tw, ids=ids: call(layer, x, tw, ids, check_ids=False))
@@ -204,8 +204,8 @@ def make_case(preset: str, tp: int, impl: str, n: int, routing: str, device: str
             engine_rows.first_calls(engine, fns)
 
         def check():
-            x = torch.randn(n, p.hidden, device=device).to(act_dtype)
-            tw, ids = _routing(routing, n, p, seed=int(torch.randint(1 << 30, ())), device=device)
+            x = torch.randn(tokens, p.hidden, device=device).to(act_dtype)
+            tw, ids = _routing(routing, tokens, p, seed=int(torch.randint(1 << 30, ())), device=device)
             ref = moe.reference_moe_w4a16(x.float(), *layers[0], tw, ids)
             out = call(0, x, tw, ids, check_ids=True)
             err = rel_error(out.float(), ref)
@@ -217,13 +217,13 @@ def make_case(preset: str, tp: int, impl: str, n: int, routing: str, device: str
             mean = {k: sum(c[k] for c in counts) / len(counts) for k in counts[0]}
             copy = ceiling.copy_gbps(device)
             d = {"distinct_experts": mean["distinct_experts"],
-                 "expected_distinct_uniform": moe.expected_distinct_experts(n, p.experts, p.topk),
+                 "expected_distinct_uniform": moe.expected_distinct_experts(tokens, p.experts, p.topk),
                  "bytes_moved": mean["bytes_moved"], "weight_bytes": mean["weight_bytes"],
                  "gbps": ceiling.gbps(mean["bytes_moved"], m.median_us),
                  "eta": ceiling.eta(mean["bytes_moved"], m.median_us, copy),
                  "floor_us": mean["bytes_moved"] / (copy * 1e3), "copy_gbps": copy, "rotation": len(fns),
                  "layer_sets": sets, **({"memory_note": "; ".join(notes)} if notes else {}),
-                 **_config_record(impl, n, device, config), **(engine.record if engine is not None else {})}
+                 **_config_record(impl, tokens, device, config), **(engine.record if engine is not None else {})}
             if impl == "triton":  # our kernel's latency floor: empty kernels of the two launches' grids
                 x, tw, ids = inputs
                 d.update(floors.figures(m, d["floor_us"], mt.launch_grids(x, *layers[0], tw, ids, config=config)))

@@ -131,17 +131,17 @@ def make_case(shape: Shape, n: int, impl: str, device: str, measure_kw: dict, pr
               "device": device, "dtype": str(dtype).split(".")[1]}
     name = f"skinny/{preset}-tp{tp}/{shape.name}/{impl}/n{n}"
 
-    def setup():
+    def setup(tokens: int):  # the case's params (CaseSpec.prepare): what its record names runs
         ws, plan = planned_copies(shape, device, dtype)
         cfg, source = None, None
         if impl == "triton" and (device == "cuda" or sg._INTERPRET):
-            cfg, source = (config, "given") if config else sgs.select(n, shape.N, shape.K, device, dtype=dtype)
+            cfg, source = (config, "given") if config else sgs.select(tokens, shape.N, shape.K, device, dtype=dtype)
         fn = _impl_fn(impl, cfg)
-        xs = [torch.randn(n, shape.K, device=device).to(dtype) for _ in ws]  # one x per copy, as layers differ
+        xs = [torch.randn(tokens, shape.K, device=device).to(dtype) for _ in ws]  # one x per copy, as layers differ
         fns = [lambda x=x, w=w: fn(x, w) for x, w in zip(xs, ws)]
 
         def derive(m) -> dict:
-            moved = sg.bytes_moved(n, shape.N, shape.K, dtype.itemsize)
+            moved = sg.bytes_moved(tokens, shape.N, shape.K, dtype.itemsize)
             copy = ceiling.copy_gbps(device)
             d = {"bytes_moved": moved, "weight_bytes": shape.N * shape.K * dtype.itemsize,
                  "gbps": ceiling.gbps(moved, m.median_us), "eta": ceiling.eta(moved, m.median_us, copy),
@@ -149,10 +149,10 @@ def make_case(shape: Shape, n: int, impl: str, device: str, measure_kw: dict, pr
                  "per_forward": shape.per_forward, **({"memory_note": plan.note} if plan.reduced else {})}
             if cfg is not None:
                 d["config"], d["config_source"] = cfg, source
-                d["plan"] = sgk.plan(n, shape.N, shape.K, cfg, sgs.sm_count(device))
+                d["plan"] = sgk.plan(tokens, shape.N, shape.K, cfg, sgs.sm_count(device))
             return d
 
-        return fns, (lambda: _check(fn, n, shape.K, ws[0])), derive
+        return fns, (lambda: _check(fn, tokens, shape.K, ws[0])), derive
 
     return CaseSpec(name=name, params=params, mode="graph", setup=setup, measure_kw={"device": device, **measure_kw})
 

@@ -233,6 +233,20 @@ def test_the_batch_components_cases_carry_batch_and_tokens_and_their_setups_take
         assert all({"batch", tokens} <= set(inspect.signature(s.setup).parameters) for s in specs), name
 
 
+def test_the_token_components_cases_carry_tokens_and_their_setups_take_them_by_name():
+    """skinny_gemm and moe_int4 take --tokens only: the token count their records name is the one their setups get."""
+    import inspect
+
+    from verifybench.harness import components
+
+    for name in ("skinny_gemm", "moe_int4"):
+        specs = components.load(name).cases("tiny", 1, 64, (3,))
+        plain = [s for s in specs if s.params["impl"] != "triton"]  # the interpreted kernel keeps its own CPU n
+        assert plain and {s.params["tokens"] for s in plain} == {3}, name
+        assert all("tokens" in inspect.signature(s.setup).parameters for s in specs
+                   if s.params["device"] != "cpu" or s.params["impl"] != "triton" or name != "moe_int4"), name
+
+
 @CPU_ONLY
 @pytest.mark.parametrize("tokens, batch", [((1, 2, 4, 8), None), ((1,), (1, 2))])
 def test_run_takes_the_readmes_token_counts_on_cpu_and_the_cycle_says_which_shapes_it_runs(tokens, batch, capsys,
