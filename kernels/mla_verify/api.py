@@ -281,7 +281,8 @@ def compiles(variant: str, config: dict | None, *, heads: int = 8, d: int = 3, k
     dk, t = kv_lora + rope, d
     ty = _TRITON_TYPES[getattr(torch, dtype)]
     cfg = check_config(variant, config)
-    ints = dict(T=t, num_splits=num_splits, min_split_keys=cfg.get("min_split_keys", 16), stride_qh=t * dk,
+    min_keys = cfg.get("min_split_keys", DEFAULT_CONFIGS["split_kv"]["min_split_keys"])  # extend has none
+    ints = dict(T=t, num_splits=num_splits, min_split_keys=min_keys, stride_qh=t * dk,
                 stride_qt=dk, stride_c=dk, stride_oh=t * kv_lora, stride_ot=kv_lora, tree_keys=d)
     types = dict(q=ty, cache=ty, out=ty, rows="i64", starts="i32", lens="i32", mask="i32" if mask_words else "u8",
                  part_o="fp32", part_lse="fp32")
