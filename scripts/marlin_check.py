@@ -3,7 +3,8 @@ random INT4 layer with SGLang's own loader step, runs fused_marlin_moe's calls o
 relative error against our fp32 reference and the block_size_m it used, at Kimi-K2.5's TP8 layer shape (H 7168,
 I 256 per rank, 384 experts, top-8, group 32) and a small one. Then the path the deployed forward runs: the check the
 composition makes before a cycle is timed (marlin.check_against_reference), and that path captured in one CUDA
-graph (the block alignment inside it, sync-free), replayed on ids rewritten in place, against the reference.
+graph (the block alignment inside it, sync-free), replayed on ids rewritten in place, against the reference. Last,
+where Marlin's layer time goes at n = 1, 2, 4, 8: each GEMM alone and the steps around them.
 
     PYTHONPATH=.ci/engines:.ci/engines-extra:tests/engine_stubs:tests/engine_stubs/no_sgl_kernel \\
         python3 scripts/marlin_check.py [--build-only]
@@ -83,6 +84,35 @@ def alignment_cost(experts: int, topk: int) -> None:
               f"{us * layers / 1e3:.2f} ms per forward of {layers} MoE layers")
 
 
+ROUTINGS = 8  # routings rotated in the split: 8 x 8 experts x 2.75 MB at n = 1 is 3.5x an H100's L2
+
+
+def where_time_goes(marlin, moe) -> None:
+    """Marlin's MoE layer split at the K2.5 TP8 shape (graph mode, rotated over ROUTINGS routings so the experts read
+    are not in L2 from the previous call): the whole call as the moe_int4 row runs it, each GEMM alone, and the rest
+    (the workspace zeroing, SiLU*up and the top-k sum; sgl-kernel ops in SGLang, in torch here unless sgl-kernel
+    imports). The GEMMs alone are the least Marlin as deployed can take; ours against them says what the kernel
+    itself gains."""
+    from verifybench.harness.engines import engine_call
+    from verifybench.harness.measure.timing.timer import measure
+
+    _, e, h, inter, topk, group = SHAPES[0]
+    layer = marlin.marlin_layer(*marlin.random_layer(e, h, inter, group, "cuda", seed=3), group, torch.bfloat16)
+    for n in (1, 2, 4, 8):
+        runs = []
+        for r in range(ROUTINGS):
+            tw, ids = moe.route_uniform(n, e, topk, seed=100 + r, device="cuda")
+            runs.append(marlin.moe_marlin(torch.randn(n, h, device="cuda").bfloat16(), layer, tw, ids))
+        gemms = [run.gemms() for run in runs]
+        us = {name: engine_call("sglang")(measure)(fns, mode="graph", max_time_s=0.3).median_us
+              for name, fns in (("whole", runs), ("gate_up", [g["gate_up"] for g in gemms]),
+                                ("down", [g["down"] for g in gemms]))}
+        rest = us["whole"] - us["gate_up"] - us["down"]
+        print(f"marlin split n={n} (graph, {ROUTINGS} routings): whole {us['whole']:.1f} us = gate_up GEMM "
+              f"{us['gate_up']:.1f} + down GEMM {us['down']:.1f} + rest {rest:.1f} (zeroing, "
+              f"{'/'.join(marlin.torch_ops()) or 'sgl-kernel ops'} in torch)")
+
+
 def main(argv: list[str]) -> int:
     if argv in (["--help"], ["-h"]):
         print(__doc__)
@@ -130,6 +160,7 @@ def main(argv: list[str]) -> int:
                       f"{'ok, far off' if err > 0.1 else 'FAILED: the check cannot tell'}")
             del ours, layer
         failed += forward_path(marlin, moe, rel_error)
+        where_time_goes(marlin, moe)
     except EngineMissing as e:
         print(f"marlin_check: {e}")
         return EXIT_BAD_INPUT

@@ -146,8 +146,9 @@ def torch_ops() -> list[str]:
 @engine_call("sglang")
 def moe_marlin(x, layer, topk_weights, topk_ids, align_in_call: bool = False):
     """The calls SGLang's fused_marlin_moe makes for one layer under plain TP (every expert local: no expert map, EP
-    off; routed scaling 1), its per-input setup done once here: returns run() -> [M, H] in x's dtype, and run.info
-    (block_size_m, use_atomic_add, the steps run in torch, where the alignment ran).
+    off; routed scaling 1), its per-input setup done once here: returns run() -> [M, H] in x's dtype, run.info
+    (block_size_m, use_atomic_add, the steps run in torch, where the alignment ran) and run.gemms() (each GEMM
+    alone).
 
     layer: marlin_layer's, or forward_view's (anything with the attributes apply_weights reads). Setup:
     block_size_m by fused_marlin_moe's rule; the block alignment for it (align_block_size: SGLang's
@@ -174,26 +175,38 @@ def moe_marlin(x, layer, topk_weights, topk_ids, align_in_call: bool = False):
     wtype = uint4b8()
     silu_and_mul, moe_sum_reduce = _sgl_kernel_op("silu_and_mul"), _sgl_kernel_op("moe_sum_reduce")
 
-    def run():
-        sorted_ids, expert_ids, post_padded = aligned if aligned is not None else align_block_size(topk_ids, bm, e)
-        workspace = torch.zeros(workspace_size, dtype=torch.int, device=x.device)
-        cache2 = torch.empty(m * topk, n, device=x.device, dtype=x.dtype)
+    def buffers():  # fused_marlin_moe's per-call state: the zeroed workspace and the intermediate caches
         cache13 = torch.empty(m * topk * max(2 * n, k), device=x.device, dtype=x.dtype)
+        return (torch.zeros(workspace_size, dtype=torch.int, device=x.device),
+                torch.empty(m * topk, n, device=x.device, dtype=x.dtype), cache13)
+
+    def gate_up(aligned_ids, workspace, cache13):
         cache1 = cache13[:m * topk * 2 * n].view(-1, 2 * n)
+        return gemm(x, cache1, w1, None, layer.w13_weight_scale, None, None, layer.w13_weight_g_idx,
+                    layer.w13_g_idx_sort_indices, top_k=topk, mul_topk_weights=False, size_m=m, size_n=2 * n,
+                    size_k=k, **common(aligned_ids, workspace))
+
+    def down(aligned_ids, workspace, cache2, cache13):
         cache3 = cache13[:m * topk * k].view(-1, k)  # aliases cache1, as in SGLang: read before written
-        common = dict(workspace=workspace, sorted_token_ids=sorted_ids, expert_ids=expert_ids,
-                      num_tokens_post_padded=post_padded, topk_weights=topk_weights, moe_block_size=bm, is_ep=False,
-                      b_q_type=wtype, is_k_full=True, use_atomic_add=atomic, use_fp32_reduce=True, is_zp_float=False)
-        cache1 = gemm(x, cache1, w1, None, layer.w13_weight_scale, None, None, layer.w13_weight_g_idx,
-                      layer.w13_g_idx_sort_indices, top_k=topk, mul_topk_weights=False, size_m=m, size_n=2 * n,
-                      size_k=k, **common)
+        return gemm(cache2, cache3, w2, None, layer.w2_weight_scale, None, None, layer.w2_weight_g_idx,
+                    layer.w2_g_idx_sort_indices, top_k=1, mul_topk_weights=True, size_m=m * topk, size_n=k,
+                    size_k=n, **common(aligned_ids, workspace)).view(-1, topk, k)
+
+    def common(aligned_ids, workspace) -> dict:
+        sorted_ids, expert_ids, post_padded = aligned_ids
+        return dict(workspace=workspace, sorted_token_ids=sorted_ids, expert_ids=expert_ids,
+                    num_tokens_post_padded=post_padded, topk_weights=topk_weights, moe_block_size=bm, is_ep=False,
+                    b_q_type=wtype, is_k_full=True, use_atomic_add=atomic, use_fp32_reduce=True, is_zp_float=False)
+
+    def run():
+        aligned_ids = aligned if aligned is not None else align_block_size(topk_ids, bm, e)
+        workspace, cache2, cache13 = buffers()
+        cache1 = gate_up(aligned_ids, workspace, cache13)
         if silu_and_mul is not None:
             silu_and_mul(cache1.view(-1, 2 * n), cache2)
         else:
             cache2.copy_(torch.nn.functional.silu(cache1[:, :n]) * cache1[:, n:])
-        cache3 = gemm(cache2, cache3, w2, None, layer.w2_weight_scale, None, None, layer.w2_weight_g_idx,
-                      layer.w2_g_idx_sort_indices, top_k=1, mul_topk_weights=True, size_m=m * topk, size_n=k,
-                      size_k=n, **common).view(-1, topk, k)
+        cache3 = down(aligned_ids, workspace, cache2, cache13)
         out = torch.empty_like(x)
         if moe_sum_reduce is not None:
             moe_sum_reduce(cache3, out, 1.0)
@@ -201,6 +214,15 @@ def moe_marlin(x, layer, topk_weights, topk_ids, align_in_call: bool = False):
             torch.sum(cache3, dim=1, out=out)
         return out
 
+    def gemms() -> dict:
+        """Each Marlin GEMM alone on state made once here (the alignment of the ids as they are now): what the
+        layer costs without the steps around them, which SGLang runs as sgl-kernel ops (timed by marlin_check)."""
+        aligned_ids = aligned if aligned is not None else align_block_size(topk_ids, bm, e)
+        workspace, cache2, cache13 = buffers()  # the GEMMs leave the workspace zeroed, as SGLang's two calls share it
+        return {"gate_up": lambda: gate_up(aligned_ids, workspace, cache13),
+                "down": lambda: down(aligned_ids, workspace, cache2, cache13)}
+
+    run.gemms = gemms
     run.info = {"block_size_m": bm, "use_atomic_add": atomic, "torch_ops": torch_ops(),
                 "alignment": "in the call" if align_in_call else "outside the timed call"}
     return run

@@ -266,6 +266,16 @@ def test_the_adapters_gemm_calls_are_the_ones_fused_marlin_moe_makes(repack_call
                 assert mine.id == value.id
             else:
                 assert mine == value, name
+    whole, calls["gemm"] = calls["gemm"], []
+    gemms = run.gemms()  # marlin_check's split: each GEMM alone makes the call run() makes
+    gemms["gate_up"](), gemms["down"]()
+    for i, (alone, in_run) in enumerate(zip(calls["gemm"], whole)):
+        intermediates = {"c_or_none", "workspace"} | ({"a"} if i else set())  # down's input: SiLU*up's output in run
+        for name, value in in_run.items():
+            if isinstance(value, torch.Tensor) and name not in intermediates:
+                assert torch.equal(alone[name], value), name
+            elif not isinstance(value, torch.Tensor):
+                assert alone[name] == value or name == "b_q_type", name
 
 
 def test_the_forwards_moe_makes_fused_marlin_moes_calls_on_its_own_weights_with_the_alignment_in_the_call(
