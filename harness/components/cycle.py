@@ -158,6 +158,11 @@ def make_cycle(fwd, cfg: SpecConfig, attention: str, allreduce_us: float, comp=N
     return cyc, att_cfg, att_source
 
 
+def _notes(judged: list) -> str:
+    """Cycle.check_drafts' notes (near-ties swapped between two runs), each once, for a check's line."""
+    return "".join(sorted({f" ({note})" for _, _, note in judged if note}))
+
+
 def as_requests(batch: int, value) -> list:
     """A cycle's per-request answer as a list of requests (batch 1 answers for its one request)."""
     return [value] if batch == 1 else list(value)
@@ -190,18 +195,17 @@ def _case(preset: str, tp: int, context: int, cfg: SpecConfig, attention: str, p
             greedy = as_requests(batch, cyc.greedy_continuation(ROOT_TOKEN))
             each = "" if batch == 1 else f" in each of {batch} requests"
             if shape.topk == 1:  # a chain: the target's own continuation is a path the tree holds
-                got = as_requests(batch, cyc.run_check(ROOT_TOKEN, [g[: d - 1] for g in greedy]
-                                                       if batch > 1 else greedy[0][: d - 1]))
-                good = all(n == d - 1 and e == g for (n, e), g in zip(got, greedy))
+                judged = cyc.check_drafts(ROOT_TOKEN, [g[: d - 1] for g in greedy], greedy)
+                good = all(j_ok for _, j_ok, _ in judged)
                 ok = ok and good
-                detail.append(f"oracle draft accepted {min(n for n, _ in got)} of {d - 1}{each}, emitted the "
-                              f"target's greedy tokens: {good}")
+                detail.append(f"oracle draft accepted {min(n for n, _, _ in judged)} of {d - 1}{each}"
+                              f"{_notes(judged)}, emitted the target's greedy tokens: {good}")
             wrong = [[(g[0] + 1) % cyc.full_vocab] * (d - 1) for g in greedy]
-            got = as_requests(batch, cyc.run_check(ROOT_TOKEN, wrong if batch > 1 else wrong[0]))
-            good = all(n == 0 and e == g[:1] for (n, e), g in zip(got, greedy))
+            judged = cyc.check_drafts(ROOT_TOKEN, wrong, greedy)
+            good = all(j_ok and n == 0 for n, j_ok, _ in judged)
             ok = ok and good
-            detail.append(f"wrong draft accepted {max(n for n, _ in got)}{each}, emitted the bonus token only: "
-                          f"{good}")
+            detail.append(f"wrong draft accepted {max(n for n, _, _ in judged)}{each}{_notes(judged)}, emitted the "
+                          f"bonus token only: {good}")
             cyc.accepted = cyc.cycles = 0
             return ok, "; ".join(detail)
 

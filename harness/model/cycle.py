@@ -71,6 +71,43 @@ def aux_layers(layers: int) -> tuple[int, ...]:
     return tuple(sorted({min(max(i, 0), layers - 1) for i in (2, layers // 2, layers - 3)}))
 
 
+# A near-tie: the top two logits of a row within this fraction of the top one. Two runs of a forward whose sums are
+# not deterministic (the engine's Marlin MoE adds split-K partial sums with atomics, and its split depends on the other
+# rows' routing) move each logit by up to ~1e-2 of the row's scale, which can swap such a pair and no other.
+NEAR_TIE = 2e-2
+
+
+def _runner_up(row: torch.Tensor, top: int, second: int) -> float | None:
+    """How far `second` is below `top` in `row` when `top` is its largest logit and `second` the next (ties count):
+    the gap, else None."""
+    values = row.float().topk(2).values
+    gap = float(row[top] - row[second])
+    return gap if row[top] >= values[0] and row[second] >= values[1] else None
+
+
+def judge_draft(greedy: list, draft: list, accepted: int, emitted: list, then: torch.Tensor,
+                now: torch.Tensor) -> tuple[bool, str]:
+    """One request's chain cycle with `draft` in place of the draft's tokens (accepted, emitted), against `now` [D, V],
+    its verify logits, and `then` [D, V], the logits the target's greedy tokens `greedy` were read from: (ok, note).
+    ok: the acceptance is the greedy one of its own logits (the drafted tokens up to the first that is not their
+    row's argmax, then that row's argmax), and those argmaxes are the target's greedy tokens up to where it stopped,
+    except at a row whose top two logits are a near-tie (NEAR_TIE) in both runs and swapped between them (the note
+    says where). Anything else (a wrong mask, position or cache row moves a logit far) fails."""
+    own = now.argmax(-1).tolist()
+    k = next((i for i, t in enumerate(draft) if t != own[i]), len(draft))
+    if (accepted, list(emitted)) != (k, list(draft[:k]) + [own[k]]):
+        return False, f"accepted {accepted}, emitted {emitted}: not the greedy acceptance of its own logits"
+    j = next((i for i in range(k + 1) if own[i] != greedy[i]), None)
+    if j is None:
+        return True, ""
+    gaps = (_runner_up(now[j], own[j], greedy[j]), _runner_up(then[j], greedy[j], own[j]))
+    top = max(abs(float(now[j, own[j]])), abs(float(then[j, greedy[j]])))
+    if j == k and None not in gaps and max(gaps) <= NEAR_TIE * top:
+        return True, (f"token {j} a near-tie of the top two logits ({max(gaps) / top:.1e} of the top apart) that two "
+                      "runs of the forward swapped")
+    return False, f"token {j} is {own[j]} where the target's greedy token is {greedy[j]}, not a near-tie"
+
+
 class Cycle:
     """The cycle over a built target forward `fwd` (shared, not modified: a shallow copy gets the tree attention and
     the cycle's head; its batch is the cycle's). gather(t) stands for an all-gather of logits into `t` (in place);
@@ -283,20 +320,33 @@ class Cycle:
 
     def greedy_continuation(self, root: int) -> list:
         """The target's own greedy tokens after `root`, D of them, by D chain-masked verify forwards (eager): a list,
-        or at batch > 1 one per request (each request's own context gives its own continuation)."""
+        or at batch > 1 one per request (each request's own context gives its own continuation). The logits each
+        token was read from stay in greedy_logits [B, D, vocab] for check_drafts."""
         d, b = self.d, self.batch
         tokens = [[root] + [0] * (d - 1) for _ in range(b)]
         self.mask.copy_(torch.ones(d, d, dtype=torch.bool).tril_().view(1, d, d).expand(b, d, d))
+        self.greedy_logits = torch.empty(b, d, self.full_logits.shape[1], device=self.full_logits.device)
         out = [[] for _ in range(b)]
         for i in range(d):
             self.cand.copy_(torch.tensor(tokens).flatten())
             self.verify_body()
             for r in range(b):
+                self.greedy_logits[r, i].copy_(self.full_logits[r * d + i])
                 nxt = int(torch.argmax(self.full_logits[r * d + i]).item())
                 out[r].append(nxt)
                 if i + 1 < d:
                     tokens[r][i + 1] = nxt
         return out[0] if b == 1 else out
+
+    def check_drafts(self, root: int, drafts: list, greedy: list) -> list:
+        """One cycle from `root` with request r's draft tokens drafts[r] in place of the draft's (run_check), judged
+        per request by judge_draft against that verify forward's own logits and against greedy[r], the target's
+        greedy tokens from the greedy_continuation(root) just before: [(accepted, ok, note)] per request."""
+        got = self.run_check(root, drafts if self.batch > 1 else drafts[0])
+        got = [got] if self.batch == 1 else got
+        now = self.full_logits.view(self.batch, self.d, -1)
+        return [(n, *judge_draft(greedy[r], drafts[r], n, emitted, self.greedy_logits[r], now[r]))
+                for r, (n, emitted) in enumerate(got)]
 
     def run_check(self, root: int, override: list) -> tuple:
         """One cycle from `root` with the draft's tokens replaced by `override` (D - 1 tokens; at batch > 1 one list

@@ -7,7 +7,7 @@ from verifybench.harness.components import cycle as component
 from verifybench.harness.measure.timing.timer import measure
 from verifybench.harness.model.build import build_forward
 from verifybench.harness.components.cycle import parse_configs
-from verifybench.harness.model.cycle import PHASES, Cycle, SpecConfig, aux_layers
+from verifybench.harness.model.cycle import NEAR_TIE, PHASES, Cycle, SpecConfig, aux_layers, judge_draft
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +41,54 @@ def test_half_right_draft_stops_at_the_first_wrong_token(fwd):
     greedy = cyc.greedy_continuation(3)
     accepted, emitted = cyc.run_check(3, [greedy[0], (greedy[1] + 1) % cyc.full_vocab, greedy[2]])
     assert accepted == 1 and emitted == greedy[:2]
+
+
+def test_check_drafts_judges_the_real_cycle_exact_where_the_forward_is_deterministic(fwd):
+    cyc = _cycle(fwd, 3, 1, 4)
+    greedy = cyc.greedy_continuation(11)
+    assert cyc.check_drafts(11, [greedy[:3]], [greedy]) == [(3, True, "")]
+    wrong = [(greedy[0] + 1) % cyc.full_vocab] * 3
+    assert cyc.check_drafts(11, [wrong], [greedy]) == [(0, True, "")]
+
+
+def _logits(tops: list, d: int = 3, vocab: int = 16, runner_up: dict | None = None) -> torch.Tensor:
+    """[d, vocab] logits whose row i has tops[i] on top (10.0), every other token far below, and runner_up[i] =
+    (token, value) second."""
+    rows = torch.zeros(d, vocab)
+    for i, t in enumerate(tops):
+        rows[i, t] = 10.0
+    for i, (t, v) in (runner_up or {}).items():
+        rows[i, t] = v
+    return rows
+
+
+def test_judge_draft_takes_a_near_tie_swapped_between_two_runs_and_says_where():
+    greedy, draft = [3, 5, 7], [3, 5]
+    close = 10.0 * (1 - NEAR_TIE / 2)
+    then = _logits(greedy, runner_up={1: (9, close)})  # token 1: 5 just above 9
+    now = _logits([3, 9, 7], runner_up={1: (5, close)})  # this run: 9 just above 5
+    ok, note = judge_draft(greedy, draft, 1, [3, 9], then, now)
+    assert ok and "token 1 a near-tie" in note
+
+
+@pytest.mark.parametrize("case", ["far apart", "not the runner-up", "acceptance not greedy", "accepted past a miss"])
+def test_judge_draft_fails_what_a_near_tie_cannot_explain(case):
+    greedy, draft = [3, 5, 7], [3, 5]
+    close = 10.0 * (1 - NEAR_TIE / 2)
+    then = _logits(greedy, runner_up={1: (9, close)})
+    now = _logits([3, 9, 7], runner_up={1: (5, close)})
+    accepted, emitted = 1, [3, 9]
+    if case == "far apart":  # the swapped token was far below in this run: a wrong row, not rounding
+        now = _logits([3, 9, 7], runner_up={1: (5, 5.0)})
+    elif case == "not the runner-up":  # the target's token third in this run
+        now = _logits([3, 9, 7], runner_up={1: (5, close)})
+        now[1, 11] = 10.0 * (1 - NEAR_TIE / 4)
+    elif case == "acceptance not greedy":  # the bonus is not its row's argmax
+        emitted = [3, 5]
+    else:  # the cycle accepted the token its own logits reject
+        accepted, emitted = 2, [3, 5, 7]
+    ok, note = judge_draft(greedy, draft, accepted, emitted, then, now)
+    assert not ok and note
 
 
 def test_cycle_marks_the_engine_phases_in_order(fwd):
