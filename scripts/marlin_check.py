@@ -62,26 +62,32 @@ def forward_path(marlin, moe, rel_error) -> int:
     good = err <= marlin.TOLERANCE
     print(f"forward path in one CUDA graph, replayed on new routing: n={n} {e} experts rel_err={err:.2e} "
           f"{'ok' if good else 'FAILED'} (tol {marlin.TOLERANCE:g})")
-    alignment_cost(e_forward, topk)
-    return (not ok) + (not good)
+    return (not ok) + (not good) + alignment_cost(e_forward, topk)
 
 
-def alignment_cost(experts: int, topk: int) -> None:
-    """What the forward's block alignment in torch costs per MoE layer (graph mode, the suite's timing engine) at
-    the token counts of a decode step and a verify forward: SGLang runs it as one sgl-kernel op, absent here, so
-    the deployed forward carries this much more than the engine per layer."""
+def alignment_cost(experts: int, topk: int) -> int:
+    """What the forward's block alignment costs per MoE layer (graph mode, the suite's timing engine) at the token
+    counts of a decode step and a verify forward, ours (one Triton launch, what the forward runs) beside the torch
+    version (~20 small kernels): SGLang runs it as one sgl-kernel op, absent here, so the deployed forward carries
+    ours where the engine runs its own. Each checked equal to the torch one first. Returns the failed checks."""
     from verifybench.harness.engines.marlin import block_size_m
-    from verifybench.harness.engines.sglang import align_block_size
+    from verifybench.harness.engines.sglang import align_block_size, align_in_torch
     from verifybench.harness.measure.timing.timer import measure
     from verifybench.harness.model import presets
 
-    layers = presets.get("kimi-k2.5", 8).moe_layers
-    for n in (1, 3, 6):
+    layers, failed = presets.get("kimi-k2.5", 8).moe_layers, 0
+    for n in (1, 3, 6, 48):
         ids = torch.stack([torch.randperm(experts, device="cuda")[:topk] for _ in range(n)]).to(torch.int32)
         bm = block_size_m(n, topk, experts)
-        us = measure([lambda: align_block_size(ids, bm, experts)], mode="graph", max_time_s=0.2).median_us
-        print(f"block alignment in torch (SGLang: one sgl-kernel op): n={n} {us:.1f} us per layer, "
-              f"{us * layers / 1e3:.2f} ms per forward of {layers} MoE layers")
+        same = all(torch.equal(a, b) for a, b in zip(align_block_size(ids, bm, experts), align_in_torch(ids, bm,
+                                                                                                          experts)))
+        failed += not same
+        us = {name: measure([lambda fn=fn: fn(ids, bm, experts)], mode="graph", max_time_s=0.2).median_us
+              for name, fn in (("ours", align_block_size), ("torch", align_in_torch))}
+        print(f"block alignment (SGLang: one sgl-kernel op): n={n} ours (one launch) {us['ours']:.1f} us per layer, "
+              f"{us['ours'] * layers / 1e3:.2f} ms per forward of {layers} MoE layers; in torch {us['torch']:.1f} us, "
+              f"{us['torch'] * layers / 1e3:.2f} ms; equal: {'ok' if same else 'FAILED'}")
+    return failed
 
 
 ROUTINGS = 8  # routings rotated in the split: 8 x 8 experts x 2.75 MB at n = 1 is 3.5x an H100's L2

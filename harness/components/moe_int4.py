@@ -3,7 +3,7 @@ dense bf16 weights through plain torch, side by side, cold (weights rotated over
 
 Where SGLang is installed, its own Triton W4A16 MoE ("sglang.triton", harness/engines/sglang.py) runs beside ours
 with the same weights (its layout is a view of ours), check and timing: the calls fused_experts_impl makes with
---moe-runner-backend triton, its config from try_get_optimal_moe_config, with the block alignment computed in torch
+--moe-runner-backend triton, its config from try_get_optimal_moe_config, with the block alignment computed by ours
 outside the timed region (SGLang runs an sgl-kernel op there) and SiLU * up in torch (sgl-kernel's silu_and_mul in
 SGLang). On CUDA, SGLang 0.5.10.post1 serves compressed-tensors W4A16 MoE with Marlin instead (its Triton method is
 chosen on ROCm): "sglang.marlin" (harness/engines/marlin.py) is that path, its JIT kernels built with nvcc, our

@@ -26,8 +26,8 @@ class TritonEngine:
         self.tolerance = None  # the component's
         self.record = {"kernel": engines.label("sglang"), "config": picked["config"],
                        "down_config": picked["down_config"], "config_source": picked["source"],
-                       "engine_note": ("fused_experts_impl's calls; block alignment in torch outside the timed "
-                                       "region (sgl-kernel op in SGLang), SiLU*up in torch (sgl-kernel in SGLang)")}
+                       "engine_note": ("fused_experts_impl's calls; block alignment (ours) outside the timed region "
+                                       "(sgl-kernel op in SGLang), SiLU*up in torch (sgl-kernel in SGLang)")}
 
     def call(self, layer: tuple, x, tw, ids):
         key = (id(layer[0]), id(x), id(tw), id(ids))
@@ -109,7 +109,7 @@ def ran(records: list[dict]) -> str:
     triton = next((r for r in records if r["params"]["impl"] == SGLANG), None)
     if triton is not None:
         kernel = triton["derived"].get("kernel", "sglang")
-        out += (f"; sglang = {kernel}'s Triton W4A16 MoE, block alignment (torch) outside the timed region, SiLU*up "
+        out += (f"; sglang = {kernel}'s Triton W4A16 MoE, block alignment (ours) outside the timed region, SiLU*up "
                 "in torch")
     marlin = next((r for r in records if r["params"]["impl"] == MARLIN), None)
     if marlin is not None:

@@ -7,8 +7,8 @@ and its apply_weights calls fused_marlin_moe. The moe_int4 row: SGLang's own pro
 weights once, outside the timed call, and run() makes fused_marlin_moe's calls. The forward (forward_moe): the same
 calls over its own random weights viewed in Marlin's layout (forward_view), the block alignment inside each call.
 sgl-kernel's ops on that path (the block alignment, silu_and_mul, moe_sum_reduce) are not in the pure-Python wheel:
-the alignment is computed in torch (sync-free: harness/engines/sglang.py), the other two run in torch unless a real
-sgl-kernel is importable. No vLLM fallback.
+the alignment runs as one Triton launch of ours on its contract (sync-free: harness/engines/sglang.py,
+kernels/common/moe_align.py), the other two in torch unless a real sgl-kernel is importable. No vLLM fallback.
 """
 from __future__ import annotations
 
@@ -152,7 +152,7 @@ def moe_marlin(x, layer, topk_weights, topk_ids, align_in_call: bool = False):
 
     layer: marlin_layer's, or forward_view's (anything with the attributes apply_weights reads). Setup:
     block_size_m by fused_marlin_moe's rule; the block alignment for it (align_block_size: SGLang's
-    moe_align_block_size contract in torch, where SGLang runs an sgl-kernel op), here, outside the timed call (the
+    moe_align_block_size contract in one Triton launch of ours, where SGLang runs an sgl-kernel op), here, outside the timed call (the
     moe_int4 row), or with align_in_call inside run() on the ids as they are then (the forward: its router computes
     them inside the graph). run(), as fused_marlin_moe: the zeroed workspace and the intermediate caches; the gate_up
     GEMM (moe_wna16_marlin_gemm, uint4b8, fp32 reduce, no topk weights); silu_and_mul; the down GEMM over M * topk
@@ -325,9 +325,9 @@ def check_against_reference(h: int, inter: int, group: int, topk: int, experts: 
 
 def describe(info: dict) -> str:
     """A Marlin row's label: 'sglang 0.5.10.post1 Marlin MoE (JIT moe_wna16_marlin, block_size_m 8, atomic add on,
-    fp32 reduce; alignment in torch outside the timed call; in torch: silu_and_mul, moe_sum_reduce)'."""
+    fp32 reduce; alignment (ours, one launch) outside the timed call; in torch: silu_and_mul, moe_sum_reduce)'."""
     ops = info.get("torch_ops") or []
     return (f"{label('sglang')} Marlin MoE (JIT moe_wna16_marlin, block_size_m {info['block_size_m']}, atomic add "
-            f"{'on' if info['use_atomic_add'] else 'off'}, fp32 reduce; alignment in torch "
+            f"{'on' if info['use_atomic_add'] else 'off'}, fp32 reduce; alignment (ours, one launch) "
             f"{info.get('alignment', 'outside the timed call')}"
             + (f"; in torch: {', '.join(ops)}" if ops else "; sgl-kernel silu_and_mul, moe_sum_reduce") + ")")

@@ -255,7 +255,8 @@ def align_capacity(pairs: int, block_size: int, num_experts: int) -> int:
 
 
 def align_block_size(topk_ids: torch.Tensor, block_size: int, num_experts: int):
-    """SGLang's moe_align_block_size contract, computed in torch (its op is an sgl-kernel CUDA kernel): the M x topk
+    """SGLang's moe_align_block_size contract (its op is an sgl-kernel CUDA kernel, absent here): on a CUDA tensor one
+    Triton launch (kernels/common/moe_align.py), elsewhere align_in_torch. The M x topk
     (token, slot) pairs, numbered i = token * topk + slot, grouped by expert (experts in order, pairs of an expert in
     increasing i), each expert's group padded to a multiple of block_size with the fill value M * topk.
     Returns (sorted_token_ids int32 [cap], expert_ids int32 [cdiv(cap, block_size)], num_tokens_post_padded int32
@@ -263,10 +264,20 @@ def align_block_size(topk_ids: torch.Tensor, block_size: int, num_experts: int):
     num_tokens_post_padded / block_size blocks and -1 after them (the kernel stops at num_tokens_post_padded).
 
     No host sync and every shape fixed by M, topk, block_size and num_experts alone, so it runs inside a CUDA graph
-    on ids the graph's router computes (bincount, a sum read on the host and repeat_interleave without its output
-    size would each sync): the pairs sorted by expert, each expert's count by searchsorted over them, each pair's
-    slot scattered, and the expert of block j by searchsorted over the cumulative block counts. About 20 small
-    kernels, where SGLang launches one sgl-kernel op."""
+    on ids the graph's router computes."""
+    if topk_ids.is_cuda:
+        from verifybench.kernels.common.moe_align import moe_align_block_size
+
+        return moe_align_block_size(topk_ids, block_size, num_experts,
+                                    align_capacity(topk_ids.numel(), block_size, num_experts))
+    return align_in_torch(topk_ids, block_size, num_experts)
+
+
+def align_in_torch(topk_ids: torch.Tensor, block_size: int, num_experts: int):
+    """align_block_size in torch, no host read (meta tensors run it too): the pairs sorted by expert, each expert's
+    count by searchsorted over them, each pair's slot scattered, and the expert of block j by searchsorted over the
+    cumulative block counts; ~20 small kernels (42 us a MoE layer in a CUDA graph on an H100), the Triton launch's
+    reference in the tests."""
     flat = topk_ids.reshape(-1)
     numel, device = flat.numel(), topk_ids.device
     cap = align_capacity(numel, block_size, num_experts)
@@ -352,7 +363,7 @@ def moe_w4a16(x, w13, w13_scales, w2, w2_scales, topk_weights, topk_ids, group_s
     here once, outside the timed call: returns run() -> [M, H] in x's dtype.
 
     w13/w2, scales: SGLang's layout (w4a16_weights). picked: moe_w4a16_config's. Setup: the block alignment for the
-    up config's BLOCK_SIZE_M (align_block_size: in torch, where SGLang runs an sgl-kernel op, so its time is not in
+    up config's BLOCK_SIZE_M (align_block_size: ours, where SGLang runs an sgl-kernel op, so its time is not in
     the row). run(): the gate_up GEMM (invoke_fused_moe_kernel -> fused_moe_kernel_gptq_awq) into SGLang's shared
     intermediate buffer; SiLU(gate) * up in torch (SGLang calls sgl-kernel's silu_and_mul there); the down GEMM with
     the routed weights; the sum over top-k as SGLang does it for <= 32 tokens (torch.sum, which SGLang wraps in

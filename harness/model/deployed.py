@@ -343,8 +343,7 @@ def _rel(got, ref) -> float:
 MARLIN_VIEW_NOTE = ("SGLang's Marlin over the forward's random INT4 experts viewed in its layout (no copy, no repack: "
                     "random nibbles are as random in Marlin's tiles as in ours, the same bytes by the same loads); "
                     "its values are checked on a layer of its own that SGLang's loader step repacked; the block "
-                    "alignment in torch inside the forward's graph (about 20 small kernels a layer; one sgl-kernel op "
-                    "in SGLang)")
+                    "alignment inside the forward's graph as one Triton launch of ours (one sgl-kernel op in SGLang)")
 
 
 def deployed_moe(comp: Composition, device: str, dtype: torch.dtype):
