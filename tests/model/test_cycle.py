@@ -7,7 +7,7 @@ from verifybench.harness.components import cycle as component
 from verifybench.harness.measure.timing.timer import measure
 from verifybench.harness.model.build import build_forward
 from verifybench.harness.components.cycle import parse_configs
-from verifybench.harness.model.cycle import NEAR_TIE, PHASES, Cycle, SpecConfig, aux_layers, judge_draft
+from verifybench.harness.model.cycle import PHASES, Cycle, SpecConfig, aux_layers, judge_draft
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def _logits(tops: list, d: int = 3, vocab: int = 16, runner_up: dict | None = No
 
 def test_judge_draft_takes_a_near_tie_swapped_between_two_runs_and_says_where():
     greedy, draft = [3, 5, 7], [3, 5]
-    close = 10.0 * (1 - NEAR_TIE / 2)
+    close = 9.99
     then = _logits(greedy, runner_up={1: (9, close)})  # token 1: 5 just above 9
     now = _logits([3, 9, 7], runner_up={1: (5, close)})  # this run: 9 just above 5
     ok, note = judge_draft(greedy, draft, 1, [3, 9], then, now)
@@ -74,15 +74,16 @@ def test_judge_draft_takes_a_near_tie_swapped_between_two_runs_and_says_where():
 @pytest.mark.parametrize("case", ["far apart", "not the runner-up", "acceptance not greedy", "accepted past a miss"])
 def test_judge_draft_fails_what_a_near_tie_cannot_explain(case):
     greedy, draft = [3, 5, 7], [3, 5]
-    close = 10.0 * (1 - NEAR_TIE / 2)
+    close = 9.99
     then = _logits(greedy, runner_up={1: (9, close)})
     now = _logits([3, 9, 7], runner_up={1: (5, close)})
     accepted, emitted = 1, [3, 9]
-    if case == "far apart":  # the swapped token was far below in this run: a wrong row, not rounding
-        now = _logits([3, 9, 7], runner_up={1: (5, 5.0)})
+    if case == "far apart":  # the top two swapped but the row is another one: a wrong row, not rounding
+        now[1] = torch.rand(16, generator=torch.Generator().manual_seed(0)) * 3
+        now[1, 9], now[1, 5] = 10.0, close
     elif case == "not the runner-up":  # the target's token third in this run
         now = _logits([3, 9, 7], runner_up={1: (5, close)})
-        now[1, 11] = 10.0 * (1 - NEAR_TIE / 4)
+        now[1, 11] = 9.995
     elif case == "acceptance not greedy":  # the bonus is not its row's argmax
         emitted = [3, 5]
     else:  # the cycle accepted the token its own logits reject
