@@ -18,6 +18,7 @@ the reason in one line.
 """
 from __future__ import annotations
 
+import functools
 import sys
 import time
 
@@ -71,7 +72,8 @@ def alignment_cost(experts: int, topk: int) -> int:
     version (~20 small kernels): SGLang runs it as one sgl-kernel op, absent here, so the deployed forward carries
     ours where the engine runs its own. Each checked equal to the torch one first. Returns the failed checks."""
     from verifybench.harness.engines.marlin import block_size_m
-    from verifybench.harness.engines.sglang import align_block_size, align_in_torch
+    from verifybench.harness.engines.sglang import align_block_size, align_capacity
+    from verifybench.kernels.common.moe_align import reference
     from verifybench.harness.measure.timing.timer import measure
     from verifybench.harness.model import presets
 
@@ -79,11 +81,11 @@ def alignment_cost(experts: int, topk: int) -> int:
     for n in (1, 3, 6, 48):
         ids = torch.stack([torch.randperm(experts, device="cuda")[:topk] for _ in range(n)]).to(torch.int32)
         bm = block_size_m(n, topk, experts)
-        same = all(torch.equal(a, b) for a, b in zip(align_block_size(ids, bm, experts), align_in_torch(ids, bm,
-                                                                                                          experts)))
+        in_torch = functools.partial(reference, capacity=align_capacity(n * topk, bm, experts))
+        same = all(torch.equal(a, b) for a, b in zip(align_block_size(ids, bm, experts), in_torch(ids, bm, experts)))
         failed += not same
         us = {name: measure([lambda fn=fn: fn(ids, bm, experts)], mode="graph", max_time_s=0.2).median_us
-              for name, fn in (("ours", align_block_size), ("torch", align_in_torch))}
+              for name, fn in (("ours", align_block_size), ("torch", in_torch))}
         print(f"block alignment (SGLang: one sgl-kernel op): n={n} ours (one launch) {us['ours']:.1f} us per layer, "
               f"{us['ours'] * layers / 1e3:.2f} ms per forward of {layers} MoE layers; in torch {us['torch']:.1f} us, "
               f"{us['torch'] * layers / 1e3:.2f} ms; equal: {'ok' if same else 'FAILED'}")

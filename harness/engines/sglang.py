@@ -256,7 +256,7 @@ def align_capacity(pairs: int, block_size: int, num_experts: int) -> int:
 
 def align_block_size(topk_ids: torch.Tensor, block_size: int, num_experts: int):
     """SGLang's moe_align_block_size contract (its op is an sgl-kernel CUDA kernel, absent here): on a CUDA tensor one
-    Triton launch (kernels/common/moe_align.py), elsewhere align_in_torch. The M x topk
+    Triton launch (kernels/common/moe_align.py), elsewhere its torch reference. The M x topk
     (token, slot) pairs, numbered i = token * topk + slot, grouped by expert (experts in order, pairs of an expert in
     increasing i), each expert's group padded to a multiple of block_size with the fill value M * topk.
     Returns (sorted_token_ids int32 [cap], expert_ids int32 [cdiv(cap, block_size)], num_tokens_post_padded int32
@@ -265,34 +265,10 @@ def align_block_size(topk_ids: torch.Tensor, block_size: int, num_experts: int):
 
     No host sync and every shape fixed by M, topk, block_size and num_experts alone, so it runs inside a CUDA graph
     on ids the graph's router computes."""
-    if topk_ids.is_cuda:
-        from verifybench.kernels.common.moe_align import moe_align_block_size
+    from verifybench.kernels.common import moe_align
 
-        return moe_align_block_size(topk_ids, block_size, num_experts,
-                                    align_capacity(topk_ids.numel(), block_size, num_experts))
-    return align_in_torch(topk_ids, block_size, num_experts)
-
-
-def align_in_torch(topk_ids: torch.Tensor, block_size: int, num_experts: int):
-    """align_block_size in torch, no host read (meta tensors run it too): the pairs sorted by expert, each expert's
-    count by searchsorted over them, each pair's slot scattered, and the expert of block j by searchsorted over the
-    cumulative block counts; ~20 small kernels (42 us a MoE layer in a CUDA graph on an H100), the Triton launch's
-    reference in the tests."""
-    flat = topk_ids.reshape(-1)
-    numel, device = flat.numel(), topk_ids.device
-    cap = align_capacity(numel, block_size, num_experts)
-    experts, order = torch.sort(flat, stable=True)  # pairs by expert, in increasing i within one
-    # bounds[x]: where expert x's pairs start among the sorted ones (bounds[E] = M * topk), no value read on the host
-    bounds = torch.searchsorted(experts, torch.arange(num_experts + 1, device=device, dtype=experts.dtype))
-    blocks = (bounds.diff() + (block_size - 1)) // block_size
-    block_ends = blocks.cumsum(0)
-    # sorted pair p of expert x goes to its expert's first block, p - bounds[x] places on
-    slot = ((block_ends - blocks) * block_size - bounds[:-1])[experts] + torch.arange(numel, device=device)
-    sorted_ids = torch.full((cap,), numel, dtype=torch.int32, device=device).scatter_(0, slot, order.to(torch.int32))
-    j = torch.arange((cap + block_size - 1) // block_size, device=device)
-    # the experts whose blocks end at or before block j are those before j's expert: their count is its id
-    expert_ids = torch.where(j < block_ends[-1], torch.searchsorted(block_ends, j, right=True, out_int32=True), -1)
-    return sorted_ids, expert_ids, (block_ends[-1:] * block_size).to(torch.int32)
+    run = moe_align.moe_align_block_size if topk_ids.is_cuda else moe_align.reference
+    return run(topk_ids, block_size, num_experts, align_capacity(topk_ids.numel(), block_size, num_experts))
 
 
 def _default_server_args(server_args_module):

@@ -51,7 +51,8 @@ def _align_kernel(ids_ptr, sorted_ptr, expert_ptr, post_ptr, scratch_ptr, numel,
 def moe_align_block_size(topk_ids: torch.Tensor, block_size: int, num_experts: int, capacity: int):
     """(sorted_token_ids int32 [capacity], expert_ids int32 [cdiv(capacity, block_size)], num_tokens_post_padded int32
     [1]) for `topk_ids` [M, topk] (any integer dtype), as harness/engines/sglang.py's align_block_size defines them;
-    `capacity` its align_capacity. One launch, no host read: it runs inside a CUDA graph on ids computed there."""
+    `capacity` its align_capacity. One launch, no host read: it runs inside a CUDA graph on ids computed there.
+    reference() is the same in torch."""
     numel = topk_ids.numel()
     if numel == 0 or block_size < 1 or num_experts < 1 or capacity < numel:
         raise ValueError(f"moe_align_block_size: {numel} pairs, block {block_size}, {num_experts} experts, capacity "
@@ -67,3 +68,24 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_size: int, num_experts: i
                         num_blocks, triton.cdiv(numel, block_size), BLOCK_SIZE=block_size,
                         BLOCK_P=triton.next_power_of_2(numel), BLOCK_E=block_e, BLOCK_FILL=1024, num_warps=NUM_WARPS)
     return sorted_ids, expert_ids, post
+
+
+def reference(topk_ids: torch.Tensor, block_size: int, num_experts: int, capacity: int):
+    """moe_align_block_size in torch, no host read (meta tensors run it too): the pairs sorted by expert, each
+    expert's count by searchsorted over them, each pair's slot scattered, and the expert of block j by searchsorted
+    over the cumulative block counts; ~20 small kernels (42 us a MoE layer in a CUDA graph on an H100)."""
+    flat = topk_ids.reshape(-1)
+    numel, device = flat.numel(), topk_ids.device
+    experts, order = torch.sort(flat, stable=True)  # pairs by expert, in increasing i within one
+    # bounds[x]: where expert x's pairs start among the sorted ones (bounds[E] = M * topk), no value read on the host
+    bounds = torch.searchsorted(experts, torch.arange(num_experts + 1, device=device, dtype=experts.dtype))
+    blocks = (bounds.diff() + (block_size - 1)) // block_size
+    block_ends = blocks.cumsum(0)
+    # sorted pair p of expert x goes to its expert's first block, p - bounds[x] places on
+    slot = ((block_ends - blocks) * block_size - bounds[:-1])[experts] + torch.arange(numel, device=device)
+    sorted_ids = torch.full((capacity,), numel, dtype=torch.int32, device=device).scatter_(0, slot,
+                                                                                           order.to(torch.int32))
+    j = torch.arange((capacity + block_size - 1) // block_size, device=device)
+    # the experts whose blocks end at or before block j are those before j's expert: their count is its id
+    expert_ids = torch.where(j < block_ends[-1], torch.searchsorted(block_ends, j, right=True, out_int32=True), -1)
+    return sorted_ids, expert_ids, (block_ends[-1:] * block_size).to(torch.int32)

@@ -9,8 +9,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels modules are first imported (conftest too)
 
-from verifybench.harness.engines.sglang import align_capacity, align_in_torch  # noqa: E402
-from verifybench.kernels.common.moe_align import moe_align_block_size  # noqa: E402
+from verifybench.harness.engines.sglang import align_capacity  # noqa: E402
+from verifybench.kernels.common.moe_align import moe_align_block_size, reference  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -26,7 +26,7 @@ def _ids(m: int, topk: int, experts: int, seed: int, dtype=torch.int32) -> torch
 def test_one_launch_alignment_equals_the_torch_one(m, topk, experts, block):
     for seed, dtype in ((m, torch.int32), (m + 1, torch.int64)):
         ids = _ids(m, topk, experts, seed, dtype)
-        want = align_in_torch(ids, block, experts)
+        want = reference(ids, block, experts, align_capacity(ids.numel(), block, experts))
         got = moe_align_block_size(ids.to(DEVICE), block, experts, align_capacity(ids.numel(), block, experts))
         for name, a, b in zip(("sorted_token_ids", "expert_ids", "num_tokens_post_padded"), got, want):
             assert a.dtype == torch.int32 and torch.equal(a.cpu(), b), name
@@ -34,7 +34,7 @@ def test_one_launch_alignment_equals_the_torch_one(m, topk, experts, block):
 
 def test_skewed_routing_fills_one_experts_blocks_in_pair_order():
     ids = torch.tensor([[0, 1], [0, 2], [0, 1], [0, 3], [0, 1]], dtype=torch.int32)  # expert 0 in every token
-    want = align_in_torch(ids, 2, 6)
+    want = reference(ids, 2, 6, align_capacity(ids.numel(), 2, 6))
     got = moe_align_block_size(ids.to(DEVICE), 2, 6, align_capacity(ids.numel(), 2, 6))
     assert all(torch.equal(a.cpu(), b) for a, b in zip(got, want))
     assert got[0][:6].tolist() == [0, 2, 4, 6, 8, 10]  # expert 0's pairs, then its padding
@@ -58,4 +58,4 @@ def test_runs_inside_a_cuda_graph_on_ids_rewritten_in_place():
     new = _ids(6, 8, 384, 2)
     ids.copy_(new)
     graph.replay()
-    assert all(torch.equal(a.cpu(), b) for a, b in zip(out, align_in_torch(new, 8, 384)))
+    assert all(torch.equal(a.cpu(), b) for a, b in zip(out, reference(new, 8, 384, cap)))
