@@ -108,6 +108,13 @@ for s in ${STEPS:-install env}; do
       # built them, and a module whose headers moved is rebuilt from them and fails
       engines=/tmp/vb/engines
       step engines-install 120 python3 -m pip install -q --no-index --no-deps --target "$engines" .whl/engines/*.whl
+      # SGLang's Marlin JIT (6 min of nvcc) from an earlier call's savecache, at its fixed path: ninja reuses the carried
+      # objects when the engines' headers are older than them (a fresh install dates them now), so they are dated 2020
+      export TVM_FFI_CACHE_DIR=/tmp/vb/jit
+      if [ -f .cache-carry/sglang-jit.tar.gz ]; then
+        find "$engines" -exec touch -h -d 2020-01-01 {} + && mkdir -p "$TVM_FFI_CACHE_DIR" \
+          && tar -xzf .cache-carry/sglang-jit.tar.gz -C "$TVM_FFI_CACHE_DIR" && echo "sglang jit cache restored"
+      fi
       export PYTHONPATH="$engines${PYTHONPATH:+:$PYTHONPATH}"
       # SGLang's utilities import torchvision's JPEG decoder at import time; where the image's torchvision does not
       # load with its torch, the tests' stand-in (tests/engine_stubs) serves that import and nothing else
@@ -131,7 +138,10 @@ for s in ${STEPS:-install env}; do
              ${CYCLE_ARGS:-} --out "$WORK/batch" ;;  # concurrency: B requests per cycle, apart from run's cycle file
     savecache) tar -czf "$OUT/triton-cache.tar.gz" -C "$cache" . && ls -la "$OUT/triton-cache.tar.gz"
                [ -d "$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer" ] && tar -czf "$OUT/flashinfer-cache.tar.gz" \
-                 -C "$FLASHINFER_WORKSPACE_BASE/.cache" flashinfer && ls -la "$OUT/flashinfer-cache.tar.gz" ;;
+                 -C "$FLASHINFER_WORKSPACE_BASE/.cache" flashinfer && ls -la "$OUT/flashinfer-cache.tar.gz"
+               # with the objects and ninja's logs, times to the nanosecond (ninja compares them with its log's)
+               [ -d "${TVM_FFI_CACHE_DIR:-/nonexistent}" ] && tar --format=posix -czf "$OUT/sglang-jit.tar.gz" \
+                 -C "$TVM_FFI_CACHE_DIR" . && ls -la "$OUT/sglang-jit.tar.gz" ;;
     *) echo "unknown step $s" ;;
   esac
 done
