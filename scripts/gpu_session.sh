@@ -108,8 +108,8 @@ for s in ${STEPS:-install env}; do
       # built them, and a module whose headers moved is rebuilt from them and fails
       engines=/tmp/vb/engines
       step engines-install 120 python3 -m pip install -q --no-index --no-deps --target "$engines" .whl/engines/*.whl
-      # SGLang's Marlin JIT (6 min of nvcc) from an earlier call's savecache, at its fixed path: ninja reuses the carried
-      # objects when the engines' headers are older than them (a fresh install dates them now), so they are dated 2020
+      # SGLang's Marlin JIT (6 min of nvcc) from an earlier call's savecache, at its fixed path: ninja reuses the
+      # carried objects when the engines' headers are older than them (a fresh install dates them now): dated 2020
       export TVM_FFI_CACHE_DIR=/tmp/vb/jit
       if [ -f .cache-carry/sglang-jit.tar.gz ]; then
         find "$engines" -exec touch -h -d 2020-01-01 {} + && mkdir -p "$TVM_FFI_CACHE_DIR" \

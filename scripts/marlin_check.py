@@ -118,7 +118,7 @@ def where_time_goes(marlin, moe) -> None:
         rest = us["whole"] - us["gate_up"] - us["down"]
         print(f"marlin split n={n} (graph, {ROUTINGS} routings): whole {us['whole']:.1f} us = gate_up GEMM "
               f"{us['gate_up']:.1f} + down GEMM {us['down']:.1f} + rest {rest:.1f} (zeroing, "
-              f"{'/'.join(marlin.torch_ops()) or 'sgl-kernel ops'} in torch)")
+              + (f"{'/'.join(marlin.torch_ops())} in torch)" if marlin.torch_ops() else "sgl-kernel's ops)"))
 
 
 def main(argv: list[str]) -> int:

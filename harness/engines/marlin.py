@@ -152,8 +152,8 @@ def moe_marlin(x, layer, topk_weights, topk_ids, align_in_call: bool = False):
 
     layer: marlin_layer's, or forward_view's (anything with the attributes apply_weights reads). Setup:
     block_size_m by fused_marlin_moe's rule; the block alignment for it (align_block_size: SGLang's
-    moe_align_block_size contract in one Triton launch of ours, where SGLang runs an sgl-kernel op), here, outside the timed call (the
-    moe_int4 row), or with align_in_call inside run() on the ids as they are then (the forward: its router computes
+    moe_align_block_size contract in one Triton launch of ours, where SGLang runs an sgl-kernel op), here, outside
+    the timed call (the moe_int4 row), or with align_in_call inside run() on the ids as they are then (the forward: its router computes
     them inside the graph). run(), as fused_marlin_moe: the zeroed workspace and the intermediate caches; the gate_up
     GEMM (moe_wna16_marlin_gemm, uint4b8, fp32 reduce, no topk weights); silu_and_mul; the down GEMM over M * topk
     rows with the topk weights multiplied in; moe_sum_reduce over top-k into the output."""

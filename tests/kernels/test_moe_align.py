@@ -21,7 +21,8 @@ def _ids(m: int, topk: int, experts: int, seed: int, dtype=torch.int32) -> torch
 
 
 @pytest.mark.parametrize("m,topk,experts,block", [
-    (1, 8, 384, 8), (3, 8, 384, 8), (8, 8, 384, 8), (64, 8, 384, 8), (48, 8, 384, 16),  # K2.5 TP8: decode, verify, B x D
+    # K2.5 TP8: decode, verify, B x D
+    (1, 8, 384, 8), (3, 8, 384, 8), (8, 8, 384, 8), (64, 8, 384, 8), (48, 8, 384, 16),
     (1, 1, 1, 4), (5, 2, 16, 16), (32, 8, 16, 64), (7, 3, 4, 4), (4, 3, 5, 4)])
 def test_one_launch_alignment_equals_the_torch_one(m, topk, experts, block):
     for seed, dtype in ((m, torch.int32), (m + 1, torch.int64)):

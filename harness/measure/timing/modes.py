@@ -53,6 +53,17 @@ class Sampler:
 
     timer = ""
 
+    def _rotate(self, fns, mode, calls, barrier):
+        """The state of a sampler over callables: the input sets rotated call by call, K calls per sample in graph
+        and hot mode (one otherwise), the barrier before an isolated sample."""
+        self.fns, self.mode, self.barrier = fns, mode, barrier
+        self.calls = calls if mode in ("graph", "hot") else 1
+        self.i = 0
+
+    def _call(self):
+        self.fns[self.i % len(self.fns)]()
+        self.i += 1
+
     def batch(self, count: int) -> list[float]:
         raise NotImplementedError
 
@@ -61,9 +72,7 @@ class CudaSampler(Sampler):
     timer = "cuda_event"
 
     def __init__(self, fns, mode, calls, barrier, flush_bytes):
-        self.fns, self.mode, self.barrier = fns, mode, barrier
-        self.calls = calls if mode in ("graph", "hot") else 1
-        self.i = 0
+        self._rotate(fns, mode, calls, barrier)
         if mode == "host_sync":
             self.timer = "perf_counter+synchronize"
         elif mode == "host_call":
@@ -86,10 +95,6 @@ class CudaSampler(Sampler):
                     fns[k % len(fns)]()
             self.graph.replay()
             torch.cuda.synchronize()
-
-    def _call(self):
-        self.fns[self.i % len(self.fns)]()
-        self.i += 1
 
     def batch(self, count: int) -> list[float]:
         if self.mode in ("host_sync", "host_call"):
@@ -131,9 +136,7 @@ class CpuSampler(Sampler):
     timer = "perf_counter"
 
     def __init__(self, fns, mode, calls, barrier, flush_bytes):
-        self.fns, self.mode, self.barrier = fns, mode, barrier
-        self.calls = calls if mode in ("graph", "hot") else 1
-        self.i = 0
+        self._rotate(fns, mode, calls, barrier)
         if mode == "cold":
             self.flush = torch.empty(flush_bytes or CPU_CACHE_BYTES, dtype=torch.uint8)
 
@@ -146,8 +149,7 @@ class CpuSampler(Sampler):
                 self.barrier()
             t0 = time.perf_counter()
             for _ in range(self.calls):
-                self.fns[self.i % len(self.fns)]()
-                self.i += 1
+                self._call()
             out.append((time.perf_counter() - t0) * 1e6 / self.calls)
         return out
 
