@@ -159,7 +159,7 @@ def make_cycle(fwd, cfg: SpecConfig, attention: str, allreduce_us: float, comp=N
 
 
 def _notes(judged: list) -> str:
-    """Cycle.check_drafts' notes (near-ties swapped between two runs), each once, for a check's line."""
+    """Cycle.check_drafts' notes (near-ties flipped between two runs), each once, for a check's line."""
     return "".join(sorted({f" ({note})" for _, _, note in judged if note}))
 
 

@@ -51,39 +51,42 @@ def test_check_drafts_judges_the_real_cycle_exact_where_the_forward_is_determini
     assert cyc.check_drafts(11, [wrong], [greedy]) == [(0, True, "")]
 
 
-def _logits(tops: list, d: int = 3, vocab: int = 16, runner_up: dict | None = None) -> torch.Tensor:
-    """[d, vocab] logits whose row i has tops[i] on top (10.0), every other token far below, and runner_up[i] =
-    (token, value) second."""
-    rows = torch.zeros(d, vocab)
-    for i, t in enumerate(tops):
-        rows[i, t] = 10.0
-    for i, (t, v) in (runner_up or {}).items():
-        rows[i, t] = v
-    return rows
+def _rows(d: int = 3, vocab: int = 4096, seed: int = 0) -> torch.Tensor:
+    """[d, vocab] random logits (a random model's rows: many tokens close below the top)."""
+    return torch.randn(d, vocab, generator=torch.Generator().manual_seed(seed))
 
 
-def test_judge_draft_takes_a_near_tie_swapped_between_two_runs_and_says_where():
+def _two_runs(greedy: list, flip_at: int, to: int, noise: float = 0.04, seed: int = 0):
+    """(then, now): `then` whose row argmaxes are `greedy`, row `flip_at`'s with `to` just below it; `now`, the same
+    rows plus noise of about `noise` of their norm, where those two swap by a step smaller than the noise's."""
+    then = _rows(seed=seed)
+    for i, t in enumerate(greedy):
+        then[i, t] = then[i].max() + 0.5
+    then[flip_at, to] = then[flip_at, greedy[flip_at]] - 1e-3
+    change = noise * _rows(seed=seed + 1)
+    change[flip_at, greedy[flip_at]], change[flip_at, to] = -0.01, 0.01
+    return then, then + change
+
+
+def test_judge_draft_takes_a_near_tie_two_runs_flipped_and_says_where():
     greedy, draft = [3, 5, 7], [3, 5]
-    close = 9.99
-    then = _logits(greedy, runner_up={1: (9, close)})  # token 1: 5 just above 9
-    now = _logits([3, 9, 7], runner_up={1: (5, close)})  # this run: 9 just above 5
+    then, now = _two_runs(greedy, 1, 9)
     ok, note = judge_draft(greedy, draft, 1, [3, 9], then, now)
     assert ok and "token 1 a near-tie" in note
 
 
-@pytest.mark.parametrize("case", ["far apart", "not the runner-up", "acceptance not greedy", "accepted past a miss"])
+@pytest.mark.parametrize("case", ["another row", "a change aimed at the two tokens", "acceptance not greedy",
+                                  "accepted past a miss"])
 def test_judge_draft_fails_what_a_near_tie_cannot_explain(case):
     greedy, draft = [3, 5, 7], [3, 5]
-    close = 9.99
-    then = _logits(greedy, runner_up={1: (9, close)})
-    now = _logits([3, 9, 7], runner_up={1: (5, close)})
+    then, now = _two_runs(greedy, 1, 9)
     accepted, emitted = 1, [3, 9]
-    if case == "far apart":  # the top two swapped but the row is another one: a wrong row, not rounding
-        now[1] = torch.rand(16, generator=torch.Generator().manual_seed(0)) * 3
-        now[1, 9], now[1, 5] = 10.0, close
-    elif case == "not the runner-up":  # the target's token third in this run
-        now = _logits([3, 9, 7], runner_up={1: (5, close)})
-        now[1, 11] = 9.995
+    if case == "another row":  # token 9 on top of an unrelated row: a wrong row, not rounding
+        now[1] = _rows(seed=7)[1]
+        now[1, 9] = now[1].max() + 1e-3
+    elif case == "a change aimed at the two tokens":  # the row otherwise equal: 5 lowered and 9 raised, no noise
+        now = then.clone()
+        now[1, 5], now[1, 9] = now[1, 5] - 1.0, now[1, 5] + 0.5
     elif case == "acceptance not greedy":  # the bonus is not its row's argmax
         emitted = [3, 5]
     else:  # the cycle accepted the token its own logits reject
