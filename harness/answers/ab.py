@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from verifybench.harness.analysis.batches import case_config, passing_cases
 from verifybench.harness.answers.levers import attention_per_forward_ms
+import numpy as np
+
 from verifybench.harness.measure import stance
+from verifybench.harness.measure.results import compare
 from verifybench.harness.measure.results.store import WITHHELD, batch_of
 from verifybench.harness.model.deployments import stand_in_text
 
@@ -18,6 +21,9 @@ VERIFY_OURS = {"sglang.extend": "extend", "flashinfer.mla": "split_kv"}
 DECODE_OURS = {"sglang.decode": "triton", "flashinfer.decode": "triton"}
 # compare's minimum effect: a variant within it of the deployed one has changed nothing the measurement can tell
 MIN_EFFECT = 0.03
+# each variant's cycle is one case run once, after the one before it: the host's speed drifts between cases
+ONCE = ("each variant ran once, one after the other: before reading a difference of a few % as the flag's, run the "
+        "A/B again and `verifybench compare` the two (docs/FINDINGS.md §11)")
 PROJECTED = ("verify attention", "decode attention")  # the parts whose engine kernel a component result times
 
 
@@ -71,7 +77,8 @@ def rows(runs: dict) -> list[dict]:
         stood = d.get("deployment", {}).get("stand_ins", [])
         row = {"context": p["context"], "B": batch_of(c), "shape": case_config(c), "variant": p["deployment"],
                "flags": p.get("engine_args") or "the engine's defaults", "cycle_ms": d["cycle_ms"],
-               "decode_ms": d["decode_ms"], "status": "measured", "note": "", "stand_ins": stand_in_text(stood)}
+               "decode_ms": d["decode_ms"], "status": "measured", "note": "", "stand_ins": stand_in_text(stood),
+               "case": c}
         if any(part in PROJECTED for part, *_ in stood):
             cycle, decode, how = _projected(c, runs)
             row.update(cycle_ms=cycle, decode_ms=decode, status="projected" if cycle is not None else "unranked",
@@ -91,22 +98,20 @@ def lines(runs: dict) -> list[str]:
     line = next((c["params"]["deployment_line"] for c in deployed_cases(runs["cycle"])
                  if c["params"]["deployment"] == "deployed"), table[0]["flags"])
     out = ["", "## The engine's flags, measured A/B (each variant's own decode step is its tau*'s denominator)",
-           f"base: {line}"]
+           f"base: {line}", ONCE]
     cpu = stance.any_cpu([runs["cycle"]])
     groups: dict[tuple, list[dict]] = {}
     for r in table:
         groups.setdefault((r["context"], r["B"], r["shape"]), []).append(r)
     for (ctx, b, shape), rs in sorted(groups.items()):
         out.append(f"context {ctx}, B {b}, (steps, topk, D) {shape}:")
-        base = next((r["cycle_ms"] for r in rs if r["variant"] == "deployed"), None)
+        base = next((r for r in rs if r["variant"] == "deployed" and r["cycle_ms"] is not None), None)
         ranked = sorted((r for r in rs if r["cycle_ms"] is not None), key=lambda r: r["cycle_ms"])
         for i, r in enumerate(ranked if not cpu else rs, 1):
             if cpu:
                 out.append(f"- {r['variant']} ({r['flags']}): {WITHHELD}; stand-ins: {r['stand_ins']}")
                 continue
-            saved = "" if base is None or r["variant"] == "deployed" else \
-                f", saves {base - r['cycle_ms']:.4g} ms against the deployed" if abs(r["cycle_ms"] / base - 1) >= \
-                MIN_EFFECT else f", within {100 * MIN_EFFECT:.0f}% of the deployed ({r['cycle_ms'] - base:+.3g} ms): no change"
+            saved = "" if base is None or r is base else _against(r, base)
             out.append(f"{i}. {r['variant']} ({r['flags']}): {r['cycle_ms']:.4g} ms per cycle{saved}; its decode "
                        f"{r['decode_ms']:.4g} ms, tau* {r['tau_star']:.3g} [{r['status']}]")
             if r["note"]:
@@ -117,3 +122,24 @@ def lines(runs: dict) -> list[str]:
             if r["cycle_ms"] is None:
                 out.append(f"- {r['variant']} ({r['flags']}): not ranked: {r['note']}")
     return out
+
+
+def _against(r: dict, base: dict) -> str:
+    """The variant against the deployed one: compare's verdict on the two cases' cycle samples (Mann-Whitney U and
+    the minimum effect) where both were measured; the minimum effect alone where one was projected."""
+    diff = r["cycle_ms"] - base["cycle_ms"]
+    if r["status"] == base["status"] == "measured":
+        v, _, how = compare.verdict(_case_data(base["case"]), _case_data(r["case"]), MIN_EFFECT)
+    else:
+        v = "SAME" if abs(diff / base["cycle_ms"]) < MIN_EFFECT else "FAST" if diff < 0 else "SLOW"
+        how = "projected: no samples"
+    return {"FAST": f", saves {-diff:.4g} ms against the deployed ({how})",
+            "SLOW": f", costs {diff:.4g} ms more than the deployed ({how})",
+            "SAME": f", within {100 * MIN_EFFECT:.0f}% of the deployed ({diff:+.3g} ms): no change",
+            "AMBG": f", {diff:+.3g} ms against the deployed, not significant ({how}): no change the samples show"}[v]
+
+
+def _case_data(c: dict) -> compare.CaseData:
+    s = c["summary"]
+    return compare.CaseData(c["name"], c["mode"], True, s["median_us"], np.asarray(c["samples_us"], dtype=float),
+                            (s["q1_us"], s["q3_us"]))

@@ -92,11 +92,10 @@ def cycle_at(runs: dict, context: int | None) -> tuple[dict, int]:
     return {(plan.case_config(c), c["params"]["attention"]): c for c in cases if c["params"]["context"] == ctx}, ctx
 
 
-def decode_ms(runs: dict) -> float:
-    """plan's T_decode of the cycle file: the median of its passing cases' plain decode (a deployment's own where
+def decode_ms(cases: dict) -> float:
+    """plan's T_decode of cycle_at's cases (one context): the median of their plain decode (a deployment's own where
     the file ran one: ours beside it decodes with our kernel)."""
-    cases = _ok(runs["cycle"])
-    mine = [c for c in cases if c["params"].get("deployment") == "deployed"] or cases
+    mine = [c for c in cases.values() if c["params"].get("deployment") == "deployed"] or list(cases.values())
     return float(np.median([c["derived"]["decode_ms"] for c in mine]))
 
 
@@ -114,7 +113,7 @@ def levers(runs: dict, found: dict, taus, context: int | None, engine: str) -> l
     if "cycle" not in runs or not _ok(runs["cycle"]):
         return [{"lever": "all", "missing": "verifybench cycle (the cycle every lever is costed against)"}]
     cases, ctx = cycle_at(runs, context)
-    decode = decode_ms(runs)
+    decode = decode_ms(cases)
     # the engine's cycle: extend (its serial kernel) at its shape, else the nearest the file holds
     base_case = cases.get((ENGINE_CONFIG, "extend")) or next(  # a deployment's own cycle first (cycle --engine)
         (c for k, c in cases.items() if k[0] == ENGINE_CONFIG and c["params"].get("deployment") == "deployed"),
@@ -259,7 +258,7 @@ def levers(runs: dict, found: dict, taus, context: int | None, engine: str) -> l
                               "the upper bound: every idle ms inside the traced cycle hidden"))
     else:
         missing.append(("host gaps", MEASURE["host gaps"]))
-    if (config, base_att) != (ENGINE_CONFIG, "extend"):  # the file lacks the engine's cycle: name the one used
+    if config != ENGINE_CONFIG or base_att not in ("extend", "sglang.extend"):  # the file lacks the engine's cycle: name the one used
         for lv in out:
             lv["note"] = f"against the cycle at {config} {base_att} ({f_cycle} holds no {ENGINE_CONFIG} extend " \
                          f"case); " + lv["note"]
@@ -378,8 +377,12 @@ def lines_for(runs: dict, found: dict, taus=None, context: int | None = None, en
     if cpu:
         return out + would_rank(runs) + per_batch + stand_ins.lines(runs) + (
             ["", "## Lost settings"] + env.nccl_warnings(nccl_from) if nccl_from is not None else [])
+    held = sorted({c["params"]["context"] for c in _ok(runs["cycle"])}) if "cycle" in runs else []
+    at_ctx = f" (at context {cycle_at(runs, context)[1]} of the cycle's {', '.join(map(str, held))}: --context picks)" \
+        if len(held) > 1 else ""
     out += ["", ("## Levers, ranked by ms saved per cycle (each alone, against the engine's cycle)" if not measured_ab
-                 else "## Levers the A/B did not run (arithmetic on the component results, each alone)") + at_b]
+                 else "## Levers the A/B did not run (arithmetic on the component results, each alone)") + at_b
+            + at_ctx]
     for i, lv in enumerate(levers(runs, found, taus, context, engine), 1):
         if "missing" in lv:
             out.append(f"- {lv['lever']}: not measured here; measure it with `{lv['missing']}`")

@@ -441,3 +441,21 @@ def test_the_levers_leave_out_mla_verify_cases_of_spread_contexts():
     runs["mla_verify"]["cases"] = [case(1024, 0.5, 900.0)]
     with pytest.raises(ValueError, match="for contexts \\[\\]"):
         attention_per_forward_ms(runs, "split_kv", 3, 1024, batch=2)
+
+
+@pytest.mark.parametrize("context", [None, 1024])
+def test_advise_costs_the_levers_with_the_decode_step_of_their_own_context(capsys, context):
+    """The committed H100 A/B ran at 1k and 8k, where the engine's decode step differs 2x (its Triton decode at 8 KV
+    splits): the draft shape's tau* is its cycle over the decode at the levers' context, never a median of both."""
+    folder = ROOT / "nvidia-h100-80gb-hbm3-x1/engine-ab-marlin-20261207"
+    argv = ["advise", str(folder), "--accept-len", "3:2.4,6:3.1"] + (["--context", str(context)] if context else [])
+    assert cli_main(argv) == 0
+    out = capsys.readouterr().out
+    want = context or 8192  # the middle of the contexts held, as the heading says
+    assert f"(at context {want} of the cycle's 1024, 8192: --context picks)" in out
+    run = store.load_run(folder / "cycle.json.gz")
+    (case,) = [c for c in run["cases"] if c["check"]["ok"] and c["params"]["deployment"] == "deployed"
+               and c["params"]["context"] == want and c["params"]["draft_tokens"] == 6]
+    line = next(x for x in out.splitlines() if "draft shape: (2, 1, 3) -> (5, 1, 6)" in x)
+    tau_star = case["summary"]["median_us"] / 1e3 / case["derived"]["decode_ms"]
+    assert f"break-even tau* {tau_star:.3g};" in line

@@ -5,6 +5,7 @@ variants by measured ms, and the tables open with the deployment's line."""
 import json
 import shlex
 
+import numpy as np
 import pytest
 import torch
 
@@ -313,6 +314,33 @@ def test_ab_says_a_variant_within_compares_minimum_effect_changed_nothing(tmp_pa
     assert cli_main(["advise", str(path)]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if "triton-attention-num-kv-splits=64 (" in x)
     assert "within 3% of the deployed (+0.5 ms): no change" in line and "saves" not in line
+
+
+@pytest.mark.parametrize("case", ["slower", "not significant"])
+def test_ab_judges_a_variant_by_compares_verdict_on_the_samples(tmp_path, capsys, case):
+    """64 KV splits slower than the deployed 30 ms (33 ms every sample): a cost, never a negative saving; at a median
+    of 31 ms (3.3%) from samples on both sides of the deployed's 30 ms: not significant, no change claimed."""
+    from verifybench.harness.cli import main as cli_main
+    from verifybench.harness.measure.results import store
+
+    path = _ab_cycle(tmp_path)
+    run = json.loads(path.read_text())
+    for c in run["cases"]:
+        if c["params"]["deployment"].startswith("triton-attention"):
+            n = len(c["samples_us"])
+            samples = [33e3] * n if case == "slower" else [29e3] * (n // 2) + [33e3] * (n // 2) + [31e3] * (n % 2)
+            c["samples_us"] = samples
+            c["summary"]["median_us"] = float(np.median(samples))
+            c["derived"]["cycle_ms"] = c["summary"]["median_us"] / 1e3
+    store.write_json_atomic(path, run)
+    assert cli_main(["advise", str(path)]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if "triton-attention-num-kv-splits=64 (" in x)
+    assert "saves" not in line and "each variant ran once" in out
+    if case == "slower":
+        assert "costs 3 ms more than the deployed (U p=" in line
+    else:
+        assert "+1 ms against the deployed, not significant (U p=" in line and "no change the samples show" in line
 
 
 def test_advise_on_a_cpu_ab_withholds_its_figures_and_still_names_the_stand_ins(tmp_path, capsys):
