@@ -7,10 +7,10 @@ the stand-in's per-forward time swapped for the engine kernel's from mla_verify 
 """
 from __future__ import annotations
 
-from verifybench.harness.analysis.batches import case_config, passing_cases
-from verifybench.harness.answers.levers import attention_per_forward_ms
 import numpy as np
 
+from verifybench.harness.analysis.batches import case_config, passing_cases
+from verifybench.harness.answers.levers import attention_per_forward_ms
 from verifybench.harness.measure import stance
 from verifybench.harness.measure.results import compare
 from verifybench.harness.measure.results.store import WITHHELD, batch_of

@@ -33,6 +33,7 @@ KINDS = ("verify", "cycle", "mla_verify", "allreduce_sweep", "verify_dist", "def
          "mla_decode", "moe_int4")  # the last two for their engine rows beside ours (answers/stand_ins.py)
 SIZE_KINDS = ("allreduce",)  # read for its times over message sizes only (the per-batch section)
 ENGINE_CONFIG = (2, 1, 3)  # the deployment's shape: 2 draft steps, topk 1, 3 draft tokens
+EXTEND = ("extend", "sglang.extend")  # the engine's serial verify kernel: our stand-in's name and its own
 ANSWER_LINES = 15
 # the command that measures each lever: named for a lever the results cannot cost, and on CPU for every lever
 MEASURE = {
@@ -127,7 +128,7 @@ def levers(runs: dict, found: dict, taus, context: int | None, engine: str) -> l
     f_cycle = str(found["cycle"])
 
     # verify attention kernel
-    split = cases.get((config, "split_kv")) if base_att in ("extend", "sglang.extend") else None
+    split = cases.get((config, "split_kv")) if base_att in EXTEND else None
     if split is not None and (stance.stand_in(split) or stance.stand_in(base_case)):
         # a torch reference stood in for the kernels: its time says nothing about extend against split_kv
         missing.append(("verify attention", f"{MEASURE['verify attention']} where the kernels run (this cycle's "
@@ -258,7 +259,7 @@ def levers(runs: dict, found: dict, taus, context: int | None, engine: str) -> l
                               "the upper bound: every idle ms inside the traced cycle hidden"))
     else:
         missing.append(("host gaps", MEASURE["host gaps"]))
-    if config != ENGINE_CONFIG or base_att not in ("extend", "sglang.extend"):  # the file lacks the engine's cycle: name the one used
+    if config != ENGINE_CONFIG or base_att not in EXTEND:  # the file lacks the engine's cycle: name the one used
         for lv in out:
             lv["note"] = f"against the cycle at {config} {base_att} ({f_cycle} holds no {ENGINE_CONFIG} extend " \
                          f"case); " + lv["note"]

@@ -153,10 +153,11 @@ def moe_marlin(x, layer, topk_weights, topk_ids, align_in_call: bool = False):
     layer: marlin_layer's, or forward_view's (anything with the attributes apply_weights reads). Setup:
     block_size_m by fused_marlin_moe's rule; the block alignment for it (align_block_size: SGLang's
     moe_align_block_size contract in one Triton launch of ours, where SGLang runs an sgl-kernel op), here, outside
-    the timed call (the moe_int4 row), or with align_in_call inside run() on the ids as they are then (the forward: its router computes
-    them inside the graph). run(), as fused_marlin_moe: the zeroed workspace and the intermediate caches; the gate_up
-    GEMM (moe_wna16_marlin_gemm, uint4b8, fp32 reduce, no topk weights); silu_and_mul; the down GEMM over M * topk
-    rows with the topk weights multiplied in; moe_sum_reduce over top-k into the output."""
+    the timed call (the moe_int4 row), or with align_in_call inside run() on the ids as they are then (the forward:
+    its router computes them inside the graph). run(), as fused_marlin_moe: the zeroed workspace and the
+    intermediate caches; the gate_up GEMM (moe_wna16_marlin_gemm, uint4b8, fp32 reduce, no topk weights);
+    silu_and_mul; the down GEMM over M * topk rows with the topk weights multiplied in; moe_sum_reduce over top-k
+    into the output."""
     from verifybench.harness.engines.sglang import align_block_size, align_capacity
 
     _need_cuda(x)
@@ -174,6 +175,9 @@ def moe_marlin(x, layer, topk_weights, topk_ids, align_in_call: bool = False):
     atomic = use_atomic_add(x.dtype, x.device)
     wtype = uint4b8()
     silu_and_mul, moe_sum_reduce = _sgl_kernel_op("silu_and_mul"), _sgl_kernel_op("moe_sum_reduce")
+
+    def ids_aligned():  # made once here, or in the call on the ids as they are then (align_in_call)
+        return aligned if aligned is not None else align_block_size(topk_ids, bm, e)
 
     def buffers():  # fused_marlin_moe's per-call state: the zeroed workspace and the intermediate caches
         cache13 = torch.empty(m * topk * max(2 * n, k), device=x.device, dtype=x.dtype)
@@ -199,7 +203,7 @@ def moe_marlin(x, layer, topk_weights, topk_ids, align_in_call: bool = False):
                     b_q_type=wtype, is_k_full=True, use_atomic_add=atomic, use_fp32_reduce=True, is_zp_float=False)
 
     def run():
-        aligned_ids = aligned if aligned is not None else align_block_size(topk_ids, bm, e)
+        aligned_ids = ids_aligned()
         workspace, cache2, cache13 = buffers()
         cache1 = gate_up(aligned_ids, workspace, cache13)
         if silu_and_mul is not None:
@@ -217,7 +221,7 @@ def moe_marlin(x, layer, topk_weights, topk_ids, align_in_call: bool = False):
     def gemms() -> dict:
         """Each Marlin GEMM alone on state made once here (the alignment of the ids as they are now): what the
         layer costs without the steps around them, which SGLang runs as sgl-kernel ops (timed by marlin_check)."""
-        aligned_ids = aligned if aligned is not None else align_block_size(topk_ids, bm, e)
+        aligned_ids = ids_aligned()
         workspace, cache2, cache13 = buffers()  # the GEMMs leave the workspace zeroed, as SGLang's two calls share it
         return {"gate_up": lambda: gate_up(aligned_ids, workspace, cache13),
                 "down": lambda: down(aligned_ids, workspace, cache2, cache13)}
